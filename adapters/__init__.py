@@ -1,0 +1,15 @@
+"""Framework adapters for arrayprune.
+
+This folder is installed as :mod:`arrayprune.adapters`. Each adapter lives in one flat
+module named after the convention it serves (``arrayprune.adapters.torch`` for PyTorch
+modules). Importing this package under any other name is refused: an unrelated PyPI
+package is called ``adapters``, and a silent mix-up would be worse than an error.
+"""
+
+if __name__ != "arrayprune.adapters":
+    raise ImportError(
+        f"the arrayprune adapters must be imported as 'arrayprune.adapters', not {__name__!r}; "
+        "install arrayprune (pip install -e .) instead of putting its source folder on sys.path"
+    )
+
+__all__: list[str] = []

@@ -1,0 +1,67 @@
+"""arrayprune: neural-network weight pruning on any Array API library.
+
+The semantics of :mod:`torch.nn.utils.prune` at array level, on NumPy, CuPy, PyTorch,
+JAX and any other library that follows the Python Array API standard, on the array's
+own device. Masks are computed here; adapters in :mod:`arrayprune.adapters` bring them
+to PyTorch modules and to dictionaries of weights.
+"""
+
+from .amount import (
+    compute_nparams_toprune,
+    validate_pruning_amount,
+    validate_pruning_amount_init,
+    validate_pruning_dim,
+    validate_structured_pruning,
+)
+from .functional import (
+    custom_from_mask,
+    identity,
+    l1_unstructured,
+    ln_structured,
+    random_structured,
+    random_unstructured,
+)
+from .global_pruning import global_unstructured
+from .methods import (
+    BasePruningMethod,
+    CustomFromMask,
+    Identity,
+    L1Unstructured,
+    LnStructured,
+    PruningContainer,
+    RandomStructured,
+    RandomUnstructured,
+    combine_masks,
+)
+from .norms import channel_norms
+from .selection import kth_smallest, smallest_magnitude_keep
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BasePruningMethod",
+    "PruningContainer",
+    "Identity",
+    "RandomUnstructured",
+    "L1Unstructured",
+    "RandomStructured",
+    "LnStructured",
+    "CustomFromMask",
+    "combine_masks",
+    "identity",
+    "random_unstructured",
+    "l1_unstructured",
+    "random_structured",
+    "ln_structured",
+    "custom_from_mask",
+    "global_unstructured",
+    "channel_norms",
+    "kth_smallest",
+    "smallest_magnitude_keep",
+    "validate_pruning_amount_init",
+    "validate_pruning_amount",
+    "compute_nparams_toprune",
+    "validate_structured_pruning",
+    "validate_pruning_dim",
+    "__version__",
+]

@@ -1,0 +1,56 @@
+"""Small mask helpers shared by the methods: creation, combination, eligibility."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import array_api_compat as apc
+
+Array = Any
+
+
+def ones_mask(t: Array) -> Array:
+    """A boolean mask of ones shaped like `t`, in its namespace and on its device."""
+    xp = apc.array_namespace(t)
+    return xp.ones(t.shape, dtype=xp.bool, device=apc.device(t))
+
+
+def is_bool(x: Array) -> bool:
+    """Whether `x` has a boolean dtype."""
+    return apc.array_namespace(x).isdtype(x.dtype, "bool")
+
+
+def eligible(mask: Array) -> Array:
+    """Entries a new unstructured method may still prune: where the mask equals 1."""
+    if is_bool(mask):
+        return mask
+    return mask == 1
+
+
+def apply_keep(default_mask: Array, keep: Array) -> Array:
+    """Zero `default_mask` where the boolean `keep` is False, keeping its dtype."""
+    xp = apc.array_namespace(default_mask)
+    if is_bool(default_mask):
+        return default_mask & keep
+    return default_mask * xp.astype(keep, default_mask.dtype)
+
+
+def size(x: Array) -> int:
+    """Number of entries of `x` (``x.size`` is a method on PyTorch tensors)."""
+    return math.prod(x.shape)
+
+
+def count_true(x: Array) -> int:
+    """Number of True entries of a boolean array, as a Python int."""
+    xp = apc.array_namespace(x)
+    return int(xp.count_nonzero(x))
+
+
+def check_same_shape(t: Array, other: Array, what: str) -> None:
+    """Raise ValueError unless `other` has the shape of `t`."""
+    if tuple(other.shape) != tuple(t.shape):
+        raise ValueError(
+            f"{what} should have the same shape as the tensor to prune: "
+            f"got {tuple(other.shape)}, expected {tuple(t.shape)}"
+        )

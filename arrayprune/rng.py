@@ -1,0 +1,93 @@
+"""Uniform random scores on the device of an array, from each library's own generator.
+
+Random pruning methods accept a keyword-only ``seed`` (an int) or ``generator`` (the
+library's generator object: :class:`numpy.random.Generator`, a CuPy generator, a
+:class:`torch.Generator`, or a JAX PRNG key). With neither, the library's default
+source is used: PyTorch's global generator (so ``torch.manual_seed`` applies, as with
+``torch.nn.utils.prune``), fresh entropy elsewhere. Libraries without a generator of
+their own (array-api-strict, ...) get NumPy's numbers copied to their device.
+"""
+
+from __future__ import annotations
+
+import numbers
+import sys
+from typing import Any
+
+import array_api_compat as apc
+import numpy as np
+
+__all__ = ["check_random_source", "uniform_like"]
+
+Array = Any
+
+
+def check_random_source(seed: Any, generator: Any) -> None:
+    """Validate a ``seed`` / ``generator`` pair given to a random method.
+
+    Raises
+    ------
+    TypeError
+        If `seed` is not an int, or both are given.
+    """
+    if seed is not None and generator is not None:
+        raise TypeError("pass either seed or generator, not both")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+
+
+def uniform_like(x: Array, shape: tuple[int, ...], *, seed: int | None = None, generator: Any = None) -> Array:
+    """Uniform float32 numbers in ``[0, 1)`` of `shape`, in the namespace and on the device of `x`.
+
+    Parameters
+    ----------
+    x : array
+        Any array: decides the library and the device.
+    shape : tuple of int
+        Shape of the result.
+    seed : int, optional
+        Seed for a fresh generator of the library: the same seed gives the same numbers.
+    generator : object, optional
+        The library's generator (or JAX key) to draw from.
+
+    Returns
+    -------
+    array
+        Random scores.
+    """
+    shape = tuple(int(s) for s in shape)
+    if apc.is_numpy_array(x):
+        return _numpy_uniform(shape, seed, generator)
+    if apc.is_torch_array(x):
+        torch = sys.modules["torch"]
+        if generator is None and seed is not None:
+            generator = torch.Generator(device=x.device).manual_seed(int(seed))
+        return torch.rand(shape, generator=generator, device=x.device, dtype=torch.float32)
+    if apc.is_cupy_array(x):
+        cupy = sys.modules["cupy"]
+        with x.device:
+            if generator is None:
+                generator = cupy.random.default_rng(seed)
+            if hasattr(generator, "random"):
+                return generator.random(shape, dtype=cupy.float32)
+            return generator.random_sample(shape, dtype=cupy.float32)
+    if apc.is_jax_array(x):
+        jax = sys.modules["jax"]
+        key = generator
+        if key is None:
+            key = jax.random.key(int(seed) if seed is not None else int(np.random.SeedSequence().generate_state(1)[0]))
+        r = jax.random.uniform(key, shape, dtype=jax.numpy.float32)
+        return jax.device_put(r, apc.device(x))
+    xp = apc.array_namespace(x)
+    host = _numpy_uniform(shape, seed, generator)
+    return xp.asarray(host, device=apc.device(x))
+
+
+def _numpy_uniform(shape: tuple[int, ...], seed: Any, generator: Any) -> np.ndarray:
+    if generator is None:
+        generator = np.random.default_rng(seed)
+    if isinstance(generator, np.random.Generator):
+        return generator.random(shape, dtype=np.float32)
+    if isinstance(generator, np.random.RandomState):
+        return generator.random_sample(shape).astype(np.float32)
+    raise TypeError(f"unsupported generator for NumPy arrays: {type(generator).__name__}")

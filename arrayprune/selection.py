@@ -1,0 +1,445 @@
+"""Order statistics: the one operation the Array API standard lacks.
+
+Every pruning mask in arrayprune comes down to "drop the `k` entries of smallest
+magnitude", over one array or over many at once. The standard offers ``sort`` but no
+selection, and sorting a large array is far slower than reading it. This module holds
+that operation, once, with
+
+* a NumPy fast path (also used for PyTorch CPU tensors through zero-copy views): a
+  *sample-bracket select* that streams over the data in cache-sized chunks, working on
+  the integer bit patterns of the floats;
+* a portable path written against the standard alone (CuPy, CUDA tensors, JAX,
+  array-api-strict, ...), which runs the same bracket algorithm with whole-array
+  operations;
+* an exact path (partition or sort) for small inputs and for the rare case where the
+  bracket misses.
+
+Order is total and identical on every backend: magnitudes ascending, NaN above +inf,
+ties broken by position (earlier array first, then lowest flat index).
+
+The sample-bracket select
+-------------------------
+Sort a small stratified sample of the magnitudes and read off two values ``lo`` and
+``hi`` that enclose the k-th smallest with overwhelming probability. One pass over the
+data counts the entries below ``lo``, marks those above ``hi`` as kept, and collects the
+few entries in ``[lo, hi]`` (the candidates) with their positions. The k-th smallest is
+then selected exactly among the candidates. If the bracket missed, the scan is repeated
+with the bracket extended to the side that missed, which always succeeds. Main-memory
+traffic is one read of the data and one write of the mask; nothing is concatenated.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import array_api_compat as apc
+import array_api_extra as xpx
+import numpy as np
+
+__all__ = ["kth_smallest", "smallest_magnitude_keep"]
+
+Array = Any
+
+#: Below this many entries in total, select exactly without a bracket.
+SMALL_SIZE = 1 << 15
+#: Entries per chunk in the NumPy scan (fits the L2 cache with its temporaries).
+CHUNK_SIZE = 1 << 15
+#: Target size of the stratified sample.
+SAMPLE_SIZE = 1 << 14
+#: Half-width of the bracket, in standard deviations of the sample rank.
+BRACKET_SIGMAS = 6.0
+
+
+# --------------------------------------------------------------------------------------
+# k-th smallest value
+# --------------------------------------------------------------------------------------
+
+
+def kth_smallest(x: Array, k: int, /) -> Array:
+    """Return the `k`-th smallest value of `x` (1-based), NaN ranking above +inf.
+
+    Parameters
+    ----------
+    x : array
+        Any Array API array; it is flattened.
+    k : int
+        Rank, ``1 <= k <= x.size``.
+
+    Returns
+    -------
+    array
+        A 0-D array of the namespace, dtype and device of `x`.
+
+    Raises
+    ------
+    ValueError
+        If `k` is out of range.
+    """
+    xp = apc.array_namespace(x)
+    flat = xp.reshape(x, (-1,))
+    n = flat.shape[0]
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k} is out of range for an array of {n} entries")
+    if apc.is_numpy_array(flat) or apc.is_cupy_array(flat):
+        native = sys.modules[type(flat).__module__.split(".")[0]]
+        return native.partition(flat, k - 1)[k - 1]
+    if apc.is_torch_array(flat):
+        return sys.modules["torch"].kthvalue(flat, k).values
+    if xp.isdtype(flat.dtype, "real floating"):
+        nan = xp.isnan(flat)
+        n_nan = int(xp.count_nonzero(nan))
+        if k > n - n_nan:
+            return xp.asarray(xp.nan, dtype=flat.dtype, device=apc.device(flat))
+        flat = xp.where(nan, xp.asarray(xp.inf, dtype=flat.dtype), flat)
+    return xp.sort(flat)[k - 1]
+
+
+# --------------------------------------------------------------------------------------
+# Keep masks: drop the k smallest magnitudes
+# --------------------------------------------------------------------------------------
+
+
+def smallest_magnitude_keep(
+    scores: Sequence[Array],
+    k: int,
+    eligible: Sequence[Array | None] | None = None,
+) -> list[Array]:
+    """Boolean keep masks that drop the `k` eligible entries of smallest magnitude.
+
+    The arrays are ranked together, as if concatenated (without concatenating them):
+    by ``|score|`` ascending, NaN above +inf, ties by position.
+
+    Parameters
+    ----------
+    scores : sequence of arrays
+        Arrays of one namespace and device, any shapes.
+    k : int
+        Number of entries to drop, ``0 <= k <= number of eligible entries``.
+    eligible : sequence of (boolean array or None), optional
+        Per array, the entries that may be dropped (same shape as the scores); ``None``
+        means all. Ineligible entries are neither counted nor dropped.
+
+    Returns
+    -------
+    list of arrays
+        Boolean arrays shaped like `scores`: False exactly at the `k` dropped entries.
+    """
+    scores = list(scores)
+    elig = [None] * len(scores) if eligible is None else list(eligible)
+    if len(elig) != len(scores):
+        raise ValueError("eligible must have one entry per score array")
+    xp = apc.array_namespace(*scores)
+    if k == 0:
+        return [xp.ones(s.shape, dtype=xp.bool, device=apc.device(s)) for s in scores]
+
+    bits = [_host_bits(s) for s in scores]
+    if all(b is not None for b in bits) and len({b.dtype for b in bits}) == 1:
+        host_elig = [None if e is None else _host_bool(e) for e in elig]
+        if all((e is None) == (h is None) for e, h in zip(elig, host_elig)):
+            keep = _NumpyBitsSelect(bits, host_elig).keep(k)
+            return [_from_host(m, s) for m, s in zip(keep, scores)]
+    keep = _PortableSelect(xp, scores, elig).keep(k)
+    return [xp.reshape(m, s.shape) for m, s in zip(keep, scores)]
+
+
+# --------------------------------------------------------------------------------------
+# The algorithm, independent of how keys are stored
+# --------------------------------------------------------------------------------------
+
+
+class _BracketSelect:
+    """Sample-bracket selection over several flat arrays of ordered keys.
+
+    Subclasses say how keys are read (`sample`, `scan`, `exact`) and how candidate
+    results are written back (`write_candidates`). Ineligible entries get a key below
+    every eligible one, so selecting ``k + n_ineligible`` smallest keys drops them all
+    plus the `k` wanted; `scan` and `exact` then report them as kept.
+    """
+
+    sizes: list[int]
+    n_ineligible: int
+
+    def keep(self, k: int) -> list[Any]:
+        total = sum(self.sizes)
+        kk = k + self.n_ineligible
+        if not 0 < kk <= total:
+            raise ValueError(f"cannot drop {k} of {total - self.n_ineligible} entries")
+        if total <= SMALL_SIZE:
+            return self.exact(kk)
+        lo, hi = self.bracket(kk, total)
+        for _ in range(3):
+            masks, below, cand_keys, cand_where = self.scan(lo, hi)
+            rank = kk - below
+            n_cand = self.count(cand_keys)
+            if 1 <= rank <= n_cand:
+                self.write_candidates(masks, cand_keys, cand_where, rank)
+                return masks
+            # The bracket missed: the k-th key lies on one side of it. Extend that side
+            # to the end of the key range, which cannot miss.
+            lo, hi = (self.min_key, lo) if rank < 1 else (hi, self.max_key)
+        return self.exact(kk)  # only reached for NaN thresholds on the portable path
+
+    def bracket(self, kk: int, total: int) -> tuple[Any, Any]:
+        sample = self.sample(max(1, total // SAMPLE_SIZE))
+        m = self.count(sample)
+        q = kk / total
+        centre = q * m
+        half = BRACKET_SIGMAS * math.sqrt(m * q * (1.0 - q)) + 2.0
+        i_lo, i_hi = math.floor(centre - half), math.ceil(centre + half)
+        lo = self.at(sample, i_lo) if i_lo >= 0 else self.min_key
+        hi = self.at(sample, i_hi) if i_hi < m else self.max_key
+        # Ineligible keys sit below min_key and must never become candidates.
+        lo = max(lo, self.min_key)
+        return lo, max(lo, hi)
+
+
+class _NumpyBitsSelect(_BracketSelect):
+    """Selection on the bit patterns of IEEE floats, held as unsigned NumPy integers.
+
+    Clearing the sign bit of a float's bit pattern gives an integer that orders like
+    ``|x|``, with every NaN above +inf: the ranking is exact, total and cheap. With
+    eligibility masks, keys become ``bits + 1`` on eligible entries and 0 elsewhere.
+    """
+
+    def __init__(self, bits: list[np.ndarray], eligible: list[np.ndarray | None]):
+        self.bits = bits
+        self.eligible = eligible
+        self.sizes = [b.size for b in bits]
+        utype = bits[0].dtype
+        nbits = utype.itemsize * 8
+        self.magnitude = utype.type((1 << (nbits - 1)) - 1)
+        self.shifted = any(e is not None for e in eligible)
+        self.n_ineligible = sum(e.size - int(np.count_nonzero(e)) for e in eligible if e is not None)
+        self.min_key = utype.type(1 if self.shifted else 0)
+        self.max_key = utype.type((1 << nbits) - 1)
+
+    # keys ----------------------------------------------------------------------------
+    def _keys(self, i: int, sl: slice, out: np.ndarray | None = None) -> np.ndarray:
+        key = np.bitwise_and(self.bits[i][sl], self.magnitude, out=out)
+        if self.shifted:
+            np.add(key, 1, out=key)
+            e = self.eligible[i]
+            if e is not None:
+                np.multiply(key, e[sl], out=key)
+        return key
+
+    def count(self, keys: np.ndarray) -> int:
+        return keys.size
+
+    def at(self, keys: np.ndarray, i: int) -> Any:
+        return keys[i]
+
+    def sample(self, stride: int) -> np.ndarray:
+        parts = [self._keys(i, slice(stride // 2, None, stride)) for i in range(len(self.bits))]
+        sample = np.concatenate(parts)
+        sample.sort()
+        return sample
+
+    # passes ----------------------------------------------------------------------------
+    def scan(self, lo: Any, hi: Any):
+        masks, cand_keys, cand_where = [], [], []
+        below = 0
+        chunk = min(CHUNK_SIZE, max(self.sizes))
+        key_buf = np.empty(chunk, dtype=self.bits[0].dtype)
+        tmp = np.empty(chunk, dtype=bool)
+        for i, n in enumerate(self.sizes):
+            keep = np.empty(n, dtype=bool)
+            e = self.eligible[i]
+            for start in range(0, n, chunk):
+                sl = slice(start, min(start + chunk, n))
+                m = sl.stop - start
+                key = self._keys(i, sl, out=key_buf[:m])
+                kept = keep[sl]
+                t = tmp[:m]
+                np.greater(key, hi, out=kept)
+                np.less(key, lo, out=t)
+                below += int(np.count_nonzero(t))
+                np.logical_or(t, kept, out=t)
+                pos = np.flatnonzero(~t)
+                if pos.size:
+                    cand_keys.append(key[pos])
+                    cand_where.append((i, pos + start))
+                if e is not None:
+                    np.logical_not(e[sl], out=t)
+                    np.logical_or(kept, t, out=kept)
+            masks.append(keep)
+        keys = np.concatenate(cand_keys) if cand_keys else np.empty(0, key_buf.dtype)
+        return masks, below, keys, cand_where
+
+    def write_candidates(self, masks, cand_keys, cand_where, rank: int) -> None:
+        keep = _keep_after_rank(cand_keys, rank, np.partition(cand_keys, rank - 1)[rank - 1])
+        offset = 0
+        for i, pos in cand_where:
+            masks[i][pos] = keep[offset : offset + pos.size]
+            offset += pos.size
+
+    def exact(self, kk: int) -> list[np.ndarray]:
+        keys = np.concatenate([self._keys(i, slice(None)) for i in range(len(self.bits))])
+        keep = _keep_after_rank(keys, kk, np.partition(keys, kk - 1)[kk - 1])
+        masks = np.split(keep, np.cumsum(self.sizes)[:-1])
+        for m, e in zip(masks, self.eligible):
+            if e is not None:
+                m |= ~e
+        return masks
+
+
+def _keep_after_rank(keys: np.ndarray, rank: int, v: Any) -> np.ndarray:
+    """Keep mask dropping the `rank` smallest of `keys`, given the rank-th value `v`."""
+    keep = keys > v
+    n_drop = keys.size - int(np.count_nonzero(keep))
+    if n_drop != rank:
+        # Entries equal to v straddle the cut: drop the earliest of them only.
+        ties = np.flatnonzero(keys == v)
+        keep[ties[rank - (n_drop - ties.size) :]] = True
+    return keep
+
+
+class _PortableSelect(_BracketSelect):
+    """The same selection with whole-array operations of the Array API standard.
+
+    Keys are magnitudes in a floating dtype; ineligible entries get -1. NaN compares
+    false with everything, so it is never below the bracket nor inside it: it is kept,
+    unless the k-th key itself is NaN, which only the exact path reaches.
+    """
+
+    def __init__(self, xp: Any, scores: list[Array], eligible: list[Array | None]):
+        self.xp = xp
+        self.device = apc.device(scores[0])
+        dtypes = [s.dtype for s in scores]
+        if all(xp.isdtype(d, "real floating") for d in dtypes):
+            self.dtype = xp.result_type(*dtypes)
+        else:
+            self.dtype = xp.float64 if _has_float64(xp, self.device) else xp.float32
+        self.eligible = [None if e is None else xp.reshape(e, (-1,)) for e in eligible]
+        self.keys = [self._keys(s, e) for s, e in zip(scores, self.eligible)]
+        self.sizes = [k.shape[0] for k in self.keys]
+        self.n_ineligible = sum(
+            e.shape[0] - int(xp.count_nonzero(e)) for e in self.eligible if e is not None
+        )
+        self.shifted = any(e is not None for e in self.eligible)
+        self.min_key = 0.0 if self.shifted else -1.0
+        self.max_key = math.inf
+
+    def _keys(self, s: Array, e: Array | None) -> Array:
+        xp = self.xp
+        key = xp.abs(xp.astype(xp.reshape(s, (-1,)), self.dtype, copy=False))
+        if e is not None:
+            key = xp.where(e, key, xp.asarray(-1.0, dtype=self.dtype, device=self.device))
+        return key
+
+    def count(self, keys: Array) -> int:
+        return int(keys.shape[0])
+
+    def at(self, keys: Array, i: int) -> Any:
+        return float(keys[i])
+
+    def sample(self, stride: int) -> Array:
+        xp = self.xp
+        parts = [k[stride // 2 :: stride] for k in self.keys]
+        sample = xp.concat(parts) if len(parts) > 1 else parts[0]
+        sample = xp.where(xp.isnan(sample), xp.asarray(xp.inf, dtype=self.dtype), sample)
+        return xp.sort(sample)
+
+    def scan(self, lo: float, hi: float):
+        xp = self.xp
+        masks, cand_keys, cand_where = [], [], []
+        below = 0
+        for i, key in enumerate(self.keys):
+            below += int(xp.count_nonzero(key < lo))
+            keep = ~(key <= hi)
+            cand = (key >= lo) & (key <= hi)
+            n_cand = int(xp.count_nonzero(cand))
+            if n_cand:
+                cand_keys.append(key[cand])
+                cand_where.append((i, cand, n_cand))
+            e = self.eligible[i]
+            masks.append(keep if e is None else keep | ~e)
+        if cand_keys:
+            keys = xp.concat(cand_keys) if len(cand_keys) > 1 else cand_keys[0]
+        else:
+            keys = xp.empty((0,), dtype=self.dtype, device=self.device)
+        return masks, below, keys, cand_where
+
+    def write_candidates(self, masks, cand_keys, cand_where, rank: int) -> None:
+        keep = self._keep_after_rank(cand_keys, rank)
+        offset = 0
+        for i, cand, n in cand_where:
+            masks[i] = xpx.at(masks[i], cand).set(keep[offset : offset + n], xp=self.xp)
+            offset += n
+
+    def exact(self, kk: int) -> list[Array]:
+        xp = self.xp
+        keys = xp.concat(self.keys) if len(self.keys) > 1 else self.keys[0]
+        keep = self._keep_after_rank(keys, kk)
+        masks, offset = [], 0
+        for n, e in zip(self.sizes, self.eligible):
+            m = keep[offset : offset + n]
+            masks.append(m if e is None else m | ~e)
+            offset += n
+        return masks
+
+    def _keep_after_rank(self, keys: Array, rank: int) -> Array:
+        """Keep mask dropping the `rank` smallest keys (NaN highest, ties by position)."""
+        xp = self.xp
+        nan = xp.isnan(keys)
+        n_nan = int(xp.count_nonzero(nan))
+        if rank > keys.shape[0] - n_nan:
+            below, at_v = ~nan, nan  # the threshold is NaN itself
+        else:
+            finite = xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype), keys)
+            v = xp.sort(finite)[rank - 1]
+            below, at_v = keys < v, keys == v
+        need = rank - int(xp.count_nonzero(below))
+        counter = xp.int32 if keys.shape[0] < 2**31 else xp.int64
+        order = xp.cumulative_sum(xp.astype(at_v, counter))
+        return ~(below | (at_v & (order <= need)))
+
+
+def _has_float64(xp: Any, device: Any) -> bool:
+    try:
+        return xp.float64 in xp.__array_namespace_info__().dtypes(device=device).values()
+    except AttributeError:  # pragma: no cover - libraries predating the inspection API
+        return True
+
+
+# --------------------------------------------------------------------------------------
+# Host views: NumPy arrays and CPU tensors as unsigned integers, without copies
+# --------------------------------------------------------------------------------------
+
+_UINT_FOR_SIZE = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _host_bits(x: Array) -> np.ndarray | None:
+    """Flat unsigned-integer view of a float array's bits, if it lives in host memory."""
+    if apc.is_numpy_array(x):
+        if x.dtype.kind != "f" or x.dtype.itemsize not in _UINT_FOR_SIZE:
+            return None
+        return np.ravel(x).view(_UINT_FOR_SIZE[x.dtype.itemsize])
+    if apc.is_torch_array(x) and x.device.type == "cpu" and x.dtype.is_floating_point:
+        torch = sys.modules["torch"]
+        signed = {2: torch.int16, 4: torch.int32, 8: torch.int64}.get(x.element_size())
+        if signed is None:
+            return None
+        flat = x.detach().reshape(-1).view(signed)
+        return flat.numpy().view(_UINT_FOR_SIZE[x.element_size()])
+    return None
+
+
+def _host_bool(x: Array) -> np.ndarray | None:
+    """Flat NumPy view of a boolean host array (NumPy or CPU tensor), else None."""
+    if apc.is_numpy_array(x) and x.dtype == np.bool_:
+        return np.ravel(x)
+    if apc.is_torch_array(x) and x.device.type == "cpu" and x.dtype == sys.modules["torch"].bool:
+        return x.detach().reshape(-1).numpy()
+    return None
+
+
+def _from_host(mask: np.ndarray, like: Array) -> Array:
+    """Reshape a host mask like `like`, as an array of the same library."""
+    mask = mask.reshape(like.shape)
+    if apc.is_torch_array(like):
+        return sys.modules["torch"].from_numpy(mask)
+    return mask
