@@ -29,11 +29,18 @@ def eligible(mask: Array) -> Array:
 
 
 def apply_keep(default_mask: Array, keep: Array) -> Array:
-    """Zero `default_mask` where the boolean `keep` is False, keeping its dtype."""
+    """Zero `default_mask` where the boolean `keep` is False, keeping its dtype.
+
+    `keep` must be a fresh array owned by the caller: the result may reuse its memory
+    (in-place operators; immutable arrays such as JAX's simply rebind).
+    """
     xp = apc.array_namespace(default_mask)
     if is_bool(default_mask):
-        return default_mask & keep
-    return default_mask * xp.astype(keep, default_mask.dtype)
+        keep &= default_mask
+        return keep
+    out = xp.astype(keep, default_mask.dtype)
+    out *= default_mask
+    return out
 
 
 def size(x: Array) -> int:

@@ -78,12 +78,12 @@ def global_unstructured(
     if not values:
         return {} if keys is not None else []
 
-    masks = [ones_mask(v) if m is None else m for v, m in zip(values, given_masks)]
     if isinstance(method, _Unstructured):
         eligible_masks = [None if m is None else eligible(m) for m in given_masks]
         keeps = method._keep_masks(scores, eligible_masks)
-        result = [apply_keep(m, keep) for m, keep in zip(masks, keeps)]
+        result = [keep if m is None else apply_keep(m, keep) for m, keep in zip(given_masks, keeps)]
     else:
+        masks = [ones_mask(v) if m is None else m for v, m in zip(values, given_masks)]
         result = _concatenated(method, scores, masks)
     return dict(zip(keys, result)) if keys is not None else result
 
