@@ -31,10 +31,15 @@ def eligible(mask: Array) -> Array:
 def apply_keep(default_mask: Array, keep: Array) -> Array:
     """Zero `default_mask` where the boolean `keep` is False, keeping its dtype.
 
-    `keep` must be a fresh array owned by the caller: the result may reuse its memory
-    (in-place operators; immutable arrays such as JAX's simply rebind).
+    `keep` may also be shaped to broadcast against `default_mask` (one entry per
+    channel). When it has the full shape it must be a fresh array owned by the caller:
+    the result then reuses its memory (immutable arrays such as JAX's simply rebind).
     """
     xp = apc.array_namespace(default_mask)
+    if tuple(keep.shape) != tuple(default_mask.shape):
+        if is_bool(default_mask):
+            return default_mask & keep
+        return default_mask * xp.astype(keep, default_mask.dtype)
     if is_bool(default_mask):
         keep &= default_mask
         return keep
