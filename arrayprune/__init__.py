@@ -21,7 +21,7 @@ from .functional import (
     random_structured,
     random_unstructured,
 )
-from .global_pruning import global_unstructured
+from .global_pruning import global_unstructured, lamp_scores
 from .methods import (
     BasePruningMethod,
     CustomFromMask,
@@ -34,6 +34,9 @@ from .methods import (
     combine_masks,
 )
 from .norms import channel_norms
+from .patterns import BlockUnstructured, NMStructured, is_nm_sparse
+from .schedules import ConstantSparsity, PolynomialDecay, prune_to_schedule, prune_to_sparsity
+from .sparse import pack_mask, sparse_nbytes, to_csr, to_semi_structured, unpack_mask
 from .selection import kth_smallest, smallest_magnitude_keep
 
 __version__ = "0.1.0"
@@ -47,6 +50,8 @@ __all__ = [
     "RandomStructured",
     "LnStructured",
     "CustomFromMask",
+    "NMStructured",
+    "BlockUnstructured",
     "combine_masks",
     "identity",
     "random_unstructured",
@@ -55,6 +60,17 @@ __all__ = [
     "ln_structured",
     "custom_from_mask",
     "global_unstructured",
+    "lamp_scores",
+    "is_nm_sparse",
+    "ConstantSparsity",
+    "PolynomialDecay",
+    "prune_to_sparsity",
+    "prune_to_schedule",
+    "pack_mask",
+    "unpack_mask",
+    "to_csr",
+    "to_semi_structured",
+    "sparse_nbytes",
     "channel_norms",
     "kth_smallest",
     "smallest_magnitude_keep",

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import array_api_compat as apc
 
-from ._masks import apply_keep, check_same_shape, eligible, ones_mask, size
-from .methods import _Unstructured, combine_masks
+from ._masks import apply_keep, check_same_shape, count_true, eligible, ones_mask, size
+from .methods import L1Unstructured, _Unstructured, available_count, combine_masks
+from .selection import smallest_magnitude_keep
 
-__all__ = ["global_unstructured"]
+__all__ = ["global_unstructured", "lamp_scores"]
 
 Array = Any
 
@@ -21,6 +24,9 @@ def global_unstructured(
     importance_scores: Sequence[Array | None] | Mapping[Any, Array] | None = None,
     *,
     default_masks: Sequence[Array | None] | Mapping[Any, Array] | None = None,
+    min_sparsity: float | Sequence[float] | Mapping[Any, float] | None = None,
+    max_sparsity: float | Sequence[float] | Mapping[Any, float] | None = None,
+    normalization: str | None = None,
     **kwargs: Any,
 ) -> list[Array] | dict[Any, Array]:
     """Prune many arrays together, ranking all their entries against each other.
@@ -43,6 +49,16 @@ def global_unstructured(
     default_masks : sequence or mapping, optional
         Masks of earlier pruning, so that global pruning can be iterated: only entries
         they keep are candidates, and a float amount is a fraction of those.
+    min_sparsity, max_sparsity : float, or sequence or mapping of floats, optional
+        Bounds on the final sparsity of each array (fraction of its entries pruned,
+        earlier pruning included), one value for all or one per array. They keep a
+        small layer from being wiped out, or force a minimum everywhere. The total
+        stays exact; arrays are filled by one global threshold, clipped to their bounds.
+    normalization : {None, 'lamp'}, optional
+        ``'lamp'`` ranks by layer-adaptive magnitude scores (Lee et al., 2021): the
+        squared magnitude of an entry divided by the sum of the squared magnitudes of
+        the entries of its array that are not smaller. Needs a magnitude method
+        (:class:`~arrayprune.L1Unstructured`); costs a sort of each array.
     **kwargs
         Arguments of `pruning_method`, such as ``amount``.
 
@@ -78,14 +94,141 @@ def global_unstructured(
     if not values:
         return {} if keys is not None else []
 
+    constrained = min_sparsity is not None or max_sparsity is not None
+    if normalization not in (None, "lamp"):
+        raise ValueError(f"normalization must be None or 'lamp', got {normalization!r}")
+    if (constrained or normalization) and not isinstance(method, _Unstructured):
+        raise TypeError("sparsity bounds and normalization need a built-in unstructured method")
+    if normalization == "lamp" and not isinstance(method, L1Unstructured):
+        raise ValueError("normalization='lamp' ranks magnitudes: use L1Unstructured")
+
     if isinstance(method, _Unstructured):
         eligible_masks = [None if m is None else eligible(m) for m in given_masks]
-        keeps = method._keep_masks(scores, eligible_masks)
+        k = method._count(available_count(values, eligible_masks))
+        if normalization == "lamp":
+            ranked = [lamp_scores(s, e) for s, e in zip(scores, eligible_masks)]
+        else:
+            ranked = [method._scores(s) for s in scores]
+        if constrained:
+            bounds = _bounds(keys, values, eligible_masks, min_sparsity, max_sparsity)
+            keeps = _bounded_selection(ranked, eligible_masks, k, bounds)
+        else:
+            keeps = smallest_magnitude_keep(ranked, k, eligible_masks)
         result = [keep if m is None else apply_keep(m, keep) for m, keep in zip(given_masks, keeps)]
     else:
         masks = [ones_mask(v) if m is None else m for v, m in zip(values, given_masks)]
         result = _concatenated(method, scores, masks)
     return dict(zip(keys, result)) if keys is not None else result
+
+
+def _bounds(
+    keys: list[Any] | None,
+    values: list[Array],
+    eligible_masks: list[Array | None],
+    min_sparsity: Any,
+    max_sparsity: Any,
+) -> list[tuple[int, int]]:
+    """Per array, how many more entries may be pruned: (at least, at most)."""
+    lows = _per_array(min_sparsity, keys, len(values), 0.0, "min_sparsity")
+    highs = _per_array(max_sparsity, keys, len(values), 1.0, "max_sparsity")
+    bounds = []
+    for value, e, low, high in zip(values, eligible_masks, lows, highs):
+        n = size(value)
+        available = n if e is None else count_true(e)
+        already = n - available
+        # A little slack keeps 0.3 * 10 from rounding up to 4.
+        at_least = min(max(math.ceil(low * n - 1e-9) - already, 0), available)
+        at_most = min(max(math.floor(high * n + 1e-9) - already, 0), available)
+        if low > high:
+            raise ValueError(f"min_sparsity {low} exceeds max_sparsity {high}")
+        bounds.append((at_least, max(at_least, at_most)))
+    return bounds
+
+
+def _per_array(spec: Any, keys: list[Any] | None, count: int, default: float, what: str) -> list[float]:
+    if spec is None:
+        return [default] * count
+    if isinstance(spec, numbers.Real) and not isinstance(spec, bool):
+        values = [spec] * count
+    else:
+        values = _aligned(spec, keys, [default] * count, what)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{what} must hold numbers, got {type(v).__name__}")
+        if not 0.0 <= float(v) <= 1.0:
+            raise ValueError(f"{what} must be in [0, 1], got {v}")
+    return [float(v) for v in values]
+
+
+def _bounded_selection(
+    ranked: list[Array], eligible_masks: list[Array | None], k: int, bounds: list[tuple[int, int]]
+) -> list[Array]:
+    """Keep masks dropping `k` entries in all, between each array's bounds.
+
+    Each array first drops its own `at_least` smallest entries. The rest are chosen by
+    one global ranking among the entries whose rank within their own array lies
+    between `at_least` and `at_most`: the union of those ranges is ranked globally, so
+    every array takes a prefix of its range, and the global threshold is clipped to
+    the bounds exactly.
+    """
+    forced = sum(lo for lo, _ in bounds)
+    ceiling = sum(hi for _, hi in bounds)
+    if not forced <= k <= ceiling:
+        raise ValueError(
+            f"cannot prune {k} entries within the per-array sparsity bounds "
+            f"(between {forced} and {ceiling} are possible)"
+        )
+    keep_low, free = [], []
+    for r, e, (lo, hi) in zip(ranked, eligible_masks, bounds):
+        below_low = smallest_magnitude_keep([r], lo, [e])[0]
+        below_high = smallest_magnitude_keep([r], hi, [e])[0]
+        keep_low.append(below_low)
+        free.append(below_low & ~below_high)
+    chosen = smallest_magnitude_keep(ranked, k - forced, free)
+    return [a & b for a, b in zip(keep_low, chosen)]
+
+
+def lamp_scores(x: Array, eligible_mask: Array | None = None) -> Array:
+    """Layer-adaptive magnitude pruning (LAMP) scores of one array.
+
+    The score of an entry is its squared magnitude divided by the sum of the squared
+    magnitudes of the entries of the same array ranked at or above it (ties ranked by
+    position, so equal magnitudes get distinct scores and the lower index ranks first).
+    Entries outside `eligible_mask` count as zero.
+
+    Parameters
+    ----------
+    x : array
+        Weights or importance scores.
+    eligible_mask : boolean array, optional
+        Entries still in play.
+
+    Returns
+    -------
+    array
+        Scores in ``[0, 1]``, shaped like `x` (float64 where the library has it).
+
+    Raises
+    ------
+    ValueError
+        If `x` holds NaN.
+    """
+    xp = apc.array_namespace(x)
+    device = apc.device(x)
+    try:
+        wide = xp.float64 in xp.__array_namespace_info__().dtypes(device=device).values()
+    except AttributeError:  # pragma: no cover
+        wide = True
+    a = xp.abs(xp.astype(xp.reshape(x, (-1,)), xp.float64 if wide else xp.float32))
+    if bool(xp.any(xp.isnan(a))):
+        raise ValueError("LAMP scores are undefined for arrays holding NaN")
+    if eligible_mask is not None:
+        a = xp.where(xp.reshape(eligible_mask, (-1,)), a, xp.asarray(0.0, dtype=a.dtype))
+    order = xp.argsort(a, stable=True)
+    squared = xp.take(a, order) ** 2
+    suffix = xp.flip(xp.cumulative_sum(xp.flip(squared)))
+    ratio = xp.where(suffix > 0, squared / xp.where(suffix > 0, suffix, 1.0), 0.0)
+    return xp.reshape(xp.take(ratio, xp.argsort(order)), x.shape)
 
 
 def _concatenated(method: Any, scores: list[Array], masks: list[Array]) -> list[Array]:

@@ -244,12 +244,20 @@ def _combine_gathered_channels(method: Any, t: Array, mask: Array) -> Array:
     xp = apc.array_namespace(t, mask)
     _amount.validate_structured_pruning(t.shape)
     dim = _amount.normalize_dim(t.shape, method.dim)
-    idx = xp.nonzero(_remaining_channels(mask, dim))[0]
+    remaining = _remaining_channels(mask, dim)
+    idx = xp.nonzero(remaining)[0]
     partial = method.compute_mask(xp.take(t, idx, axis=dim), default_mask=xp.take(mask, idx, axis=dim))
-    order = (dim, *(d for d in range(t.ndim) if d != dim))
-    moved = xp.permute_dims(mask, order)
-    moved = xpx.at(moved, idx).set(xp.permute_dims(xp.astype(partial, mask.dtype), order), copy=True, xp=xp)
-    return xp.permute_dims(moved, tuple(order.index(d) for d in range(t.ndim)))
+    partial = xp.astype(partial, mask.dtype)
+    if idx.shape[0] == 0:
+        return xp.asarray(mask, copy=True)
+    # Scatter the partial mask back with standard operations only (integer-array
+    # __setitem__ is not in the Array API standard): channel j of the result is
+    # channel (number of remaining channels before j) of `partial` where j remains.
+    pos = xp.cumulative_sum(xp.astype(remaining, idx.dtype)) - 1
+    pos = xp.where(pos < 0, xp.zeros_like(pos), pos)
+    shape = [1] * t.ndim
+    shape[dim] = remaining.shape[0]
+    return xp.where(xp.reshape(remaining, tuple(shape)), xp.take(partial, pos, axis=dim), mask)
 
 
 def _remaining_channels(mask: Array, dim: int) -> Array:
@@ -259,6 +267,11 @@ def _remaining_channels(mask: Array, dim: int) -> Array:
     if is_bool(mask):
         return xp.any(mask, axis=others)
     return xp.sum(mask, axis=others) != 0
+
+
+def available_count(arrays: list[Array], eligible_masks: list[Array | None]) -> int:
+    """Number of entries that may still be pruned across `arrays`."""
+    return sum(size(a) if e is None else count_true(e) for a, e in zip(arrays, eligible_masks))
 
 
 def _channel_keep_to_mask(default_mask: Array, keep: Array, dim: int) -> Array:
@@ -306,10 +319,7 @@ class _Unstructured(_Amount, BasePruningMethod):
 
     def _keep_masks(self, scores: list[Array], eligible_masks: list[Array | None]) -> list[Array]:
         """Boolean keep masks pruning ``amount`` of the eligible entries of all `scores`."""
-        available = sum(
-            size(s) if e is None else count_true(e) for s, e in zip(scores, eligible_masks)
-        )
-        k = self._count(available)
+        k = self._count(available_count(scores, eligible_masks))
         return smallest_magnitude_keep([self._scores(s) for s in scores], k, eligible_masks)
 
     def compute_mask(self, t: Array, default_mask: Array) -> Array:

@@ -1,0 +1,275 @@
+"""Pattern sparsity beyond ``torch.nn.utils.prune``: N:M groups and whole blocks.
+
+Both methods respect the ``default_mask`` inside :meth:`compute_mask` itself: entries
+already pruned stay pruned and count first. Their ``PRUNING_TYPE`` is ``'global'``, so
+a :class:`~arrayprune.PruningContainer` (arrayprune's or PyTorch's) hands them the whole
+array and its mask, and they combine with every other method.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import array_api_compat as apc
+import array_api_extra as xpx
+
+from . import amount as _amount
+from ._masks import check_same_shape, count_true, eligible, is_bool
+from .methods import BasePruningMethod
+from .selection import smallest_magnitude_keep
+
+__all__ = ["NMStructured", "BlockUnstructured", "is_nm_sparse"]
+
+Array = Any
+
+
+def _check_nm(n: Any, m: Any) -> tuple[int, int]:
+    for name, v in (("n", n), ("m", m)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if m < 1 or not 0 <= n <= m:
+        raise ValueError(f"need 0 <= n <= m and m >= 1 for n:m sparsity, got {n}:{m}")
+    return int(n), int(m)
+
+
+def _to_last(xp: Any, x: Array, dim: int) -> Array:
+    order = tuple(d for d in range(x.ndim) if d != dim) + (dim,)
+    return xp.permute_dims(x, order)
+
+
+def _from_last(xp: Any, x: Array, dim: int) -> Array:
+    order = tuple(d for d in range(x.ndim) if d != dim) + (dim,)
+    return xp.permute_dims(x, tuple(order.index(d) for d in range(x.ndim)))
+
+
+class NMStructured(BasePruningMethod):
+    """Prune `n` of every `m` consecutive entries along `dim` (2:4 by default).
+
+    In each group of `m` consecutive entries the `n` of smallest score are pruned
+    (entries already pruned count first; ties by position; NaN above +inf), so every
+    group keeps at most ``m - n`` non-zeros. A trailing group of ``r < m`` entries
+    also keeps at most ``m - n``.
+
+    Parameters
+    ----------
+    n : int, default 2
+        Entries pruned per group.
+    m : int, default 4
+        Group length.
+    dim : int, default -1
+        Axis along which groups run (the input dimension of a linear weight is -1).
+    """
+
+    PRUNING_TYPE = "global"
+
+    def __init__(self, n: int = 2, m: int = 4, dim: int = -1):
+        self.n, self.m = _check_nm(n, m)
+        self.dim = dim
+
+    def compute_mask(self, t: Array, default_mask: Array) -> Array:
+        check_same_shape(t, default_mask, "default_mask")
+        if t.ndim == 0:
+            raise ValueError("N:M pruning needs at least one dimension")
+        xp = apc.array_namespace(t, default_mask)
+        dim = _amount.normalize_dim(t.shape, self.dim)
+        keys = _magnitude_keys(xp, t)
+        keys = xp.where(eligible(default_mask), keys, xp.asarray(-1.0, dtype=keys.dtype))
+        keys = _to_last(xp, keys, dim)
+        length = keys.shape[-1]
+        full = (length // self.m) * self.m
+        parts = []
+        if full:
+            groups = xp.reshape(keys[..., :full], (*keys.shape[:-1], full // self.m, self.m))
+            drop = _rank_in_groups(xp, groups) < self.n
+            parts.append(xp.reshape(drop, (*keys.shape[:-1], full)))
+        if full < length:
+            tail = keys[..., full:]
+            n_tail = max(0, tail.shape[-1] - (self.m - self.n))
+            parts.append(_rank_in_groups(xp, tail) < n_tail)
+        drop = parts[0] if len(parts) == 1 else xp.concat(parts, axis=-1)
+        keep = _from_last(xp, ~drop, dim)
+        return _combine(xp, default_mask, keep)
+
+
+def _magnitude_keys(xp: Any, t: Array) -> Array:
+    keys = xp.abs(t)
+    if not xp.isdtype(keys.dtype, "real floating"):
+        keys = xp.astype(keys, xp.float32)
+    return keys
+
+
+def _rank_in_groups(xp: Any, keys: Array) -> Array:
+    """Rank of each entry within its group (last axis): 0 for the smallest.
+
+    Order: value ascending, NaN above +inf, ties by position. Pairwise comparisons,
+    one group position at a time: fast for short groups and O(size) in memory.
+    """
+    m = keys.shape[-1]
+    nan = xp.isnan(keys)
+    has_nan = bool(xp.any(nan))
+    values = xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype), keys) if has_nan else keys
+    ranks = []
+    for j in range(m):
+        vj = values[..., j : j + 1]
+        less = values < vj
+        tie = values == vj
+        if has_nan:
+            nj = nan[..., j : j + 1]
+            less = (less & (nan == nj)) | (~nan & nj)
+            tie = tie & (nan == nj)
+        earlier = xp.arange(m, device=apc.device(keys)) < j
+        before = less | (tie & earlier)
+        ranks.append(xp.sum(xp.astype(before, xp.int32), axis=-1))
+    return xp.stack(ranks, axis=-1)
+
+
+def _combine(xp: Any, default_mask: Array, keep: Array) -> Array:
+    if is_bool(default_mask):
+        return default_mask & keep
+    return default_mask * xp.astype(keep, default_mask.dtype)
+
+
+def is_nm_sparse(x: Array, n: int = 2, m: int = 4, dim: int = -1) -> bool:
+    """Whether every group of `m` consecutive entries along `dim` has at least `n` zeros.
+
+    A trailing group of ``r < m`` entries must hold at most ``m - n`` non-zeros.
+
+    Parameters
+    ----------
+    x : array
+        Weights (or a mask).
+    n, m : int
+        The pattern, 2:4 by default.
+    dim : int, default -1
+        Axis along which groups run.
+
+    Returns
+    -------
+    bool
+        True if the pattern holds everywhere.
+    """
+    n, m = _check_nm(n, m)
+    xp = apc.array_namespace(x)
+    if x.ndim == 0:
+        raise ValueError("N:M sparsity needs at least one dimension")
+    dim = _amount.normalize_dim(x.shape, dim)
+    nonzero = xp.astype(_to_last(xp, x != 0, dim), xp.int32)
+    length = nonzero.shape[-1]
+    full = (length // m) * m
+    if full:
+        groups = xp.reshape(nonzero[..., :full], (*nonzero.shape[:-1], full // m, m))
+        if bool(xp.any(xp.sum(groups, axis=-1) > m - n)):
+            return False
+    if full < length and bool(xp.any(xp.sum(nonzero[..., full:], axis=-1) > m - n)):
+        return False
+    return True
+
+
+class BlockUnstructured(BasePruningMethod):
+    """Prune whole blocks of a given shape, those of smallest norm first.
+
+    The array is tiled with blocks of `block_shape`, aligned to its trailing dimensions
+    (a 2-D shape on a 4-D convolution weight tiles its last two axes; leading axes get
+    blocks of size 1). Blocks at the edges may be smaller. A block's score is the power
+    mean of its magnitudes, ``(mean |x|^n)^(1/n)`` (``max |x|`` for ``n = inf``), so edge
+    blocks are scored on the same footing as full ones. Blocks already entirely pruned
+    by the default mask are not counted; `amount` is relative to the remaining blocks.
+    Ties go to the lowest block index (row-major over the block grid).
+
+    Parameters
+    ----------
+    amount : int or float
+        Fraction in ``[0, 1]`` of the remaining blocks, or their number.
+    block_shape : tuple of int
+        Shape of a block, e.g. ``(1, 4)`` or ``(4, 4)``.
+    n : float, default 1
+        Order of the power mean (positive, or ``inf``).
+    """
+
+    PRUNING_TYPE = "global"
+
+    def __init__(self, amount: Any, block_shape: tuple[int, ...], n: float = 1):
+        _amount.validate_pruning_amount_init(amount)
+        shape = tuple(block_shape) if isinstance(block_shape, (tuple, list)) else (block_shape,)
+        if not shape or any(isinstance(b, bool) or not isinstance(b, numbers.Integral) for b in shape):
+            raise TypeError(f"block_shape must be a tuple of ints, got {block_shape!r}")
+        if any(b < 1 for b in shape):
+            raise ValueError(f"block sizes must be positive, got {block_shape!r}")
+        if isinstance(n, bool) or not isinstance(n, numbers.Real) or not (n > 0):
+            raise ValueError(f"n must be a positive number or inf, got {n!r}")
+        self.amount = amount
+        self.block_shape = tuple(int(b) for b in shape)
+        self.n = n
+
+    def _full_block_shape(self, ndim: int) -> tuple[int, ...]:
+        if len(self.block_shape) > ndim:
+            raise ValueError(
+                f"block_shape {self.block_shape} has more dimensions than the array ({ndim})"
+            )
+        return (1,) * (ndim - len(self.block_shape)) + self.block_shape
+
+    def compute_mask(self, t: Array, default_mask: Array) -> Array:
+        check_same_shape(t, default_mask, "default_mask")
+        xp = apc.array_namespace(t, default_mask)
+        block = self._full_block_shape(t.ndim)
+        grid = tuple(-(-d // b) for d, b in zip(t.shape, block))
+        if math.prod(t.shape) == 0:
+            self._count(0)
+            return default_mask
+        keys = _magnitude_keys(xp, t)
+        power = math.inf if self.n == math.inf else float(self.n)
+        summed = keys if power == math.inf else keys**power
+        live = eligible(default_mask)
+        totals = _block_reduce(xp, summed, block, grid, "max" if power == math.inf else "sum")
+        remaining = _block_reduce(xp, xp.astype(live, xp.int32), block, grid, "sum") > 0
+        if power == math.inf:
+            scores = totals
+        else:
+            counts = _block_counts(xp, t.shape, block, grid, keys.dtype, apc.device(t))
+            scores = (totals / counts) ** (1.0 / power)
+        k = self._count(count_true(remaining))
+        keep_blocks = smallest_magnitude_keep([scores], k, [remaining])[0]
+        keep = _expand_blocks(xp, keep_blocks, block, t.shape)
+        return _combine(xp, default_mask, keep)
+
+    def _count(self, available: int) -> int:
+        k = _amount.compute_nparams_toprune(self.amount, available)
+        _amount.validate_pruning_amount(k, available)
+        return k
+
+
+def _block_reduce(xp: Any, x: Array, block: tuple[int, ...], grid: tuple[int, ...], how: str) -> Array:
+    """Reduce each block of `x` (zero-padded at the edges) to one value."""
+    pad = [(0, g * b - d) for d, b, g in zip(x.shape, block, grid)]
+    if any(p for _, p in pad):
+        x = xpx.pad(x, pad, xp=xp)
+    split = tuple(v for g, b in zip(grid, block) for v in (g, b))
+    x = xp.reshape(x, split)
+    axes = tuple(range(1, 2 * len(grid), 2))
+    return xp.max(x, axis=axes) if how == "max" else xp.sum(x, axis=axes)
+
+
+def _block_counts(xp: Any, shape: tuple[int, ...], block: tuple[int, ...], grid: tuple[int, ...], dtype: Any, device: Any) -> Array:
+    """Number of real (unpadded) entries in every block, as an outer product."""
+    counts = xp.ones(grid, dtype=dtype, device=device)
+    for axis, (d, b, g) in enumerate(zip(shape, block, grid)):
+        sizes = xp.minimum(
+            xp.full((g,), b, dtype=dtype, device=device),
+            xp.asarray(d, dtype=dtype, device=device) - xp.arange(g, dtype=dtype, device=device) * b,
+        )
+        view = [1] * len(grid)
+        view[axis] = g
+        counts = counts * xp.reshape(sizes, tuple(view))
+    return counts
+
+
+def _expand_blocks(xp: Any, keep_blocks: Array, block: tuple[int, ...], shape: tuple[int, ...]) -> Array:
+    """Entry-level mask from a block-level one, cropped to `shape`."""
+    grid = keep_blocks.shape
+    split = tuple(v for g in grid for v in (g, 1))
+    full = tuple(v for g, b in zip(grid, block) for v in (g, b))
+    expanded = xp.broadcast_to(xp.reshape(keep_blocks, split), full)
+    expanded = xp.reshape(expanded, tuple(g * b for g, b in zip(grid, block)))
+    return expanded[tuple(slice(0, d) for d in shape)]
