@@ -117,12 +117,16 @@ class WeightFile:
 
 
 def _one_line(text: str) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(text))
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
     return " ".join(lines[:1]) if lines else "unknown error"
 
 
 def _describe(exc: BaseException) -> str:
     text = _one_line(str(exc))
+    if len(text) > 160:  # libraries explain at length; the first sentence says what is wrong
+        cut = text.find(". ", 20)
+        text = text[: cut + 1] if 0 < cut < 160 else text[:157] + "..."
     name = type(exc).__name__
     return f"{name}: {text}" if text and text != "unknown error" else name
 
@@ -195,14 +199,16 @@ def detect_format(path: Any) -> str:
             return "safetensors"
     if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
         return "torch"  # a pickle: a legacy (non-zip) torch.save file
-    if suffix is not None:
-        return suffix  # not recognised by content: let that format's reader say what is wrong
-    if head[:1] == b"\x08" and size < _PROTOBUF_LIMIT:
+    if suffix == "onnx":
+        return "onnx"
+    if head[:1] == b"\x08" and size < _PROTOBUF_LIMIT:  # field 1 (ir_version) opens an ONNX model
         try:
             _parse_onnx(path)
             return "onnx"
         except FormatError:
             pass
+    if suffix is not None:
+        return suffix  # not recognised by content: let that format's reader say what is wrong
     raise FormatError(path, "unrecognised file format (expected .npz, .safetensors, .onnx or a PyTorch state dict)")
 
 
@@ -408,13 +414,18 @@ def _load_torch(path: str) -> WeightFile:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
     except pickle.UnpicklingError as exc:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        reason = next((ln for ln in lines if re.search(r"unsupported|GLOBAL|blocked|not an allowed", ln, re.I)), None)
-        if reason is not None or "Weights only load failed" in str(exc):
+        text = str(exc)
+        found = re.search(r"GLOBAL\s+([\w.]*\w\.\w[\w.]*?)\.?(?:\s|$)", text)
+        reason = f"global {found.group(1)}" if found else None
+        if reason is not None:
             raise FormatError(
                 path,
                 "refused: the pickle holds objects other than tensors, which could run code"
                 + (f" ({reason})" if reason else ""),
+            ) from None
+        if "Weights only load failed" in text:
+            raise FormatError(
+                path, "corrupt or truncated PyTorch file, or one holding objects other than tensors (refused)"
             ) from None
         raise FormatError(path, f"corrupt PyTorch file ({_describe(exc)})") from None
     except (EOFError, RuntimeError, zipfile.BadZipFile, ValueError) as exc:
