@@ -103,25 +103,30 @@ def _magnitude_keys(xp: Any, t: Array) -> Array:
 def _rank_in_groups(xp: Any, keys: Array) -> Array:
     """Rank of each entry within its group (last axis): 0 for the smallest.
 
-    Order: value ascending, NaN above +inf, ties by position. Pairwise comparisons,
-    one group position at a time: fast for short groups and O(size) in memory.
+    Order: value ascending, NaN above +inf, ties by position. Each pair of positions is
+    compared once, on whole columns, so the cost is ``(m - 1) / 2`` comparisons per
+    entry and the memory a few columns.
     """
     m = keys.shape[-1]
     nan = xp.isnan(keys)
     has_nan = bool(xp.any(nan))
-    values = xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype), keys) if has_nan else keys
-    ranks = []
-    for j in range(m):
-        vj = values[..., j : j + 1]
-        less = values < vj
-        tie = values == vj
-        if has_nan:
-            nj = nan[..., j : j + 1]
-            less = (less & (nan == nj)) | (~nan & nj)
-            tie = tie & (nan == nj)
-        earlier = xp.arange(m, device=apc.device(keys)) < j
-        before = less | (tie & earlier)
-        ranks.append(xp.sum(xp.astype(before, xp.int32), axis=-1))
+    if has_nan:
+        keys = xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype), keys)
+    cols = [keys[..., j] for j in range(m)]
+    flags = [nan[..., j] for j in range(m)] if has_nan else None
+    device = apc.device(keys)
+    ranks = [xp.zeros(cols[0].shape, dtype=xp.int16, device=device) for _ in range(m)]
+    for j in range(1, m):
+        for i in range(j):
+            # Does position i come before position j? Ties go to the earlier one.
+            if has_nan:
+                tie = (cols[i] == cols[j]) & (~flags[i] | flags[j])
+                first = (cols[i] < cols[j]) | tie
+            else:
+                first = cols[i] <= cols[j]
+            step = xp.astype(first, xp.int16)
+            ranks[j] += step
+            ranks[i] += 1 - step
     return xp.stack(ranks, axis=-1)
 
 
@@ -220,10 +225,10 @@ class BlockUnstructured(BasePruningMethod):
             return default_mask
         keys = _magnitude_keys(xp, t)
         power = math.inf if self.n == math.inf else float(self.n)
-        summed = keys if power == math.inf else keys**power
+        summed = keys if power in (1.0, math.inf) else keys**power
         live = eligible(default_mask)
         totals = _block_reduce(xp, summed, block, grid, "max" if power == math.inf else "sum")
-        remaining = _block_reduce(xp, xp.astype(live, xp.int32), block, grid, "sum") > 0
+        remaining = _block_reduce(xp, live, block, grid, "any")
         if power == math.inf:
             scores = totals
         else:
@@ -241,14 +246,27 @@ class BlockUnstructured(BasePruningMethod):
 
 
 def _block_reduce(xp: Any, x: Array, block: tuple[int, ...], grid: tuple[int, ...], how: str) -> Array:
-    """Reduce each block of `x` (zero-padded at the edges) to one value."""
+    """Reduce each block of `x` (zero- or False-padded at the edges) to one value."""
     pad = [(0, g * b - d) for d, b, g in zip(x.shape, block, grid)]
     if any(p for _, p in pad):
         x = xpx.pad(x, pad, xp=xp)
     split = tuple(v for g, b in zip(grid, block) for v in (g, b))
     x = xp.reshape(x, split)
-    axes = tuple(range(1, 2 * len(grid), 2))
-    return xp.max(x, axis=axes) if how == "max" else xp.sum(x, axis=axes)
+    reduce = {"max": xp.max, "sum": xp.sum, "any": xp.any}[how]
+    combine = {"max": xp.maximum, "sum": xp.add, "any": xp.logical_or}[how]
+    # One block axis at a time, innermost first. A short axis is folded by combining
+    # its slices (whole-array operations); reducing many tiny segments is much slower.
+    for axis in range(2 * len(grid) - 1, 0, -2):
+        length = x.shape[axis]
+        if length > 16:
+            x = reduce(x, axis=axis)
+            continue
+        head = (slice(None),) * axis
+        acc = x[(*head, 0, ...)]
+        for i in range(1, length):
+            acc = combine(acc, x[(*head, i, ...)])
+        x = acc
+    return x
 
 
 def _block_counts(xp: Any, shape: tuple[int, ...], block: tuple[int, ...], grid: tuple[int, ...], dtype: Any, device: Any) -> Array:
