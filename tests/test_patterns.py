@@ -50,7 +50,7 @@ def test_nm_trailing_group_keeps_at_most_m_minus_n(backend):
     assert ap.is_nm_sparse(backend.asarray(x * mask), 2, 4)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     rows=st.integers(1, 5),
     cols=st.integers(1, 13),
