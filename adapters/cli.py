@@ -318,13 +318,17 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         raise CliError("is a directory", src)
     if os.path.isdir(dst):
         raise CliError("is a directory", dst)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(dst))):
+        raise CliError("folder does not exist", dst)
     if os.path.exists(dst):
         if os.path.samefile(src, dst) and not args.force:
             raise CliError("is the input file; refusing to overwrite it without --force", dst)
         if not args.force:
             raise CliError("exists; use --force to overwrite it", dst)
     if args.global_ and args.method not in UNSTRUCTURED:
-        raise CliError(f"--global needs an unstructured method (l1_unstructured or random_unstructured), not {args.method}")
+        raise CliError(
+            f"--global needs an unstructured method (l1_unstructured or random_unstructured), not {args.method}"
+        )
     try:
         arrayprune.validate_pruning_amount_init(args.amount)
     except (TypeError, ValueError) as exc:

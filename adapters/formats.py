@@ -270,7 +270,8 @@ def _load_npz(path: str) -> WeightFile:
                     params[name] = z[name]
                 except ValueError as exc:
                     if "allow_pickle" in str(exc):
-                        raise FormatError(path, f"array {name!r} holds Python objects, refused (allow_pickle=False)") from None
+                        problem = f"array {name!r} holds Python objects, refused (allow_pickle=False)"
+                        raise FormatError(path, problem) from None
                     raise
     except (zipfile.BadZipFile, EOFError) as exc:
         raise FormatError(path, f"corrupt or truncated .npz archive ({_describe(exc)})") from None
@@ -342,7 +343,9 @@ def _check_inside(path: str, location: str, what: str) -> str:
     if not location:
         raise FormatError(path, f"{what}: external data without a location")
     if os.path.isabs(location) or location.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", location):
-        raise FormatError(path, f"{what}: external data path {location!r} is absolute; it must lie inside the model's folder")
+        raise FormatError(
+            path, f"{what}: external data path {location!r} is absolute; it must lie inside the model's folder"
+        )
     parts = re.split(r"[\\/]+", location)
     if ".." in parts:
         raise FormatError(path, f"{what}: external data path {location!r} leads outside the model's folder")

@@ -157,7 +157,9 @@ def test_structured_pruning_of_a_torch_state_dict(tmp_path):
 
     # --keep-masks output loads into a module pruned with torch.nn.utils.prune
     kept = tmp_path / "kept.pt"
-    proc = run("prune", src, "-o", kept, "--method", "random_structured", "--amount", "0.5", "--seed", "3", "--keep-masks")
+    proc = run(
+        "prune", src, "-o", kept, "--method", "random_structured", "--amount", "0.5", "--seed", "3", "--keep-masks"
+    )
     assert proc.returncode == 0, proc.stderr
     import torch.nn.utils.prune as tprune
 
@@ -168,7 +170,9 @@ def test_structured_pruning_of_a_torch_state_dict(tmp_path):
     assert int((fresh[0].weight_mask.sum(dim=1) == 0).sum()) == 6
 
     # a 1-D tensor included explicitly cannot take structured pruning
-    bad = run("prune", src, "-o", tmp_path / "b.pt", "--method", "ln_structured", "--amount", "0.5", "--include", "*.bias")
+    bad = run(
+        "prune", src, "-o", tmp_path / "b.pt", "--method", "ln_structured", "--amount", "0.5", "--include", "*.bias"
+    )
     assert_error(bad, src, "0.bias", "multidimensional")
 
 
@@ -211,7 +215,9 @@ def test_random_unstructured_seeded_runs_repeat(model, tmp_path):
         assert not np.array_equal(outs[0][k] == 0, outs[2][k] == 0)
         assert int((outs[0][k] == 0).sum()) == round(0.4 * outs[0][k].size)
     glob = tmp_path / "g.npz"
-    proc = run("prune", model, "-o", glob, "--method", "random_unstructured", "--amount", "0.4", "--seed", "1", "--global")
+    proc = run(
+        "prune", model, "-o", glob, "--method", "random_unstructured", "--amount", "0.4", "--seed", "1", "--global"
+    )
     assert proc.returncode == 0, proc.stderr
     g = np.load(glob)
     assert sum(int((g[k] == 0).sum()) for k in WEIGHTS) == round(0.4 * 84480)
@@ -227,7 +233,10 @@ def test_verify_reports_the_output_difference(model, tmp_path):
     assert proc.returncode == 0, proc.stderr
     printed = float(proc.stdout.split("max abs output difference ")[1].split()[0])
     x = np.random.default_rng(5).standard_normal((1, 64)).astype(np.float32)
-    ya, yb = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0] for p in (model, out))
+    ya, yb = (
+        ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+        for p in (model, out)
+    )
     assert printed > 0 and printed == pytest.approx(float(np.abs(ya - yb).max()), rel=1e-5)
     assert_error(run("prune", model, "-o", tmp_path / "v.npz", "--amount", "0.5", "--verify"), "--verify")
 
@@ -254,7 +263,9 @@ def test_existing_output_and_input_as_output_are_refused(model, tmp_path):
     proc = run("prune", model, "-o", model, "--amount", "0.5", "--force")
     assert proc.returncode == 0, proc.stderr
     assert int((fmt.load(model).params["fc2.weight"] == 0).sum()) == 32768
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.onnx", "out.onnx", "same-file.onnx"], "no temp files left"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.onnx", "out.onnx", "same-file.onnx"], (
+        "no temp files left"
+    )
 
 
 @pytest.mark.parametrize(
@@ -276,7 +287,9 @@ def test_bad_options_are_one_line_errors(model, tmp_path, args, fragments):
 
 
 def test_missing_and_unreadable_inputs(tmp_path):
-    assert_error(run("prune", tmp_path / "nope.onnx", "-o", tmp_path / "o.onnx", "--amount", "0.5"), "nope.onnx", "no such file")
+    assert_error(
+        run("prune", tmp_path / "nope.onnx", "-o", tmp_path / "o.onnx", "--amount", "0.5"), "nope.onnx", "no such file"
+    )
     assert_error(run("report", tmp_path / "nope.npz"), "nope.npz", "no such file")
     assert_error(run("report", tmp_path), "is a directory")
     assert_error(run("frobnicate"), "invalid choice")
@@ -325,7 +338,12 @@ def test_onnx_external_data_outside_the_folder_is_refused(tmp_path, where):
     folder.mkdir()
     proto = onnx.load(EXAMPLE)
     onnx.save_model(
-        proto, str(folder / "m.onnx"), save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin", size_threshold=0
+        proto,
+        str(folder / "m.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="w.bin",
+        size_threshold=0,
     )
     secret = tmp_path / "secret.bin"
     secret.write_bytes((folder / "w.bin").read_bytes())
@@ -429,7 +447,17 @@ def test_progress_bar_only_on_a_terminal(model, tmp_path):
     chunks = []
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "arrayprune", "prune", str(model), "-o", str(tmp_path / "t.onnx"), "--amount", "0.5"],
+            [
+                sys.executable,
+                "-m",
+                "arrayprune",
+                "prune",
+                str(model),
+                "-o",
+                str(tmp_path / "t.onnx"),
+                "--amount",
+                "0.5",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=slave,
         )

@@ -187,7 +187,10 @@ def test_importance_scores_rank_instead_of_weights():
         (lambda sd: mp.identity(sd, ("fc1.weight", "x")), KeyError),
         (lambda sd: mp.identity(sd, "a/b"), KeyError),
         (lambda sd: mp.global_unstructured(sd, ["fc1.weight", "nope"], ap.L1Unstructured, amount=0.5), KeyError),
-        (lambda sd: mp.global_unstructured(sd, ["fc1.weight", "fc1.weight"], ap.L1Unstructured, amount=0.5), ValueError),
+        (
+            lambda sd: mp.global_unstructured(sd, ["fc1.weight", "fc1.weight"], ap.L1Unstructured, amount=0.5),
+            ValueError,
+        ),
         (lambda sd: mp.global_unstructured(sd, ["fc1.weight"], ap.LnStructured, amount=0.5, n=2, dim=0), TypeError),
         (lambda sd: mp.global_unstructured(sd, ["fc1.weight", "fc2.weight"], ap.L1Unstructured, amount=73), ValueError),
     ],
@@ -282,7 +285,12 @@ def test_nested_flax_style_paths_and_immutable_jax():
     import jax.numpy as jnp
 
     kernel = _rand((6, 4), 11)
-    params = {"params": {"Dense_0": {"kernel": jnp.asarray(kernel), "bias": jnp.zeros(4)}, "Dense_1": {"kernel": jnp.ones((4, 2))}}}
+    params = {
+        "params": {
+            "Dense_0": {"kernel": jnp.asarray(kernel), "bias": jnp.zeros(4)},
+            "Dense_1": {"kernel": jnp.ones((4, 2))},
+        }
+    }
     out = mp.l1_unstructured(params, "params/Dense_0/kernel", 0.5)
     dense = out["params"]["Dense_0"]
     assert list(dense) == ["kernel_orig", "kernel_mask", "bias"]
@@ -296,13 +304,23 @@ def test_nested_flax_style_paths_and_immutable_jax():
     assert mp.pruned_keys(out) == [("params", "Dense_0", "kernel")] and mp.is_pruned(out)
     eff = mp.apply_masks(out)
     assert list(eff["params"]["Dense_0"]) == ["kernel", "bias"]
-    np.testing.assert_array_equal(np.asarray(eff["params"]["Dense_0"]["kernel"]), kernel * np.asarray(out["params"]["Dense_0"]["kernel_mask"]))
+    np.testing.assert_array_equal(
+        np.asarray(eff["params"]["Dense_0"]["kernel"]), kernel * np.asarray(out["params"]["Dense_0"]["kernel_mask"])
+    )
     back = mp.remove(out, "params/Dense_0/kernel")
-    np.testing.assert_array_equal(np.asarray(back["params"]["Dense_0"]["kernel"]), np.asarray(eff["params"]["Dense_0"]["kernel"]))
-    both = mp.global_unstructured(params, ["params/Dense_0/kernel", ("params", "Dense_1", "kernel")], ap.L1Unstructured, amount=0.5)
+    np.testing.assert_array_equal(
+        np.asarray(back["params"]["Dense_0"]["kernel"]), np.asarray(eff["params"]["Dense_0"]["kernel"])
+    )
+    both = mp.global_unstructured(
+        params, ["params/Dense_0/kernel", ("params", "Dense_1", "kernel")], ap.L1Unstructured, amount=0.5
+    )
     assert [p for p in mp.pruned_keys(both)] == [("params", "Dense_0", "kernel"), ("params", "Dense_1", "kernel")]
     flat = dict(mp.iter_arrays(both, effective=True))
-    assert set(flat) == {("params", "Dense_0", "kernel"), ("params", "Dense_0", "bias"), ("params", "Dense_1", "kernel")}
+    assert set(flat) == {
+        ("params", "Dense_0", "kernel"),
+        ("params", "Dense_0", "bias"),
+        ("params", "Dense_1", "kernel"),
+    }
     assert sum(int((np.asarray(v) == 0).sum()) for k, v in flat.items() if k[-1] == "kernel") >= round(0.5 * 32)
 
 
