@@ -147,10 +147,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=_norm_order, default=2, help="norm order of ln_structured (default: 2)")
     p.add_argument("--dim", type=int, default=0, help="channel axis of structured methods (default: 0)")
     p.add_argument(
-        "--include", action="extend", nargs="+", default=[], metavar="PATTERN", help="prune tensors whose name matches (fnmatch glob)"
+        "--include",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="prune tensors whose name matches (fnmatch glob)",
     )
     p.add_argument(
-        "--exclude", action="extend", nargs="+", default=[], metavar="PATTERN", help="leave tensors whose name matches (fnmatch glob)"
+        "--exclude",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="leave tensors whose name matches (fnmatch glob)",
     )
     p.add_argument("--min-size", type=_non_negative, default=0, metavar="N", help="leave tensors with fewer entries")
     p.add_argument("--seed", type=int, default=None, help="seed of the random methods")
