@@ -178,7 +178,13 @@ class PruningContainer(BasePruningMethod):
 
 
 def _is_method(obj: Any) -> bool:
-    return callable(getattr(obj, "compute_mask", None)) and hasattr(obj, "PRUNING_TYPE")
+    # A method *instance*: a class has compute_mask and PRUNING_TYPE too, but its
+    # compute_mask is unbound (torch's isinstance check rejects classes as well).
+    return (
+        not isinstance(obj, type)
+        and callable(getattr(obj, "compute_mask", None))
+        and hasattr(obj, "PRUNING_TYPE")
+    )
 
 
 def combine_masks(method: Any, t: Array, mask: Array) -> Array:
