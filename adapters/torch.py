@@ -1,0 +1,1362 @@
+"""Drop-in replacement for :mod:`torch.nn.utils.prune`, with masks computed by arrayprune.
+
+Replace ``import torch.nn.utils.prune as prune`` with
+``import arrayprune.adapters.torch as prune``: every public name exists here with the
+same signature and the same effect on modules, and every mask is computed by the
+arrayprune core directly on the module's tensors, on their device (CPU tensors through
+zero-copy NumPy views, CUDA tensors with tensor operations).
+
+The reparametrization is PyTorch's, object for object: pruning ``module.<name>`` moves
+the parameter (the same :class:`torch.nn.Parameter` object) to ``<name>_orig``, registers
+the mask as the buffer ``<name>_mask`` (dtype of the parameter) and installs a forward
+pre-hook that recomputes ``module.<name> = <name>_mask * <name>_orig`` before every
+forward pass, so gradients reach ``<name>_orig`` and are zero where it is masked.
+Pruning the same tensor again turns the hook into a :class:`PruningContainer` that holds
+the methods in order; :func:`remove` makes the pruning permanent.
+
+The classes derive from their counterparts in :mod:`torch.nn.utils.prune`, so code that
+checks ``isinstance(hook, torch.nn.utils.prune.BasePruningMethod)`` (PyTorch's own
+:func:`torch.nn.utils.prune.is_pruned` and :func:`torch.nn.utils.prune.remove` among
+them) recognises modules pruned here, and the two libraries can prune the same tensor
+one after the other.
+
+Differences from PyTorch, all in the direction of more robustness:
+
+* a failure while pruning (in ``compute_mask`` or anywhere else) leaves the module exactly
+  as it was: parameters, buffers, plain attributes, hooks and the hook's container;
+* pruned modules support :func:`copy.deepcopy` (PyTorch refuses, because the pruned
+  tensor ``module.<name>`` is not a leaf of the autograd graph);
+* ties are broken by position (the lowest flat index or channel is pruned first), so the
+  result is deterministic; :func:`global_unstructured` never concatenates the
+  parameters;
+* random methods accept a keyword-only ``seed`` or ``generator`` (PyTorch's global
+  generator is used when neither is given, as in PyTorch);
+* shape mismatches raise an exception that is both a :class:`ValueError` (as in the
+  arrayprune core) and an :class:`AssertionError` (as in PyTorch).
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.nn.utils import prune as _tprune
+
+import arrayprune.global_pruning as _global
+import arrayprune.methods as _core
+from arrayprune import amount as _amount
+from arrayprune.norms import channel_norms as _channel_norms
+from arrayprune.rng import check_random_source as _check_random_source
+
+__all__ = [
+    "BasePruningMethod",
+    "PruningContainer",
+    "Identity",
+    "RandomUnstructured",
+    "L1Unstructured",
+    "RandomStructured",
+    "LnStructured",
+    "CustomFromMask",
+    "identity",
+    "random_unstructured",
+    "l1_unstructured",
+    "random_structured",
+    "ln_structured",
+    "global_unstructured",
+    "custom_from_mask",
+    "remove",
+    "is_pruned",
+]
+
+
+class _ShapeMismatchError(ValueError, AssertionError):
+    """A tensor does not have the shape of the tensor it goes with.
+
+    Both a :class:`ValueError` (what the arrayprune core raises) and an
+    :class:`AssertionError` (what :mod:`torch.nn.utils.prune` raises).
+    """
+
+
+def _check_shape(t: torch.Tensor, other: Any, what: str) -> None:
+    if tuple(other.shape) != tuple(t.shape):
+        raise _ShapeMismatchError(
+            f"{what} should have the same shape as the tensor to prune: "
+            f"got {tuple(other.shape)}, expected {tuple(t.shape)}"
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Running the core on tensors
+# --------------------------------------------------------------------------------------
+
+
+def _detached(t: Any) -> Any:
+    return t.detach() if isinstance(t, torch.Tensor) else t
+
+
+def _run_core(core_method: Any, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+    """``core_method.compute_mask`` outside autograd, on detached aliases of the inputs."""
+    with torch.no_grad():
+        return core_method.compute_mask(_detached(t), _detached(default_mask))
+
+
+def _native_core_method(method: Any) -> Any:
+    """The core method equivalent to `method`, or None if `method` is not a built-in.
+
+    A built-in method whose ``compute_mask`` was replaced (overridden in a subclass,
+    patched on the class or set on the instance) is treated as foreign, so that the
+    replacement is what gets called.
+    """
+    if not isinstance(method, _CORE_BACKED) or "compute_mask" in vars(method):
+        return None
+    fn = getattr(type(method), "compute_mask", None)
+    if any(fn is native for native in _NATIVE_COMPUTE_MASKS):
+        return method._core_method()
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Module state, for all-or-nothing pruning
+# --------------------------------------------------------------------------------------
+
+_STATE_DICTS = ("_parameters", "_buffers", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
+
+
+class _ModuleState:
+    """What pruning may change in a module, recorded so that it can be put back.
+
+    Covers the plain attributes (``module.<name>``), the parameter, buffer and
+    forward-pre-hook dictionaries (restored in place, keeping their order and identity,
+    so hook handles stay valid), the non-persistent buffer names, an RNN's
+    ``_flat_weights`` list, and the method tuples of pruning containers among the hooks.
+    """
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        d = module.__dict__
+        self.attrs = dict(d)
+        self.dicts = [(d[k], list(d[k].items())) for k in _STATE_DICTS if isinstance(d.get(k), dict)]
+        nonpersistent = d.get("_non_persistent_buffers_set")
+        self.nonpersistent = (nonpersistent, set(nonpersistent)) if isinstance(nonpersistent, set) else None
+        flat = d.get("_flat_weights")
+        self.flat = (flat, list(flat)) if isinstance(flat, list) else None
+        hooks = d.get("_forward_pre_hooks", {})
+        self.containers = [
+            (h, h.__dict__.get("_pruning_methods"))
+            for h in hooks.values()
+            if isinstance(h, _tprune.PruningContainer)
+        ]
+
+    def restore(self) -> None:
+        d = self.module.__dict__
+        for key in [k for k in d if k not in self.attrs]:
+            del d[key]
+        d.update(self.attrs)
+        for obj, items in self.dicts:
+            obj.clear()
+            obj.update(items)
+        if self.nonpersistent is not None:
+            obj, items = self.nonpersistent
+            obj.clear()
+            obj.update(items)
+        if self.flat is not None:
+            obj, items = self.flat
+            obj[:] = items
+        for container, methods in self.containers:
+            if methods is None:
+                container.__dict__.pop("_pruning_methods", None)
+            else:
+                container._pruning_methods = methods
+
+
+class _Transaction:
+    """Context manager: restore the given modules if the block raises."""
+
+    def __init__(self, modules: Iterable[torch.nn.Module]):
+        unique = {id(m): m for m in modules}
+        self.states = [_ModuleState(m) for m in unique.values()]
+
+    def __enter__(self) -> _Transaction:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None:
+            for state in reversed(self.states):
+                state.restore()
+        return False
+
+
+# --------------------------------------------------------------------------------------
+# Base class and container
+# --------------------------------------------------------------------------------------
+
+
+class BasePruningMethod(_tprune.BasePruningMethod):
+    """Abstract base of pruning methods acting on tensors of PyTorch modules.
+
+    A subclass of :class:`torch.nn.utils.prune.BasePruningMethod`. Subclasses set
+    ``PRUNING_TYPE`` (``'unstructured'``, ``'structured'`` with a ``dim`` attribute, or
+    ``'global'``) and implement :meth:`compute_mask`. An instance installed on a module
+    is its forward pre-hook: calling it with ``(module, inputs)`` recomputes
+    ``module.<name>`` from ``<name>_orig`` and ``<name>_mask``.
+
+    Methods
+    -------
+    compute_mask(t, default_mask)
+        The mask for importance scores `t` on top of `default_mask` (abstract).
+    apply(module, name, *args, importance_scores=None, **kwargs)
+        Prune ``module.<name>`` with a new instance (class method).
+    apply_mask(module)
+        The pruned tensor ``<name>_mask * <name>_orig``.
+    prune(t, default_mask=None, importance_scores=None)
+        `t` multiplied by its mask.
+    remove(module)
+        Make the pruning of ``module.<name>`` permanent.
+    """
+
+    _tensor_name: str | None = None
+
+    def __call__(self, module: torch.nn.Module, inputs: Any) -> None:
+        """Recompute ``module.<name>`` as ``<name>_mask * <name>_orig`` (the pre-hook).
+
+        Parameters
+        ----------
+        module : torch.nn.Module
+            The module the method is installed on.
+        inputs : tuple
+            The positional inputs of the forward call (unused).
+        """
+        self._remember(module)
+        setattr(module, self._tensor_name, self.apply_mask(module))
+
+    @classmethod
+    def apply(cls, module: torch.nn.Module, name: str, *args: Any, importance_scores: torch.Tensor | None = None, **kwargs: Any):
+        """Prune ``module.<name>`` with ``cls(*args, **kwargs)``, adding the reparametrization.
+
+        On first pruning, the parameter moves to ``<name>_orig``, the mask becomes the
+        buffer ``<name>_mask`` and the method is installed as a forward pre-hook. If the
+        tensor is already pruned, the method joins the existing one(s) in a
+        :class:`PruningContainer` and acts only on what is still unpruned. If anything
+        fails, the module is left exactly as it was.
+
+        Parameters
+        ----------
+        module : torch.nn.Module
+            Module holding the tensor to prune.
+        name : str
+            Name of the parameter within `module`.
+        *args, **kwargs
+            Arguments of the pruning method's constructor.
+        importance_scores : torch.Tensor, optional
+            Scores of the shape of the parameter ranking its entries; the parameter
+            itself (its current, pruned value) if omitted.
+
+        Returns
+        -------
+        BasePruningMethod
+            The forward pre-hook now installed: the new method, or the container holding
+            it.
+
+        Raises
+        ------
+        AssertionError
+            If the tensor has more than one pruning hook.
+        ValueError
+            If `importance_scores` has another shape than the parameter (the error is an
+            :class:`AssertionError` too), or the amount is invalid.
+        TypeError
+            If ``module.<name>`` is not a parameter.
+        """
+        return _apply(module, name, cls(*args, **kwargs), importance_scores)
+
+    # -- bookkeeping ------------------------------------------------------------------
+
+    def _remember(self, module: torch.nn.Module) -> None:
+        """Keep a weak reference to the module this hook is installed on (for deepcopy)."""
+        ref = self.__dict__.get("_module_ref")
+        if ref is None or ref() is not module:
+            self._module_ref = weakref.ref(module)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_module_ref", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> BasePruningMethod:
+        """Copy the method; when copied with its module, copy the pruned tensor too.
+
+        ``module.<name>`` is ``<name>_mask * <name>_orig``, a tensor inside the autograd
+        graph, which :func:`copy.deepcopy` refuses to copy. The hook is copied before
+        that attribute (a module's hooks come first in its ``__dict__``), so it registers
+        the copy in `memo`: the product of the copied mask and the copied parameter.
+        """
+        cls = type(self)
+        new = cls.__new__(cls)
+        memo[id(self)] = new
+        ref = self.__dict__.get("_module_ref")
+        module = ref() if ref is not None else None
+        new_module = memo.get(id(module)) if module is not None else None
+        if new_module is not None:
+            _memoize_pruned_tensor(module, self._tensor_name, memo)
+        new.__dict__.update(copy.deepcopy(self.__getstate__(), memo))
+        if new_module is not None:
+            new._module_ref = weakref.ref(new_module)
+        return new
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={_short(v)}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({fields})"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"<tensor {tuple(value.shape)} {str(value.dtype).replace('torch.', '')}>"
+    return repr(value)
+
+
+def _memoize_pruned_tensor(module: torch.nn.Module, name: str | None, memo: dict[int, Any]) -> None:
+    if name is None:
+        return
+    current = module.__dict__.get(name)
+    if not isinstance(current, torch.Tensor) or current.is_leaf or id(current) in memo:
+        return
+    orig = module._parameters.get(name + "_orig")
+    mask = module._buffers.get(name + "_mask")
+    if orig is None or mask is None:
+        return
+    new_orig = copy.deepcopy(orig, memo)
+    new_mask = copy.deepcopy(mask, memo)
+    with torch.set_grad_enabled(current.requires_grad):
+        memo[id(current)] = new_mask.to(dtype=new_orig.dtype) * new_orig
+    memo.setdefault(id(memo), []).append(current)  # keep the id taken while memo lives
+
+
+class PruningContainer(BasePruningMethod, _tprune.PruningContainer):
+    """Sequence of pruning methods applied one after the other to the same tensor.
+
+    A subclass of :class:`torch.nn.utils.prune.PruningContainer`. It may hold any
+    pruning method, including PyTorch's and user-written ones.
+
+    Parameters
+    ----------
+    *args : BasePruningMethod
+        Methods already applied, oldest first, or a single iterable of them. The
+        container acts on the tensor of the first one (``_tensor_name``).
+
+    Notes
+    -----
+    :meth:`compute_mask` applies only the newest method, on what the ``default_mask``
+    (the mask of the earlier methods) leaves: its remaining entries for an
+    ``'unstructured'`` method, its remaining channels for a ``'structured'`` one, all
+    of it for a ``'global'`` one. Built-in methods do this with the core's fast paths;
+    other methods get the remaining part gathered, as in PyTorch.
+    """
+
+    def __init__(self, *args: Any):
+        self._pruning_methods: tuple[Any, ...] = ()
+        if len(args) == 1 and not isinstance(args[0], _tprune.BasePruningMethod) and isinstance(args[0], Iterable):
+            args = tuple(args[0])
+        if args and isinstance(args[0], _tprune.BasePruningMethod):
+            self._tensor_name = getattr(args[0], "_tensor_name", None)
+        for method in args:
+            self.add_pruning_method(method)
+
+    def add_pruning_method(self, method: Any) -> None:
+        """Append `method` to the container.
+
+        Parameters
+        ----------
+        method : torch.nn.utils.prune.BasePruningMethod
+            The method; ``None`` is ignored.
+
+        Raises
+        ------
+        TypeError
+            If `method` is not a pruning method.
+        ValueError
+            If `method` acts on another tensor than the container.
+        """
+        if method is None:
+            return
+        if not isinstance(method, _tprune.BasePruningMethod):
+            raise TypeError(f"{type(method)} is not a BasePruningMethod subclass")
+        if self._tensor_name != getattr(method, "_tensor_name", None):
+            raise ValueError(
+                f"Can only add pruning methods acting on the parameter named '{self._tensor_name}' "
+                f"to PruningContainer {self}. Found '{getattr(method, '_tensor_name', None)}'"
+            )
+        self._pruning_methods += (method,)
+
+    def __len__(self) -> int:
+        return len(self._pruning_methods)
+
+    def __iter__(self):
+        return iter(self._pruning_methods)
+
+    def __getitem__(self, idx: Any) -> Any:
+        return self._pruning_methods[idx]
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        """Apply the newest method to what `default_mask` leaves unpruned.
+
+        Parameters
+        ----------
+        t : torch.Tensor
+            Importance scores.
+        default_mask : torch.Tensor
+            Mask of the earlier methods, same shape; not modified.
+
+        Returns
+        -------
+        torch.Tensor
+            The combined mask, of the dtype of `t` (as in PyTorch).
+
+        Raises
+        ------
+        IndexError
+            If the container is empty, or a structured method's ``dim`` is out of range.
+        ValueError
+            If the method's ``PRUNING_TYPE`` is unknown.
+        AttributeError
+            If a structured method has no ``dim``.
+        """
+        if not self._pruning_methods:
+            raise IndexError("PruningContainer holds no pruning method")
+        method = self._pruning_methods[-1]
+        with torch.no_grad():
+            mask = _detached(default_mask).to(dtype=t.dtype)
+            scores = _detached(t)
+            core_method = _native_core_method(method)
+            if isinstance(core_method, _core.Identity):
+                return mask
+            return _core.combine_masks(method if core_method is None else core_method, scores, mask)
+
+    def __repr__(self) -> str:
+        return f"PruningContainer{self._pruning_methods!r}"
+
+
+# --------------------------------------------------------------------------------------
+# Built-in methods
+# --------------------------------------------------------------------------------------
+
+
+class Identity(BasePruningMethod, _tprune.Identity):
+    """A method that prunes nothing: the mask is the default mask (ones at first)."""
+
+    PRUNING_TYPE = "unstructured"
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        """Return `default_mask` itself."""
+        return default_mask
+
+    def _core_method(self) -> Any:
+        return _core.Identity()
+
+    @classmethod
+    def apply(cls, module: torch.nn.Module, name: str):  # type: ignore[override]
+        """Add the pruning reparametrization to ``module.<name>`` without pruning anything.
+
+        Parameters
+        ----------
+        module : torch.nn.Module
+            Module holding the tensor.
+        name : str
+            Name of the parameter within `module`.
+
+        Returns
+        -------
+        BasePruningMethod
+            The forward pre-hook installed.
+        """
+        return super().apply(module, name)
+
+
+class RandomUnstructured(BasePruningMethod, _tprune.RandomUnstructured):
+    """Prune (currently unpruned) entries chosen uniformly at random.
+
+    Parameters
+    ----------
+    amount : int or float
+        Fraction in ``[0, 1]`` of the entries to prune, or their number.
+    seed : int, optional
+        Seed of a fresh generator on the tensor's device, for reproducible masks.
+    generator : torch.Generator, optional
+        Generator to draw from. With neither `seed` nor `generator`, PyTorch's global
+        generator is used (``torch.manual_seed`` applies).
+
+    Raises
+    ------
+    TypeError
+        If `amount` is not a number, or both `seed` and `generator` are given.
+    ValueError
+        If `amount` is a float outside ``[0, 1]`` or a negative integer.
+    """
+
+    PRUNING_TYPE = "unstructured"
+
+    def __init__(self, amount: int | float, *, seed: int | None = None, generator: torch.Generator | None = None):
+        _amount.validate_pruning_amount_init(amount)
+        _check_random_source(seed, generator)
+        self.amount = amount
+        self.seed = seed
+        self.generator = generator
+
+    def _core_method(self) -> Any:
+        return _core.RandomUnstructured(self.amount, seed=self.seed, generator=self.generator)
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        """Return `default_mask` with ``amount`` of all entries of `t` zeroed at random.
+
+        Parameters
+        ----------
+        t : torch.Tensor
+            Tensor to prune (only its shape and device matter).
+        default_mask : torch.Tensor
+            Mask of earlier pruning, same shape; not modified.
+
+        Returns
+        -------
+        torch.Tensor
+            New mask of the dtype of `default_mask`.
+        """
+        return _run_core(self._core_method(), t, default_mask)
+
+    @classmethod
+    def apply(cls, module: torch.nn.Module, name: str, amount: int | float, *, seed: int | None = None, generator: torch.Generator | None = None):  # type: ignore[override]
+        """Prune ``amount`` of the remaining entries of ``module.<name>`` at random.
+
+        Parameters
+        ----------
+        module : torch.nn.Module
+            Module holding the tensor.
+        name : str
+            Name of the parameter within `module`.
+        amount : int or float
+            Fraction in ``[0, 1]`` of the remaining entries, or their number.
+        seed : int, optional
+            Seed for reproducible masks.
+        generator : torch.Generator, optional
+            Generator to draw from.
+
+        Returns
+        -------
+        BasePruningMethod
+            The forward pre-hook installed.
+        """
+        return super().apply(module, name, amount=amount, seed=seed, generator=generator)
+
+
+class L1Unstructured(BasePruningMethod, _tprune.L1Unstructured):
+    """Prune the (currently unpruned) entries of smallest absolute value.
+
+    Parameters
+    ----------
+    amount : int or float
+        Fraction in ``[0, 1]`` of the entries to prune, or their number.
+
+    Raises
+    ------
+    TypeError
+        If `amount` is not a number.
+    ValueError
+        If `amount` is a float outside ``[0, 1]`` or a negative integer.
+
+    Notes
+    -----
+    Among entries of equal magnitude, the lowest flat index is pruned first.
+    """
+
+    PRUNING_TYPE = "unstructured"
+
+    def __init__(self, amount: int | float):
+        _amount.validate_pruning_amount_init(amount)
+        self.amount = amount
+
+    def _core_method(self) -> Any:
+        return _core.L1Unstructured(self.amount)
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        """Return `default_mask` with the ``amount`` entries of smallest ``|t|`` zeroed.
+
+        All entries of `t` are ranked (inside a :class:`PruningContainer`, only those
+        still unpruned are).
+
+        Parameters
+        ----------
+        t : torch.Tensor
+            Importance scores.
+        default_mask : torch.Tensor
+            Mask of earlier pruning, same shape; not modified.
+
+        Returns
+        -------
+        torch.Tensor
+            New mask of the dtype of `default_mask`.
+
+        Raises
+        ------
+        ValueError
+            If an integer amount exceeds the number of entries.
+        """
+        return _run_core(self._core_method(), t, default_mask)
+
+    @classmethod
+    def apply(cls, module: torch.nn.Module, name: str, amount: int | float, importance_scores: torch.Tensor | None = None):  # type: ignore[override]
+        """Prune ``amount`` of the remaining entries of ``module.<name>`` of smallest magnitude.
+
+        Parameters
+        ----------
+        module : torch.nn.Module
+            Module holding the tensor.
+        name : str
+            Name of the parameter within `module`.
+        amount : int or float
+            Fraction in ``[0, 1]`` of the remaining entries, or their number.
+        importance_scores : torch.Tensor, optional
+            Scores ranking the entries instead of the parameter, same shape.
+
+        Returns
+        -------
+        BasePruningMethod
+            The forward pre-hook installed.
+        """
+        return super().apply(module, name, amount=amount, importance_scores=importance_scores)
+
+
+def _structured_result(mask: torch.Tensor, given: torch.Tensor, default_mask: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """PyTorch's structured masks: `default_mask` itself if nothing was pruned, else `t`'s dtype."""
+    if mask is given:
+        return default_mask
+    return mask if mask.dtype == t.dtype else mask.to(dtype=t.dtype)
+
+
+class RandomStructured(BasePruningMethod, _tprune.RandomStructured):
+    """Prune whole (currently unpruned) channels chosen uniformly at random.
+
+    Parameters
+    ----------
+    amount : int or float
+        Fraction in ``[0, 1]`` of the channels to prune, or their number.
+    dim : int, default -1
+        Dimension along which channels are defined.
+    seed : int, optional
+        Seed of a fresh generator on the tensor's device, for reproducible masks.
+    generator : torch.Generator, optional
+        Generator to draw from. With neither `seed` nor `generator`, PyTorch's global
+        generator is used.
+
+    Raises
+    ------
+    TypeError
+        If `amount` is not a number, or both `seed` and `generator` are given.
+    ValueError
+        If `amount` is a float outside ``[0, 1]`` or a negative integer.
+    """
+
+    PRUNING_TYPE = "structured"
+
+    def __init__(self, amount: int | float, dim: int = -1, *, seed: int | None = None, generator: torch.Generator | None = None):
+        _amount.validate_pruning_amount_init(amount)
+        _check_random_source(seed, generator)
+        self.amount = amount
+        self.dim = dim
+        self.seed = seed
+        self.generator = generator
+
+    def _core_method(self) -> Any:
+        return _core.RandomStructured(self.amount, self.dim, seed=self.seed, generator=self.generator)
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        """Return `default_mask` with ``amount`` of the channels of `t` zeroed at random.
+
+        Parameters
+        ----------
+        t : torch.Tensor
+            Tensor to prune, at least 2-D.
+        default_mask : torch.Tensor
+            Mask of earlier pruning, same shape; not modified.
+
+        Returns
+        -------
+        torch.Tensor
+            `default_mask` itself if nothing is pruned, else a new mask of the dtype of
+            `t` (as in PyTorch).
+
+        Raises
+        ------
+        ValueError
+            If `t` has fewer than two dimensions, or an integer amount exceeds the
+            number of channels.
+        IndexError
+            If ``dim`` is out of range.
+        """
+        given = _detached(default_mask)
+        with torch.no_grad():
+            mask = self._core_method().compute_mask(_detached(t), given)
+        return _structured_result(mask, given, default_mask, t)
+
+    @classmethod
+    def apply(cls, module: torch.nn.Module, name: str, amount: int | float, dim: int = -1, *, seed: int | None = None, generator: torch.Generator | None = None):  # type: ignore[override]
+        """Prune ``amount`` of the remaining channels of ``module.<name>`` at random.
+
+        Parameters
+        ----------
+        module : torch.nn.Module
+            Module holding the tensor.
+        name : str
+            Name of the parameter within `module`.
+        amount : int or float
+            Fraction in ``[0, 1]`` of the remaining channels, or their number.
+        dim : int, default -1
+            Dimension along which channels are defined.
+        seed : int, optional
+            Seed for reproducible masks.
+        generator : torch.Generator, optional
+            Generator to draw from.
+
+        Returns
+        -------
+        BasePruningMethod
+            The forward pre-hook installed.
+        """
+        return super().apply(module, name, amount=amount, dim=dim, seed=seed, generator=generator)
+
+
+class LnStructured(BasePruningMethod, _tprune.LnStructured):
+    """Prune whole (currently unpruned) channels of smallest L\\ ``n`` norm.
+
+    Parameters
+    ----------
+    amount : int or float
+        Fraction in ``[0, 1]`` of the channels to prune, or their number.
+    n : int, float, inf, -inf, 'fro' or 'nuc'
+        Order of the norm, as ``p`` in :func:`torch.norm`.
+    dim : int, default -1
+        Dimension along which channels are defined.
+
+    Raises
+    ------
+    TypeError
+        If `amount` is not a number.
+    ValueError
+        If `amount` is a float outside ``[0, 1]`` or a negative integer.
+
+    Notes
+    -----
+    Among channels of equal norm, the lowest index is pruned first.
+    """
+
+    PRUNING_TYPE = "structured"
+
+    def __init__(self, amount: int | float, n: Any, dim: int = -1):
+        _amount.validate_pruning_amount_init(amount)
+        self.amount = amount
+        self.n = n
+        self.dim = dim
+
+    def _core_method(self) -> Any:
+        return _core.LnStructured(self.amount, self.n, self.dim)
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        """Return `default_mask` with the ``amount`` channels of smallest norm zeroed.
+
+        Parameters
+        ----------
+        t : torch.Tensor
+            Importance scores, at least 2-D.
+        default_mask : torch.Tensor
+            Mask of earlier pruning, same shape; not modified.
+
+        Returns
+        -------
+        torch.Tensor
+            `default_mask` itself if nothing is pruned, else a new mask of the dtype of
+            `t` (as in PyTorch).
+
+        Raises
+        ------
+        ValueError
+            If `t` has fewer than two dimensions, `n` is not a valid order, or an integer
+            amount exceeds the number of channels.
+        IndexError
+            If ``dim`` is out of range.
+        """
+        given = _detached(default_mask)
+        with torch.no_grad():
+            mask = self._core_method().compute_mask(_detached(t), given)
+        return _structured_result(mask, given, default_mask, t)
+
+    @classmethod
+    def apply(cls, module: torch.nn.Module, name: str, amount: int | float, n: Any, dim: int, importance_scores: torch.Tensor | None = None):  # type: ignore[override]
+        """Prune ``amount`` of the remaining channels of ``module.<name>`` of smallest norm.
+
+        Parameters
+        ----------
+        module : torch.nn.Module
+            Module holding the tensor.
+        name : str
+            Name of the parameter within `module`.
+        amount : int or float
+            Fraction in ``[0, 1]`` of the remaining channels, or their number.
+        n : int, float, inf, -inf, 'fro' or 'nuc'
+            Order of the norm, as ``p`` in :func:`torch.norm`.
+        dim : int
+            Dimension along which channels are defined.
+        importance_scores : torch.Tensor, optional
+            Scores to take norms of instead of the parameter, same shape.
+
+        Returns
+        -------
+        BasePruningMethod
+            The forward pre-hook installed.
+        """
+        return super().apply(module, name, amount=amount, n=n, dim=dim, importance_scores=importance_scores)
+
+
+class CustomFromMask(BasePruningMethod, _tprune.CustomFromMask):
+    """Prune with a precomputed mask, multiplied into the default mask.
+
+    Parameters
+    ----------
+    mask : torch.Tensor or array_like
+        The mask; non-zero entries are kept. It is stored detached from autograd.
+    """
+
+    PRUNING_TYPE = "global"
+
+    def __init__(self, mask: Any):
+        mask = torch.as_tensor(mask)
+        self.mask = mask.detach() if mask.requires_grad else mask
+
+    def _core_method(self) -> Any:
+        return _core.CustomFromMask(self.mask)
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        """Return ``default_mask * mask``, in the dtype of `default_mask`.
+
+        Parameters
+        ----------
+        t : torch.Tensor
+            Tensor to prune (unused).
+        default_mask : torch.Tensor
+            Mask of earlier pruning; not modified.
+
+        Returns
+        -------
+        torch.Tensor
+            The new mask.
+
+        Raises
+        ------
+        ValueError
+            If the stored mask has another shape than `default_mask` (the error is an
+            :class:`AssertionError` too).
+        """
+        _check_shape(default_mask, self.mask, "mask")
+        custom = self.mask.to(device=default_mask.device)
+        return _run_core(_core.CustomFromMask(custom), t, default_mask)
+
+    @classmethod
+    def apply(cls, module: torch.nn.Module, name: str, mask: Any):  # type: ignore[override]
+        """Prune ``module.<name>`` with the precomputed `mask`.
+
+        Parameters
+        ----------
+        module : torch.nn.Module
+            Module holding the tensor.
+        name : str
+            Name of the parameter within `module`.
+        mask : torch.Tensor
+            Mask of the shape of the parameter; non-zero entries are kept.
+
+        Returns
+        -------
+        BasePruningMethod
+            The forward pre-hook installed.
+        """
+        return super().apply(module, name, mask=mask)
+
+
+_CORE_BACKED = (Identity, RandomUnstructured, L1Unstructured, RandomStructured, LnStructured, CustomFromMask)
+_NATIVE_COMPUTE_MASKS = tuple(cls.__dict__["compute_mask"] for cls in _CORE_BACKED)
+
+
+# --------------------------------------------------------------------------------------
+# Applying a method to a module
+# --------------------------------------------------------------------------------------
+
+
+def _pruning_hooks(module: torch.nn.Module, name: str) -> list[tuple[Any, Any]]:
+    return [
+        (key, hook)
+        for key, hook in module._forward_pre_hooks.items()
+        if isinstance(hook, _tprune.BasePruningMethod) and getattr(hook, "_tensor_name", None) == name
+    ]
+
+
+def _apply(module: torch.nn.Module, name: str, method: Any, importance_scores: torch.Tensor | None) -> Any:
+    """Install `method` on ``module.<name>``, all or nothing (see BasePruningMethod.apply)."""
+    method._tensor_name = name
+    with _Transaction([module]):
+        found = _pruning_hooks(module, name)
+        if len(found) > 1:
+            raise AssertionError(
+                f"Avoid adding multiple pruning hooks to the same tensor {name} of module {module}. "
+                "Use a PruningContainer."
+            )
+        for key, _ in found:
+            del module._forward_pre_hooks[key]
+        old = found[0][1] if found else None
+
+        if old is None:
+            hook = method
+        elif isinstance(old, PruningContainer):
+            old.add_pruning_method(method)
+            hook = old
+        elif isinstance(old, _tprune.PruningContainer):
+            # PyTorch's container: carry its methods over into one of ours.
+            hook = PruningContainer(*old._pruning_methods, method)
+            hook._tensor_name = name
+        else:
+            hook = PruningContainer(old)
+            hook.add_pruning_method(method)
+
+        orig = getattr(module, name)
+        if importance_scores is not None:
+            _check_shape(orig, importance_scores, f"importance_scores of parameter {name}")
+        else:
+            importance_scores = orig
+
+        if old is None:
+            module.register_parameter(name + "_orig", orig)
+            del module._parameters[name]
+            default_mask = torch.ones_like(orig)
+        else:
+            default_mask = getattr(module, name + "_mask").detach().clone(memory_format=torch.contiguous_format)
+
+        with torch.no_grad():
+            mask = hook.compute_mask(_detached(importance_scores), default_mask=default_mask)
+        if isinstance(mask, torch.Tensor) and mask.requires_grad:
+            mask = mask.detach()
+        module.register_buffer(name + "_mask", mask)
+        setattr(module, name, hook.apply_mask(module))
+        module.register_forward_pre_hook(hook)
+    if isinstance(hook, BasePruningMethod):
+        hook._remember(module)
+    return hook
+
+
+# --------------------------------------------------------------------------------------
+# Functional interface
+# --------------------------------------------------------------------------------------
+
+
+def identity(module: torch.nn.Module, name: str) -> torch.nn.Module:
+    """Add the pruning reparametrization to ``module.<name>`` without pruning anything.
+
+    The mask ``<name>_mask`` is all ones.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        Module holding the tensor.
+    name : str
+        Name of the parameter within `module`.
+
+    Returns
+    -------
+    torch.nn.Module
+        `module`, modified in place.
+
+    Examples
+    --------
+    >>> import torch.nn as nn
+    >>> import arrayprune.adapters.torch as prune
+    >>> prune.identity(nn.Linear(2, 3), "bias").bias_mask
+    tensor([1., 1., 1.])
+    """
+    Identity.apply(module, name)
+    return module
+
+
+def random_unstructured(
+    module: torch.nn.Module,
+    name: str,
+    amount: int | float,
+    *,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.nn.Module:
+    """Prune ``amount`` of the (currently unpruned) entries of ``module.<name>`` at random.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        Module holding the tensor.
+    name : str
+        Name of the parameter within `module`.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the remaining entries, or their number.
+    seed : int, optional
+        Seed for a reproducible mask (not in PyTorch).
+    generator : torch.Generator, optional
+        Generator to draw from (not in PyTorch); PyTorch's global generator by default.
+
+    Returns
+    -------
+    torch.nn.Module
+        `module`, modified in place.
+
+    Examples
+    --------
+    >>> import torch, torch.nn as nn
+    >>> import arrayprune.adapters.torch as prune
+    >>> m = prune.random_unstructured(nn.Linear(2, 3), "weight", amount=1)
+    >>> int(torch.sum(m.weight_mask == 0))
+    1
+    """
+    RandomUnstructured.apply(module, name, amount, seed=seed, generator=generator)
+    return module
+
+
+def l1_unstructured(
+    module: torch.nn.Module,
+    name: str,
+    amount: int | float,
+    importance_scores: torch.Tensor | None = None,
+) -> torch.nn.Module:
+    """Prune ``amount`` of the (currently unpruned) entries of smallest magnitude.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        Module holding the tensor.
+    name : str
+        Name of the parameter within `module`.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the remaining entries, or their number.
+    importance_scores : torch.Tensor, optional
+        Scores ranking the entries instead of the parameter, same shape.
+
+    Returns
+    -------
+    torch.nn.Module
+        `module`, modified in place.
+
+    Examples
+    --------
+    >>> import torch.nn as nn
+    >>> import arrayprune.adapters.torch as prune
+    >>> m = prune.l1_unstructured(nn.Linear(2, 3), "weight", amount=0.2)
+    >>> sorted(m.state_dict())
+    ['bias', 'weight_mask', 'weight_orig']
+    """
+    L1Unstructured.apply(module, name, amount=amount, importance_scores=importance_scores)
+    return module
+
+
+def random_structured(
+    module: torch.nn.Module,
+    name: str,
+    amount: int | float,
+    dim: int,
+    *,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.nn.Module:
+    """Prune ``amount`` of the (currently unpruned) channels along `dim` at random.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        Module holding the tensor.
+    name : str
+        Name of the parameter within `module`.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the remaining channels, or their number.
+    dim : int
+        Dimension along which channels are defined.
+    seed : int, optional
+        Seed for a reproducible mask (not in PyTorch).
+    generator : torch.Generator, optional
+        Generator to draw from (not in PyTorch); PyTorch's global generator by default.
+
+    Returns
+    -------
+    torch.nn.Module
+        `module`, modified in place.
+
+    Examples
+    --------
+    >>> import torch, torch.nn as nn
+    >>> import arrayprune.adapters.torch as prune
+    >>> m = prune.random_structured(nn.Linear(5, 3), "weight", amount=3, dim=1)
+    >>> int(torch.sum(m.weight_mask.sum(dim=0) == 0))
+    3
+    """
+    RandomStructured.apply(module, name, amount, dim, seed=seed, generator=generator)
+    return module
+
+
+def ln_structured(
+    module: torch.nn.Module,
+    name: str,
+    amount: int | float,
+    n: Any,
+    dim: int,
+    importance_scores: torch.Tensor | None = None,
+) -> torch.nn.Module:
+    """Prune ``amount`` of the (currently unpruned) channels of smallest L\\ `n` norm.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        Module holding the tensor.
+    name : str
+        Name of the parameter within `module`.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the remaining channels, or their number.
+    n : int, float, inf, -inf, 'fro' or 'nuc'
+        Order of the norm, as ``p`` in :func:`torch.norm`.
+    dim : int
+        Dimension along which channels are defined.
+    importance_scores : torch.Tensor, optional
+        Scores to take norms of instead of the parameter, same shape.
+
+    Returns
+    -------
+    torch.nn.Module
+        `module`, modified in place.
+
+    Examples
+    --------
+    >>> import torch.nn as nn
+    >>> import arrayprune.adapters.torch as prune
+    >>> m = prune.ln_structured(nn.Conv2d(5, 3, 2), "weight", amount=0.3, n=float("-inf"), dim=1)
+    >>> int((m.weight_mask.sum(dim=(0, 2, 3)) == 0).sum())
+    2
+    """
+    LnStructured.apply(module, name, amount, n, dim, importance_scores=importance_scores)
+    return module
+
+
+def custom_from_mask(module: torch.nn.Module, name: str, mask: Any) -> torch.nn.Module:
+    """Prune ``module.<name>`` with the precomputed `mask`.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        Module holding the tensor.
+    name : str
+        Name of the parameter within `module`.
+    mask : torch.Tensor
+        Mask of the shape of the parameter; non-zero entries are kept.
+
+    Returns
+    -------
+    torch.nn.Module
+        `module`, modified in place.
+
+    Examples
+    --------
+    >>> import torch, torch.nn as nn
+    >>> import arrayprune.adapters.torch as prune
+    >>> prune.custom_from_mask(nn.Linear(5, 3), name="bias", mask=torch.tensor([0, 1, 0])).bias_mask
+    tensor([0., 1., 0.])
+    """
+    CustomFromMask.apply(module, name, mask)
+    return module
+
+
+def global_unstructured(parameters: Iterable[tuple[torch.nn.Module, str]], pruning_method: type, importance_scores: dict | None = None, **kwargs: Any) -> None:
+    """Prune many parameters together, ranking all their entries against each other.
+
+    The result is that of pruning the concatenation of all parameters with one method,
+    as :func:`torch.nn.utils.prune.global_unstructured` does, but the built-in methods
+    never build that concatenation (:func:`arrayprune.global_unstructured`). Existing
+    masks are respected: only the entries they keep are candidates, and a float amount
+    is a fraction of those. Each parameter is then pruned with its share of the mask by
+    :func:`custom_from_mask`. If anything fails, all modules are left as they were.
+
+    Parameters
+    ----------
+    parameters : iterable of (torch.nn.Module, str)
+        The parameters to prune, as pairs of a module and a parameter name.
+    pruning_method : type
+        A pruning method class of ``PRUNING_TYPE`` ``'unstructured'``, such as
+        :class:`L1Unstructured`; it is instantiated with `kwargs`. PyTorch's own and
+        user-written classes work too (their masks are computed on the concatenation).
+    importance_scores : dict, optional
+        Scores per parameter, keyed by the ``(module, name)`` pairs; a parameter without
+        an entry is ranked by its own (current, pruned) values.
+    **kwargs
+        Arguments of `pruning_method`, such as ``amount``.
+
+    Raises
+    ------
+    TypeError
+        If `parameters` is not iterable, `importance_scores` is not a dict, or the method
+        is not of ``PRUNING_TYPE`` ``'unstructured'``.
+    ValueError
+        If an importance score has another shape than its parameter, or the amount is
+        too large.
+
+    Examples
+    --------
+    >>> import torch, torch.nn as nn
+    >>> import arrayprune.adapters.torch as prune
+    >>> net = nn.Sequential(nn.Linear(10, 4), nn.Linear(4, 1))
+    >>> prune.global_unstructured(
+    ...     [(net[0], "weight"), (net[1], "weight")], pruning_method=prune.L1Unstructured, amount=10
+    ... )
+    >>> int(sum((b == 0).sum() for b in net.buffers()))
+    10
+    """
+    if not isinstance(parameters, Iterable):
+        raise TypeError("global_unstructured(): parameters is not an Iterable")
+    importance_scores = importance_scores if importance_scores is not None else {}
+    if not isinstance(importance_scores, dict):
+        raise TypeError("global_unstructured(): importance_scores must be of type dict")
+    pairs = [(module, name) for module, name in parameters]
+    tensors = [getattr(module, name) for module, name in pairs]
+    scores = [importance_scores.get(pair, t) for pair, t in zip(pairs, tensors)]
+    for (_, name), t, s in zip(pairs, tensors, scores):
+        _check_shape(t, s, f"importance_scores of parameter {name}")
+    old_masks = [getattr(module, name + "_mask", None) for module, name in pairs]
+
+    method = pruning_method(**kwargs)
+    if method.PRUNING_TYPE != "unstructured":
+        raise TypeError(
+            'Only "unstructured" PRUNING_TYPE supported for the `pruning_method`. '
+            f"Found method {pruning_method} of type {method.PRUNING_TYPE}"
+        )
+    if not pairs:
+        return
+    method._tensor_name = "temp"
+    core_method = _native_core_method(method)
+    with torch.no_grad():
+        if core_method is not None:
+            defaults = [None if m is None else m.detach() for m in old_masks]
+            chosen = core_method
+        else:
+            # An unknown method: its compute_mask sees the concatenation, as in PyTorch.
+            defaults = [torch.ones_like(t) if m is None else m.detach() for t, m in zip(tensors, old_masks)]
+            chosen = method
+        masks = _global.global_unstructured(
+            [t.detach() for t in tensors],
+            lambda: chosen,
+            importance_scores=[s.detach() for s in scores],
+            default_masks=defaults,
+        )
+        masks = [m.to(dtype=t.dtype) for m, t in zip(masks, tensors)]
+    with _Transaction(module for module, _ in pairs):
+        for (module, name), mask in zip(pairs, masks):
+            custom_from_mask(module, name, mask=mask)
+
+
+def remove(module: torch.nn.Module, name: str) -> torch.nn.Module:
+    """Make the pruning of ``module.<name>`` permanent and remove its reparametrization.
+
+    The pruned values are written into the original parameter object, which becomes
+    ``module.<name>`` again; ``<name>_orig``, ``<name>_mask`` and the hook are removed.
+    Works on tensors pruned by PyTorch as well.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        Module holding the tensor.
+    name : str
+        Name of the pruned parameter.
+
+    Returns
+    -------
+    torch.nn.Module
+        `module`, modified in place.
+
+    Raises
+    ------
+    ValueError
+        If ``module.<name>`` is not pruned.
+    """
+    for key, hook in module._forward_pre_hooks.items():
+        if isinstance(hook, _tprune.BasePruningMethod) and getattr(hook, "_tensor_name", None) == name:
+            hook.remove(module)
+            del module._forward_pre_hooks[key]
+            return module
+    raise ValueError(f"Parameter '{name}' of module {module} has to be pruned before pruning can be removed")
+
+
+def is_pruned(module: torch.nn.Module) -> bool:
+    """Whether `module` or one of its submodules has a pruning hook (from either library).
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The module to inspect.
+
+    Returns
+    -------
+    bool
+        True if some forward pre-hook is a pruning method.
+    """
+    for _, submodule in module.named_modules():
+        for hook in submodule._forward_pre_hooks.values():
+            if isinstance(hook, _tprune.BasePruningMethod):
+                return True
+    return False
+
+
+# --------------------------------------------------------------------------------------
+# Private helpers of torch.nn.utils.prune, with the same meaning
+# --------------------------------------------------------------------------------------
+
+
+def _validate_pruning_amount_init(amount: Any) -> None:
+    """Check an amount before the tensor is known (see arrayprune.validate_pruning_amount_init)."""
+    _amount.validate_pruning_amount_init(amount)
+
+
+def _validate_pruning_amount(amount: Any, tensor_size: int) -> None:
+    """Check that an integer amount does not exceed `tensor_size` units."""
+    _amount.validate_pruning_amount(amount, tensor_size)
+
+
+def _compute_nparams_toprune(amount: Any, tensor_size: int) -> int:
+    """Number of units to prune: an integer amount as is, a float as ``round(amount * tensor_size)``."""
+    return _amount.compute_nparams_toprune(amount, tensor_size)
+
+
+def _validate_structured_pruning(t: torch.Tensor) -> None:
+    """Raise ValueError unless `t` has at least two dimensions."""
+    _amount.validate_structured_pruning(tuple(t.shape))
+
+
+def _validate_pruning_dim(t: torch.Tensor, dim: int) -> None:
+    """Raise IndexError unless `dim` is a dimension of `t` (TypeError if not an int)."""
+    _amount.validate_pruning_dim(tuple(t.shape), dim)
+
+
+def _compute_norm(t: torch.Tensor, n: Any, dim: int) -> torch.Tensor:
+    """L\\ `n` norm of every channel of `t` along `dim`, over all other dimensions.
+
+    Parameters
+    ----------
+    t : torch.Tensor
+        Tensor with at least two dimensions.
+    n : int, float, inf, -inf, 'fro' or 'nuc'
+        Order of the norm, as ``p`` in :func:`torch.norm`.
+    dim : int
+        Channel dimension (negative values count from the end).
+
+    Returns
+    -------
+    torch.Tensor
+        One norm per channel, shape ``(t.shape[dim],)``.
+    """
+    return _channel_norms(t, n, _amount.normalize_dim(tuple(t.shape), dim))
