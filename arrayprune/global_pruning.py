@@ -108,7 +108,7 @@ def global_unstructured(
         if normalization == "lamp":
             ranked = [lamp_scores(s, e) for s, e in zip(scores, eligible_masks)]
         else:
-            ranked = [method._scores(s) for s in scores]
+            ranked = method._score_arrays(scores)
         if constrained:
             bounds = _bounds(keys, values, eligible_masks, min_sparsity, max_sparsity)
             keeps = _bounded_selection(ranked, eligible_masks, k, bounds)
@@ -234,7 +234,10 @@ def lamp_scores(x: Array, eligible_mask: Array | None = None) -> Array:
 def _concatenated(method: Any, scores: list[Array], masks: list[Array]) -> list[Array]:
     """Fallback for methods arrayprune does not know: concatenate, as PyTorch does."""
     xp = apc.array_namespace(*scores)
-    dtype = xp.result_type(*(m.dtype for m in masks))
+    # The standard defines no promotion between bool and numeric dtypes: a common float
+    # mask when any default mask is numeric, else bool.
+    numeric = [m.dtype for m in masks if not xp.isdtype(m.dtype, "bool")]
+    dtype = xp.result_type(*numeric) if numeric else xp.bool
     flat_scores = xp.concat([xp.reshape(s, (-1,)) for s in scores])
     flat_masks = xp.concat([xp.reshape(xp.astype(m, dtype), (-1,)) for m in masks])
     combined = combine_masks(method, flat_scores, flat_masks)
@@ -251,7 +254,7 @@ def _unpack(structure: Any, what: str) -> tuple[list[Any] | None, list[Any]]:
         return list(structure.keys()), list(structure.values())
     if isinstance(structure, Sequence) and not isinstance(structure, (str, bytes)):
         return None, list(structure)
-    if hasattr(structure, "__iter__") and not hasattr(structure, "shape"):
+    if hasattr(structure, "__iter__") and not hasattr(structure, "shape") and not isinstance(structure, (str, bytes)):
         return None, list(structure)
     raise TypeError(f"global_unstructured(): {what} must be a sequence or a mapping of arrays")
 
