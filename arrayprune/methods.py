@@ -26,7 +26,7 @@ import array_api_extra as xpx
 from . import amount as _amount
 from ._masks import apply_keep, check_same_shape, count_true, eligible, is_bool, ones_mask, size
 from .norms import channel_norms
-from .rng import check_random_source, uniform_like
+from .rng import check_random_source, uniform_like, uniform_many
 from .selection import smallest_magnitude_keep
 
 __all__ = [
@@ -320,13 +320,14 @@ class _Unstructured(_Amount, BasePruningMethod):
 
     PRUNING_TYPE = "unstructured"
 
-    def _scores(self, t: Array) -> Array:
+    def _score_arrays(self, arrays: list[Array]) -> list[Array]:
+        """The arrays whose magnitudes rank the entries, one per input array."""
         raise NotImplementedError
 
     def _keep_masks(self, scores: list[Array], eligible_masks: list[Array | None]) -> list[Array]:
         """Boolean keep masks pruning ``amount`` of the eligible entries of all `scores`."""
         k = self._count(available_count(scores, eligible_masks))
-        return smallest_magnitude_keep([self._scores(s) for s in scores], k, eligible_masks)
+        return smallest_magnitude_keep(self._score_arrays(scores), k, eligible_masks)
 
     def compute_mask(self, t: Array, default_mask: Array) -> Array:
         check_same_shape(t, default_mask, "default_mask")
@@ -345,8 +346,8 @@ class L1Unstructured(_Unstructured):
         Fraction in ``[0, 1]`` of the entries to prune, or their number.
     """
 
-    def _scores(self, t: Array) -> Array:
-        return t  # the selection ranks by magnitude already
+    def _score_arrays(self, arrays: list[Array]) -> list[Array]:
+        return arrays  # the selection ranks by magnitude already
 
 
 class RandomUnstructured(_Unstructured):
@@ -368,8 +369,9 @@ class RandomUnstructured(_Unstructured):
         self.seed = seed
         self.generator = generator
 
-    def _scores(self, t: Array) -> Array:
-        return uniform_like(t, t.shape, seed=self.seed, generator=self.generator)
+    def _score_arrays(self, arrays: list[Array]) -> list[Array]:
+        shapes = [tuple(a.shape) for a in arrays]
+        return uniform_many(arrays, shapes, seed=self.seed, generator=self.generator)
 
 
 class _Structured(_Amount, BasePruningMethod):

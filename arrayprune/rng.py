@@ -17,7 +17,7 @@ from typing import Any
 import array_api_compat as apc
 import numpy as np
 
-__all__ = ["check_random_source", "uniform_like"]
+__all__ = ["check_random_source", "uniform_like", "uniform_many"]
 
 Array = Any
 
@@ -91,3 +91,51 @@ def _numpy_uniform(shape: tuple[int, ...], seed: Any, generator: Any) -> np.ndar
     if isinstance(generator, np.random.RandomState):
         return generator.random_sample(shape).astype(np.float32)
     raise TypeError(f"unsupported generator for NumPy arrays: {type(generator).__name__}")
+
+
+def uniform_many(
+    arrays: list[Array], shapes: list[tuple[int, ...]], *, seed: int | None = None, generator: Any = None
+) -> list[Array]:
+    """Independent uniform arrays of the given shapes, from one stream.
+
+    Drawing each array from a fresh generator with the same seed would give arrays of
+    one shape identical numbers; here one generator (or one JAX key, split) serves all,
+    so the draws are independent and the whole sequence is reproducible from `seed`.
+
+    Parameters
+    ----------
+    arrays : list of arrays
+        Decide the library and device (all of one library).
+    shapes : list of tuple of int
+        One shape per result.
+    seed, generator
+        As for :func:`uniform_like`.
+
+    Returns
+    -------
+    list of arrays
+        float32 numbers in ``[0, 1)``.
+    """
+    if not arrays:
+        return []
+    first = arrays[0]
+    if apc.is_jax_array(first):
+        jax = sys.modules["jax"]
+        key = generator
+        if key is None:
+            key = jax.random.key(int(seed) if seed is not None else int(np.random.SeedSequence().generate_state(1)[0]))
+        keys = jax.random.split(key, len(arrays))
+        return [uniform_like(a, s, generator=k) for a, s, k in zip(arrays, shapes, keys)]
+    if generator is None and seed is not None:
+        generator = _generator_for(first, int(seed))
+    return [uniform_like(a, s, generator=generator) for a, s in zip(arrays, shapes)]
+
+
+def _generator_for(x: Array, seed: int) -> Any:
+    """A fresh generator of the library of `x`, seeded."""
+    if apc.is_torch_array(x):
+        return sys.modules["torch"].Generator(device=x.device).manual_seed(seed)
+    if apc.is_cupy_array(x):
+        with x.device:
+            return sys.modules["cupy"].random.default_rng(seed)
+    return np.random.default_rng(seed)
