@@ -3,6 +3,7 @@
 ::
 
     arrayprune prune IN -o OUT --amount A [--method M] [--global] [--n N] [--dim D]
+                     [--nm N:M] [--block RxC] [--min-sparsity F] [--max-sparsity F] [--lamp]
                      [--include PATTERN ...] [--exclude PATTERN ...] [--min-size N]
                      [--seed S] [--keep-masks] [--force] [--verify]
     arrayprune report FILE [--json]
@@ -48,7 +49,14 @@ from arrayprune.adapters import mapping as mp
 __all__ = ["main", "build_parser", "CliError"]
 
 PROG = "arrayprune"
-METHODS = ("l1_unstructured", "random_unstructured", "ln_structured", "random_structured")
+METHODS = (
+    "l1_unstructured",
+    "random_unstructured",
+    "ln_structured",
+    "random_structured",
+    "nm_structured",
+    "block_unstructured",
+)
 UNSTRUCTURED = ("l1_unstructured", "random_unstructured")
 
 
@@ -106,6 +114,30 @@ def _norm_order(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"invalid norm order {text!r}: a number, inf, -inf, fro or nuc") from None
 
 
+def _pattern(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"invalid pattern {text!r}: write N:M, like 2:4")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _block(text: str) -> tuple[int, ...]:
+    parts = re.split(r"[x,]", text.strip().lower())
+    if not parts or not all(re.fullmatch(r"\d+", p.strip()) for p in parts):
+        raise argparse.ArgumentTypeError(f"invalid block shape {text!r}: write e.g. 4x4 or 1x4")
+    return tuple(int(p) for p in parts)
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid fraction {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"invalid fraction {text!r}: must be in [0, 1]")
+    return value
+
+
 def _non_negative(text: str) -> int:
     try:
         value = int(text)
@@ -137,7 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", metavar="IN", help="model file to read (never modified)")
     p.add_argument("-o", "--output", metavar="OUT", required=True, help="file to write; format from its suffix")
     p.add_argument("--method", choices=METHODS, default="l1_unstructured", help="pruning method (default: %(default)s)")
-    p.add_argument("--amount", type=_amount, required=True, help="fraction in [0, 1] to prune, or a count")
+    p.add_argument(
+        "--amount", type=_amount, default=None, help="fraction in [0, 1] to prune, or a count (not for nm_structured)"
+    )
     p.add_argument(
         "--global",
         dest="global_",
@@ -145,7 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="one threshold over all selected tensors (unstructured methods only)",
     )
     p.add_argument("--n", type=_norm_order, default=2, help="norm order of ln_structured (default: 2)")
-    p.add_argument("--dim", type=int, default=0, help="channel axis of structured methods (default: 0)")
+    p.add_argument("--dim", type=int, default=None, help="channel axis of structured methods (default: 0; -1 for nm_structured)")
+    p.add_argument("--nm", type=_pattern, default=(2, 4), metavar="N:M", help="nm_structured: N zeros in every M (default: 2:4)")
+    p.add_argument("--block", type=_block, default=(1, 4), metavar="RxC", help="block_unstructured: block shape (default: 1x4)")
+    p.add_argument("--min-sparsity", type=_fraction, default=None, metavar="F", help="--global: least sparsity of any tensor")
+    p.add_argument("--max-sparsity", type=_fraction, default=None, metavar="F", help="--global: most sparsity of any tensor")
+    p.add_argument("--lamp", action="store_true", help="--global: rank by layer-adaptive (LAMP) scores")
     p.add_argument(
         "--include",
         action="extend",
@@ -292,7 +331,12 @@ def _prune_params(params: Mapping, targets: list[tuple[tuple, Any]], args: argpa
     if args.global_:
         paths = [p for p, _ in targets]
         cls = arrayprune.L1Unstructured if method == "l1_unstructured" else arrayprune.RandomUnstructured
-        kwargs: dict[str, Any] = {"amount": args.amount}
+        kwargs: dict[str, Any] = {
+            "amount": args.amount,
+            "min_sparsity": args.min_sparsity,
+            "max_sparsity": args.max_sparsity,
+            "normalization": "lamp" if args.lamp else None,
+        }
         if method == "random_unstructured":
             gen = _generator_for(targets[0][1], args.seed)
             if gen is not None:
@@ -312,6 +356,10 @@ def _prune_params(params: Mapping, targets: list[tuple[tuple, Any]], args: argpa
                 params = mp.random_unstructured(params, path, args.amount, seed=_tensor_seed(args.seed, name))
             elif method == "ln_structured":
                 params = mp.ln_structured(params, path, args.amount, args.n, args.dim)
+            elif method == "nm_structured":
+                params = mp.nm_structured(params, path, *args.nm, dim=args.dim)
+            elif method == "block_unstructured":
+                params = mp.block_unstructured(params, path, args.amount, args.block)
             else:
                 params = mp.random_structured(params, path, args.amount, args.dim, seed=_tensor_seed(args.seed, name))
         except (ValueError, TypeError, IndexError, KeyError) as exc:
@@ -343,10 +391,26 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         raise CliError(
             f"--global needs an unstructured method (l1_unstructured or random_unstructured), not {args.method}"
         )
-    try:
-        arrayprune.validate_pruning_amount_init(args.amount)
-    except (TypeError, ValueError) as exc:
-        raise CliError(f"--amount: {exc}") from None
+    if not args.global_ and (args.min_sparsity is not None or args.max_sparsity is not None or args.lamp):
+        raise CliError("--min-sparsity, --max-sparsity and --lamp shape global pruning: add --global")
+    if args.lamp and args.method != "l1_unstructured":
+        raise CliError("--lamp ranks magnitudes: use it with --method l1_unstructured")
+    if args.dim is None:
+        args.dim = -1 if args.method == "nm_structured" else 0
+    if args.method == "nm_structured":
+        if args.amount is not None:
+            raise CliError("nm_structured prunes a pattern (--nm N:M), not an --amount")
+        try:
+            arrayprune.NMStructured(*args.nm, dim=args.dim)
+        except (TypeError, ValueError) as exc:
+            raise CliError(f"--nm: {exc}") from None
+    elif args.amount is None:
+        raise CliError(f"--amount is required for {args.method}")
+    else:
+        try:
+            arrayprune.validate_pruning_amount_init(args.amount)
+        except (TypeError, ValueError) as exc:
+            raise CliError(f"--amount: {exc}") from None
 
     in_format = fmt.detect_format(src)
     out_format = fmt.format_from_suffix(dst) or in_format
@@ -380,7 +444,8 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         if path in selected:
             total += _size(value)
             zeros += _zeros(value)
-    how = f"{args.method}{', global' if args.global_ else ''}, amount {args.amount}"
+    detail = f"{args.nm[0]}:{args.nm[1]}" if args.method == "nm_structured" else f"amount {args.amount}"
+    how = f"{args.method}{', global' if args.global_ else ''}, {detail}"
     pct = 100.0 * zeros / total if total else 0.0
     print(f"pruned {len(targets)} tensors of {src} ({how}): {zeros} of {total} entries zero ({pct:.2f}%) -> {dst}")
     if args.verify:
@@ -448,8 +513,9 @@ def report_rows(params: Mapping) -> list[dict[str, Any]]:
     Returns
     -------
     list of dict
-        ``name``, ``shape``, ``dtype``, ``size``, ``zeros``, ``sparsity`` and ``masked``
-        per tensor.
+        ``name``, ``shape``, ``dtype``, ``size``, ``zeros``, ``sparsity``, ``masked``,
+        ``nm_2_4`` (whether the tensor is 2:4 sparse along its last axis) and ``bytes``
+        (the storage forms of :func:`arrayprune.sparse_nbytes`) per tensor.
     """
     masked = set(mp.pruned_keys(params))
     rows = []
@@ -457,6 +523,7 @@ def report_rows(params: Mapping) -> list[dict[str, Any]]:
         if not _is_float(value):
             continue
         n, z = _size(value), _zeros(value)
+        nbytes = arrayprune.sparse_nbytes(value)
         rows.append(
             {
                 "name": _name(path),
@@ -466,6 +533,8 @@ def report_rows(params: Mapping) -> list[dict[str, Any]]:
                 "zeros": z,
                 "sparsity": z / n if n else 0.0,
                 "masked": path in masked,
+                "nm_2_4": "semi_structured_2_4" in nbytes,
+                "bytes": nbytes,
             }
         )
     return rows
@@ -480,27 +549,41 @@ def _cmd_report(args: argparse.Namespace) -> int:
     size = sum(r["size"] for r in rows)
     zeros = sum(r["zeros"] for r in rows)
     total = {"tensors": len(rows), "size": size, "zeros": zeros, "sparsity": zeros / size if size else 0.0}
+    total["bytes"] = {
+        form: sum(r["bytes"].get(form, r["bytes"]["dense"]) for r in rows)
+        for form in ("dense", "csr", "bitmask", "semi_structured_2_4")
+    }
     if args.json:
         json.dump({"file": path, "format": wf.format, "tensors": rows, "total": total}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    table = [("name", "shape", "dtype", "zeros", "sparsity")]
+    table = [("name", "shape", "dtype", "zeros", "sparsity", "2:4")]
     for r in rows:
         name = r["name"] + (" (masked)" if r["masked"] else "")
         shape = "x".join(map(str, r["shape"])) or "scalar"
-        table.append((name, shape, r["dtype"], f"{r['zeros']}/{r['size']}", f"{100 * r['sparsity']:.2f}%"))
-    table.append(("total", f"{len(rows)} tensors", "", f"{zeros}/{size}", f"{100 * total['sparsity']:.2f}%"))
-    widths = [max(len(row[i]) for row in table) for i in range(5)]
+        nm = "yes" if r["nm_2_4"] else "no"
+        table.append((name, shape, r["dtype"], f"{r['zeros']}/{r['size']}", f"{100 * r['sparsity']:.2f}%", nm))
+    table.append(("total", f"{len(rows)} tensors", "", f"{zeros}/{size}", f"{100 * total['sparsity']:.2f}%", ""))
+    widths = [max(len(row[i]) for row in table) for i in range(6)]
     print(f"{path} ({wf.format})")
     for i, row in enumerate(table):
         if i == len(table) - 1:
             print("  ".join("-" * w for w in widths))
         cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]), row[2].ljust(widths[2])]
-        cells += [row[3].rjust(widths[3]), row[4].rjust(widths[4])]
+        cells += [row[3].rjust(widths[3]), row[4].rjust(widths[4]), row[5].rjust(widths[5])]
         print("  ".join(cells).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
+    sizes = total["bytes"]
+    print(
+        f"storage: dense {_mib(sizes['dense'])}, CSR {_mib(sizes['csr'])}, "
+        f"bitmask {_mib(sizes['bitmask'])}, 2:4 where it holds {_mib(sizes['semi_structured_2_4'])}"
+    )
     return 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
 
 
 # --------------------------------------------------------------------------------------

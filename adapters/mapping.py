@@ -73,6 +73,7 @@ import array_api_compat as apc
 
 from arrayprune import functional as F
 from arrayprune import methods as M
+from arrayprune import patterns as M_patterns
 from arrayprune.global_pruning import global_unstructured as _core_global_unstructured
 
 __all__ = [
@@ -82,6 +83,8 @@ __all__ = [
     "random_structured",
     "ln_structured",
     "custom_from_mask",
+    "nm_structured",
+    "block_unstructured",
     "global_unstructured",
     "remove",
     "is_pruned",
@@ -471,6 +474,96 @@ def ln_structured(
 
     def compute(x: Array, default_mask: Array, importance_scores: Array | None = None) -> Array:
         return F.ln_structured(x, amount, n, dim, default_mask=default_mask, importance_scores=importance_scores)
+
+    return _prune_one(params, key, compute, importance_scores)
+
+
+def nm_structured(
+    params: Mapping,
+    key: Key,
+    n: int = 2,
+    m: int = 4,
+    dim: int = -1,
+    importance_scores: Array | None = None,
+) -> Mapping:
+    """Prune `n` of every `m` consecutive entries of `key` along `dim` (2:4 by default).
+
+    Parameters
+    ----------
+    params : mapping
+        Mapping of names to arrays (possibly nested).
+    key : str or tuple
+        The array to prune.
+    n, m : int
+        The pattern: `n` zeros in every group of `m`; entries already pruned count.
+    dim : int, default -1
+        Axis along which groups run.
+    importance_scores : array, optional
+        Scores to rank by instead of the original array, same shape.
+
+    Returns
+    -------
+    mapping
+        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
+
+    Raises
+    ------
+    KeyError
+        If `key` names no array.
+    TypeError, ValueError, IndexError
+        If the pattern or `dim` is invalid.
+    """
+    M_patterns.NMStructured(n, m, dim)
+
+    def compute(x: Array, default_mask: Array, importance_scores: Array | None = None) -> Array:
+        return F.nm_structured(x, n, m, dim, default_mask=default_mask, importance_scores=importance_scores)
+
+    return _prune_one(params, key, compute, importance_scores)
+
+
+def block_unstructured(
+    params: Mapping,
+    key: Key,
+    amount: int | float,
+    block_shape: tuple[int, ...],
+    n: float = 1,
+    importance_scores: Array | None = None,
+) -> Mapping:
+    """Prune `amount` of the (remaining) blocks of `key`, those of smallest norm first.
+
+    Parameters
+    ----------
+    params : mapping
+        Mapping of names to arrays (possibly nested).
+    key : str or tuple
+        The array to prune.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the remaining blocks, or their number.
+    block_shape : tuple of int
+        Block shape, aligned to the trailing dimensions (e.g. ``(1, 4)``, ``(4, 4)``).
+    n : float, default 1
+        Order of the power mean scoring a block.
+    importance_scores : array, optional
+        Scores to rank by instead of the original array, same shape.
+
+    Returns
+    -------
+    mapping
+        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
+
+    Raises
+    ------
+    KeyError
+        If `key` names no array.
+    TypeError, ValueError
+        If `amount` or `block_shape` is invalid.
+    """
+    M_patterns.BlockUnstructured(amount, block_shape, n)
+
+    def compute(x: Array, default_mask: Array, importance_scores: Array | None = None) -> Array:
+        return F.block_unstructured(
+            x, amount, block_shape, n, default_mask=default_mask, importance_scores=importance_scores
+        )
 
     return _prune_one(params, key, compute, importance_scores)
 

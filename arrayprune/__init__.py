@@ -14,10 +14,12 @@ from .amount import (
     validate_structured_pruning,
 )
 from .functional import (
+    block_unstructured,
     custom_from_mask,
     identity,
     l1_unstructured,
     ln_structured,
+    nm_structured,
     random_structured,
     random_unstructured,
 )
@@ -59,6 +61,8 @@ __all__ = [
     "random_structured",
     "ln_structured",
     "custom_from_mask",
+    "nm_structured",
+    "block_unstructured",
     "global_unstructured",
     "lamp_scores",
     "is_nm_sparse",

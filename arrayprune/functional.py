@@ -21,6 +21,7 @@ from .methods import (
     RandomUnstructured,
     combine_masks,
 )
+from .patterns import BlockUnstructured, NMStructured
 
 __all__ = [
     "identity",
@@ -29,6 +30,8 @@ __all__ = [
     "random_structured",
     "ln_structured",
     "custom_from_mask",
+    "nm_structured",
+    "block_unstructured",
 ]
 
 Array = Any
@@ -215,3 +218,74 @@ def custom_from_mask(x: Array, mask: Array, *, default_mask: Array | None = None
         The mask.
     """
     return _mask_for(CustomFromMask(mask), x, default_mask, None)
+
+
+def nm_structured(
+    x: Array,
+    n: int = 2,
+    m: int = 4,
+    dim: int = -1,
+    *,
+    default_mask: Array | None = None,
+    importance_scores: Array | None = None,
+) -> Array:
+    """Mask pruning `n` of every `m` consecutive entries along `dim` (2:4 by default).
+
+    Entries already pruned by `default_mask` count first; see
+    :class:`~arrayprune.NMStructured`.
+
+    Parameters
+    ----------
+    x : array
+        The array to prune.
+    n, m : int
+        The pattern: `n` zeros in every group of `m`.
+    dim : int, default -1
+        Axis along which groups run.
+    default_mask : array, optional
+        Mask of earlier pruning.
+    importance_scores : array, optional
+        Scores to rank by instead of `x`, same shape.
+
+    Returns
+    -------
+    array
+        The mask.
+    """
+    return _mask_for(NMStructured(n, m, dim), x, default_mask, importance_scores)
+
+
+def block_unstructured(
+    x: Array,
+    amount: int | float,
+    block_shape: tuple[int, ...],
+    n: float = 1,
+    *,
+    default_mask: Array | None = None,
+    importance_scores: Array | None = None,
+) -> Array:
+    """Mask pruning `amount` of the (remaining) blocks of `block_shape`, weakest first.
+
+    See :class:`~arrayprune.BlockUnstructured` for tiling, edges and scores.
+
+    Parameters
+    ----------
+    x : array
+        The array to prune.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the remaining blocks, or their number.
+    block_shape : tuple of int
+        Block shape, aligned to the trailing dimensions of `x`.
+    n : float, default 1
+        Order of the power mean scoring a block.
+    default_mask : array, optional
+        Mask of earlier pruning.
+    importance_scores : array, optional
+        Scores to rank by instead of `x`, same shape.
+
+    Returns
+    -------
+    array
+        The mask.
+    """
+    return _mask_for(BlockUnstructured(amount, block_shape, n), x, default_mask, importance_scores)

@@ -413,19 +413,28 @@ def test_report_json_values_are_exact(model, tmp_path):
         if r["name"].endswith("weight"):
             assert r["zeros"] == round(0.25 * a.size)
     total = rep["total"]
+    nnz = 85002 - (4096 + 16384 + 640)
     assert total == {
         "tensors": 6,
         "size": 85002,
         "zeros": 4096 + 16384 + 640,
         "sparsity": (4096 + 16384 + 640) / 85002,
+        "bytes": {
+            "dense": 85002 * 4,
+            # CSR over (rows, -1) views: values and int32 column indices, row pointers
+            "csr": nnz * 8 + (256 + 1) * 4 + (256 + 1) * 4 + (10 + 1) * 4 + 3 * (1 + 1) * 4,
+            "bitmask": nnz * 4 + sum(-(-n // 8) for n in (16384, 256, 65536, 256, 2560, 10)),
+            "semi_structured_2_4": 85002 * 4,  # no tensor is 2:4 sparse: all dense
+        },
     }
     text = run("report", out)
     assert text.returncode == 0
     lines = text.stdout.splitlines()
     assert lines[0] == f"{out} (safetensors)"
-    assert lines[1].split() == ["name", "shape", "dtype", "zeros", "sparsity"]
-    assert any(ln.split()[:4] == ["fc2.weight", "256x256", "float32", "16384/65536"] for ln in lines)
-    assert lines[-1].split() == ["total", "6", "tensors", "21120/85002", "24.85%"]
+    assert lines[1].split() == ["name", "shape", "dtype", "zeros", "sparsity", "2:4"]
+    assert any(ln.split() == ["fc2.weight", "256x256", "float32", "16384/65536", "25.00%", "no"] for ln in lines)
+    assert lines[-2].split() == ["total", "6", "tensors", "21120/85002", "24.85%"]
+    assert lines[-1].startswith("storage: dense 0.32 MiB, CSR 0.49 MiB")
 
 
 # --------------------------------------------------------------------------------------

@@ -1,0 +1,104 @@
+"""The command line's N:M, block and bounded/LAMP global options, and the report's new columns."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import arrayprune as ap
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "arrayprune", *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture()
+def weights(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    path = tmp_path / "w.npz"
+    np.savez(
+        path,
+        **{
+            "big.weight": rng.standard_normal((64, 32)).astype(np.float32),
+            "tiny.weight": (0.01 * rng.standard_normal((4, 8))).astype(np.float32),
+            "big.bias": rng.standard_normal(64).astype(np.float32),
+        },
+    )
+    return path
+
+
+def load(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as f:
+        return {k: f[k] for k in f.files}
+
+
+def test_nm_structured_writes_the_pattern(weights, tmp_path):
+    out = tmp_path / "nm.npz"
+    proc = run("prune", weights, "-o", out, "--method", "nm_structured", "--nm", "2:4")
+    assert proc.returncode == 0, proc.stderr
+    got, src = load(out), load(weights)
+    for name in ("big.weight", "tiny.weight"):
+        expected = src[name] * ap.nm_structured(src[name], 2, 4, -1)
+        np.testing.assert_array_equal(got[name], expected)
+        assert ap.is_nm_sparse(got[name], 2, 4)
+    np.testing.assert_array_equal(got["big.bias"], src["big.bias"])
+    report = json.loads(run("report", out, "--json").stdout)
+    flags = {t["name"]: t["nm_2_4"] for t in report["tensors"]}
+    assert flags == {"big.weight": True, "tiny.weight": True, "big.bias": False}
+    dense = {t["name"]: t["bytes"]["dense"] for t in report["tensors"]}
+    assert dense == {"big.weight": 64 * 32 * 4, "tiny.weight": 4 * 8 * 4, "big.bias": 64 * 4}
+    assert report["total"]["bytes"]["semi_structured_2_4"] == 64 * 32 * 2 + 64 * 32 // 8 + 4 * 8 * 2 + 4 * 8 // 8 + 64 * 4
+    text = run("report", out).stdout
+    assert "2:4" in text and "storage: dense" in text
+
+
+def test_block_unstructured_matches_the_core(weights, tmp_path):
+    out = tmp_path / "block.npz"
+    proc = run("prune", weights, "-o", out, "--method", "block_unstructured", "--amount", "0.5", "--block", "4x4")
+    assert proc.returncode == 0, proc.stderr
+    got, src = load(out), load(weights)
+    for name in ("big.weight", "tiny.weight"):
+        expected = src[name] * ap.block_unstructured(src[name], 0.5, (4, 4))
+        np.testing.assert_array_equal(got[name], expected)
+
+
+def test_global_bounds_and_lamp_match_the_core(weights, tmp_path):
+    src = load(weights)
+    names = ["big.weight", "tiny.weight"]
+    for extra, kwargs in (
+        (["--max-sparsity", "0.5"], {"max_sparsity": 0.5}),
+        (["--lamp"], {"normalization": "lamp"}),
+    ):
+        out = tmp_path / f"g{len(extra)}.npz"
+        proc = run("prune", weights, "-o", out, "--amount", "0.6", "--global", *extra)
+        assert proc.returncode == 0, proc.stderr
+        expected = ap.global_unstructured([src[n] for n in names], ap.L1Unstructured, amount=0.6, **kwargs)
+        got = load(out)
+        for name, mask in zip(names, expected):
+            np.testing.assert_array_equal(got[name], src[name] * mask)
+        assert (got["tiny.weight"] != 0).any()  # the small layer survives
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--method", "nm_structured", "--amount", "0.5"], "not an --amount"),
+        (["--method", "nm_structured", "--nm", "5:4"], "--nm"),
+        (["--method", "block_unstructured"], "--amount is required"),
+        (["--amount", "0.5", "--lamp"], "add --global"),
+        (["--amount", "0.5", "--global", "--lamp", "--method", "random_unstructured"], "--lamp"),
+        (["--method", "nm_structured", "--nm", "two:four"], "invalid pattern"),
+    ],
+)
+def test_bad_pattern_options_are_one_line_errors(weights, tmp_path, args, message):
+    out = tmp_path / "bad.npz"
+    proc = run("prune", weights, "-o", out, *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 or "usage" in proc.stderr
+    assert not out.exists()
