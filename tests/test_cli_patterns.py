@@ -71,7 +71,7 @@ def test_global_bounds_and_lamp_match_the_core(weights, tmp_path):
     src = load(weights)
     names = ["big.weight", "tiny.weight"]
     for extra, kwargs in (
-        (["--max-sparsity", "0.5"], {"max_sparsity": 0.5}),
+        (["--max-sparsity", "0.7"], {"max_sparsity": 0.7}),
         (["--lamp"], {"normalization": "lamp"}),
     ):
         out = tmp_path / f"g{len(extra)}.npz"
