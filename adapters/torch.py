@@ -435,6 +435,8 @@ class PruningContainer(BasePruningMethod, _tprune.PruningContainer):
             core_method = _native_core_method(method)
             if isinstance(core_method, _core.Identity):
                 return mask
+            if isinstance(core_method, _core.CustomFromMask):
+                return method.compute_mask(scores, mask)  # 'global': sees everything
             return _core.combine_masks(method if core_method is None else core_method, scores, mask)
 
     def __repr__(self) -> str:
