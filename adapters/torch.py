@@ -902,6 +902,12 @@ def _pruning_hooks(module: torch.nn.Module, name: str) -> list[tuple[Any, Any]]:
     ]
 
 
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
 def _apply(module: torch.nn.Module, name: str, method: Any, importance_scores: torch.Tensor | None) -> Any:
     """Install `method` on ``module.<name>``, all or nothing (see BasePruningMethod.apply)."""
     method._tensor_name = name
@@ -940,12 +946,20 @@ def _apply(module: torch.nn.Module, name: str, method: Any, importance_scores: t
             del module._parameters[name]
             default_mask = torch.ones_like(orig)
         else:
-            default_mask = getattr(module, name + "_mask").detach().clone(memory_format=torch.contiguous_format)
+            old_mask = getattr(module, name + "_mask").detach()
+            if _native_core_method(hook[-1]) is None:
+                # Foreign code may write into its default mask: give it a copy.
+                default_mask = old_mask.clone(memory_format=torch.contiguous_format)
+            else:
+                default_mask = old_mask  # the core never writes into a default mask
 
         with torch.no_grad():
             mask = hook.compute_mask(_detached(importance_scores), default_mask=default_mask)
-        if isinstance(mask, torch.Tensor) and mask.requires_grad:
-            mask = mask.detach()
+        if isinstance(mask, torch.Tensor):
+            if mask.requires_grad:
+                mask = mask.detach()
+            if old is not None and _shares_memory(mask, old_mask):
+                mask = mask.clone(memory_format=torch.contiguous_format)
         module.register_buffer(name + "_mask", mask)
         setattr(module, name, hook.apply_mask(module))
         module.register_forward_pre_hook(hook)

@@ -995,6 +995,50 @@ def test_random_counts():
     assert sorted((mask == 0).sum(dim=(0, 1)).tolist()) == [0, 20]
 
 
+def test_earlier_masks_are_never_written_and_never_shared():
+    m = seeded(nn.Linear(8, 6))
+    prune.l1_unstructured(m, "weight", amount=0.25)
+    first = m.weight_mask
+    kept = first.clone()
+    prune.ln_structured(m, "weight", amount=2, n=1, dim=0)
+    assert torch.equal(first, kept)
+    second = m.weight_mask
+    prune.identity(m, "weight")
+    assert torch.equal(m.weight_mask, second)
+    assert m.weight_mask.untyped_storage().data_ptr() != second.untyped_storage().data_ptr()
+    prune.custom_from_mask(m, "weight", mask=torch.ones(6, 8))
+    assert torch.equal(m.weight_mask, second)
+    assert torch.equal(first, kept)
+
+
+def test_custom_mask_requiring_grad_is_stored_detached():
+    m = seeded(nn.Linear(4, 3))
+    mask = (torch.rand(3, 4) > 0.5).float().requires_grad_()
+    prune.custom_from_mask(m, "weight", mask=mask * 1)  # a non-leaf
+    hook = pruning_hook(m, "weight")
+    assert not hook.mask.requires_grad and not m.weight_mask.requires_grad
+    clone = copy.deepcopy(m)
+    assert torch.equal(clone.weight_mask, mask.detach())
+
+
+def test_portable_selection_path_as_used_for_cuda_tensors():
+    """CUDA tensors take the core's portable (pure tensor) path; force it on CPU."""
+    import arrayprune.selection as selection
+
+    ours = seeded(nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 6 * 6, 120)))
+    ref = copy.deepcopy(ours)
+    with mock.patch.object(selection, "_host_bits", lambda x: None):
+        for net, lib in ((ours, prune), (ref, tprune)):
+            lib.l1_unstructured(net[0], "weight", amount=0.3)
+            lib.ln_structured(net[0], "weight", amount=2, n=2, dim=0)
+            lib.global_unstructured([(net[0], "weight"), (net[2], "weight")], lib.L1Unstructured, amount=0.5)
+            lib.l1_unstructured(net[2], "weight", amount=0.2)  # 34560 entries: the bracket path
+        prune.random_unstructured(ours[2], "bias", amount=7)
+    for a, b in ((ours[0], ref[0]), (ours[2], ref[2])):
+        assert torch.equal(a.weight_mask, b.weight_mask)
+    assert int((ours[2].bias_mask == 0).sum()) == 7
+
+
 # --------------------------------------------------------------------------------------
 # CUDA
 # --------------------------------------------------------------------------------------
