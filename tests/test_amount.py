@@ -14,6 +14,10 @@ from conftest import to_numpy
 
 UNSTRUCTURED = [ap.L1Unstructured, ap.RandomUnstructured]
 
+# JAX compiles every operation anew for each new shape (about a second each): the
+# count grids run elsewhere on JAX (test_methods, test_properties).
+NOT_JAX = pytest.mark.skip_backend("jax", reason="XLA compiles per shape: covered by the smaller JAX tests")
+
 
 def _ln(amount, dim=-1):
     return ap.LnStructured(amount, n=2, dim=dim)
@@ -136,6 +140,7 @@ def test_validate_pruning_amount():
 E2E_COUNTS = [c for c in COUNTS if c[1] in (1, 5, 7, 10, 13)]
 
 
+@NOT_JAX
 @pytest.mark.parametrize("amount,n,expected", E2E_COUNTS)
 @pytest.mark.parametrize("cls", UNSTRUCTURED, ids=lambda c: c.__name__)
 def test_unstructured_prunes_exactly(backend, cls, amount, n, expected):
@@ -150,6 +155,7 @@ def test_unstructured_prunes_exactly(backend, cls, amount, n, expected):
     assert int((~to_numpy(f(t, amount))).sum()) == expected
 
 
+@NOT_JAX
 @pytest.mark.parametrize("amount,n,expected", E2E_COUNTS)
 @pytest.mark.parametrize("ctor", STRUCTURED, ids=["LnStructured", "RandomStructured"])
 def test_structured_prunes_exactly(backend, ctor, amount, n, expected):
@@ -162,6 +168,29 @@ def test_structured_prunes_exactly(backend, ctor, amount, n, expected):
     assert int((~channel_kept).sum()) == expected
 
 
+def test_half_to_even_on_one_shape(backend):
+    """The rounding cases on every backend (JAX included), with one shape."""
+    x = np.arange(1, 11, dtype=np.float32)
+    t = backend.asarray(x)
+    for amount, k in [(0.25, 2), (0.35, 4), (0.45, 4), (0.15, 2), (0.05, 0), (0.55, 6)]:
+        assert k == round(amount * 10)
+        m = to_numpy(ap.l1_unstructured(t, amount))
+        np.testing.assert_array_equal(m, np.arange(10) >= k)
+        assert int((~to_numpy(ap.random_unstructured(t, amount, seed=0))).sum()) == k
+    t2 = backend.asarray(x.reshape(2, 5))
+    for amount, k in [(0.5, 2), (0.7, 4), (0.3, 2), (0.1, 0), (0.9, 4)]:
+        assert k == round(amount * 5)
+        m = to_numpy(ap.ln_structured(t2, amount, 1, 1))
+        np.testing.assert_array_equal(m.any(axis=0), np.arange(5) >= k)
+        m = to_numpy(ap.random_structured(t2, amount, 1, seed=0))
+        assert int((~m.any(axis=0)).sum()) == k
+    with pytest.raises(ValueError):
+        ap.l1_unstructured(t, 11)
+    with pytest.raises(ValueError):
+        ap.random_structured(t2, 6, 1, seed=0)
+
+
+@NOT_JAX
 @pytest.mark.parametrize("ctor", ALL_CTORS, ids=CTOR_IDS)
 def test_int_amount_too_large_fails_at_compute_time(backend, ctor):
     x = backend.asarray(np.arange(12, dtype=np.float32).reshape(3, 4))
