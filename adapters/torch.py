@@ -32,7 +32,19 @@ Differences from PyTorch, all in the direction of more robustness:
 * random methods accept a keyword-only ``seed`` or ``generator`` (PyTorch's global
   generator is used when neither is given, as in PyTorch);
 * shape mismatches raise an exception that is both a :class:`ValueError` (as in the
-  arrayprune core) and an :class:`AssertionError` (as in PyTorch).
+  arrayprune core) and an :class:`AssertionError` (as in PyTorch);
+* structured methods always refuse 1-D tensors (ValueError); PyTorch's container, on a
+  tensor pruned before, may instead raise IndexError or prune a phantom dimension;
+* ``n='nuc'`` on a tensor that is not 3-D raises ValueError (PyTorch: RuntimeError), and
+  ``n='fro'`` over more than two dimensions is the 2-norm (PyTorch: RuntimeError);
+  ``_validate_pruning_dim`` also rejects dims below ``-t.dim()``;
+* :func:`global_unstructured` accepts one-shot iterators and an empty list of
+  parameters, and leaves every module untouched if it fails part-way;
+* :class:`PruningContainer` accepts several methods or one iterable of them, and ignores
+  ``None``.
+
+A method object is its own forward pre-hook, as in PyTorch; masks are never tracked by
+autograd (custom masks are stored detached).
 """
 
 from __future__ import annotations
