@@ -225,3 +225,14 @@ def test_large_arrays_bracket(backend, monkeypatch):
     got = ap.global_unstructured(arrays, ap.L1Unstructured, amount=0.6)
     for g, w in zip(got, reference_keep(xs, round(0.6 * (76_800 + 20_000)))):
         np.testing.assert_array_equal(to_numpy(g), w)
+
+
+def test_random_global_arrays_draw_independently(backend):
+    # one seeded stream across arrays: same-shaped arrays do not get the same mask
+    arrays = [backend.asarray(np.ones((10, 10), np.float32)) for _ in range(3)]
+    got = [to_numpy(m) for m in ap.global_unstructured(arrays, ap.RandomUnstructured, amount=0.5, seed=5)]
+    assert sum(int((~m).sum()) for m in got) == 150
+    assert not np.array_equal(got[0], got[1]) and not np.array_equal(got[1], got[2])
+    again = [to_numpy(m) for m in ap.global_unstructured(arrays, ap.RandomUnstructured, amount=0.5, seed=5)]
+    for a, b in zip(got, again):
+        np.testing.assert_array_equal(a, b)
