@@ -142,7 +142,9 @@ def smallest_magnitude_keep(
     bits = [_host_bits(s) for s in scores]
     if len(bits) == 1 and bits[0] is not None and elig[0] is None and bits[0].size <= SMALL_SIZE:
         return [_from_host(_small_keep(bits[0], k), scores[0])]
-    if all(b is not None for b in bits) and len({b.dtype for b in bits}) == 1:
+    # Bit patterns only compare within one float format (float16 and bfloat16 share a
+    # width, not an encoding): mixed dtypes take the portable path, which promotes.
+    if all(b is not None for b in bits) and len({str(s.dtype) for s in scores}) == 1:
         host_elig = [None if e is None else _host_bool(e) for e in elig]
         if all((e is None) == (h is None) for e, h in zip(elig, host_elig)):
             keep = _NumpyBitsSelect(bits, host_elig).keep(k)
@@ -245,7 +247,7 @@ class _NumpyBitsSelect(_BracketSelect):
         return keys[i]
 
     def sample(self, stride: int) -> np.ndarray:
-        parts = [self._keys(i, slice(stride // 2, None, stride)) for i in range(len(self.bits))]
+        parts = [self._keys(i, _sample_slice(n, stride)) for i, n in enumerate(self.sizes)]
         sample = np.concatenate(parts)
         sample.sort()
         return sample
@@ -318,6 +320,15 @@ def _small_keep(bits: np.ndarray, k: int) -> np.ndarray:
     return _keep_after_rank(keys, k, np.partition(keys, k - 1)[k - 1])
 
 
+def _sample_slice(n: int, stride: int) -> slice:
+    """Every `stride`-th entry of an array of `n`, from the middle of the first stride.
+
+    The start stays inside the array (an array shorter than half a stride gives its
+    first entry), as the standard leaves out-of-range slice starts undefined.
+    """
+    return slice(min(stride // 2, max(n - 1, 0)), n, stride)
+
+
 def _keep_after_rank(keys: np.ndarray, rank: int, v: Any) -> np.ndarray:
     """Keep mask dropping the `rank` smallest of `keys`, given the rank-th value `v`."""
     keep = keys > v
@@ -374,7 +385,7 @@ class _PortableSelect(_BracketSelect):
 
     def sample(self, stride: int) -> Array:
         xp = self.xp
-        parts = [k[stride // 2 :: stride] for k in self.keys]
+        parts = [k[_sample_slice(n, stride)] for k, n in zip(self.keys, self.sizes)]
         sample = xp.concat(parts) if len(parts) > 1 else parts[0]
         sample = xp.where(xp.isnan(sample), xp.asarray(xp.inf, dtype=self.dtype), sample)
         return xp.sort(sample)
@@ -454,6 +465,8 @@ def _host_bits(x: Array) -> np.ndarray | None:
     if type(x) is np.ndarray or apc.is_numpy_array(x):
         if x.dtype.kind != "f" or x.dtype.itemsize not in _UINT_FOR_SIZE:
             return None
+        if not x.dtype.isnative:
+            x = x.astype(x.dtype.newbyteorder("="))  # bit patterns are read in native order
         return x.reshape(-1).view(_UINT_FOR_SIZE[x.dtype.itemsize])
     if apc.is_torch_array(x) and x.device.type == "cpu" and x.dtype.is_floating_point:
         torch = sys.modules["torch"]

@@ -229,7 +229,6 @@ def test_integer_scores_portable(backend):
         np.testing.assert_array_equal(to_numpy(keep), reference_keep([x], k)[0])
 
 
-@pytest.mark.xfail(strict=True, reason="bit-pattern fast path mixes float16 and bfloat16 keys (both uint16)")
 def test_mixed_half_dtypes_torch():
     torch = pytest.importorskip("torch")
     a = torch.tensor([0.25, 4.0], dtype=torch.float16)
@@ -239,7 +238,6 @@ def test_mixed_half_dtypes_torch():
     np.testing.assert_array_equal(keep[1].numpy(), [False, True])  # 0.001 is the smallest
 
 
-@pytest.mark.xfail(strict=True, reason="bit-pattern fast path reads non-native byte order as native")
 def test_big_endian_numpy():
     x = np.array([3.0, -1.0, 2.0, 0.5, 10.0], dtype=">f4")
     np.testing.assert_array_equal(sel.smallest_magnitude_keep([x], 2)[0], [True, False, True, False, True])
@@ -401,11 +399,6 @@ def test_bracket_paths_jax(monkeypatch):
         assert counter.calls["scan"] > counter.calls["keep"] > 0, counter.calls
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="portable bracket samples every array with slice(stride // 2, None, stride): a start "
-    "beyond a small array's end is not in the Array API standard (array-api-strict raises)",
-)
 def test_portable_bracket_with_tiny_array_strict(monkeypatch):
     xs = pytest.importorskip("array_api_strict")
     monkeypatch.setattr(sel, "SMALL_SIZE", 1 << 12)  # the default needs > 2**22 entries in all
@@ -418,7 +411,7 @@ def test_portable_bracket_with_tiny_array_strict(monkeypatch):
 
 def test_portable_bracket_with_tiny_array_other_backends(backend, monkeypatch):
     if backend.backend is Backend.ARRAY_API_STRICT:
-        pytest.skip("strict xfail above")
+        pytest.skip("strict has its own test above")
     if backend.backend is Backend.JAX:
         pytest.skip("JAX grid kept small")
     monkeypatch.setattr(sel, "SMALL_SIZE", 1 << 12)
