@@ -119,6 +119,13 @@ def test_class_signatures_extend_torch(name):
     assert getattr(prune, name).PRUNING_TYPE == getattr(tprune, name).PRUNING_TYPE
 
 
+def test_docstring_examples():
+    import doctest
+
+    result = doctest.testmod(prune, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
 def test_classes_derive_from_torch():
     assert issubclass(prune.BasePruningMethod, tprune.BasePruningMethod)
     assert issubclass(prune.PruningContainer, tprune.PruningContainer)

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import arrayprune.adapters.torch as aprune
 
 SETTINGS = settings(
-    max_examples=int(os.environ.get("ARRAYPRUNE_DIFF_EXAMPLES", "60")),
+    max_examples=int(os.environ.get("ARRAYPRUNE_DIFF_EXAMPLES", "50")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -110,11 +110,15 @@ def assert_same_forward_backward(t_mods, a_mods, inputs) -> None:
         assert torch.equal(x, y)
     sum(o.float().sum() for o in t_out).backward()
     sum(o.float().sum() for o in a_out).backward()
-    for (kt, pt), (ka, pa) in zip(t_mods.named_parameters(), a_mods.named_parameters()):
-        assert kt == ka
+    # (by name: after a failed first pruning PyTorch re-registers the parameter last,
+    # arrayprune restores the original order)
+    t_params, a_params = dict(t_mods.named_parameters()), dict(a_mods.named_parameters())
+    assert t_params.keys() == a_params.keys()
+    for key, pt in t_params.items():
+        pa = a_params[key]
         assert (pt.grad is None) == (pa.grad is None)
         if pt.grad is not None:
-            assert torch.equal(pt.grad, pa.grad), kt
+            assert torch.equal(pt.grad, pa.grad), key
     for tm, am in zip(t_mods, a_mods):
         for key, buf in am.named_buffers():
             if key.endswith("_mask"):
@@ -214,13 +218,17 @@ def test_random_call_sequences_match_pytorch(dtype, data, seed):
     t_mods, inputs = make_zoo(seed, dtype)
     a_mods, _ = make_zoo(seed, dtype)
     rng = torch.Generator().manual_seed(seed + 1)
+    torch.manual_seed(seed)  # random methods draw from the global generator: replayable examples
     n_ops = data.draw(st.integers(1, 7), label="number of calls")
     for _ in range(n_ops):
         kind = data.draw(
             st.sampled_from(["l1", "ln", "random_u", "random_s", "global", "identity", "custom", "remove", "perturb", "forward"]),
             label="call",
         )
-        i, name = data.draw(st.sampled_from(TARGETS), label="target")
+        if kind in ("ln", "random_s") and data.draw(st.integers(0, 9), label="weights only") > 0:
+            i, name = data.draw(st.sampled_from([t for t in TARGETS if t[1] == "weight"]), label="target")
+        else:
+            i, name = data.draw(st.sampled_from(TARGETS), label="target")
         tm, am = t_mods[i], a_mods[i]
         t_param = param_of(tm, name)
         snap = state_snapshot(a_mods)
@@ -318,7 +326,11 @@ def test_random_call_sequences_match_pytorch(dtype, data, seed):
             assert a_err is not None, f"only PyTorch raised {t_err!r}"
             assert isinstance(a_err, type(t_err)), (t_err, a_err)
             assert_unchanged(a_mods, snap)
-            return  # PyTorch may be left half-pruned: stop comparing here
+            try:
+                assert_same_state(t_mods, a_mods)
+            except AssertionError:
+                return  # PyTorch was left half-pruned (it has no full rollback): stop here
+            continue
         assert_same_state(t_mods, a_mods)
 
     assert_same_forward_backward(t_mods, a_mods, inputs)
