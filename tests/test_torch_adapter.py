@@ -865,6 +865,9 @@ def test_lstm_forward_uses_the_pruned_weight():
     prune.ln_structured(lstm, "weight_hh_l1", amount=0.4, n=2, dim=0)
     assert sum(isinstance(p, nn.Parameter) for p in lstm._flat_weights) == 6
     out, _ = lstm(x)
+    clone = copy.deepcopy(lstm)
+    assert torch.equal(clone(x)[0], out)
+    assert clone._flat_weights[0] is clone.weight_ih_l0
     with torch.no_grad():
         ref.weight_ih_l0.mul_(lstm.weight_ih_l0_mask)
         ref.weight_hh_l1.mul_(lstm.weight_hh_l1_mask)
@@ -913,11 +916,11 @@ def test_modules_match_pytorch(make, x):
     assert torch.equal(ours.weight_orig.grad, ref.weight_orig.grad)
 
 
-def distinct_weights(shape, dtype, seed=0):
-    """Entries of distinct magnitudes, exactly representable in `dtype` (no ties)."""
+def distinct_weights(shape, dtype, seed=0, offset=0.0):
+    """Entries of distinct magnitudes ``(k + offset) / 256``, exact in `dtype` (no ties)."""
     n = math.prod(shape)
     g = torch.Generator().manual_seed(seed)
-    magnitudes = (torch.randperm(n, generator=g) + 1).to(torch.float64) / 256
+    magnitudes = (torch.randperm(n, generator=g) + 1 + offset).to(torch.float64) / 256
     signs = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
     return (magnitudes * signs).reshape(shape).to(dtype)
 
@@ -928,7 +931,7 @@ def test_dtypes(dtype):
     for module in (ours, ref):
         with torch.no_grad():
             module.weight.copy_(distinct_weights((12, 16), dtype))
-            module.bias.copy_(distinct_weights((12,), dtype, seed=1))
+            module.bias.copy_(distinct_weights((12,), dtype, seed=1, offset=0.5))  # none equal to a weight
     for module, lib in ((ours, prune), (ref, tprune)):
         lib.l1_unstructured(module, "weight", amount=0.25)
         lib.ln_structured(module, "weight", amount=3, n=math.inf, dim=0)
