@@ -37,9 +37,14 @@ from .methods import (
 )
 from .norms import channel_norms
 from .patterns import BlockUnstructured, NMStructured, is_nm_sparse
-from .schedules import ConstantSparsity, PolynomialDecay, prune_to_schedule, prune_to_sparsity
-from .sparse import pack_mask, sparse_nbytes, to_csr, to_semi_structured, unpack_mask
+from .schedules import (
+    ConstantSparsity,
+    PolynomialDecay,
+    prune_to_schedule,
+    prune_to_sparsity,
+)
 from .selection import kth_smallest, smallest_magnitude_keep
+from .sparse import pack_mask, sparse_nbytes, to_csr, to_semi_structured, unpack_mask
 
 __version__ = "0.1.0"
 

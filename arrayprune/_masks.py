@@ -7,18 +7,20 @@ from typing import Any
 
 import array_api_compat as apc
 
+from ._namespace import namespace
+
 Array = Any
 
 
 def ones_mask(t: Array) -> Array:
     """A boolean mask of ones shaped like `t`, in its namespace and on its device."""
-    xp = apc.array_namespace(t)
+    xp = namespace(t)
     return xp.ones(t.shape, dtype=xp.bool, device=apc.device(t))
 
 
 def is_bool(x: Array) -> bool:
     """Whether `x` has a boolean dtype."""
-    return apc.array_namespace(x).isdtype(x.dtype, "bool")
+    return x.dtype == namespace(x).bool
 
 
 def eligible(mask: Array) -> Array:
@@ -35,7 +37,7 @@ def apply_keep(default_mask: Array, keep: Array) -> Array:
     channel). When it has the full shape it must be a fresh array owned by the caller:
     the result then reuses its memory (immutable arrays such as JAX's simply rebind).
     """
-    xp = apc.array_namespace(default_mask)
+    xp = namespace(default_mask)
     if tuple(keep.shape) != tuple(default_mask.shape):
         if is_bool(default_mask):
             return default_mask & keep
@@ -55,7 +57,7 @@ def size(x: Array) -> int:
 
 def count_true(x: Array) -> int:
     """Number of True entries of a boolean array, as a Python int."""
-    xp = apc.array_namespace(x)
+    xp = namespace(x)
     return int(xp.count_nonzero(x))
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import array_api_compat as apc
 
 from ._masks import apply_keep, check_same_shape, count_true, eligible, ones_mask, size
+from ._namespace import namespace
 from .methods import L1Unstructured, _Unstructured, available_count, combine_masks
 from .selection import smallest_magnitude_keep
 
@@ -213,7 +214,7 @@ def lamp_scores(x: Array, eligible_mask: Array | None = None) -> Array:
     ValueError
         If `x` holds NaN.
     """
-    xp = apc.array_namespace(x)
+    xp = namespace(x)
     device = apc.device(x)
     try:
         wide = xp.float64 in xp.__array_namespace_info__().dtypes(device=device).values()
@@ -233,7 +234,7 @@ def lamp_scores(x: Array, eligible_mask: Array | None = None) -> Array:
 
 def _concatenated(method: Any, scores: list[Array], masks: list[Array]) -> list[Array]:
     """Fallback for methods arrayprune does not know: concatenate, as PyTorch does."""
-    xp = apc.array_namespace(*scores)
+    xp = namespace(*scores)
     # The standard defines no promotion between bool and numeric dtypes: a common float
     # mask when any default mask is numeric, else bool.
     numeric = [m.dtype for m in masks if not xp.isdtype(m.dtype, "bool")]

@@ -24,7 +24,16 @@ import array_api_compat as apc
 import array_api_extra as xpx
 
 from . import amount as _amount
-from ._masks import apply_keep, check_same_shape, count_true, eligible, is_bool, ones_mask, size
+from ._masks import (
+    apply_keep,
+    check_same_shape,
+    count_true,
+    eligible,
+    is_bool,
+    ones_mask,
+    size,
+)
+from ._namespace import namespace
 from .norms import channel_norms
 from .rng import check_random_source, uniform_like, uniform_many
 from .selection import smallest_magnitude_keep
@@ -99,7 +108,7 @@ class BasePruningMethod(ABC):
         check_same_shape(t, scores, "importance_scores")
         mask = ones_mask(t) if default_mask is None else default_mask
         check_same_shape(t, mask, "default_mask")
-        xp = apc.array_namespace(t)
+        xp = namespace(t)
         return t * xp.astype(self.compute_mask(scores, default_mask=mask), t.dtype)
 
     def __repr__(self) -> str:
@@ -240,14 +249,14 @@ def combine_masks(method: Any, t: Array, mask: Array) -> Array:
 
 
 def _combine_gathered_entries(method: Any, t: Array, mask: Array) -> Array:
-    xp = apc.array_namespace(t, mask)
+    xp = namespace(t, mask)
     slc = eligible(mask)
     partial = method.compute_mask(t[slc], default_mask=mask[slc])
     return xpx.at(mask, slc).set(xp.astype(partial, mask.dtype), copy=True, xp=xp)
 
 
 def _combine_gathered_channels(method: Any, t: Array, mask: Array) -> Array:
-    xp = apc.array_namespace(t, mask)
+    xp = namespace(t, mask)
     _amount.validate_structured_pruning(t.shape)
     dim = _amount.normalize_dim(t.shape, method.dim)
     remaining = _remaining_channels(mask, dim)
@@ -268,7 +277,7 @@ def _combine_gathered_channels(method: Any, t: Array, mask: Array) -> Array:
 
 def _remaining_channels(mask: Array, dim: int) -> Array:
     """Channels along `dim` not yet entirely pruned (their mask does not sum to 0)."""
-    xp = apc.array_namespace(mask)
+    xp = namespace(mask)
     others = tuple(d for d in range(mask.ndim) if d != dim)
     if is_bool(mask):
         return xp.any(mask, axis=others)
@@ -281,9 +290,16 @@ def available_count(arrays: list[Array], eligible_masks: list[Array | None]) -> 
 
 
 def _channel_keep_to_mask(default_mask: Array, keep: Array, dim: int) -> Array:
+    if dim == 0 and not apc.is_jax_array(default_mask):
+        # Leading channels are contiguous rows: copying the mask and clearing the pruned
+        # rows moves less memory than a broadcast multiply.
+        xp = namespace(default_mask)
+        out = xp.asarray(default_mask, copy=True)
+        out[~keep] = False if is_bool(out) else 0
+        return out
     shape = [1] * default_mask.ndim
     shape[dim] = keep.shape[0]
-    xp = apc.array_namespace(keep)
+    xp = namespace(keep)
     return apply_keep(default_mask, xp.reshape(keep, tuple(shape)))
 
 
@@ -472,9 +488,9 @@ class CustomFromMask(BasePruningMethod):
 
     def compute_mask(self, t: Array, default_mask: Array) -> Array:
         check_same_shape(default_mask, self.mask, "mask")
-        xp = apc.array_namespace(default_mask)
+        xp = namespace(default_mask)
         custom = self.mask
-        if apc.array_namespace(custom) is not xp:
+        if namespace(custom) is not xp:
             custom = xp.asarray(custom, device=apc.device(default_mask))
         if is_bool(default_mask):
             return default_mask & xp.astype(custom, xp.bool)

@@ -6,7 +6,7 @@ import math
 import numbers
 from typing import Any
 
-import array_api_compat as apc
+from ._namespace import namespace
 
 __all__ = ["channel_norms"]
 
@@ -39,10 +39,11 @@ def channel_norms(t: Array, n: Any, dim: int) -> Array:
     ValueError
         If `n` is not a valid order, or ``'nuc'`` is asked of an array that is not 3-D.
     """
-    xp = apc.array_namespace(t)
+    xp = namespace(t)
     others = tuple(d for d in range(t.ndim) if d != dim)
-    floating = xp.isdtype(t.dtype, "real floating")
-    narrow = not floating or xp.finfo(t.dtype).bits < 32
+    wide = t.dtype == xp.float32 or t.dtype == xp.float64
+    floating = wide or xp.isdtype(t.dtype, "real floating")
+    narrow = not wide
     work = xp.astype(t, xp.float32) if narrow else t
     if n == "nuc":
         if t.ndim != 3:
@@ -51,6 +52,11 @@ def channel_norms(t: Array, n: Any, dim: int) -> Array:
                 f"dimension; got a tensor of shape {tuple(t.shape)}"
             )
         norms = xp.linalg.matrix_norm(xp.permute_dims(work, (dim, *others)), ord="nuc")
+    elif dim == 0 and _order(n) == 2.0 and hasattr(xp, "vecdot"):
+        # Leading channels: each channel is a contiguous row, and a fused dot product of
+        # the row with itself needs no squared temporary (several times faster).
+        rows = xp.reshape(work, (t.shape[0], -1))
+        norms = xp.sqrt(xp.vecdot(rows, rows))
     else:
         norms = _vector_norm(xp, work, others, _order(n))
     return xp.astype(norms, t.dtype) if floating and narrow else norms

@@ -17,6 +17,7 @@ import array_api_extra as xpx
 
 from . import amount as _amount
 from ._masks import check_same_shape, count_true, eligible, is_bool
+from ._namespace import namespace
 from .methods import BasePruningMethod
 from .selection import smallest_magnitude_keep
 
@@ -72,7 +73,7 @@ class NMStructured(BasePruningMethod):
         check_same_shape(t, default_mask, "default_mask")
         if t.ndim == 0:
             raise ValueError("N:M pruning needs at least one dimension")
-        xp = apc.array_namespace(t, default_mask)
+        xp = namespace(t, default_mask)
         dim = _amount.normalize_dim(t.shape, self.dim)
         keys = _magnitude_keys(xp, t)
         keys = xp.where(eligible(default_mask), keys, xp.asarray(-1.0, dtype=keys.dtype))
@@ -156,7 +157,7 @@ def is_nm_sparse(x: Array, n: int = 2, m: int = 4, dim: int = -1) -> bool:
         True if the pattern holds everywhere.
     """
     n, m = _check_nm(n, m)
-    xp = apc.array_namespace(x)
+    xp = namespace(x)
     if x.ndim == 0:
         raise ValueError("N:M sparsity needs at least one dimension")
     dim = _amount.normalize_dim(x.shape, dim)
@@ -217,7 +218,7 @@ class BlockUnstructured(BasePruningMethod):
 
     def compute_mask(self, t: Array, default_mask: Array) -> Array:
         check_same_shape(t, default_mask, "default_mask")
-        xp = apc.array_namespace(t, default_mask)
+        xp = namespace(t, default_mask)
         block = self._full_block_shape(t.ndim)
         grid = tuple(-(-d // b) for d, b in zip(t.shape, block))
         if math.prod(t.shape) == 0:

@@ -39,6 +39,8 @@ import array_api_compat as apc
 import array_api_extra as xpx
 import numpy as np
 
+from ._namespace import namespace
+
 __all__ = ["kth_smallest", "smallest_magnitude_keep"]
 
 Array = Any
@@ -82,7 +84,7 @@ def kth_smallest(x: Array, k: int, /) -> Array:
     ValueError
         If `k` is out of range.
     """
-    xp = apc.array_namespace(x)
+    xp = namespace(x)
     flat = xp.reshape(x, (-1,))
     n = flat.shape[0]
     if not 1 <= k <= n:
@@ -131,17 +133,20 @@ def smallest_magnitude_keep(
     list of arrays
         Boolean arrays shaped like `scores`: False exactly at the `k` dropped entries.
     """
+    if k < 0:
+        raise ValueError(f"cannot drop a negative number of entries ({k})")
+    if len(scores) == 1 and (eligible is None or eligible[0] is None):
+        # The commonest call, one host array of moderate size: straight to the exact path.
+        one = _host_bits(scores[0])
+        if one is not None and one.size <= SMALL_SIZE:
+            return [_from_host(_small_keep(one, k), scores[0])]
     scores = list(scores)
     elig = [None] * len(scores) if eligible is None else list(eligible)
     if len(elig) != len(scores):
         raise ValueError("eligible must have one entry per score array")
-    if k < 0:
-        raise ValueError(f"cannot drop a negative number of entries ({k})")
     # The host fast path comes first and never resolves a namespace: on small arrays
     # that lookup would cost more than the selection itself.
     bits = [_host_bits(s) for s in scores]
-    if len(bits) == 1 and bits[0] is not None and elig[0] is None and bits[0].size <= SMALL_SIZE:
-        return [_from_host(_small_keep(bits[0], k), scores[0])]
     # Bit patterns only compare within one float format (float16 and bfloat16 share a
     # width, not an encoding): mixed dtypes take the portable path, which promotes.
     if all(b is not None for b in bits) and len({str(s.dtype) for s in scores}) == 1:
@@ -149,7 +154,7 @@ def smallest_magnitude_keep(
         if all((e is None) == (h is None) for e, h in zip(elig, host_elig)):
             keep = _NumpyBitsSelect(bits, host_elig).keep(k)
             return [_from_host(m, s) for m, s in zip(keep, scores)]
-    xp = apc.array_namespace(*scores)
+    xp = namespace(*scores)
     if k == 0:
         return [xp.ones(s.shape, dtype=xp.bool, device=apc.device(s)) for s in scores]
     keep = _PortableSelect(xp, scores, elig).keep(k)
@@ -317,7 +322,11 @@ def _small_keep(bits: np.ndarray, k: int) -> np.ndarray:
     if k == 0:
         return np.ones(bits.size, dtype=bool)
     keys = np.bitwise_and(bits, _MAGNITUDE[bits.dtype.itemsize])
-    return _keep_after_rank(keys, k, np.partition(keys, k - 1)[k - 1])
+    v = np.partition(keys, k - 1)[k - 1]
+    keep = keys > v
+    if bits.size - np.count_nonzero(keep) == k:  # no tie straddles the cut
+        return keep
+    return _keep_after_rank(keys, k, v)
 
 
 def _sample_slice(n: int, stride: int) -> slice:

@@ -10,6 +10,7 @@ from typing import Any
 import array_api_compat as apc
 import numpy as np
 
+from ._namespace import namespace
 from .patterns import is_nm_sparse
 
 __all__ = ["pack_mask", "unpack_mask", "to_csr", "to_semi_structured", "sparse_nbytes"]
@@ -35,7 +36,7 @@ def pack_mask(mask: Array) -> Array:
     array
         ``uint8`` array of ``ceil(mask.size / 8)`` bytes, same namespace and device.
     """
-    xp = apc.array_namespace(mask)
+    xp = namespace(mask)
     device = apc.device(mask)
     kept = mask if xp.isdtype(mask.dtype, "bool") else mask != 0
     bits = xp.astype(xp.reshape(kept, (-1,)), xp.uint8)
@@ -67,7 +68,7 @@ def unpack_mask(packed: Array, shape: tuple[int, ...]) -> Array:
     ValueError
         If `packed` has the wrong number of bytes for `shape`.
     """
-    xp = apc.array_namespace(packed)
+    xp = namespace(packed)
     n = math.prod(shape)
     if packed.ndim != 1 or packed.shape[0] != -(-n // 8):
         raise ValueError(f"{packed.shape[0] if packed.ndim == 1 else packed.shape} bytes cannot hold a mask of shape {tuple(shape)}")
@@ -144,7 +145,7 @@ def sparse_nbytes(x: Array, index_bytes: int = 4) -> dict[str, int]:
         ``semi_structured_2_4`` (half the values plus 2 bits of metadata per kept
         value) only when `x` is 2:4 sparse along its last axis.
     """
-    xp = apc.array_namespace(x)
+    xp = namespace(x)
     n = math.prod(x.shape)
     itemsize = xp.finfo(x.dtype).bits // 8 if xp.isdtype(x.dtype, "real floating") else xp.iinfo(x.dtype).bits // 8
     nnz = int(xp.count_nonzero(x))
