@@ -920,8 +920,19 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def _apply(module: torch.nn.Module, name: str, method: Any, importance_scores: torch.Tensor | None) -> Any:
-    """Install `method` on ``module.<name>``, all or nothing (see BasePruningMethod.apply)."""
+def _apply(
+    module: torch.nn.Module,
+    name: str,
+    method: Any,
+    importance_scores: torch.Tensor | None,
+    precomputed: torch.Tensor | None = None,
+) -> Any:
+    """Install `method` on ``module.<name>``, all or nothing (see BasePruningMethod.apply).
+
+    `precomputed` is the mask the hook would compute, already known (global pruning
+    computes every mask at once, existing masks included): it becomes the buffer as it
+    is, sparing the ones mask and the multiplication.
+    """
     method._tensor_name = name
     with _Transaction([module]):
         found = _pruning_hooks(module, name)
@@ -956,7 +967,9 @@ def _apply(module: torch.nn.Module, name: str, method: Any, importance_scores: t
         if old is None:
             module.register_parameter(name + "_orig", orig)
             del module._parameters[name]
-            default_mask = torch.ones_like(orig)
+            default_mask = torch.ones_like(orig) if precomputed is None else None
+        elif precomputed is not None:
+            old_mask = default_mask = None
         else:
             old_mask = getattr(module, name + "_mask").detach()
             if _native_core_method(hook[-1]) is None:
@@ -965,9 +978,12 @@ def _apply(module: torch.nn.Module, name: str, method: Any, importance_scores: t
             else:
                 default_mask = old_mask  # the core never writes into a default mask
 
-        with torch.no_grad():
-            mask = hook.compute_mask(_detached(importance_scores), default_mask=default_mask)
-        if isinstance(mask, torch.Tensor):
+        if precomputed is not None:
+            mask = precomputed
+        else:
+            with torch.no_grad():
+                mask = hook.compute_mask(_detached(importance_scores), default_mask=default_mask)
+        if isinstance(mask, torch.Tensor) and precomputed is None:
             if mask.requires_grad:
                 mask = mask.detach()
             if old is not None and _shares_memory(mask, old_mask):
@@ -1282,10 +1298,19 @@ def global_unstructured(parameters: Iterable[tuple[torch.nn.Module, str]], pruni
             importance_scores=[s.detach() for s in scores],
             default_masks=defaults,
         )
-        masks = [m.to(dtype=t.dtype) for m, t in zip(masks, tensors)]
+    # Each mask already holds the earlier pruning (it is what custom_from_mask would
+    # compute on top of the old mask), so it is installed as it is, in the parameter's
+    # dtype: one tensor serves as the buffer and as the hook's mask.
+    # A patched or overridden CustomFromMask.compute_mask is honoured: then each mask
+    # goes through custom_from_mask, as in PyTorch.
     with _Transaction(module for module, _ in pairs):
-        for (module, name), mask in zip(pairs, masks):
-            custom_from_mask(module, name, mask=mask)
+        for (module, name), mask, t in zip(pairs, masks, tensors):
+            mask = mask.to(dtype=t.dtype)
+            hook = CustomFromMask(mask)
+            if _native_core_method(hook) is None:
+                custom_from_mask(module, name, mask=mask)
+            else:
+                _apply(module, name, hook, None, precomputed=mask)
 
 
 def remove(module: torch.nn.Module, name: str) -> torch.nn.Module:

@@ -138,10 +138,15 @@ def _bounds(
         available = n if e is None else count_true(e)
         already = n - available
         # A little slack keeps 0.3 * 10 from rounding up to 4.
-        at_least = min(max(math.ceil(low * n - 1e-9) - already, 0), available)
-        at_most = min(max(math.floor(high * n + 1e-9) - already, 0), available)
-        if low > high:
-            raise ValueError(f"min_sparsity {low} exceeds max_sparsity {high}")
+        least, most = math.ceil(low * n - 1e-9), math.floor(high * n + 1e-9)
+        if least > most:
+            what = f"min_sparsity {low} exceeds max_sparsity {high}" if low > high else (
+                f"no number of pruned entries of an array of {n} lies between "
+                f"min_sparsity {low} ({least}) and max_sparsity {high} ({most})"
+            )
+            raise ValueError(what)
+        at_least = min(max(least - already, 0), available)
+        at_most = min(max(most - already, 0), available)
         bounds.append((at_least, max(at_least, at_most)))
     return bounds
 

@@ -187,7 +187,15 @@ class _BracketSelect:
             return self.all_kept()
         if total <= SMALL_SIZE:
             return self.exact(kk)
-        lo, hi = self.bracket(kk, total)
+        lo, hi, tie = self.bracket(kk, total)
+        if tie is not None:
+            # The k-th key is probably one heavily repeated value (exact zeros of
+            # weights pruned before, quantized weights): count instead of gathering.
+            masks, below, ties = self.scan_tie(tie)
+            if below < kk <= below + sum(ties):
+                self.resolve_tie(masks, tie, kk - below, ties)
+                return masks
+            lo, hi = (self.after(tie), self.max_key) if kk > below + sum(ties) else (self.min_key, self.before(tie))
         for _ in range(3):
             masks, below, cand_keys, cand_where = self.scan(lo, hi)
             rank = kk - below
@@ -200,7 +208,8 @@ class _BracketSelect:
             lo, hi = (self.min_key, lo) if rank < 1 else (hi, self.max_key)
         return self.exact(kk)  # only reached for NaN thresholds on the portable path
 
-    def bracket(self, kk: int, total: int) -> tuple[Any, Any]:
+    def bracket(self, kk: int, total: int) -> tuple[Any, Any, Any]:
+        """Bounds ``lo``, ``hi`` likely to enclose the kk-th key, or a likely tie value."""
         size = min(max(total // SAMPLE_STRIDE, SAMPLE_BOUNDS[0]), SAMPLE_BOUNDS[1])
         sample = self.sample(max(1, total // size))
         m = self.count(sample)
@@ -208,11 +217,25 @@ class _BracketSelect:
         centre = q * m
         half = BRACKET_SIGMAS * math.sqrt(m * q * (1.0 - q)) + 2.0
         i_lo, i_hi = math.floor(centre - half), math.ceil(centre + half)
+        c = min(max(int(centre), 0), m - 1)
+        first, last = self.run(sample, c)
+        if last - first > half and self.at(sample, c) >= self.min_key:
+            return None, None, self.at(sample, c)
         lo = self.at(sample, i_lo) if i_lo >= 0 else self.min_key
         hi = self.at(sample, i_hi) if i_hi < m else self.max_key
+        # A heavy run of equal keys at an edge, wholly on one side of the centre, is
+        # moved out of the bracket: it is counted, not gathered as candidates.
+        if i_lo >= 0:
+            first, last = self.run(sample, i_lo)
+            if last - first > half and last < c:
+                lo = self.after(lo)
+        if i_hi < m:
+            first, last = self.run(sample, i_hi)
+            if last - first > half and first > c:
+                hi = self.before(hi)
         # Ineligible keys sit below min_key and must never become candidates.
         lo = max(lo, self.min_key)
-        return lo, max(lo, hi)
+        return lo, max(lo, hi), None
 
 
 class _NumpyBitsSelect(_BracketSelect):
@@ -250,6 +273,57 @@ class _NumpyBitsSelect(_BracketSelect):
 
     def at(self, keys: np.ndarray, i: int) -> Any:
         return keys[i]
+
+    def run(self, sample: np.ndarray, i: int) -> tuple[int, int]:
+        v = sample[i]
+        return int(np.searchsorted(sample, v, "left")), int(np.searchsorted(sample, v, "right")) - 1
+
+    def after(self, v: Any) -> Any:
+        return v + 1 if v < self.max_key else v
+
+    def before(self, v: Any) -> Any:
+        return v - 1 if v > self.min_key else v
+
+    def _chunks(self):
+        chunk = min(CHUNK_SIZE, max(self.sizes))
+        for i, n in enumerate(self.sizes):
+            for start in range(0, n, chunk):
+                yield i, slice(start, min(start + chunk, n))
+
+    def scan_tie(self, v: Any):
+        """One pass: kept = key > v, and the number of keys below and equal to v."""
+        masks = [np.empty(n, dtype=bool) for n in self.sizes]
+        key_buf = np.empty(min(CHUNK_SIZE, max(self.sizes)), dtype=self.bits[0].dtype)
+        below, ties = 0, []
+        for i, sl in self._chunks():
+            m = sl.stop - sl.start
+            key = self._keys(i, sl, out=key_buf[:m])
+            kept = masks[i][sl]
+            np.greater(key, v, out=kept)
+            n_below = int(np.count_nonzero(key < v))
+            below += n_below
+            ties.append(m - n_below - int(np.count_nonzero(kept)))
+            e = self.eligible[i]
+            if e is not None:
+                kept |= ~e[sl]
+        return masks, below, ties
+
+    def resolve_tie(self, masks, v: Any, need: int, ties: list[int]) -> None:
+        """Keep the keys equal to v after the first `need` of them (in position order)."""
+        key_buf = np.empty(min(CHUNK_SIZE, max(self.sizes)), dtype=self.bits[0].dtype)
+        for (i, sl), n_ties in zip(self._chunks(), ties):
+            if n_ties == 0:
+                continue
+            m = sl.stop - sl.start
+            key = self._keys(i, sl, out=key_buf[:m])
+            kept = masks[i][sl]
+            if need >= n_ties:
+                need -= n_ties
+            elif need > 0:
+                kept[np.flatnonzero(key == v)[need:]] = True
+                need = 0
+            else:
+                kept |= key == v
 
     def sample(self, stride: int) -> np.ndarray:
         parts = [self._keys(i, _sample_slice(n, stride)) for i, n in enumerate(self.sizes)]
@@ -391,6 +465,47 @@ class _PortableSelect(_BracketSelect):
 
     def at(self, keys: Array, i: int) -> Any:
         return float(keys[i])
+
+    def run(self, sample: Array, i: int) -> tuple[int, int]:
+        xp = self.xp
+        v = sample[i : i + 1]
+        return int(xp.searchsorted(sample, v, side="left")[0]), int(xp.searchsorted(sample, v, side="right")[0]) - 1
+
+    def _step(self, v: float, towards: float) -> float:
+        xp = self.xp
+        a = xp.asarray(v, dtype=self.dtype, device=self.device)
+        return float(xp.nextafter(a, xp.asarray(towards, dtype=self.dtype, device=self.device)))
+
+    def after(self, v: float) -> float:
+        return self._step(v, math.inf)
+
+    def before(self, v: float) -> float:
+        return self._step(v, -math.inf)
+
+    def scan_tie(self, v: float):
+        xp = self.xp
+        masks, ties, below = [], [], 0
+        for key, e in zip(self.keys, self.eligible):
+            keep = ~(key <= v)
+            below += int(xp.count_nonzero(key < v))
+            ties.append(int(xp.count_nonzero(key == v)))
+            masks.append(keep if e is None else keep | ~e)
+        return masks, below, ties
+
+    def resolve_tie(self, masks, v: float, need: int, ties: list[int]) -> None:
+        xp = self.xp
+        for i, (key, n_ties) in enumerate(zip(self.keys, ties)):
+            if n_ties == 0:
+                continue
+            equal = key == v
+            if need >= n_ties:
+                need -= n_ties
+                continue
+            if need > 0:
+                counter = xp.int32 if key.shape[0] < 2**31 else xp.int64
+                equal = equal & (xp.cumulative_sum(xp.astype(equal, counter)) > need)
+                need = 0
+            masks[i] = masks[i] | equal
 
     def sample(self, stride: int) -> Array:
         xp = self.xp

@@ -39,7 +39,7 @@ def test_bounds_hold_and_total_is_exact(seed, sizes, amount, low, high):
     k = round(amount * total)
     lo = [math.ceil(low * n - 1e-9) for n in sizes]
     hi = [math.floor(high * n + 1e-9) for n in sizes]
-    if not sum(lo) <= k <= sum(hi):
+    if any(a > b for a, b in zip(lo, hi)) or not sum(lo) <= k <= sum(hi):
         with pytest.raises(ValueError):
             ap.global_unstructured(arrays, ap.L1Unstructured, amount=amount, min_sparsity=low, max_sparsity=high)
         return

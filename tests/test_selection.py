@@ -113,15 +113,18 @@ class Counter:
 
     def __init__(self, monkeypatch):
         self.calls = {"keep": 0, "scan": 0, "exact": 0}
+        # A pass in tie mode (the k-th key inside a heavy run of equal keys) is a bracket
+        # pass too: it counts as "scan".
+        counted_as = {"keep": "keep", "scan": "scan", "scan_tie": "scan", "exact": "exact"}
         for cls_name in ("_NumpyBitsSelect", "_PortableSelect"):
             cls = getattr(sel, cls_name, None)
             if cls is None:
                 continue
-            for meth in self.calls:
+            for meth, label in counted_as.items():
                 orig = getattr(cls, meth, None)
                 if orig is None:
                     continue
-                monkeypatch.setattr(cls, meth, self._wrap(meth, orig))
+                monkeypatch.setattr(cls, meth, self._wrap(label, orig))
 
     def _wrap(self, name, orig):
         def wrapped(obj, *args, **kwargs):
@@ -486,3 +489,28 @@ def test_math_sanity_of_reference():
         __import__("conftest").reference_order(x), [4, 1, 3, 2, 0]
     )
     assert math.isnan(_ref_kth(np.array([np.nan, 1.0]), 2))
+
+
+# --------------------------------------------------------------------------------------
+# heavy ties in the bracket path: counted, not gathered
+# --------------------------------------------------------------------------------------
+
+
+@NOT_JAX
+@pytest.mark.parametrize("kind", ["zeros80", "quantized"])
+@pytest.mark.parametrize("q", [0.3, 0.79, 0.8, 0.81, 0.95])
+def test_heavy_ties_take_the_counting_pass(backend, monkeypatch, kind, q):
+    monkeypatch.setattr(sel, "SMALL_SIZE", 1 << 12)
+    g = np.random.default_rng(5)
+    n = 1 << 17
+    if kind == "zeros80":
+        x = np.where(g.random(n) < 0.8, 0.0, g.standard_normal(n)).astype(np.float32)
+    else:
+        x = (np.round(g.standard_normal(n) * 4) / 4).astype(np.float32)
+    y = x[: 1 << 15].copy()
+    elig = [g.random(n) < 0.9, None]
+    counter = Counter(monkeypatch)
+    available = int(elig[0].sum()) + y.size
+    check_keep(backend, [x, y], round(q * available), elig)
+    if counter.available:
+        assert counter.calls["exact"] == 0, counter.calls
