@@ -109,10 +109,13 @@ def _detached(t: Any) -> Any:
     return t.detach() if isinstance(t, torch.Tensor) else t
 
 
-def _run_core(core_method: Any, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
-    """``core_method.compute_mask`` outside autograd, on detached aliases of the inputs."""
-    with torch.no_grad():
-        return core_method.compute_mask(_detached(t), _detached(default_mask))
+def _run_core(core_method: Any, t: torch.Tensor, default_mask: torch.Tensor | None) -> torch.Tensor:
+    """``core_method.compute_mask`` on detached aliases of the inputs (outside autograd).
+
+    ``default_mask=None`` (first pruning with a built-in method) gives the core's
+    boolean mask, spared a mask of ones and a multiplication.
+    """
+    return core_method.compute_mask(_detached(t), _detached(default_mask))
 
 
 def _native_core_method(method: Any) -> Any:
@@ -125,7 +128,7 @@ def _native_core_method(method: Any) -> Any:
     if not isinstance(method, _CORE_BACKED) or "compute_mask" in vars(method):
         return None
     fn = getattr(type(method), "compute_mask", None)
-    if any(fn is native for native in _NATIVE_COMPUTE_MASKS):
+    if fn in _NATIVE_COMPUTE_MASKS:
         return method._core_method()
     return None
 
@@ -898,7 +901,7 @@ class CustomFromMask(BasePruningMethod, _tprune.CustomFromMask):
 
 
 _CORE_BACKED = (Identity, RandomUnstructured, L1Unstructured, RandomStructured, LnStructured, CustomFromMask)
-_NATIVE_COMPUTE_MASKS = tuple(cls.__dict__["compute_mask"] for cls in _CORE_BACKED)
+_NATIVE_COMPUTE_MASKS = frozenset(cls.__dict__["compute_mask"] for cls in _CORE_BACKED)
 
 
 # --------------------------------------------------------------------------------------
@@ -959,6 +962,7 @@ def _apply(
             hook.add_pruning_method(method)
 
         orig = getattr(module, name)
+        core = None
         if importance_scores is not None:
             _check_shape(orig, importance_scores, f"importance_scores of parameter {name}")
         else:
@@ -967,6 +971,12 @@ def _apply(
         if old is None:
             module.register_parameter(name + "_orig", orig)
             del module._parameters[name]
+            fresh = precomputed is None and isinstance(orig, torch.Tensor)
+            core = _native_core_method(hook) if fresh else None
+            if isinstance(core, (_core._Unstructured, _core._Structured)):
+                # A built-in, unpatched method on a fresh tensor: the core's boolean mask
+                # is the whole answer, in the parameter's dtype as PyTorch has it.
+                precomputed = _run_core(core, importance_scores, None).to(dtype=orig.dtype)
             default_mask = torch.ones_like(orig) if precomputed is None else None
         elif precomputed is not None:
             old_mask = default_mask = None
@@ -989,7 +999,11 @@ def _apply(
             if old is not None and _shares_memory(mask, old_mask):
                 mask = mask.clone(memory_format=torch.contiguous_format)
         module.register_buffer(name + "_mask", mask)
-        setattr(module, name, hook.apply_mask(module))
+        if core is not None and type(hook).apply_mask is _tprune.BasePruningMethod.apply_mask:
+            pruned = mask * orig  # what apply_mask computes, without looking both up again
+        else:
+            pruned = hook.apply_mask(module)
+        setattr(module, name, pruned)
         module.register_forward_pre_hook(hook)
     if isinstance(hook, BasePruningMethod):
         hook._remember(module)

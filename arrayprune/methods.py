@@ -345,9 +345,18 @@ class _Unstructured(_Amount, BasePruningMethod):
         k = self._count(available_count(scores, eligible_masks))
         return smallest_magnitude_keep(self._score_arrays(scores), k, eligible_masks)
 
-    def compute_mask(self, t: Array, default_mask: Array) -> Array:
+    def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
+        """Mask pruning ``amount`` of all entries of `t`, on top of `default_mask`.
+
+        As in PyTorch, every entry is ranked (use a container to act on the remaining
+        ones only). ``default_mask=None`` means no earlier pruning and gives the
+        boolean mask directly, without building and multiplying a mask of ones.
+        """
+        keep = self._keep_masks([t], [None])[0]
+        if default_mask is None:
+            return keep
         check_same_shape(t, default_mask, "default_mask")
-        return apply_keep(default_mask, self._keep_masks([t], [None])[0])
+        return apply_keep(default_mask, keep)
 
     def _remaining_mask(self, t: Array, mask: Array) -> Array:
         return apply_keep(mask, self._keep_masks([t], [eligible(mask)])[0])
@@ -406,7 +415,13 @@ class _Structured(_Amount, BasePruningMethod):
         _amount.validate_structured_pruning(t.shape)
         return _amount.normalize_dim(t.shape, self.dim)
 
-    def compute_mask(self, t: Array, default_mask: Array) -> Array:
+    def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
+        """Mask pruning ``amount`` of all channels of `t`, on top of `default_mask`.
+
+        ``default_mask=None`` means no earlier pruning (the mask is then boolean).
+        """
+        if default_mask is None:
+            default_mask = ones_mask(t)
         check_same_shape(t, default_mask, "default_mask")
         dim = self._checked_dim(t)
         k = self._count(t.shape[dim])

@@ -592,14 +592,15 @@ def _host_bits(x: Array) -> np.ndarray | None:
         if not x.dtype.isnative:
             x = x.astype(x.dtype.newbyteorder("="))  # bit patterns are read in native order
         return x.reshape(-1).view(_UINT_FOR_SIZE[x.dtype.itemsize])
-    if apc.is_torch_array(x) and x.device.type == "cpu" and x.dtype.is_floating_point:
-        torch = sys.modules["torch"]
-        signed = {2: torch.int16, 4: torch.int32, 8: torch.int64}.get(x.element_size())
-        if signed is None:
-            return None
-        flat = x.detach().reshape(-1).view(signed)
-        return flat.numpy().view(_UINT_FOR_SIZE[x.element_size()])
-    return None
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor) or x.device.type != "cpu":
+        return None
+    if x.dtype is torch.bfloat16:  # NumPy has no bfloat16: reinterpret in torch first
+        return x.detach().view(torch.int16).numpy().reshape(-1).view(np.uint16)
+    if x.dtype not in (torch.float32, torch.float64, torch.float16):
+        return None
+    host = x.detach().numpy()  # zero-copy
+    return host.reshape(-1).view(_UINT_FOR_SIZE[host.dtype.itemsize])
 
 
 def _host_bool(x: Array) -> np.ndarray | None:
@@ -614,6 +615,9 @@ def _host_bool(x: Array) -> np.ndarray | None:
 def _from_host(mask: np.ndarray, like: Array) -> Array:
     """Reshape a host mask like `like`, as an array of the same library."""
     mask = mask.reshape(like.shape)
-    if type(like) is not np.ndarray and apc.is_torch_array(like):
-        return sys.modules["torch"].from_numpy(mask)
+    if type(like) is np.ndarray:
+        return mask
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(like, torch.Tensor):
+        return torch.from_numpy(mask)
     return mask
