@@ -80,7 +80,7 @@ def unpack_mask(packed: Array, shape: tuple[int, ...]) -> Array:
 def to_csr(x: Array) -> Any:
     """Compressed sparse row form of a 2-D array (zeros dropped), in its own library.
 
-    NumPy gives a :class:`scipy.sparse.csr_array`, CuPy a
+    NumPy gives a :class:`scipy.sparse.csr_array` (SciPy: the ``sparse`` extra), CuPy a
     :class:`cupyx.scipy.sparse.csr_matrix`, PyTorch a sparse CSR tensor on the same
     device; other libraries go through NumPy. Arrays of more dimensions are flattened
     to ``(shape[0], -1)``, the usual view of a convolution weight.

@@ -35,6 +35,7 @@ def test_unpack_rejects_wrong_size():
 
 
 def test_csr_round_trip_numpy_and_torch():
+    pytest.importorskip("scipy")
     torch = pytest.importorskip("torch")
     w = np.random.default_rng(1).standard_normal((6, 8)).astype(np.float32)
     w *= ap.l1_unstructured(w, 0.7)
