@@ -290,9 +290,10 @@ def available_count(arrays: list[Array], eligible_masks: list[Array | None]) -> 
 
 
 def _channel_keep_to_mask(default_mask: Array, keep: Array, dim: int) -> Array:
-    if dim == 0 and not apc.is_jax_array(default_mask):
-        # Leading channels are contiguous rows: copying the mask and clearing the pruned
-        # rows moves less memory than a broadcast multiply.
+    if dim == 0 and size(default_mask) <= 1 << 18 and not apc.is_jax_array(default_mask):
+        # Leading channels are contiguous rows. While the mask fits in cache, copying it
+        # and clearing the pruned rows beats a broadcast multiply; beyond, one fused
+        # multiply (a single read and write of memory) wins.
         xp = namespace(default_mask)
         out = xp.asarray(default_mask, copy=True)
         out[~keep] = False if is_bool(out) else 0
