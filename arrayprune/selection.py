@@ -391,14 +391,17 @@ class _NumpyBitsSelect(_BracketSelect):
 
 def _small_keep(bits: np.ndarray, k: int) -> np.ndarray:
     """Keep mask for one small host array: the exact path with the least overhead."""
-    if k > bits.size:
-        raise ValueError(f"cannot drop {k} of {bits.size} entries")
-    if k == 0:
-        return np.ones(bits.size, dtype=bool)
-    keys = np.bitwise_and(bits, _MAGNITUDE[bits.dtype.itemsize])
-    v = np.partition(keys, k - 1)[k - 1]
+    n = bits.size
+    if not 0 < k <= n:
+        if k == 0:
+            return np.ones(n, dtype=bool)
+        raise ValueError(f"cannot drop {k} of {n} entries")
+    keys = bits & _MAGNITUDE[bits.itemsize]
+    part = keys.copy()
+    part.partition(k - 1)  # the method skips np.partition's dispatch: it shows on small arrays
+    v = part[k - 1]
     keep = keys > v
-    if bits.size - np.count_nonzero(keep) == k:  # no tie straddles the cut
+    if n - np.count_nonzero(keep) == k:  # no tie straddles the cut
         return keep
     return _keep_after_rank(keys, k, v)
 
@@ -587,11 +590,13 @@ _MAGNITUDE = {n: t((1 << (8 * n - 1)) - 1) for n, t in _UINT_FOR_SIZE.items()}
 def _host_bits(x: Array) -> np.ndarray | None:
     """Flat unsigned-integer view of a float array's bits, if it lives in host memory."""
     if type(x) is np.ndarray or apc.is_numpy_array(x):
-        if x.dtype.kind != "f" or x.dtype.itemsize not in _UINT_FOR_SIZE:
+        dtype = x.dtype
+        utype = _UINT_FOR_SIZE.get(dtype.itemsize) if dtype.kind == "f" else None
+        if utype is None:
             return None
-        if not x.dtype.isnative:
-            x = x.astype(x.dtype.newbyteorder("="))  # bit patterns are read in native order
-        return x.reshape(-1).view(_UINT_FOR_SIZE[x.dtype.itemsize])
+        if not dtype.isnative:
+            x = x.astype(dtype.newbyteorder("="))  # bit patterns are read in native order
+        return (x if x.ndim == 1 else x.reshape(-1)).view(utype)
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(x, torch.Tensor) or x.device.type != "cpu":
         return None
@@ -614,9 +619,9 @@ def _host_bool(x: Array) -> np.ndarray | None:
 
 def _from_host(mask: np.ndarray, like: Array) -> Array:
     """Reshape a host mask like `like`, as an array of the same library."""
-    mask = mask.reshape(like.shape)
     if type(like) is np.ndarray:
-        return mask
+        return mask if like.ndim == 1 else mask.reshape(like.shape)
+    mask = mask.reshape(like.shape)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(like, torch.Tensor):
         return torch.from_numpy(mask)
