@@ -59,6 +59,7 @@ from torch.nn.utils import prune as _tprune
 
 import arrayprune.global_pruning as _global
 import arrayprune.methods as _core
+import arrayprune.patterns as _core_patterns
 from arrayprune import amount as _amount
 from arrayprune.norms import channel_norms as _channel_norms
 from arrayprune.rng import check_random_source as _check_random_source
@@ -72,6 +73,8 @@ __all__ = [
     "RandomStructured",
     "LnStructured",
     "CustomFromMask",
+    "NMStructured",
+    "BlockUnstructured",
     "identity",
     "random_unstructured",
     "l1_unstructured",
@@ -79,6 +82,8 @@ __all__ = [
     "ln_structured",
     "global_unstructured",
     "custom_from_mask",
+    "nm_structured",
+    "block_unstructured",
     "remove",
     "is_pruned",
 ]
@@ -900,7 +905,84 @@ class CustomFromMask(BasePruningMethod, _tprune.CustomFromMask):
         return super().apply(module, name, mask=mask)
 
 
-_CORE_BACKED = (Identity, RandomUnstructured, L1Unstructured, RandomStructured, LnStructured, CustomFromMask)
+class NMStructured(BasePruningMethod):
+    """Prune `n` of every `m` consecutive entries along `dim` (2:4 by default).
+
+    Not in :mod:`torch.nn.utils.prune`. Entries already pruned count first, so every group
+    ends with at most ``m - n`` non-zeros; see :class:`arrayprune.NMStructured`.
+
+    Parameters
+    ----------
+    n, m : int
+        The pattern: `n` zeros in every group of `m`.
+    dim : int, default -1
+        Axis along which groups run (-1: the input features of a Linear weight).
+    """
+
+    PRUNING_TYPE = "global"
+
+    def __init__(self, n: int = 2, m: int = 4, dim: int = -1):
+        core = _core_patterns.NMStructured(n, m, dim)  # validates the pattern
+        self.n, self.m, self.dim = core.n, core.m, dim
+
+    def _core_method(self) -> Any:
+        return _core_patterns.NMStructured(self.n, self.m, self.dim)
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        """Return `default_mask` with the pattern imposed (dtype of `default_mask`)."""
+        return _run_core(self._core_method(), t, default_mask)
+
+    @classmethod
+    def apply(cls, module: torch.nn.Module, name: str, n: int = 2, m: int = 4, dim: int = -1, importance_scores: torch.Tensor | None = None):  # type: ignore[override]
+        """Impose `n`:`m` sparsity on ``module.<name>``; returns the installed hook."""
+        return super().apply(module, name, n=n, m=m, dim=dim, importance_scores=importance_scores)
+
+
+class BlockUnstructured(BasePruningMethod):
+    """Prune whole blocks of `block_shape`, those of smallest power-mean magnitude first.
+
+    Not in :mod:`torch.nn.utils.prune`. Blocks align to the trailing dimensions; blocks
+    already entirely pruned are not counted; see :class:`arrayprune.BlockUnstructured`.
+
+    Parameters
+    ----------
+    amount : int or float
+        Fraction in ``[0, 1]`` of the remaining blocks, or their number.
+    block_shape : tuple of int
+        Shape of a block, e.g. ``(1, 4)`` or ``(4, 4)``.
+    n : float, default 1
+        Order of the power mean scoring a block.
+    """
+
+    PRUNING_TYPE = "global"
+
+    def __init__(self, amount: int | float, block_shape: tuple[int, ...], n: float = 1):
+        core = _core_patterns.BlockUnstructured(amount, block_shape, n)
+        self.amount, self.block_shape, self.n = amount, core.block_shape, n
+
+    def _core_method(self) -> Any:
+        return _core_patterns.BlockUnstructured(self.amount, self.block_shape, self.n)
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        """Return `default_mask` with ``amount`` of the remaining blocks zeroed."""
+        return _run_core(self._core_method(), t, default_mask)
+
+    @classmethod
+    def apply(cls, module: torch.nn.Module, name: str, amount: int | float, block_shape: tuple[int, ...], n: float = 1, importance_scores: torch.Tensor | None = None):  # type: ignore[override]
+        """Prune ``amount`` of the blocks of ``module.<name>``; returns the installed hook."""
+        return super().apply(module, name, amount=amount, block_shape=block_shape, n=n, importance_scores=importance_scores)
+
+
+_CORE_BACKED = (
+    Identity,
+    RandomUnstructured,
+    L1Unstructured,
+    RandomStructured,
+    LnStructured,
+    CustomFromMask,
+    NMStructured,
+    BlockUnstructured,
+)
 _NATIVE_COMPUTE_MASKS = frozenset(cls.__dict__["compute_mask"] for cls in _CORE_BACKED)
 
 
@@ -1232,7 +1314,16 @@ def custom_from_mask(module: torch.nn.Module, name: str, mask: Any) -> torch.nn.
     return module
 
 
-def global_unstructured(parameters: Iterable[tuple[torch.nn.Module, str]], pruning_method: type, importance_scores: dict | None = None, **kwargs: Any) -> None:
+def global_unstructured(
+    parameters: Iterable[tuple[torch.nn.Module, str]],
+    pruning_method: type,
+    importance_scores: dict | None = None,
+    *,
+    min_sparsity: Any = None,
+    max_sparsity: Any = None,
+    normalization: str | None = None,
+    **kwargs: Any,
+) -> None:
     """Prune many parameters together, ranking all their entries against each other.
 
     The result is that of pruning the concatenation of all parameters with one method,
@@ -1253,6 +1344,12 @@ def global_unstructured(parameters: Iterable[tuple[torch.nn.Module, str]], pruni
     importance_scores : dict, optional
         Scores per parameter, keyed by the ``(module, name)`` pairs; a parameter without
         an entry is ranked by its own (current, pruned) values.
+    min_sparsity, max_sparsity : float, or sequence of floats, optional
+        Not in PyTorch: bounds on each parameter's final sparsity (one value for all, or
+        one per pair), so that no layer is wiped out; see
+        :func:`arrayprune.global_unstructured`.
+    normalization : {None, 'lamp'}, optional
+        Not in PyTorch: ``'lamp'`` ranks by layer-adaptive magnitude scores.
     **kwargs
         Arguments of `pruning_method`, such as ``amount``.
 
@@ -1311,6 +1408,9 @@ def global_unstructured(parameters: Iterable[tuple[torch.nn.Module, str]], pruni
             lambda: chosen,
             importance_scores=[s.detach() for s in scores],
             default_masks=defaults,
+            min_sparsity=min_sparsity,
+            max_sparsity=max_sparsity,
+            normalization=normalization,
         )
     # Each mask already holds the earlier pruning (it is what custom_from_mask would
     # compute on top of the old mask), so it is installed as it is, in the parameter's
@@ -1325,6 +1425,85 @@ def global_unstructured(parameters: Iterable[tuple[torch.nn.Module, str]], pruni
                 custom_from_mask(module, name, mask=mask)
             else:
                 _apply(module, name, hook, None, precomputed=mask)
+
+
+def nm_structured(
+    module: torch.nn.Module,
+    name: str,
+    n: int = 2,
+    m: int = 4,
+    dim: int = -1,
+    importance_scores: torch.Tensor | None = None,
+) -> torch.nn.Module:
+    """Impose `n`:`m` sparsity (2:4 by default) on ``module.<name>`` along `dim`.
+
+    Not in :mod:`torch.nn.utils.prune`; the reparametrization is the same as for the
+    other verbs, and it combines with them in a :class:`PruningContainer`.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        Module holding the tensor.
+    name : str
+        Name of the parameter within `module`.
+    n, m : int
+        The pattern: `n` zeros in every `m` consecutive entries.
+    dim : int, default -1
+        Axis along which groups run.
+    importance_scores : torch.Tensor, optional
+        Scores ranking the entries instead of the parameter, same shape.
+
+    Returns
+    -------
+    torch.nn.Module
+        `module`, modified in place.
+
+    Examples
+    --------
+    >>> import torch.nn as nn
+    >>> import arrayprune, arrayprune.adapters.torch as prune
+    >>> m = prune.nm_structured(nn.Linear(8, 4), "weight")
+    >>> arrayprune.is_nm_sparse(m.weight, 2, 4)
+    True
+    """
+    NMStructured.apply(module, name, n=n, m=m, dim=dim, importance_scores=importance_scores)
+    return module
+
+
+def block_unstructured(
+    module: torch.nn.Module,
+    name: str,
+    amount: int | float,
+    block_shape: tuple[int, ...],
+    n: float = 1,
+    importance_scores: torch.Tensor | None = None,
+) -> torch.nn.Module:
+    """Prune ``amount`` of the (remaining) blocks of ``module.<name>``, weakest first.
+
+    Not in :mod:`torch.nn.utils.prune`; see :class:`BlockUnstructured`.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        Module holding the tensor.
+    name : str
+        Name of the parameter within `module`.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the remaining blocks, or their number.
+    block_shape : tuple of int
+        Block shape, aligned to the trailing dimensions.
+    n : float, default 1
+        Order of the power mean scoring a block.
+    importance_scores : torch.Tensor, optional
+        Scores ranking the entries instead of the parameter, same shape.
+
+    Returns
+    -------
+    torch.nn.Module
+        `module`, modified in place.
+    """
+    BlockUnstructured.apply(module, name, amount, block_shape, n=n, importance_scores=importance_scores)
+    return module
 
 
 def remove(module: torch.nn.Module, name: str) -> torch.nn.Module:

@@ -92,8 +92,12 @@ def assert_as_before(module: nn.Module, snap: dict) -> None:
 # --------------------------------------------------------------------------------------
 
 
+#: arrayprune's additions to PyTorch's public names (issue 6).
+EXTENSIONS = ["NMStructured", "BlockUnstructured", "nm_structured", "block_unstructured"]
+
+
 def test_public_api_matches_torch():
-    assert sorted(prune.__all__) == sorted(PUBLIC)
+    assert sorted(prune.__all__) == sorted(PUBLIC + EXTENSIONS)
     torch_public = {n for n in dir(tprune) if not n.startswith("_") and n not in {"ABC", "abstractmethod", "Iterable", "numbers", "torch"}}
     assert torch_public <= set(PUBLIC)
     for name in PUBLIC + PRIVATE_HELPERS:
@@ -102,8 +106,13 @@ def test_public_api_matches_torch():
 
 @pytest.mark.parametrize("name", [n for n in PUBLIC if n[0].islower()] + PRIVATE_HELPERS)
 def test_function_signatures_extend_torch(name):
-    ours = list(inspect.signature(getattr(prune, name)).parameters.values())
-    theirs = list(inspect.signature(getattr(tprune, name)).parameters.values())
+    var_kw = inspect.Parameter.VAR_KEYWORD
+    ours_all = list(inspect.signature(getattr(prune, name)).parameters.values())
+    theirs_all = list(inspect.signature(getattr(tprune, name)).parameters.values())
+    # Keyword-only additions necessarily come before a **kwargs: compare without it.
+    assert [p.kind for p in ours_all if p.kind is var_kw] == [p.kind for p in theirs_all if p.kind is var_kw]
+    ours = [p for p in ours_all if p.kind is not var_kw]
+    theirs = [p for p in theirs_all if p.kind is not var_kw]
     assert [(p.name, p.kind, p.default) for p in ours[: len(theirs)]] == [(p.name, p.kind, p.default) for p in theirs]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is None for p in ours[len(theirs) :])
 
