@@ -75,6 +75,7 @@ from arrayprune import functional as F
 from arrayprune import methods as M
 from arrayprune import patterns as M_patterns
 from arrayprune.global_pruning import global_unstructured as _core_global_unstructured
+from arrayprune.schedules import prune_to_sparsity as _core_prune_to_sparsity
 
 __all__ = [
     "identity",
@@ -85,6 +86,7 @@ __all__ = [
     "custom_from_mask",
     "nm_structured",
     "block_unstructured",
+    "prune_to_sparsity",
     "global_unstructured",
     "remove",
     "is_pruned",
@@ -563,6 +565,52 @@ def block_unstructured(
     def compute(x: Array, default_mask: Array, importance_scores: Array | None = None) -> Array:
         return F.block_unstructured(
             x, amount, block_shape, n, default_mask=default_mask, importance_scores=importance_scores
+        )
+
+    return _prune_one(params, key, compute, importance_scores)
+
+
+def prune_to_sparsity(
+    params: Mapping,
+    key: Key,
+    sparsity: float,
+    pruning_method: Any = M.L1Unstructured,
+    importance_scores: Array | None = None,
+    **kwargs: Any,
+) -> Mapping:
+    """Prune just enough more of `key` that a fraction `sparsity` of its units is pruned.
+
+    The step of gradual pruning: call it with ``schedule(step)`` (see
+    :class:`arrayprune.PolynomialDecay`); units already pruned count and stay pruned.
+
+    Parameters
+    ----------
+    params : mapping
+        Mapping of names to arrays (possibly nested).
+    key : str or tuple
+        The array to prune.
+    sparsity : float
+        Target fraction of pruned units (entries, or channels for structured methods).
+    pruning_method : type, default arrayprune.L1Unstructured
+        Unstructured or structured method class.
+    importance_scores : array, optional
+        Scores to rank by instead of the original array, same shape.
+    **kwargs
+        Further arguments of the method (``n``, ``dim``, ...).
+
+    Returns
+    -------
+    mapping
+        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
+    """
+    def compute(x: Array, default_mask: Array, importance_scores: Array | None = None) -> Array:
+        return _core_prune_to_sparsity(
+            x,
+            sparsity,
+            default_mask=default_mask,
+            pruning_method=pruning_method,
+            importance_scores=importance_scores,
+            **kwargs,
         )
 
     return _prune_one(params, key, compute, importance_scores)

@@ -60,6 +60,7 @@ from torch.nn.utils import prune as _tprune
 import arrayprune.global_pruning as _global
 import arrayprune.methods as _core
 import arrayprune.patterns as _core_patterns
+import arrayprune.schedules as _schedules
 from arrayprune import amount as _amount
 from arrayprune.norms import channel_norms as _channel_norms
 from arrayprune.rng import check_random_source as _check_random_source
@@ -84,6 +85,7 @@ __all__ = [
     "custom_from_mask",
     "nm_structured",
     "block_unstructured",
+    "prune_to_sparsity",
     "remove",
     "is_pruned",
 ]
@@ -1503,6 +1505,61 @@ def block_unstructured(
         `module`, modified in place.
     """
     BlockUnstructured.apply(module, name, amount, block_shape, n=n, importance_scores=importance_scores)
+    return module
+
+
+def prune_to_sparsity(
+    module: torch.nn.Module,
+    name: str,
+    sparsity: float,
+    pruning_method: type = L1Unstructured,
+    importance_scores: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.nn.Module:
+    """Prune just enough more of ``module.<name>`` that a fraction `sparsity` is pruned.
+
+    Not in :mod:`torch.nn.utils.prune`: the step of gradual pruning. Call it at each
+    training step with ``schedule(step)`` (:class:`arrayprune.PolynomialDecay`, ...):
+    units already pruned count towards the target and stay pruned, and the new method
+    joins the others in the :class:`PruningContainer`.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        Module holding the tensor.
+    name : str
+        Name of the parameter within `module`.
+    sparsity : float
+        Target fraction of pruned units (entries, or channels for structured methods).
+    pruning_method : type, default L1Unstructured
+        Unstructured or structured method class, applied with an integer amount.
+    importance_scores : torch.Tensor, optional
+        Scores ranking the entries (for methods that take them).
+    **kwargs
+        Further arguments of the method's ``apply`` (``n``, ``dim``, ...).
+
+    Returns
+    -------
+    torch.nn.Module
+        `module`, modified in place (nothing is pruned if the target is already met,
+        but the reparametrization is added, as with an amount of 0).
+
+    Examples
+    --------
+    >>> import arrayprune, torch.nn as nn
+    >>> import arrayprune.adapters.torch as prune
+    >>> m, schedule = nn.Linear(10, 10), arrayprune.PolynomialDecay(0.0, 0.9, 0, 100)
+    >>> for step in range(0, 101, 10):
+    ...     _ = prune.prune_to_sparsity(m, "weight", schedule(step))
+    >>> int((m.weight_mask == 0).sum())
+    90
+    """
+    t = getattr(module, name)
+    mask = getattr(module, name + "_mask", None)
+    extra = _schedules.units_to_prune(t.detach(), sparsity, mask, pruning_method, kwargs.get("dim", -1))
+    if importance_scores is not None:
+        kwargs["importance_scores"] = importance_scores
+    pruning_method.apply(module, name, amount=extra, **kwargs)
     return module
 
 

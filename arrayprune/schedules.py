@@ -16,7 +16,7 @@ from . import amount as _amount
 from ._masks import check_same_shape, count_true, eligible, ones_mask, size
 from .methods import L1Unstructured, _remaining_channels, combine_masks
 
-__all__ = ["ConstantSparsity", "PolynomialDecay", "prune_to_sparsity", "prune_to_schedule"]
+__all__ = ["ConstantSparsity", "PolynomialDecay", "prune_to_sparsity", "prune_to_schedule", "units_to_prune"]
 
 Array = Any
 
@@ -142,23 +142,57 @@ def prune_to_sparsity(
     array
         The new mask (dtype of `default_mask`, boolean if none).
     """
-    target = _check_fraction("sparsity", sparsity)
     scores = x if importance_scores is None else importance_scores
     check_same_shape(x, scores, "importance_scores")
     mask = ones_mask(x) if default_mask is None else default_mask
     check_same_shape(x, mask, "default_mask")
+    extra = units_to_prune(x, sparsity, mask, pruning_method, kwargs.get("dim", -1))
+    return combine_masks(pruning_method(extra, **kwargs), scores, mask)
+
+
+def units_to_prune(x: Array, sparsity: float, mask: Array | None, pruning_method: Any, dim: int = -1) -> int:
+    """How many more units must be pruned for ``round(sparsity * units)`` to be pruned.
+
+    The adapters use it to follow schedules with their own verbs.
+
+    Parameters
+    ----------
+    x : array
+        The array (only its shape matters).
+    sparsity : float
+        Target fraction of pruned units, in ``[0, 1]``.
+    mask : array or None
+        Mask of earlier pruning (None: nothing pruned yet).
+    pruning_method : type
+        Decides the units: entries (``'unstructured'``) or channels along `dim`
+        (``'structured'``).
+    dim : int, default -1
+        Channel axis of structured methods.
+
+    Returns
+    -------
+    int
+        A non-negative count: units already pruned count towards the target.
+
+    Raises
+    ------
+    TypeError
+        If the method is neither unstructured nor structured, or `sparsity` is not a number.
+    ValueError
+        If `sparsity` is outside ``[0, 1]``.
+    """
+    target = _check_fraction("sparsity", sparsity)
     kind = getattr(pruning_method, "PRUNING_TYPE", None)
     if kind == "structured":
-        dim = _amount.normalize_dim(x.shape, kwargs.get("dim", -1))
+        dim = _amount.normalize_dim(x.shape, dim)
         units = x.shape[dim]
-        pruned = units - count_true(_remaining_channels(mask, dim))
+        pruned = 0 if mask is None else units - count_true(_remaining_channels(mask, dim))
     elif kind == "unstructured":
         units = size(x)
-        pruned = units - count_true(eligible(mask))
+        pruned = 0 if mask is None else units - count_true(eligible(mask))
     else:
         raise TypeError(f"pruning_method must be unstructured or structured, got {kind!r}")
-    method = pruning_method(max(0, round(target * units) - pruned), **kwargs)
-    return combine_masks(method, scores, mask)
+    return max(0, round(target * units) - pruned)
 
 
 def prune_to_schedule(x: Array, schedule: Any, step: int, **kwargs: Any) -> Array:

@@ -74,3 +74,18 @@ def test_structured_schedule_counts_channels(backend):
 def test_prune_to_sparsity_rejects_global_methods():
     with pytest.raises(TypeError):
         ap.prune_to_sparsity(np.ones(4), 0.5, pruning_method=ap.CustomFromMask)
+
+
+def test_mapping_adapter_follows_a_schedule():
+    from arrayprune.adapters import mapping as mp
+
+    w = np.random.default_rng(1).standard_normal((16, 8)).astype(np.float32)
+    params = {"layer": {"kernel": w}}
+    schedule = ap.PolynomialDecay(0.0, 0.75, 0, 30)
+    expected = None
+    for step in range(0, 40, 10):
+        params = mp.prune_to_sparsity(params, ("layer", "kernel"), schedule(step))
+        expected = ap.prune_to_schedule(w, schedule, step, default_mask=expected)
+        mask = params["layer"]["kernel_mask"]
+        assert mask.dtype == np.float32 and int((mask == 0).sum()) == round(schedule(step) * 128)
+        np.testing.assert_array_equal(mask != 0, expected)

@@ -93,7 +93,7 @@ def assert_as_before(module: nn.Module, snap: dict) -> None:
 
 
 #: arrayprune's additions to PyTorch's public names (issue 6).
-EXTENSIONS = ["NMStructured", "BlockUnstructured", "nm_structured", "block_unstructured"]
+EXTENSIONS = ["NMStructured", "BlockUnstructured", "nm_structured", "block_unstructured", "prune_to_sparsity"]
 
 
 def test_public_api_matches_torch():

@@ -88,3 +88,28 @@ def test_bounds_need_a_builtin_method():
     with pytest.raises(TypeError):
         prune.global_unstructured([(m, "weight")], Custom, amount=0.5, max_sparsity=0.5)
     assert not prune.is_pruned(m)
+
+
+def test_prune_to_sparsity_follows_a_schedule():
+    m = seeded_linear(10, 10, seed=3)
+    w = m.weight.detach().clone()
+    schedule = ap.PolynomialDecay(0.1, 0.9, begin_step=0, end_step=50)
+    mask = None
+    for step in range(0, 60, 10):
+        prune.prune_to_sparsity(m, "weight", schedule(step))
+        assert int((m.weight_mask == 0).sum()) == round(schedule(step) * 100)
+        if mask is not None:
+            assert not ((m.weight_mask != 0) & (mask == 0)).any()
+        mask = m.weight_mask.clone()
+    expected = None
+    for step in range(0, 60, 10):
+        expected = ap.prune_to_schedule(w, schedule, step, default_mask=expected)
+    np.testing.assert_array_equal(m.weight_mask.numpy() != 0, expected.numpy())
+
+
+def test_prune_to_sparsity_structured_counts_channels():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 8, 3)
+    for target in (0.25, 0.5, 0.75):
+        prune.prune_to_sparsity(conv, "weight", target, prune.LnStructured, n=2, dim=0)
+        assert int((conv.weight_mask.sum(dim=(1, 2, 3)) == 0).sum()) == round(target * 8)
