@@ -137,7 +137,10 @@ def smallest_magnitude_keep(
         raise ValueError(f"cannot drop a negative number of entries ({k})")
     if len(scores) == 1 and (eligible is None or eligible[0] is None):
         # The commonest call, one host array of moderate size: straight to the exact path.
-        one = _host_bits(scores[0])
+        x = scores[0]
+        if type(x) is np.ndarray and x.ndim == 1 and x.dtype in _NATIVE_FLOATS and x.size <= SMALL_SIZE:
+            return [_small_keep_float(x, k)]  # a flat NumPy vector: the leanest path
+        one = _host_bits(x)
         if one is not None and one.size <= SMALL_SIZE:
             return [_from_host(_small_keep(one, k), scores[0])]
     scores = list(scores)
@@ -415,6 +418,27 @@ def _sample_slice(n: int, stride: int) -> slice:
     return slice(min(stride // 2, max(n - 1, 0)), n, stride)
 
 
+def _small_keep_float(x: np.ndarray, k: int) -> np.ndarray:
+    """`_small_keep` on the floats themselves, checked by an exact count.
+
+    ``|x| > v`` with ``v`` the k-th smallest magnitude drops exactly `k` entries unless
+    entries equal to ``v`` straddle the cut or NaN is involved (NaN compares false, and
+    partition puts it last); then the count differs and the bit-pattern path decides.
+    """
+    n = x.size
+    if not 0 < k <= n:
+        if k == 0:
+            return np.ones(n, dtype=bool)
+        raise ValueError(f"cannot drop {k} of {n} entries")
+    a = np.abs(x)
+    part = a.copy()
+    part.partition(k - 1)
+    keep = a > part[k - 1]
+    if n - np.count_nonzero(keep) == k:
+        return keep
+    return _small_keep(x.view(_UINT_FOR_SIZE[x.dtype.itemsize]), k)
+
+
 def _keep_after_rank(keys: np.ndarray, rank: int, v: Any) -> np.ndarray:
     """Keep mask dropping the `rank` smallest of `keys`, given the rank-th value `v`."""
     keep = keys > v
@@ -585,6 +609,7 @@ def _has_float64(xp: Any, device: Any) -> bool:
 
 _UINT_FOR_SIZE = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 _MAGNITUDE = {n: t((1 << (8 * n - 1)) - 1) for n, t in _UINT_FOR_SIZE.items()}
+_NATIVE_FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
 
 
 def _host_bits(x: Array) -> np.ndarray | None:
