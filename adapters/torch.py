@@ -296,6 +296,33 @@ class BasePruningMethod(_tprune.BasePruningMethod):
 
     # -- bookkeeping ------------------------------------------------------------------
 
+    def remove(self, module: torch.nn.Module) -> None:
+        """Fold the mask into the original parameter and drop the reparametrization.
+
+        ``<name>_orig`` (the same Parameter object) becomes ``module.<name>`` again, holding
+        ``mask * orig``; ``<name>_orig`` and ``<name>_mask`` are removed. Pruning is not
+        undone.
+
+        Parameters
+        ----------
+        module : torch.nn.Module
+            The module this method is installed on.
+        """
+        name = self._tensor_name
+        params, buffers = module._parameters, module._buffers
+        if name is None or name + "_orig" not in params or name + "_mask" not in buffers:
+            super().remove(module)  # PyTorch's own checks and messages
+            return
+        orig = params[name + "_orig"]
+        with torch.no_grad():
+            weight = buffers[name + "_mask"].to(dtype=orig.dtype) * orig
+        if name in module.__dict__:
+            del module.__dict__[name]
+        orig.data = weight
+        del params[name + "_orig"]
+        del buffers[name + "_mask"]
+        setattr(module, name, orig)  # through Module.__setattr__: RNNs refresh their weights
+
     def _remember(self, module: torch.nn.Module) -> None:
         """Keep a weak reference to the module this hook is installed on (for deepcopy)."""
         ref = self.__dict__.get("_module_ref")
