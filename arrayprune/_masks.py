@@ -30,15 +30,16 @@ def eligible(mask: Array) -> Array:
     return mask == 1
 
 
-def apply_keep(default_mask: Array, keep: Array) -> Array:
+def apply_keep(default_mask: Array, keep: Array, *, owned: bool = True) -> Array:
     """Zero `default_mask` where the boolean `keep` is False, keeping its dtype.
 
     `keep` may also be shaped to broadcast against `default_mask` (one entry per
-    channel). When it has the full shape it must be a fresh array owned by the caller:
-    the result then reuses its memory (immutable arrays such as JAX's simply rebind).
+    channel). When it has the full shape and is `owned` (a fresh array of the caller's,
+    not a view of anything else) the result reuses its memory (immutable arrays such as
+    JAX's simply rebind); pass ``owned=False`` for views, such as broadcast ones.
     """
     xp = namespace(default_mask)
-    if tuple(keep.shape) != tuple(default_mask.shape):
+    if not owned or tuple(keep.shape) != tuple(default_mask.shape):
         if is_bool(default_mask):
             return default_mask & keep
         return default_mask * xp.astype(keep, default_mask.dtype)

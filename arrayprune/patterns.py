@@ -16,7 +16,7 @@ import array_api_compat as apc
 import array_api_extra as xpx
 
 from . import amount as _amount
-from ._masks import check_same_shape, count_true, eligible, is_bool
+from ._masks import apply_keep, check_same_shape, count_true, eligible
 from ._namespace import namespace
 from .methods import BasePruningMethod
 from .selection import smallest_magnitude_keep
@@ -90,8 +90,7 @@ class NMStructured(BasePruningMethod):
             n_tail = max(0, tail.shape[-1] - (self.m - self.n))
             parts.append(_rank_in_groups(xp, tail) < n_tail)
         drop = parts[0] if len(parts) == 1 else xp.concat(parts, axis=-1)
-        keep = _from_last(xp, ~drop, dim)
-        return _combine(xp, default_mask, keep)
+        return apply_keep(default_mask, _from_last(xp, ~drop, dim))
 
 
 def _magnitude_keys(xp: Any, t: Array) -> Array:
@@ -129,12 +128,6 @@ def _rank_in_groups(xp: Any, keys: Array) -> Array:
             ranks[j] += step
             ranks[i] += 1 - step
     return xp.stack(ranks, axis=-1)
-
-
-def _combine(xp: Any, default_mask: Array, keep: Array) -> Array:
-    if is_bool(default_mask):
-        return default_mask & keep
-    return default_mask * xp.astype(keep, default_mask.dtype)
 
 
 def is_nm_sparse(x: Array, n: int = 2, m: int = 4, dim: int = -1) -> bool:
@@ -238,7 +231,7 @@ class BlockUnstructured(BasePruningMethod):
         k = self._count(count_true(remaining))
         keep_blocks = smallest_magnitude_keep([scores], k, [remaining])[0]
         keep = _expand_blocks(xp, keep_blocks, block, t.shape)
-        return _combine(xp, default_mask, keep)
+        return apply_keep(default_mask, keep, owned=False)  # may be a broadcast view
 
     def _count(self, available: int) -> int:
         k = _amount.compute_nparams_toprune(self.amount, available)

@@ -459,7 +459,7 @@ def case_adapter(ctx: Context) -> None:
             "adapter_left_no_reparametrisation": all(not hasattr(ma, n + "_orig") and not hasattr(ma, n + "_mask") for ma, n in a),
         }
         ctx.add(row)
-        ctx.log(f"    per pruned tensor: " + ", ".join(f"{k}={v:.1f}us" for k, v in row["per_tensor_us"].items()))
+        ctx.log("    per pruned tensor: " + ", ".join(f"{k}={v:.1f}us" for k, v in row["per_tensor_us"].items()))
         del a, b, model, benches, weights, ones
         gc.collect()
 
