@@ -54,7 +54,9 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
+import torch.nn.modules.module as _torch_module
 from torch.nn.utils import prune as _tprune
 
 import arrayprune.global_pruning as _global
@@ -138,6 +140,60 @@ def _native_core_method(method: Any) -> Any:
     if fn in _NATIVE_COMPUTE_MASKS:
         return method._core_method()
     return None
+
+
+# --------------------------------------------------------------------------------------
+# Direct writes to plain modules
+# --------------------------------------------------------------------------------------
+#
+# ``register_parameter``, ``register_buffer`` and ``Module.__setattr__`` cost about 2 us
+# each, mostly a ``hasattr`` that raises AttributeError through ``Module.__getattr__``:
+# as much as the whole mask of a small tensor. On a module whose attribute protocol is
+# nn.Module's own, and while no global registration hook is installed, the adapter makes
+# the same checks directly and then writes the dictionaries, which is all those methods
+# do once their checks pass. Any other module goes through the public methods.
+
+_Module = torch.nn.Module
+_Parameter = torch.nn.Parameter
+_PROTOCOL = ("__getattr__", "__setattr__", "__delattr__", "register_parameter", "register_buffer")
+
+
+def _plain_module(module: torch.nn.Module) -> bool:
+    """Whether writing `module`'s dictionaries is what its public methods would do."""
+    cls = type(module)
+    for attr in _PROTOCOL:
+        if getattr(cls, attr) is not getattr(_Module, attr):
+            return False
+    return not (
+        getattr(_torch_module, "_global_parameter_registration_hooks", None)
+        or getattr(_torch_module, "_global_buffer_registration_hooks", None)
+    )
+
+
+def _free_name(module: torch.nn.Module, name: str) -> bool:
+    """Whether `name` is no attribute of the plain `module` (``not hasattr(module, name)``)."""
+    d = module.__dict__
+    return not (
+        name in d or name in d["_parameters"] or name in d["_buffers"] or name in d["_modules"]
+        or hasattr(type(module), name)
+    )
+
+
+_NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+
+
+def _to_dtype(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`mask` (a fresh boolean mask of the core) in `dtype`.
+
+    On the CPU NumPy converts a small boolean array in a third of the time of
+    ``Tensor.to``, whose dispatch dominates below ~10^4 entries.
+    """
+    if mask.dtype == dtype:
+        return mask
+    np_dtype = _NUMPY_FLOATS.get(dtype)
+    if np_dtype is not None and mask.is_cpu:
+        return torch.from_numpy(mask.numpy().astype(np_dtype))
+    return mask.to(dtype=dtype)
 
 
 # --------------------------------------------------------------------------------------
@@ -314,14 +370,18 @@ class BasePruningMethod(_tprune.BasePruningMethod):
             super().remove(module)  # PyTorch's own checks and messages
             return
         orig = params[name + "_orig"]
-        with torch.no_grad():
-            weight = buffers[name + "_mask"].to(dtype=orig.dtype) * orig
-        if name in module.__dict__:
-            del module.__dict__[name]
+        mask = buffers[name + "_mask"].detach()
+        if mask.dtype != orig.dtype:
+            mask = mask.to(dtype=orig.dtype)
+        weight = mask * orig.detach()  # outside autograd
+        module.__dict__.pop(name, None)
         orig.data = weight
         del params[name + "_orig"]
         del buffers[name + "_mask"]
-        setattr(module, name, orig)  # through Module.__setattr__: RNNs refresh their weights
+        if _plain_module(module) and _free_name(module, name):
+            params[name] = orig  # what Module.__setattr__ does, after its checks
+        else:
+            setattr(module, name, orig)  # e.g. RNNs, which refresh their flat weights
 
     def _remember(self, module: torch.nn.Module) -> None:
         """Keep a weak reference to the module this hook is installed on (for deepcopy)."""
@@ -1048,6 +1108,10 @@ def _apply(
     is, sparing the ones mask and the multiplication.
     """
     method._tensor_name = name
+    if precomputed is None:
+        hook = _apply_fresh(module, name, method, importance_scores)
+        if hook is not None:
+            return hook
     with _Transaction([module]):
         found = _pruning_hooks(module, name)
         if len(found) > 1:
@@ -1087,7 +1151,7 @@ def _apply(
             if isinstance(core, (_core._Unstructured, _core._Structured)):
                 # A built-in, unpatched method on a fresh tensor: the core's boolean mask
                 # is the whole answer, in the parameter's dtype as PyTorch has it.
-                precomputed = _run_core(core, importance_scores, None).to(dtype=orig.dtype)
+                precomputed = _to_dtype(_run_core(core, importance_scores, None), orig.dtype)
             default_mask = torch.ones_like(orig) if precomputed is None else None
         elif precomputed is not None:
             old_mask = default_mask = None
@@ -1119,6 +1183,47 @@ def _apply(
     if isinstance(hook, BasePruningMethod):
         hook._remember(module)
     return hook
+
+
+def _apply_fresh(
+    module: torch.nn.Module, name: str, method: Any, importance_scores: torch.Tensor | None
+) -> Any:
+    """`_apply` for the common case, or None where it does not apply.
+
+    The common case: a built-in, unpatched method pruning a parameter for the first
+    time, on a plain module (see `_plain_module`) where ``<name>_orig`` and
+    ``<name>_mask`` are free. Everything that can fail (the checks, the mask) happens
+    before the module is touched, so no rollback is needed; the writes that follow are
+    those of ``register_parameter``, ``register_buffer`` and ``setattr`` after their
+    checks, in the same order, so the state dict is ordered as PyTorch orders it.
+    """
+    d = module.__dict__
+    params = d.get("_parameters")
+    orig = params.get(name) if isinstance(params, dict) else None
+    if type(orig) is not _Parameter or not _plain_module(module):
+        return None
+    core = _native_core_method(method)
+    if not isinstance(core, (_core._Unstructured, _core._Structured)):
+        return None
+    orig_name, mask_name = name + "_orig", name + "_mask"
+    if name in d or not (_free_name(module, orig_name) and _free_name(module, mask_name)):
+        return None
+    if _pruning_hooks(module, name):
+        return None
+    if importance_scores is None:
+        importance_scores = orig
+    else:
+        _check_shape(orig, importance_scores, f"importance_scores of parameter {name}")
+    mask = _to_dtype(_run_core(core, importance_scores, None), orig.dtype)
+
+    params[orig_name] = orig
+    del params[name]
+    d["_buffers"][mask_name] = mask
+    d["_non_persistent_buffers_set"].discard(mask_name)
+    d[name] = mask * orig
+    module.register_forward_pre_hook(method)
+    method._remember(module)
+    return method
 
 
 # --------------------------------------------------------------------------------------

@@ -925,6 +925,116 @@ def test_modules_match_pytorch(make, x):
     assert torch.equal(ours.weight_orig.grad, ref.weight_orig.grad)
 
 
+# --------------------------------------------------------------------------------------
+# Module bookkeeping: direct writes on plain modules, public methods on the others
+# --------------------------------------------------------------------------------------
+
+
+class LoggingLinear(nn.Linear):
+    """A Linear whose attribute protocol is its own: the adapter must go through it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.__dict__["set_names"] = []
+
+    def __setattr__(self, name, value):
+        self.__dict__.setdefault("set_names", []).append(name)
+        super().__setattr__(name, value)
+
+
+def module_layout(m: nn.Module) -> dict:
+    """What a module looks like from outside: names in order, values, hooks' types."""
+    return {
+        "params": [(k, v.detach().clone()) for k, v in m._parameters.items()],
+        "buffers": [(k, v.clone()) for k, v in m._buffers.items()],
+        "non_persistent": sorted(m._non_persistent_buffers_set),
+        "state_dict": list(m.state_dict()),
+        "attrs": sorted(k for k, v in vars(m).items() if isinstance(v, torch.Tensor)),
+        "hooks": [type(h).__mro__[1:] for h in m._forward_pre_hooks.values()],
+    }
+
+
+def assert_same_layout(a: dict, b: dict) -> None:
+    for key in ("params", "buffers"):
+        assert [k for k, _ in a[key]] == [k for k, _ in b[key]], key
+        assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a[key], b[key])), key
+    assert a["non_persistent"] == b["non_persistent"]
+    assert a["state_dict"] == b["state_dict"]
+    assert a["attrs"] == b["attrs"]
+    assert len(a["hooks"]) == len(b["hooks"])
+
+
+@pytest.mark.parametrize("make", [lambda: nn.Linear(6, 5), lambda: nn.Conv2d(2, 3, 3), lambda: LoggingLinear(6, 5)])
+def test_module_layout_matches_pytorch_through_prune_and_remove(make):
+    ours, ref = seeded(make()), seeded(make())
+    steps = [
+        lambda lib, m: lib.l1_unstructured(m, "bias", amount=2),
+        lambda lib, m: lib.ln_structured(m, "weight", amount=1, n=2, dim=0),
+        lambda lib, m: lib.remove(m, "bias"),
+        lambda lib, m: lib.l1_unstructured(m, "weight", amount=0.3),
+        lambda lib, m: lib.remove(m, "weight"),
+        lambda lib, m: lib.ln_structured(m, "weight", amount=1, n=1, dim=1),
+    ]
+    for step in steps:
+        step(prune, ours)
+        step(tprune, ref)
+        assert_same_layout(module_layout(ours), module_layout(ref))
+    if isinstance(ours, LoggingLinear):
+        # Module.__setattr__ overridden: every assignment PyTorch makes went through it
+        assert ours.set_names == ref.set_names
+
+
+def test_global_registration_hooks_see_what_pytorch_shows_them():
+    from torch.nn.modules import module as torch_module
+
+    seen = []
+    handles = [
+        torch_module.register_module_parameter_registration_hook(lambda m, n, p: seen.append(("param", n))),
+        torch_module.register_module_buffer_registration_hook(lambda m, n, b: seen.append(("buffer", n))),
+    ]
+    try:
+        calls = {}
+        for lib in (prune, tprune):
+            seen.clear()
+            m = seeded(nn.Linear(4, 3))
+            lib.l1_unstructured(m, "weight", amount=0.5)
+            lib.l1_unstructured(m, "bias", amount=1)
+            lib.remove(m, "weight")
+            calls[lib] = list(seen)
+        assert calls[prune] == calls[tprune]
+        assert ("param", "weight_orig") in calls[prune] and ("buffer", "weight_mask") in calls[prune]
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class WithOrigAttribute(nn.Linear):
+    weight_orig = "a class attribute in the way"
+
+
+def with_mask_attribute() -> nn.Module:
+    m = nn.Linear(3, 2)
+    m.weight_mask = "a plain attribute in the way"
+    return m
+
+
+def with_orig_buffer() -> nn.Module:
+    m = nn.Linear(3, 2)
+    m.register_buffer("weight_orig", torch.zeros(1))
+    return m
+
+
+@pytest.mark.parametrize("make", [lambda: WithOrigAttribute(3, 2), with_mask_attribute, with_orig_buffer])
+def test_names_in_the_way_raise_keyerror_like_pytorch(make):
+    m = seeded(make())
+    snap = snapshot(m)
+    with pytest.raises(KeyError, match="already exists"):
+        prune.l1_unstructured(m, "weight", amount=0.5)
+    assert_as_before(m, snap)
+    with pytest.raises(KeyError, match="already exists"):
+        tprune.l1_unstructured(seeded(make()), "weight", amount=0.5)
+
+
 def distinct_weights(shape, dtype, seed=0, offset=0.0):
     """Entries of distinct magnitudes ``(k + offset) / 256``, exact in `dtype` (no ties)."""
     n = math.prod(shape)
