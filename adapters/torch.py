@@ -134,12 +134,12 @@ def _native_core_method(method: Any) -> Any:
     patched on the class or set on the instance) is treated as foreign, so that the
     replacement is what gets called.
     """
-    if not isinstance(method, _CORE_BACKED) or "compute_mask" in vars(method):
+    cls = type(method)
+    if cls not in _CORE_BACKED_SET and not isinstance(method, _CORE_BACKED):
+        return None  # (the set spares the abstract-base-class check in the common case)
+    if "compute_mask" in vars(method) or getattr(cls, "compute_mask", None) not in _NATIVE_COMPUTE_MASKS:
         return None
-    fn = getattr(type(method), "compute_mask", None)
-    if fn in _NATIVE_COMPUTE_MASKS:
-        return method._core_method()
-    return None
+    return method._core_method()
 
 
 # --------------------------------------------------------------------------------------
@@ -155,28 +155,36 @@ def _native_core_method(method: Any) -> Any:
 
 _Module = torch.nn.Module
 _Parameter = torch.nn.Parameter
-_PROTOCOL = ("__getattr__", "__setattr__", "__delattr__", "register_parameter", "register_buffer")
 
 
 def _plain_module(module: torch.nn.Module) -> bool:
     """Whether writing `module`'s dictionaries is what its public methods would do."""
     cls = type(module)
-    for attr in _PROTOCOL:
-        if getattr(cls, attr) is not getattr(_Module, attr):
-            return False
-    return not (
-        getattr(_torch_module, "_global_parameter_registration_hooks", None)
-        or getattr(_torch_module, "_global_buffer_registration_hooks", None)
+    return (
+        cls.__getattribute__ is object.__getattribute__
+        and cls.__getattr__ is _Module.__getattr__
+        and cls.__setattr__ is _Module.__setattr__
+        and cls.__delattr__ is _Module.__delattr__
+        and cls.register_parameter is _Module.register_parameter
+        and cls.register_buffer is _Module.register_buffer
+        and not getattr(_torch_module, "_global_parameter_registration_hooks", None)
+        and not getattr(_torch_module, "_global_buffer_registration_hooks", None)
     )
 
 
 def _free_name(module: torch.nn.Module, name: str) -> bool:
-    """Whether `name` is no attribute of the plain `module` (``not hasattr(module, name)``)."""
+    """Whether `name` is no attribute of the plain `module` (``not hasattr(module, name)``).
+
+    The class attributes are looked up in the dictionaries of the MRO, which is what
+    ``object.__getattribute__`` does, without raising and catching an AttributeError.
+    """
     d = module.__dict__
-    return not (
-        name in d or name in d["_parameters"] or name in d["_buffers"] or name in d["_modules"]
-        or hasattr(type(module), name)
-    )
+    if name in d or name in d["_parameters"] or name in d["_buffers"] or name in d["_modules"]:
+        return False
+    for cls in type(module).__mro__:
+        if name in cls.__dict__:
+            return False
+    return True
 
 
 _NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
@@ -1072,6 +1080,7 @@ _CORE_BACKED = (
     NMStructured,
     BlockUnstructured,
 )
+_CORE_BACKED_SET = frozenset(_CORE_BACKED)
 _NATIVE_COMPUTE_MASKS = frozenset(cls.__dict__["compute_mask"] for cls in _CORE_BACKED)
 
 

@@ -36,6 +36,8 @@ def validate_pruning_amount_init(amount: Any) -> None:
     ValueError
         If `amount` is a float outside ``[0, 1]`` or a negative integer.
     """
+    if type(amount) is float and 0.0 <= amount <= 1.0:
+        return  # the common case, spared the abstract-base-class checks below
     if not isinstance(amount, numbers.Real):
         raise TypeError(f"Invalid type for amount: {amount!r}. Must be int or float.")
     if isinstance(amount, numbers.Integral):
@@ -66,7 +68,7 @@ def validate_pruning_amount(amount: Any, tensor_size: int) -> None:
     ValueError
         If `amount` is an integer larger than `tensor_size`.
     """
-    if isinstance(amount, numbers.Integral) and amount > tensor_size:
+    if type(amount) is not float and isinstance(amount, numbers.Integral) and amount > tensor_size:
         raise ValueError(
             f"amount={amount} should be smaller than the number of parameters "
             f"to prune={tensor_size}"
@@ -91,7 +93,7 @@ def compute_nparams_toprune(amount: Any, tensor_size: int) -> int:
     int
         The number of units to prune.
     """
-    if isinstance(amount, numbers.Integral):
+    if type(amount) is not float and isinstance(amount, numbers.Integral):
         return int(amount)
     return round(amount * tensor_size)
 

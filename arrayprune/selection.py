@@ -623,13 +623,15 @@ def _host_bits(x: Array) -> np.ndarray | None:
             x = x.astype(dtype.newbyteorder("="))  # bit patterns are read in native order
         return (x if x.ndim == 1 else x.reshape(-1)).view(utype)
     torch = sys.modules.get("torch")
-    if torch is None or not isinstance(x, torch.Tensor) or x.device.type != "cpu":
+    if torch is None or not isinstance(x, torch.Tensor) or not x.is_cpu:
         return None
+    if x.requires_grad:
+        x = x.detach()
     if x.dtype is torch.bfloat16:  # NumPy has no bfloat16: reinterpret in torch first
-        return x.detach().view(torch.int16).numpy().reshape(-1).view(np.uint16)
+        return x.view(torch.int16).numpy().reshape(-1).view(np.uint16)
     if x.dtype not in (torch.float32, torch.float64, torch.float16):
         return None
-    host = x.detach().numpy()  # zero-copy
+    host = x.numpy()  # zero-copy
     return host.reshape(-1).view(_UINT_FOR_SIZE[host.dtype.itemsize])
 
 
