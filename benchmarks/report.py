@@ -332,7 +332,11 @@ def plot_l1(records: list[dict[str, Any]], path: Path) -> bool:
     rows = sorted(_rows(records, "l1"), key=lambda r: r["size"])
     if not rows:
         return False
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # the tables do not need it
+        print("plot skipped: matplotlib is not installed", flush=True)
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
