@@ -231,13 +231,22 @@ class _Entry:
     def mask(self) -> Array | None:
         return self.node[self.mask_key] if self.pruned else None
 
-    def default_mask(self) -> Array:
-        """The existing mask, or ones of the array's dtype (PyTorch's ``ones_like``)."""
+    def stored_mask(self, mask: Array) -> Array:
+        """`mask`, computed on top of `default_mask()`, as it is stored: the existing
+        mask's dtype (the core keeps it), else the array's, as PyTorch stores it."""
         if self.pruned:
-            return self.node[self.mask_key]
+            return mask
         orig = self.orig()
         xp = apc.array_namespace(orig)
-        return xp.ones(orig.shape, dtype=orig.dtype, device=apc.device(orig))
+        return mask if mask.dtype == orig.dtype else xp.astype(mask, orig.dtype)
+
+    def default_mask(self) -> Array | None:
+        """The existing mask, or None (nothing pruned yet).
+
+        None lets the core start from its boolean mask (a byte per entry) rather than
+        from ones of the array's dtype; `stored_mask` converts the result once.
+        """
+        return self.node[self.mask_key] if self.pruned else None
 
 
 def _with_mask(params: Mapping, entry: _Entry, mask: Array) -> Mapping:
@@ -275,7 +284,7 @@ def _prune_one(
     if importance_scores is not None:
         kwargs["importance_scores"] = importance_scores
     mask = compute(orig, **kwargs)
-    return _with_mask(params, entry, mask)
+    return _with_mask(params, entry, entry.stored_mask(mask))
 
 
 # --------------------------------------------------------------------------------------
@@ -716,7 +725,7 @@ def global_unstructured(
     )
     out = params
     for entry, mask in zip(entries, masks):
-        out = _with_mask(out, entry, mask)
+        out = _with_mask(out, entry, entry.stored_mask(mask))
     return out if entries else _rebuild(params, params.items())
 
 

@@ -420,3 +420,61 @@ def test_torch_state_dict_round_trip(prune_module):
         tprune.remove(net[i], "weight")
     for k, v in net.state_dict().items():
         np.testing.assert_array_equal(eff[k], v.numpy(), err_msg=k)
+
+
+# --------------------------------------------------------------------------------------
+# first pruning: the core's boolean mask, stored in the array's dtype
+# --------------------------------------------------------------------------------------
+
+FIRST_PRUNINGS = {
+    "random_unstructured": (
+        lambda p: mp.random_unstructured(p, "w", 0.3, seed=5),
+        lambda x, ones: ap.functional.random_unstructured(x, 0.3, seed=5, default_mask=ones),
+    ),
+    "random_structured": (
+        lambda p: mp.random_structured(p, "w", 0.3, 1, seed=5),
+        lambda x, ones: ap.functional.random_structured(x, 0.3, 1, seed=5, default_mask=ones),
+    ),
+    "l1_unstructured": (
+        lambda p: mp.l1_unstructured(p, "w", 0.3),
+        lambda x, ones: ap.functional.l1_unstructured(x, 0.3, default_mask=ones),
+    ),
+    "ln_structured": (
+        lambda p: mp.ln_structured(p, "w", 0.3, 2, 0),
+        lambda x, ones: ap.functional.ln_structured(x, 0.3, 2, 0, default_mask=ones),
+    ),
+    "block_unstructured": (
+        lambda p: mp.block_unstructured(p, "w", 0.5, (4, 4)),
+        lambda x, ones: ap.functional.block_unstructured(x, 0.5, (4, 4), default_mask=ones),
+    ),
+    "nm_structured": (
+        lambda p: mp.nm_structured(p, "w", 2, 4),
+        lambda x, ones: ap.functional.nm_structured(x, 2, 4, default_mask=ones),
+    ),
+    "identity": (lambda p: mp.identity(p, "w"), lambda x, ones: ones),
+}
+
+
+@pytest.mark.parametrize("verb", sorted(FIRST_PRUNINGS))
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_first_pruning_equals_pruning_on_top_of_ones_of_the_dtype(verb, dtype):
+    """No mask of ones is built, yet the result is PyTorch's: ones_like(w), then the method."""
+    x = np.random.default_rng(0).standard_normal((32, 16)).astype(dtype)
+    x[3, :5] = 0.0  # ties, resolved the same way from either start
+    ours, reference = FIRST_PRUNINGS[verb]
+    mask = ours({"w": x})["w_mask"]
+    expected = reference(x, np.ones_like(x))
+    assert mask.dtype == x.dtype
+    np.testing.assert_array_equal(mask, expected)
+
+
+def test_first_global_pruning_equals_pruning_on_top_of_ones():
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((20, 8)).astype(np.float32), rng.standard_normal(30).astype(np.float64)
+    out = mp.global_unstructured({"a": a, "b": b}, ["a", "b"], ap.RandomUnstructured, amount=0.4, seed=3)
+    expected = ap.global_unstructured(
+        [a, b], ap.RandomUnstructured, amount=0.4, seed=3, default_masks=[np.ones_like(a), np.ones_like(b)]
+    )
+    for key, ref, x in zip("ab", expected, (a, b)):
+        assert out[key + "_mask"].dtype == x.dtype
+        np.testing.assert_array_equal(out[key + "_mask"], ref)
