@@ -12,9 +12,9 @@ file); the suffix is consulted when the content is not recognised, so that a dam
 format                    ``params``
 ========================  ===========================================================
 ``npz``                   NumPy arrays, read with ``np.load(allow_pickle=False)``.
-``safetensors``           NumPy arrays, each read on first access from the
-                          memory-mapped file; PyTorch tensors when a dtype NumPy
-                          lacks (bfloat16, float8) is present and PyTorch is installed.
+``safetensors``           Read-only NumPy views of the memory-mapped file (no copy);
+                          PyTorch tensors, read on access, when a dtype NumPy lacks
+                          (bfloat16, float8) is present and PyTorch is installed.
 ``onnx``                  The float initializers (float16/32/64) of the main graph as
                           NumPy arrays; external data is memory-mapped. Other
                           initializers, nodes and attributes are kept as they are.
@@ -34,7 +34,9 @@ Writing goes to a temporary file in the destination folder, renamed into place w
 
 from __future__ import annotations
 
+import json
 import math
+import mmap
 import os
 import re
 import tempfile
@@ -278,16 +280,31 @@ def _load_npz(path: str) -> WeightFile:
     return WeightFile(path, "npz", params, {"compressed": compressed})
 
 
-class _SafetensorsTensors(Mapping):
-    """Tensors of a safetensors file, each read from the memory-mapped file on access."""
+_SAFETENSORS_TO_NUMPY = {
+    "BOOL": "?", "U8": "u1", "I8": "i1", "U16": "<u2", "I16": "<i2", "U32": "<u4",
+    "I32": "<i4", "U64": "<u8", "I64": "<i8", "F16": "<f2", "F32": "<f4", "F64": "<f8",
+}
 
-    def __init__(self, handle: Any, names: list[str]):
+
+class _SafetensorsTensors(Mapping):
+    """Tensors of a safetensors file, read on access.
+
+    With NumPy dtypes only, each tensor is a read-only view of the memory-mapped file
+    (no copy: the page cache holds the data, and the input cannot be written through
+    it). Otherwise (bfloat16 and other dtypes NumPy lacks) safetensors reads a copy
+    of the tensor on each access.
+    """
+
+    def __init__(self, handle: Any, names: list[str], views: dict[str, np.ndarray] | None = None):
         self._handle = handle
         self._names = names
+        self._views = views
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._names:
             raise KeyError(name)
+        if self._views is not None:
+            return self._views[name]
         return self._handle.get_tensor(name)
 
     def __iter__(self) -> Iterator[str]:
@@ -320,8 +337,34 @@ def _load_safetensors(path: str) -> WeightFile:
             raise FormatError(path, f"dtype {exotic[0]} needs PyTorch to be read (pip install torch)") from None
         framework = "pt"
         handle = safe_open(path, framework=framework)
-    params = _SafetensorsTensors(handle, names)
+    views = _safetensors_views(path, n, names) if framework == "numpy" else None
+    params = _SafetensorsTensors(handle, names, views)
     return WeightFile(path, "safetensors", params, {"metadata": handle.metadata() or {}, "framework": framework})
+
+
+def _safetensors_views(path: str, header_size: int, names: list[str]) -> dict[str, np.ndarray]:
+    """Read-only NumPy views of the tensors of a safetensors file that `safe_open` accepted.
+
+    `safe_open` has validated the header (offsets inside the file, sizes that match the
+    shapes and dtypes, no overlaps); the header is read again here for the offsets it
+    does not expose, and each view is checked against its byte range all the same.
+    """
+    with open(path, "rb") as f:
+        f.seek(8)
+        header = json.loads(f.read(header_size))
+        whole = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # outlives the file object
+    start = 8 + header_size
+    views = {}
+    for name in names:
+        info = header[name]
+        dtype = np.dtype(_SAFETENSORS_TO_NUMPY[info["dtype"]])
+        shape = tuple(int(d) for d in info["shape"])
+        begin, end = (int(o) for o in info["data_offsets"])
+        count = math.prod(shape)
+        if end - begin != dtype.itemsize * count or not 0 <= begin <= end <= len(whole) - start:
+            raise FormatError(path, f"tensor {name!r}: its byte range does not match its shape and dtype")
+        views[name] = np.frombuffer(whole, dtype=dtype, count=count, offset=start + begin).reshape(shape)
+    return views
 
 
 def _parse_onnx(path: str) -> Any:

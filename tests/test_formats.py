@@ -129,6 +129,33 @@ def test_safetensors_round_trip_is_lazy_and_keeps_metadata(tmp_path):
     np.testing.assert_array_equal(back.params["emb"], _arrays()["emb"])
 
 
+def test_safetensors_tensors_are_read_only_views_of_the_mapped_file(tmp_path):
+    from safetensors.numpy import save_file
+
+    arrays = {
+        "w": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "empty": np.zeros((0, 4), np.float64),
+        "scalar": np.array(-3, np.int64),
+        "flags": np.array([True, False, True]),
+        "half": np.linspace(-1, 1, 7, dtype=np.float16),
+    }
+    src = tmp_path / "v.safetensors"
+    save_file(arrays, str(src))
+    before = src.read_bytes()
+    wf = fmt.load(src)
+    for k, v in arrays.items():
+        got = wf.params[k]
+        assert type(got) is np.ndarray and got.dtype == v.dtype and got.shape == v.shape
+        np.testing.assert_array_equal(got, v)
+        assert not got.flags.writeable
+    assert np.shares_memory(wf.params["w"], wf.params["w"]), "no copy per access"
+    with pytest.raises(ValueError):
+        wf.params["w"][0, 0] = 1.0
+    pruned = mp.apply_masks(mp.l1_unstructured(wf.params, "w", 0.5))
+    assert int((pruned["w"] == 0).sum()) == 6
+    assert src.read_bytes() == before
+
+
 def test_safetensors_bfloat16_goes_through_torch(tmp_path):
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file
