@@ -43,6 +43,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 import arrayprune
+from arrayprune import functional as F
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
 
@@ -326,25 +327,31 @@ def _progress(items: Sequence[Any], desc: str) -> Any:
 # --------------------------------------------------------------------------------------
 
 
+def _global_arguments(targets: list[tuple[tuple, Any]], args: argparse.Namespace) -> tuple[type, dict[str, Any]]:
+    """The method class and keyword arguments of a ``global_unstructured`` call."""
+    cls = arrayprune.L1Unstructured if args.method == "l1_unstructured" else arrayprune.RandomUnstructured
+    kwargs: dict[str, Any] = {
+        "amount": args.amount,
+        "min_sparsity": args.min_sparsity,
+        "max_sparsity": args.max_sparsity,
+        "normalization": "lamp" if args.lamp else None,
+    }
+    if args.method == "random_unstructured":
+        gen = _generator_for(targets[0][1], args.seed)
+        if gen is not None:
+            kwargs["generator"] = gen
+        elif args.seed is not None:
+            kwargs["seed"] = args.seed
+    return cls, kwargs
+
+
 def _prune_params(params: Mapping, targets: list[tuple[tuple, Any]], args: argparse.Namespace, src: str) -> Mapping:
+    """`params` with the targets pruned, as ``name_orig`` + ``name_mask`` entries."""
     method = args.method
     if args.global_:
-        paths = [p for p, _ in targets]
-        cls = arrayprune.L1Unstructured if method == "l1_unstructured" else arrayprune.RandomUnstructured
-        kwargs: dict[str, Any] = {
-            "amount": args.amount,
-            "min_sparsity": args.min_sparsity,
-            "max_sparsity": args.max_sparsity,
-            "normalization": "lamp" if args.lamp else None,
-        }
-        if method == "random_unstructured":
-            gen = _generator_for(targets[0][1], args.seed)
-            if gen is not None:
-                kwargs["generator"] = gen
-            elif args.seed is not None:
-                kwargs["seed"] = args.seed
+        cls, kwargs = _global_arguments(targets, args)
         try:
-            return mp.global_unstructured(params, paths, cls, **kwargs)
+            return mp.global_unstructured(params, [p for p, _ in targets], cls, **kwargs)
         except (ValueError, TypeError, IndexError, KeyError) as exc:
             raise CliError(f"global pruning: {_message(exc)}", src) from None
     for path, _ in _progress(targets, "pruning"):
@@ -365,6 +372,52 @@ def _prune_params(params: Mapping, targets: list[tuple[tuple, Any]], args: argpa
         except (ValueError, TypeError, IndexError, KeyError) as exc:
             raise CliError(f"tensor {name!r}: {_message(exc)}", src) from None
     return params
+
+
+def _core_mask(x: Any, name: str, args: argparse.Namespace) -> Any:
+    """The core's boolean mask of `args.method` for the unpruned tensor `x` called `name`.
+
+    The same mask as `_prune_params` stores (there in the tensor's dtype): the mapping
+    verbs call these functions.
+    """
+    method, amount = args.method, args.amount
+    if method == "l1_unstructured":
+        return F.l1_unstructured(x, amount)
+    if method == "random_unstructured":
+        return F.random_unstructured(x, amount, seed=_tensor_seed(args.seed, name))
+    if method == "ln_structured":
+        return F.ln_structured(x, amount, args.n, args.dim)
+    if method == "nm_structured":
+        return F.nm_structured(x, *args.nm, args.dim)
+    if method == "block_unstructured":
+        return F.block_unstructured(x, amount, args.block)
+    return F.random_structured(x, amount, args.dim, seed=_tensor_seed(args.seed, name))
+
+
+def _prune_folded(params: Mapping, targets: list[tuple[tuple, Any]], args: argparse.Namespace, src: str) -> Mapping:
+    """`params` with the targets pruned and folded, for inputs without masks.
+
+    Boolean masks straight from the core, each dropped once folded: a byte per entry
+    instead of a mask of the weights' dtype kept beside them.
+    """
+    if args.global_:
+        cls, kwargs = _global_arguments(targets, args)
+        try:
+            masks = arrayprune.global_unstructured([x for _, x in targets], cls, **kwargs)
+        except (ValueError, TypeError, IndexError, KeyError) as exc:
+            raise CliError(f"global pruning: {_message(exc)}", src) from None
+        folded = {}
+        for i, (path, x) in enumerate(targets):
+            folded[path] = x * masks[i]
+            masks[i] = None
+        return mp.replace(params, folded)
+    folded = {}
+    for path, x in _progress(targets, "pruning"):
+        try:
+            folded[path] = x * _core_mask(x, _name(path), args)
+        except (ValueError, TypeError, IndexError, KeyError) as exc:
+            raise CliError(f"tensor {_name(path)!r}: {_message(exc)}", src) from None
+    return mp.replace(params, folded)
 
 
 def _message(exc: BaseException) -> str:
@@ -432,10 +485,12 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     targets = _select(wf.params, args)
     if not targets:
         raise CliError("no tensor selected for pruning (see --include, --exclude, --min-size)", src)
-    params = _prune_params(wf.params, targets, args, src)
-
-    folded = mp.apply_masks(params)
-    out_params = params if args.keep_masks else folded
+    if args.keep_masks or mp.is_pruned(wf.params):
+        params = _prune_params(wf.params, targets, args, src)
+        folded = mp.apply_masks(params)
+        out_params = params if args.keep_masks else folded
+    else:
+        folded = out_params = _prune_folded(wf.params, targets, args, src)
     fmt.save(dst, out_params, out_format, like=wf)
 
     selected = {p for p, _ in targets}

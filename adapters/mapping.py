@@ -92,6 +92,7 @@ __all__ = [
     "is_pruned",
     "pruned_keys",
     "apply_masks",
+    "replace",
     "iter_arrays",
     "ORIG_SUFFIX",
     "MASK_SUFFIX",
@@ -764,6 +765,43 @@ def remove(params: Mapping, key: Key) -> Mapping:
         elif k != entry.mask_key:
             items.append((k, v))
     return _replace_at(params, entry.parent, _rebuild(node, items))
+
+
+def replace(params: Mapping, arrays: Mapping[Key, Array]) -> Mapping:
+    """A new mapping with the arrays at the given keys replaced, in place in the order.
+
+    Parameters
+    ----------
+    params : mapping
+        Mapping of names to arrays (possibly nested).
+    arrays : mapping
+        New arrays by key (see *Keys and paths* in the module docs); each key must name
+        an array that is not pruned.
+
+    Returns
+    -------
+    mapping
+        A new mapping; entries not replaced, and the sub-mappings holding none of the
+        keys, are shared with `params`.
+
+    Raises
+    ------
+    KeyError
+        If a key names no array.
+    ValueError
+        If a key names a pruned array (replace its ``_orig`` or fold it first).
+    """
+    by_parent: dict[Path, dict[Any, Array]] = {}
+    for key, value in arrays.items():
+        entry = _Entry(params, key)
+        if entry.pruned:
+            raise ValueError(f"{key!r} is pruned: its array is {entry.orig_key!r}, with a mask")
+        by_parent.setdefault(entry.parent, {})[entry.leaf] = value
+    out = params
+    for parent, new in by_parent.items():
+        node = _node(out, parent, _name(parent))
+        out = _replace_at(out, parent, _rebuild(node, ((k, new.get(k, v)) for k, v in node.items())))
+    return out
 
 
 def _pruned_leaves(node: Mapping) -> list[str]:

@@ -505,3 +505,49 @@ def test_main_in_process_returns_status(model, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["total"]["zeros"] == 0
     assert main(["prune", str(model), "-o", str(tmp_path / "x.onnx")]) == 2
     assert capsys.readouterr().err.startswith("arrayprune: error: ")
+
+
+# --------------------------------------------------------------------------------------
+# Folding directly (boolean masks) gives what the mask convention folds to
+# --------------------------------------------------------------------------------------
+
+FOLD_CASES = [
+    ["--amount", "0.4"],
+    ["--amount", "0.4", "--method", "random_unstructured", "--seed", "7"],
+    ["--amount", "0.3", "--method", "ln_structured", "--n", "1", "--dim", "1"],
+    ["--amount", "0.3", "--method", "random_structured", "--seed", "7"],
+    ["--method", "nm_structured", "--nm", "2:4"],
+    ["--amount", "0.5", "--method", "block_unstructured", "--block", "2x4"],
+    ["--amount", "0.6", "--global"],
+    ["--amount", "0.6", "--global", "--max-sparsity", "0.7", "--lamp"],
+    ["--amount", "0.6", "--global", "--method", "random_unstructured", "--seed", "3"],
+]
+
+
+@pytest.mark.parametrize("options", FOLD_CASES, ids=" ".join)
+@pytest.mark.parametrize("suffix", [".npz", ".pt"])
+def test_folded_output_equals_the_folded_masks(tmp_path, options, suffix):
+    """Without --keep-masks the masks are never stored; the weights are the same."""
+    from arrayprune.adapters import cli
+    from arrayprune.adapters import mapping as mp
+
+    weights = {"a.weight": _rand((8, 16), 1), "b.weight": _rand((12, 8), 2), "b.bias": _rand(12, 3)}
+    weights["a.weight"][0, :6] = 0.0  # ties at zero
+    src = tmp_path / ("w" + suffix)
+    if suffix == ".pt":
+        torch = pytest.importorskip("torch")
+        torch.save({k: torch.from_numpy(v) for k, v in weights.items()}, src)
+    else:
+        np.savez(src, **weights)
+    folded, masked = tmp_path / ("f" + suffix), tmp_path / ("m" + suffix)
+    assert cli.main(["prune", str(src), "-o", str(folded), *options]) == 0
+    assert cli.main(["prune", str(src), "-o", str(masked), "--keep-masks", *options]) == 0
+    ours = fmt.load(folded).params
+    reference = mp.apply_masks(fmt.load(masked).params)
+    assert list(ours) == list(reference) == list(weights)
+    for k in weights:
+        a, b = fmt.to_numpy(ours[k]), fmt.to_numpy(reference[k])
+        assert a.dtype == b.dtype == np.float32
+        np.testing.assert_array_equal(a, b)
+    assert int((fmt.to_numpy(ours["a.weight"]) == 0).sum()) > 6
+    np.testing.assert_array_equal(fmt.to_numpy(ours["b.bias"]), weights["b.bias"])

@@ -478,3 +478,20 @@ def test_first_global_pruning_equals_pruning_on_top_of_ones():
     for key, ref, x in zip("ab", expected, (a, b)):
         assert out[key + "_mask"].dtype == x.dtype
         np.testing.assert_array_equal(out[key + "_mask"], ref)
+
+
+def test_replace_swaps_arrays_in_place_and_shares_the_rest():
+    inner = OrderedDict([("kernel", np.ones((2, 2))), ("bias", np.zeros(2))])
+    params = {"dense": inner, "head": np.arange(3.0), "other": {"x": np.ones(1)}}
+    out = mp.replace(params, {"dense/kernel": np.full((2, 2), 5.0), ("head",): np.arange(3.0) * 2})
+    assert list(out) == ["dense", "head", "other"] and list(out["dense"]) == ["kernel", "bias"]
+    assert type(out["dense"]) is OrderedDict
+    np.testing.assert_array_equal(out["dense"]["kernel"], np.full((2, 2), 5.0))
+    np.testing.assert_array_equal(out["head"], [0.0, 2.0, 4.0])
+    assert out["dense"]["bias"] is inner["bias"] and out["other"] is params["other"]
+    np.testing.assert_array_equal(params["dense"]["kernel"], np.ones((2, 2)))  # input untouched
+    with pytest.raises(KeyError):
+        mp.replace(params, {"dense/nope": np.ones(1)})
+    pruned = mp.l1_unstructured(params, "head", 1)
+    with pytest.raises(ValueError, match="pruned"):
+        mp.replace(pruned, {"head": np.ones(3)})
