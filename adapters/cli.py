@@ -43,7 +43,6 @@ from typing import Any, NoReturn
 import numpy as np
 
 import arrayprune
-from arrayprune import functional as F
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
 
@@ -345,9 +344,24 @@ def _global_arguments(targets: list[tuple[tuple, Any]], args: argparse.Namespace
     return cls, kwargs
 
 
+def _prune_entry(params: Mapping, key: Any, name: str, args: argparse.Namespace) -> Mapping:
+    """`params` with `key` pruned by ``args.method`` (a mapping verb); seeds follow `name`."""
+    method, amount = args.method, args.amount
+    if method == "l1_unstructured":
+        return mp.l1_unstructured(params, key, amount)
+    if method == "random_unstructured":
+        return mp.random_unstructured(params, key, amount, seed=_tensor_seed(args.seed, name))
+    if method == "ln_structured":
+        return mp.ln_structured(params, key, amount, args.n, args.dim)
+    if method == "nm_structured":
+        return mp.nm_structured(params, key, *args.nm, dim=args.dim)
+    if method == "block_unstructured":
+        return mp.block_unstructured(params, key, amount, args.block)
+    return mp.random_structured(params, key, amount, args.dim, seed=_tensor_seed(args.seed, name))
+
+
 def _prune_params(params: Mapping, targets: list[tuple[tuple, Any]], args: argparse.Namespace, src: str) -> Mapping:
     """`params` with the targets pruned, as ``name_orig`` + ``name_mask`` entries."""
-    method = args.method
     if args.global_:
         cls, kwargs = _global_arguments(targets, args)
         try:
@@ -355,68 +369,36 @@ def _prune_params(params: Mapping, targets: list[tuple[tuple, Any]], args: argpa
         except (ValueError, TypeError, IndexError, KeyError) as exc:
             raise CliError(f"global pruning: {_message(exc)}", src) from None
     for path, _ in _progress(targets, "pruning"):
-        name = _name(path)
         try:
-            if method == "l1_unstructured":
-                params = mp.l1_unstructured(params, path, args.amount)
-            elif method == "random_unstructured":
-                params = mp.random_unstructured(params, path, args.amount, seed=_tensor_seed(args.seed, name))
-            elif method == "ln_structured":
-                params = mp.ln_structured(params, path, args.amount, args.n, args.dim)
-            elif method == "nm_structured":
-                params = mp.nm_structured(params, path, *args.nm, dim=args.dim)
-            elif method == "block_unstructured":
-                params = mp.block_unstructured(params, path, args.amount, args.block)
-            else:
-                params = mp.random_structured(params, path, args.amount, args.dim, seed=_tensor_seed(args.seed, name))
+            params = _prune_entry(params, path, _name(path), args)
         except (ValueError, TypeError, IndexError, KeyError) as exc:
-            raise CliError(f"tensor {name!r}: {_message(exc)}", src) from None
+            raise CliError(f"tensor {_name(path)!r}: {_message(exc)}", src) from None
     return params
-
-
-def _core_mask(x: Any, name: str, args: argparse.Namespace) -> Any:
-    """The core's boolean mask of `args.method` for the unpruned tensor `x` called `name`.
-
-    The same mask as `_prune_params` stores (there in the tensor's dtype): the mapping
-    verbs call these functions.
-    """
-    method, amount = args.method, args.amount
-    if method == "l1_unstructured":
-        return F.l1_unstructured(x, amount)
-    if method == "random_unstructured":
-        return F.random_unstructured(x, amount, seed=_tensor_seed(args.seed, name))
-    if method == "ln_structured":
-        return F.ln_structured(x, amount, args.n, args.dim)
-    if method == "nm_structured":
-        return F.nm_structured(x, *args.nm, args.dim)
-    if method == "block_unstructured":
-        return F.block_unstructured(x, amount, args.block)
-    return F.random_structured(x, amount, args.dim, seed=_tensor_seed(args.seed, name))
 
 
 def _prune_folded(params: Mapping, targets: list[tuple[tuple, Any]], args: argparse.Namespace, src: str) -> Mapping:
     """`params` with the targets pruned and folded, for inputs without masks.
 
-    Boolean masks straight from the core, each dropped once folded: a byte per entry
-    instead of a mask of the weights' dtype kept beside them.
+    No mask outlives its tensor's folding: global pruning keeps the core's boolean masks
+    (a byte per entry) until each is folded, and tensor by tensor only the current
+    tensor's mask exists at a time.
     """
+    folded = {}
     if args.global_:
         cls, kwargs = _global_arguments(targets, args)
         try:
             masks = arrayprune.global_unstructured([x for _, x in targets], cls, **kwargs)
         except (ValueError, TypeError, IndexError, KeyError) as exc:
             raise CliError(f"global pruning: {_message(exc)}", src) from None
-        folded = {}
         for i, (path, x) in enumerate(targets):
             folded[path] = x * masks[i]
             masks[i] = None
-        return mp.replace(params, folded)
-    folded = {}
-    for path, x in _progress(targets, "pruning"):
-        try:
-            folded[path] = x * _core_mask(x, _name(path), args)
-        except (ValueError, TypeError, IndexError, KeyError) as exc:
-            raise CliError(f"tensor {_name(path)!r}: {_message(exc)}", src) from None
+    else:
+        for path, x in _progress(targets, "pruning"):
+            try:
+                folded[path] = mp.remove(_prune_entry({"t": x}, "t", _name(path), args), "t")["t"]
+            except (ValueError, TypeError, IndexError, KeyError) as exc:
+                raise CliError(f"tensor {_name(path)!r}: {_message(exc)}", src) from None
     return mp.replace(params, folded)
 
 

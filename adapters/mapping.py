@@ -233,8 +233,11 @@ class _Entry:
         return self.node[self.mask_key] if self.pruned else None
 
     def stored_mask(self, mask: Array) -> Array:
-        """`mask`, computed on top of `default_mask()`, as it is stored: the existing
-        mask's dtype (the core keeps it), else the array's, as PyTorch stores it."""
+        """`mask` (computed on top of `default_mask()`) in the dtype it is stored in.
+
+        That of the existing mask, which the core keeps, else that of the array, as
+        PyTorch stores it.
+        """
         if self.pruned:
             return mask
         orig = self.orig()

@@ -950,7 +950,7 @@ def module_layout(m: nn.Module) -> dict:
         "non_persistent": sorted(m._non_persistent_buffers_set),
         "state_dict": list(m.state_dict()),
         "attrs": sorted(k for k, v in vars(m).items() if isinstance(v, torch.Tensor)),
-        "hooks": [type(h).__mro__[1:] for h in m._forward_pre_hooks.values()],
+        "hooks": len(m._forward_pre_hooks),
     }
 
 
@@ -961,7 +961,7 @@ def assert_same_layout(a: dict, b: dict) -> None:
     assert a["non_persistent"] == b["non_persistent"]
     assert a["state_dict"] == b["state_dict"]
     assert a["attrs"] == b["attrs"]
-    assert len(a["hooks"]) == len(b["hooks"])
+    assert a["hooks"] == b["hooks"]
 
 
 @pytest.mark.parametrize("make", [lambda: nn.Linear(6, 5), lambda: nn.Conv2d(2, 3, 3), lambda: LoggingLinear(6, 5)])
