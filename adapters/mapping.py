@@ -94,6 +94,10 @@ __all__ = [
     "apply_masks",
     "replace",
     "iter_arrays",
+    "check_tree",
+    "TreeError",
+    "MAX_DEPTH",
+    "MAX_ENTRIES",
     "ORIG_SUFFIX",
     "MASK_SUFFIX",
 ]
@@ -104,6 +108,89 @@ Path = tuple
 
 ORIG_SUFFIX = "_orig"
 MASK_SUFFIX = "_mask"
+
+MAX_DEPTH = 64
+"""Deepest nesting of mappings that the walkers accept (a state dict has 1, a Flax tree a few)."""
+
+MAX_ENTRIES = 1_000_000
+"""Most entries a walk visits; a mapping shared by several parents counts once per parent."""
+
+
+class TreeError(ValueError):
+    """A nested mapping that cannot be walked: it contains itself, is nested deeper than
+    :data:`MAX_DEPTH` or holds more than :data:`MAX_ENTRIES` entries."""
+
+
+# --------------------------------------------------------------------------------------
+# Walking trees safely
+# --------------------------------------------------------------------------------------
+
+
+def check_tree(params: Mapping, *, max_depth: int = MAX_DEPTH, max_entries: int = MAX_ENTRIES) -> int:
+    """Check that a nested mapping can be walked, without recursion.
+
+    Files deserialize to trees that may be hostile: a dict that contains itself, nesting
+    thousands of levels deep, or a few kilobytes of dicts that share references so that
+    walking visits every one of 2**40 paths. Every walker of this module calls this
+    check first, which visits entries iteratively and stops at the first problem, so
+    such a tree costs at most `max_entries` steps. Sub-mappings shared by several
+    parents (a DAG) are allowed, and counted once per parent; arrays shared under
+    several names (tied weights) are ordinary.
+
+    Parameters
+    ----------
+    params : mapping
+        The tree.
+    max_depth : int, default :data:`MAX_DEPTH`
+        Most levels of nested mappings below `params`.
+    max_entries : int, default :data:`MAX_ENTRIES`
+        Most entries visited in all.
+
+    Returns
+    -------
+    int
+        The number of entries visited.
+
+    Raises
+    ------
+    TreeError
+        (a :class:`ValueError`) naming the path where the problem was found.
+    """
+    if not isinstance(params, Mapping):
+        raise TypeError(f"expected a mapping, got {type(params).__name__}")
+    visited = 0
+    on_path = {id(params)}
+    # One iterator per open level; `path` and `nodes` run alongside the stack.
+    stack: list[Iterator[tuple[Any, Any]]] = [iter(params.items())]
+    path: list[Any] = []
+    nodes: list[Mapping] = [params]
+    while stack:
+        item = next(stack[-1], None)
+        if item is None:
+            stack.pop()
+            on_path.discard(id(nodes.pop()))
+            if path:
+                path.pop()
+            continue
+        key, value = item
+        visited += 1
+        if visited > max_entries:
+            raise TreeError(
+                f"more than {max_entries:,} entries (at {_short_name((*path, key))!r}); "
+                "mappings shared by several parents count once per parent"
+            )
+        if not isinstance(value, Mapping):
+            continue
+        where = _short_name((*path, key))
+        if id(value) in on_path:
+            raise TreeError(f"the mapping at {where!r} contains itself")
+        if len(stack) >= max_depth:
+            raise TreeError(f"nested deeper than {max_depth} levels (at {where!r})")
+        on_path.add(id(value))
+        nodes.append(value)
+        path.append(key)
+        stack.append(iter(value.items()))
+    return visited
 
 
 # --------------------------------------------------------------------------------------
@@ -130,6 +217,13 @@ def _path_of(params: Mapping, key: Key) -> Path:
 
 def _name(path: Path) -> str:
     return "/".join(map(str, path))
+
+
+def _short_name(path: Path, keep: int = 3) -> str:
+    """`_name` of `path`, its middle elided when it is long (messages stay one short line)."""
+    if len(path) <= 2 * keep + 1:
+        return _name(path)
+    return f"{_name(path[:keep])}/.../{_name(path[-keep:])} ({len(path)} levels)"
 
 
 def _node(params: Mapping, parent: Path, key: Key) -> Mapping:
@@ -831,6 +925,7 @@ def pruned_keys(params: Mapping) -> list[Path]:
         One path per pruned entry, in the order of the mapping (``("fc1.weight",)`` at
         top level, ``("params", "Dense_0", "kernel")`` nested).
     """
+    check_tree(params)
     found: list[Path] = []
 
     def walk(node: Mapping, prefix: Path) -> None:
@@ -891,6 +986,7 @@ def apply_masks(params: Mapping) -> Mapping:
                 items.append((k, v))
         return _rebuild(node, items)
 
+    check_tree(params)
     return walk(params)
 
 
@@ -926,4 +1022,5 @@ def iter_arrays(params: Mapping, *, effective: bool = False) -> Iterator[tuple[P
             else:
                 yield prefix + (k,), v
 
+    check_tree(params)
     yield from walk(params, ())

@@ -17,23 +17,35 @@ from typing import Any
 import array_api_compat as apc
 import numpy as np
 
-__all__ = ["check_random_source", "uniform_like", "uniform_many"]
+__all__ = ["SEED_LIMIT", "check_random_source", "uniform_like", "uniform_many"]
 
 Array = Any
+
+SEED_LIMIT = 2**63
+"""Seeds are ints in ``[0, SEED_LIMIT)``."""
 
 
 def check_random_source(seed: Any, generator: Any) -> None:
     """Validate a ``seed`` / ``generator`` pair given to a random method.
 
+    A seed is an int in ``[0, 2**63)``, the range that every supported library's
+    generator accepts (NumPy, PyTorch, CuPy, JAX keys); the same rule holds for every
+    library, so a seed that works on one works on all.
+
     Raises
     ------
     TypeError
         If `seed` is not an int, or both are given.
+    ValueError
+        If `seed` is outside ``[0, 2**63)``.
     """
     if seed is not None and generator is not None:
         raise TypeError("pass either seed or generator, not both")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        if not 0 <= seed < SEED_LIMIT:
+            raise ValueError(f"seed must be in [0, 2**63), got {seed}")
 
 
 def uniform_like(x: Array, shape: tuple[int, ...], *, seed: int | None = None, generator: Any = None) -> Array:

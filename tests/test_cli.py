@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import arrayprune as ap
+from arrayprune.adapters import cli
 from arrayprune.adapters import formats as fmt
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples", "mlp.onnx")
@@ -227,12 +228,12 @@ def test_verify_reports_the_output_difference(model, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     same = run("prune", model, "-o", tmp_path / "same.onnx", "--amount", "0", "--verify")
     assert same.returncode == 0, same.stderr
-    assert "max abs output difference 0 " in same.stdout
+    assert "max abs output difference 0, " in same.stdout
     out = tmp_path / "half.onnx"
     proc = run("prune", model, "-o", out, "--amount", "0.5", "--global", "--verify", "--seed", "5")
     assert proc.returncode == 0, proc.stderr
-    printed = float(proc.stdout.split("max abs output difference ")[1].split()[0])
-    x = np.random.default_rng(5).standard_normal((1, 64)).astype(np.float32)
+    printed = float(proc.stdout.split("max abs output difference ")[1].split(",")[0])
+    x = np.random.default_rng(cli.stream_seed(5, "verify")).standard_normal((1, 64)).astype(np.float32)
     ya, yb = (
         ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
         for p in (model, out)
@@ -412,6 +413,10 @@ def test_report_json_values_are_exact(model, tmp_path):
         assert r["zeros"] == int((a == 0).sum()) and r["sparsity"] == r["zeros"] / a.size and r["masked"] is False
         if r["name"].endswith("weight"):
             assert r["zeros"] == round(0.25 * a.size)
+    assert [r["name"] for r in rep["tensors"] if r["prunable"]] == ["fc1.weight", "fc2.weight", "fc3.weight"]
+    assert {r["reason"] for r in rep["tensors"] if not r["prunable"]} == {"1-D"}
+    assert rep["prunable"]["tensors"] == 3 and rep["prunable"]["size"] == 84480 and rep["prunable"]["zeros"] == 21120
+    assert set(rep["covers"]) == {"total", "prunable"}
     total = rep["total"]
     nnz = 85002 - (4096 + 16384 + 640)
     assert total == {
@@ -431,9 +436,11 @@ def test_report_json_values_are_exact(model, tmp_path):
     assert text.returncode == 0
     lines = text.stdout.splitlines()
     assert lines[0] == f"{out} (safetensors)"
-    assert lines[1].split() == ["name", "shape", "dtype", "zeros", "sparsity", "2:4"]
-    assert any(ln.split() == ["fc2.weight", "256x256", "float32", "16384/65536", "25.00%", "no"] for ln in lines)
-    assert lines[-2].split() == ["total", "6", "tensors", "21120/85002", "24.85%"]
+    assert lines[1].split() == ["name", "shape", "dtype", "zeros", "sparsity", "2:4", "prunable"]
+    assert any(ln.split() == ["fc2.weight", "256x256", "float32", "16384/65536", "25.00%", "no", "yes"] for ln in lines)
+    assert any(ln.split() == ["fc2.bias", "256", "float32", "0/256", "0.00%", "no", "no:", "1-D"] for ln in lines)
+    assert lines[-5].split() == ["prunable", "3", "tensors", "21120/84480", "25.00%"]
+    assert lines[-4].split() == ["total", "6", "tensors", "21120/85002", "24.85%"]
     assert lines[-1].startswith("storage: dense 0.32 MiB, CSR 0.49 MiB")
 
 
