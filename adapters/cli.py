@@ -599,6 +599,8 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         )
     if args.verify and not (in_format == "onnx" and out_format == "onnx"):
         raise CliError("--verify runs ONNX models: IN and OUT must both be .onnx")
+    if args.verify:
+        _optional("onnxruntime", "onnx", "--verify")  # before anything is written
 
     wf = fmt.load(src, in_format)
     _check_arrays(wf.params, src)
