@@ -184,7 +184,7 @@ def check_tree(params: Mapping, *, max_depth: int = MAX_DEPTH, max_entries: int 
         where = _short_name((*path, key))
         if id(value) in on_path:
             raise TreeError(f"the mapping at {where!r} contains itself")
-        if len(stack) >= max_depth:
+        if len(stack) > max_depth:
             raise TreeError(f"nested deeper than {max_depth} levels (at {where!r})")
         on_path.add(id(value))
         nodes.append(value)
@@ -307,6 +307,8 @@ class _Entry:
         value = node[self.orig_key]
         if isinstance(value, Mapping) or not hasattr(value, "shape"):
             raise KeyError(f"{key!r} names a {type(value).__name__}, not an array")
+        if getattr(value, "is_meta", False):  # a PyTorch tensor with a shape and no values
+            raise ValueError(f"{key!r} is on the meta device: it holds no values to prune")
 
     @property
     def orig_key(self) -> Any:

@@ -495,3 +495,46 @@ def test_replace_swaps_arrays_in_place_and_shares_the_rest():
     pruned = mp.l1_unstructured(params, "head", 1)
     with pytest.raises(ValueError, match="pruned"):
         mp.replace(pruned, {"head": np.ones(3)})
+
+
+# --------------------------------------------------------------------------------------
+# hostile trees
+# --------------------------------------------------------------------------------------
+
+
+def _shared_bomb(levels):
+    node = {"w": np.ones((2, 2), np.float32)}
+    for _ in range(levels):
+        node = {"a": node, "b": node}
+    return node
+
+
+@pytest.mark.parametrize("walker", [lambda t: list(mp.iter_arrays(t)), mp.pruned_keys, mp.apply_masks, mp.is_pruned])
+def test_walkers_refuse_trees_that_never_end(walker):
+    with pytest.raises(mp.TreeError, match="more than 1,000 entries"):
+        mp.check_tree(_shared_bomb(40), max_entries=1000)
+    loop = {"w": np.ones(2)}
+    loop["inner"] = {"back": loop}
+    with pytest.raises(mp.TreeError, match="'inner/back' contains itself"):
+        walker(loop)
+    deep = {"w": np.ones(2)}
+    for _ in range(5000):
+        deep = {"k": deep}
+    with pytest.raises(mp.TreeError, match="nested deeper than 64 levels"):
+        walker(deep)
+    assert isinstance(mp.TreeError("x"), ValueError)
+
+
+def test_check_tree_counts_shared_sub_mappings_once_per_parent():
+    assert mp.check_tree(_shared_bomb(3)) == 2 + 4 + 8 + 8  # dict entries on every path
+    sd = {"w": np.ones((2, 2))}
+    assert [p for p, _ in mp.iter_arrays({"model": sd, "ema": sd})] == [("model", "w"), ("ema", "w")]
+    assert mp.check_tree({"a": {"b": {"c": 1}}}, max_depth=2) == 3
+    with pytest.raises(mp.TreeError, match="deeper than 1"):
+        mp.check_tree({"a": {"b": {"c": 1}}}, max_depth=1)
+
+
+def test_meta_tensors_are_refused_naming_the_device():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="'w' is on the meta device"):
+        mp.l1_unstructured({"w": torch.empty(4, 4, device="meta")}, "w", 0.5)
