@@ -5,7 +5,7 @@
     arrayprune prune IN -o OUT --amount A [--method M] [--global] [--n N] [--dim D]
                      [--nm N:M] [--block RxC] [--min-sparsity F] [--max-sparsity F] [--lamp]
                      [--include PATTERN ...] [--exclude PATTERN ...] [--min-size N]
-                     [--seed S] [--keep-masks] [--force] [--verify]
+                     [--seed S] [--keep-masks] [--force] [--verify [--verify-tol RTOL[,ATOL]]]
     arrayprune report FILE [--json]
 
 Files are ``.npz``, ``.safetensors``, ``.onnx`` or PyTorch state dicts (``.pt``,
@@ -20,11 +20,23 @@ floating-point tensor matching one is a candidate, whatever its dimensions);
 ``--exclude`` removes matches; ``--min-size`` drops small tensors. Tensors already
 pruned in the PyTorch convention (``name_orig`` + ``name_mask``) are candidates under
 their own name, and are pruned further on what their mask leaves, as
-:mod:`torch.nn.utils.prune` would.
+:mod:`torch.nn.utils.prune` would. A tensor stored under several names (tied weights)
+is pruned once and stays tied; ``--exclude`` on any of its names leaves it.
+
+An option that does not apply to the method is an error, never ignored: ``--seed``
+seeds the random methods and ``--verify`` only, ``--n`` is ``ln_structured``'s,
+``--dim`` the structured and N:M methods', ``--nm`` and ``--block`` their methods'.
+Any integer is a seed (:func:`stream_seed` says how it becomes a stream).
+
+``prune`` prints the sparsity of the tensors it pruned and of the whole file;
+``report`` lists every tensor (integer ones too), marks those the default selection
+leaves and why, and gives two totals: ``prunable`` (the default selection) and
+``total`` (every tensor, tied names counted once).
 
 Errors are one line on stderr, ``arrayprune: error: <file>: <problem>``, with exit
 status 2; IN is never modified, and OUT is written to a temporary file renamed into
-place, so it is never left half written.
+place, so it is never left half written. ``--verify`` failing its tolerance is exit
+status 1 (OUT is written: the verdict is about its outputs, not its validity).
 """
 
 from __future__ import annotations
