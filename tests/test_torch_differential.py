@@ -5,9 +5,14 @@ without importance scores, repeated, removed, interleaved with training-like upd
 forward passes) through both libraries. Weights are continuous random numbers, so there
 are no ties and the deterministic methods must agree exactly: the same parameters and
 buffers (values and dtypes), the same pruned tensors, hooks of the same shape, the same
-forward outputs and gradients, and the same exception types. Random methods are compared
-by the number of entries (or channels) they prune; their masks are then copied from
-arrayprune to PyTorch so that the sequence can go on.
+forward outputs and gradients, and the same exception types. Unseeded random methods
+must reproduce PyTorch exactly: every call starts both libraries from the same state of
+the global generator, and afterwards the masks are equal bit for bit and so are the
+generator states (the same draws were made, or none).
+
+The explicit tests below pin the unseeded random methods to PyTorch in all float dtypes
+(where draws tie often), fresh and after earlier pruning, through every entry point, and
+in global pruning over modules of different dtypes and sizes.
 """
 
 from __future__ import annotations
@@ -128,25 +133,23 @@ def assert_same_forward_backward(t_mods, a_mods, inputs) -> None:
 
 
 def run_both(fn_torch, fn_ours):
-    """Run an operation through both libraries; return the exceptions (or None)."""
-    errors = []
+    """Run an operation through both libraries, from one state of the global generator.
+
+    Returns the exceptions (or None) and the generator states after each call; the
+    generator is left as PyTorch's call left it.
+    """
+    errors, states = [], []
+    start = torch.get_rng_state()
     for fn in (fn_torch, fn_ours):
+        torch.set_rng_state(start)
         try:
             fn()
             errors.append(None)
         except Exception as exc:  # noqa: BLE001 - any exception type is compared
             errors.append(exc)
-    return errors
-
-
-def sync_random_mask(t_mod: nn.Module, a_mod: nn.Module, name: str) -> None:
-    """Copy arrayprune's (random) mask to the PyTorch module and refresh both tensors."""
-    with torch.no_grad():
-        getattr(t_mod, name + "_mask").copy_(getattr(a_mod, name + "_mask"))
-    for mod in (t_mod, a_mod):
-        for hook in mod._forward_pre_hooks.values():
-            if isinstance(hook, tprune.BasePruningMethod) and hook._tensor_name == name:
-                hook(mod, ())
+        states.append(torch.get_rng_state())
+    torch.set_rng_state(states[0])
+    return errors, states
 
 
 def state_snapshot(mods: nn.ModuleList) -> list:
@@ -222,7 +225,9 @@ def test_random_call_sequences_match_pytorch(dtype, data, seed):
     n_ops = data.draw(st.integers(1, 7), label="number of calls")
     for _ in range(n_ops):
         kind = data.draw(
-            st.sampled_from(["l1", "ln", "random_u", "random_s", "global", "identity", "custom", "remove", "perturb", "forward"]),
+            st.sampled_from(
+                ["l1", "ln", "random_u", "random_s", "global", "identity", "custom", "remove", "perturb", "forward"]
+            ),
             label="call",
         )
         if kind in ("ln", "random_s") and data.draw(st.integers(0, 9), label="weights only") > 0:
@@ -236,7 +241,7 @@ def test_random_call_sequences_match_pytorch(dtype, data, seed):
         if kind == "l1":
             amount = draw_amount(data, remaining_entries(am, name))
             scores = scores_like(data, t_param, rng)
-            errors = run_both(
+            errors, states = run_both(
                 lambda: tprune.l1_unstructured(tm, name, amount, importance_scores=scores),
                 lambda: aprune.l1_unstructured(am, name, amount, importance_scores=scores),
             )
@@ -248,31 +253,34 @@ def test_random_call_sequences_match_pytorch(dtype, data, seed):
             if n == "fro" and t_param.dim() > 3:
                 n = 2  # torch.norm refuses 'fro' over more than two dimensions
             amount = draw_amount(data, remaining_channels(am, name, dim))
-            errors = run_both(
+            errors, states = run_both(
                 lambda: tprune.ln_structured(tm, name, amount, n, dim, importance_scores=scores),
                 lambda: aprune.ln_structured(am, name, amount, n, dim, importance_scores=scores),
             )
         elif kind == "random_u":
             amount = draw_amount(data, remaining_entries(am, name))
-            before = remaining_entries(am, name)
-            errors = run_both(
-                lambda: tprune.random_unstructured(tm, name, amount),
-                lambda: aprune.random_unstructured(am, name, amount),
-            )
-            if errors == [None, None]:
-                assert remaining_entries(tm, name) == remaining_entries(am, name) <= before
-                sync_random_mask(tm, am, name)
+            scores = scores_like(data, t_param, rng)
+            if scores is None:
+                errors, states = run_both(
+                    lambda: tprune.random_unstructured(tm, name, amount),
+                    lambda: aprune.random_unstructured(am, name, amount),
+                )
+            else:  # (the verbs take no scores; the base class's apply does)
+                errors, states = run_both(
+                    lambda: tprune.BasePruningMethod.apply.__func__(
+                        tprune.RandomUnstructured, tm, name, amount=amount, importance_scores=scores
+                    ),
+                    lambda: aprune.BasePruningMethod.apply.__func__(
+                        aprune.RandomUnstructured, am, name, amount=amount, importance_scores=scores
+                    ),
+                )
         elif kind == "random_s":
             dim = data.draw(st.integers(-3, 2), label="dim")
             amount = draw_amount(data, remaining_channels(am, name, dim))
-            errors = run_both(
+            errors, states = run_both(
                 lambda: tprune.random_structured(tm, name, amount, dim),
                 lambda: aprune.random_structured(am, name, amount, dim),
             )
-            if errors == [None, None]:
-                # (entry counts may differ: the channels chosen held different numbers)
-                assert remaining_channels(tm, name, dim) == remaining_channels(am, name, dim)
-                sync_random_mask(tm, am, name)
         elif kind == "global":
             chosen = data.draw(st.lists(st.sampled_from(TARGETS), min_size=1, max_size=5, unique=True), label="params")
             t_pairs = [(t_mods[j], nm) for j, nm in chosen]
@@ -283,18 +291,21 @@ def test_random_call_sequences_match_pytorch(dtype, data, seed):
                 if s is not None:
                     t_scores[tp_], a_scores[ap_] = s, s
             amount = draw_amount(data, sum(remaining_entries(a_mods[j], nm) for j, nm in chosen))
-            errors = run_both(
-                lambda: tprune.global_unstructured(t_pairs, tprune.L1Unstructured, importance_scores=t_scores, amount=amount),
-                lambda: aprune.global_unstructured(a_pairs, aprune.L1Unstructured, importance_scores=a_scores, amount=amount),
+            random_method = data.draw(st.booleans(), label="random global")
+            t_method = tprune.RandomUnstructured if random_method else tprune.L1Unstructured
+            a_method = aprune.RandomUnstructured if random_method else aprune.L1Unstructured
+            errors, states = run_both(
+                lambda: tprune.global_unstructured(t_pairs, t_method, importance_scores=t_scores, amount=amount),
+                lambda: aprune.global_unstructured(a_pairs, a_method, importance_scores=a_scores, amount=amount),
             )
         elif kind == "identity":
-            errors = run_both(lambda: tprune.identity(tm, name), lambda: aprune.identity(am, name))
+            errors, states = run_both(lambda: tprune.identity(tm, name), lambda: aprune.identity(am, name))
         elif kind == "custom":
             seed_m = data.draw(st.integers(0, 2**31 - 1), label="mask seed")
             mask = torch.rand(t_param.shape, generator=torch.Generator().manual_seed(seed_m)) > 0.3
-            errors = run_both(lambda: tprune.custom_from_mask(tm, name, mask), lambda: aprune.custom_from_mask(am, name, mask))
+            errors, states = run_both(lambda: tprune.custom_from_mask(tm, name, mask), lambda: aprune.custom_from_mask(am, name, mask))
         elif kind == "remove":
-            errors = run_both(lambda: tprune.remove(tm, name), lambda: aprune.remove(am, name))
+            errors, states = run_both(lambda: tprune.remove(tm, name), lambda: aprune.remove(am, name))
             if errors == [None, None]:
                 # The permanently pruned zeros would tie: make the values distinct again.
                 noise = torch.randn(t_param.shape, generator=rng, dtype=torch.float64).to(dtype)
@@ -306,12 +317,12 @@ def test_random_call_sequences_match_pytorch(dtype, data, seed):
             with torch.no_grad():
                 param_of(tm, name).add_(noise)
                 param_of(am, name).add_(noise)
-            errors = [None, None]
+            errors, states = [None, None], None
         else:  # forward
             with torch.no_grad():
                 for x, y in zip(forward_all(t_mods, inputs), forward_all(a_mods, inputs)):
                     assert torch.equal(x, y)
-            errors = [None, None]
+            errors, states = [None, None], None
 
         t_err, a_err = errors
         if kind in ("ln", "random_s") and t_param.dim() < 2:
@@ -321,6 +332,9 @@ def test_random_call_sequences_match_pytorch(dtype, data, seed):
             assert isinstance(a_err, ValueError)
             if t_err is None or not isinstance(t_err, ValueError):
                 return
+        if states is not None:
+            # the same draws (or none), whatever the call and its outcome
+            assert torch.equal(states[0], states[1]), f"{kind}: the generators differ afterwards"
         if t_err is not None or a_err is not None:
             assert t_err is not None, f"only arrayprune raised {a_err!r}"
             assert a_err is not None, f"only PyTorch raised {t_err!r}"
