@@ -20,28 +20,58 @@ checks ``isinstance(hook, torch.nn.utils.prune.BasePruningMethod)`` (PyTorch's o
 them) recognises modules pruned here, and the two libraries can prune the same tensor
 one after the other.
 
-Differences from PyTorch, all in the direction of more robustness:
+Random methods. Without ``seed`` or ``generator``, :func:`random_unstructured`,
+:func:`random_structured`, their classes (``apply``, ``compute_mask``, ``prune``,
+inside a :class:`PruningContainer`) and :func:`global_unstructured` with
+:class:`RandomUnstructured` reproduce PyTorch exactly: the same draws from PyTorch's
+global generator (``torch.rand_like`` of the entries still in play, in the dtype and on
+the device of the importance scores, or of their concatenation in global pruning;
+``torch.rand(nchannels)`` on the CPU in the default dtype for the channels still in
+play), selected with the same operations (``torch.topk``; ``torch.kthvalue`` and
+``prob > threshold``), so the masks are PyTorch's bit for bit, ties in half precision
+included, and the generator ends in the same state; nothing is drawn when nothing is
+pruned, and invalid amounts or dims raise before any draw. Global pruning draws for the
+remaining entries without concatenating the parameters. With a keyword-only ``seed`` or
+``generator`` (not in PyTorch), arrayprune's own documented streams are used instead
+(:mod:`arrayprune.rng`; ties by position), and PyTorch's global generator is not
+touched; those masks differ from PyTorch's. With ``min_sparsity`` / ``max_sparsity``
+(not in PyTorch), unseeded random global pruning draws arrayprune's stream (float32,
+one array after another) from PyTorch's global generator.
+
+Differences from PyTorch (everything not listed behaves as in PyTorch):
 
 * a failure while pruning (in ``compute_mask`` or anywhere else) leaves the module exactly
-  as it was: parameters, buffers, plain attributes, hooks and the hook's container;
-* pruned modules support :func:`copy.deepcopy` (PyTorch refuses, because the pruned
-  tensor ``module.<name>`` is not a leaf of the autograd graph);
-* ties are broken by position (the lowest flat index or channel is pruned first), so the
-  result is deterministic; :func:`global_unstructured` never concatenates the
-  parameters;
-* random methods accept a keyword-only ``seed`` or ``generator`` (PyTorch's global
-  generator is used when neither is given, as in PyTorch);
+  as it was: parameters, buffers, plain attributes, hooks and the hook's container
+  (PyTorch drops the pruning hook of a container whose new method fails);
+* pruned modules support :func:`copy.deepcopy` (PyTorch refuses with RuntimeError,
+  because the pruned tensor ``module.<name>`` is not a leaf of the autograd graph);
+* deterministic methods (L1, Ln) break ties by position (the lowest flat index or
+  channel is pruned first), so the result is deterministic; PyTorch's choice among ties
+  is that of ``torch.topk``. :func:`global_unstructured` with built-in methods never
+  concatenates the parameters;
+* non-contiguous tensors (transposed, channels-last) can be pruned by the unstructured
+  methods; PyTorch raises RuntimeError (``view(-1)``). Random methods then draw as for a
+  contiguous tensor, the numbers taken in row-major order;
+* a ``bool`` amount counts as the integer 0 or 1 everywhere; PyTorch raises TypeError for
+  ``amount=True`` in :func:`l1_unstructured`, :func:`random_unstructured`,
+  :func:`random_structured` and :func:`global_unstructured` (after drawing, for the
+  random methods);
 * shape mismatches raise an exception that is both a :class:`ValueError` (as in the
   arrayprune core) and an :class:`AssertionError` (as in PyTorch);
-* structured methods always refuse 1-D tensors (ValueError); PyTorch's container, on a
-  tensor pruned before, may instead raise IndexError or prune a phantom dimension;
-* ``n='nuc'`` on a tensor that is not 3-D raises ValueError (PyTorch: RuntimeError), and
-  ``n='fro'`` over more than two dimensions is the 2-norm (PyTorch: RuntimeError);
-  ``_validate_pruning_dim`` also rejects dims below ``-t.dim()``;
+* structured methods always refuse 1-D tensors (ValueError, before any draw); PyTorch's
+  container, on a tensor pruned before, may instead raise IndexError or prune (and, for
+  random_structured, draw for) a phantom dimension;
+* ``n`` of :func:`ln_structured`: ``n=None`` raises ValueError (PyTorch: the 2-norm, as
+  ``torch.norm(p=None)``); an unknown order (such as an unknown string) and ``n='nuc'``
+  on a tensor that is not 3-D raise ValueError (PyTorch: RuntimeError); ``n='fro'`` over
+  more than two dimensions is the 2-norm (PyTorch: RuntimeError);
+* ``_validate_pruning_dim`` also rejects dims below ``-t.dim()`` (IndexError, as
+  PyTorch's later indexing does);
 * :func:`global_unstructured` accepts one-shot iterators and an empty list of
-  parameters, and leaves every module untouched if it fails part-way;
+  parameters (PyTorch: ValueError from concatenating nothing), and leaves every module
+  untouched if it fails part-way;
 * :class:`PruningContainer` accepts several methods or one iterable of them, and ignores
-  ``None``.
+  ``None`` (PyTorch: AttributeError for a lone iterable or ``None``).
 
 A method object is its own forward pre-hook, as in PyTorch; masks are never tracked by
 autograd (custom masks are stored detached).
@@ -729,8 +759,9 @@ class RandomUnstructured(BasePruningMethod, _tprune.RandomUnstructured):
     seed : int, optional
         Seed of a fresh generator on the tensor's device, for reproducible masks.
     generator : torch.Generator, optional
-        Generator to draw from. With neither `seed` nor `generator`, PyTorch's global
-        generator is used (``torch.manual_seed`` applies).
+        Generator to draw from. With neither `seed` nor `generator`, the draws and the
+        mask are exactly PyTorch's (``torch.rand_like`` of the entries in play on the
+        global generator, ``torch.topk``), so ``torch.manual_seed`` gives PyTorch's mask.
 
     Raises
     ------
@@ -892,8 +923,9 @@ class RandomStructured(BasePruningMethod, _tprune.RandomStructured):
     seed : int, optional
         Seed of a fresh generator on the tensor's device, for reproducible masks.
     generator : torch.Generator, optional
-        Generator to draw from. With neither `seed` nor `generator`, PyTorch's global
-        generator is used.
+        Generator to draw from. With neither `seed` nor `generator`, the draws and the
+        mask are exactly PyTorch's (``torch.rand(nchannels)`` on the global generator,
+        ``torch.kthvalue``), so ``torch.manual_seed`` gives PyTorch's mask.
 
     Raises
     ------
@@ -1416,7 +1448,7 @@ def random_unstructured(
     seed : int, optional
         Seed for a reproducible mask (not in PyTorch).
     generator : torch.Generator, optional
-        Generator to draw from (not in PyTorch); PyTorch's global generator by default.
+        Generator to draw from (not in PyTorch). With neither, PyTorch's own draws and mask.
 
     Returns
     -------
@@ -1495,7 +1527,7 @@ def random_structured(
     seed : int, optional
         Seed for a reproducible mask (not in PyTorch).
     generator : torch.Generator, optional
-        Generator to draw from (not in PyTorch); PyTorch's global generator by default.
+        Generator to draw from (not in PyTorch). With neither, PyTorch's own draws and mask.
 
     Returns
     -------
