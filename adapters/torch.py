@@ -20,28 +20,58 @@ checks ``isinstance(hook, torch.nn.utils.prune.BasePruningMethod)`` (PyTorch's o
 them) recognises modules pruned here, and the two libraries can prune the same tensor
 one after the other.
 
-Differences from PyTorch, all in the direction of more robustness:
+Random methods. Without ``seed`` or ``generator``, :func:`random_unstructured`,
+:func:`random_structured`, their classes (``apply``, ``compute_mask``, ``prune``,
+inside a :class:`PruningContainer`) and :func:`global_unstructured` with
+:class:`RandomUnstructured` reproduce PyTorch exactly: the same draws from PyTorch's
+global generator (``torch.rand_like`` of the entries still in play, in the dtype and on
+the device of the importance scores, or of their concatenation in global pruning;
+``torch.rand(nchannels)`` on the CPU in the default dtype for the channels still in
+play), selected with the same operations (``torch.topk``; ``torch.kthvalue`` and
+``prob > threshold``), so the masks are PyTorch's bit for bit, ties in half precision
+included, and the generator ends in the same state; nothing is drawn when nothing is
+pruned, and invalid amounts or dims raise before any draw. Global pruning draws for the
+remaining entries without concatenating the parameters. With a keyword-only ``seed`` or
+``generator`` (not in PyTorch), arrayprune's own documented streams are used instead
+(:mod:`arrayprune.rng`; ties by position), and PyTorch's global generator is not
+touched; those masks differ from PyTorch's. With ``min_sparsity`` / ``max_sparsity``
+(not in PyTorch), unseeded random global pruning draws arrayprune's stream (float32,
+one array after another) from PyTorch's global generator.
+
+Differences from PyTorch (everything not listed behaves as in PyTorch):
 
 * a failure while pruning (in ``compute_mask`` or anywhere else) leaves the module exactly
-  as it was: parameters, buffers, plain attributes, hooks and the hook's container;
-* pruned modules support :func:`copy.deepcopy` (PyTorch refuses, because the pruned
-  tensor ``module.<name>`` is not a leaf of the autograd graph);
-* ties are broken by position (the lowest flat index or channel is pruned first), so the
-  result is deterministic; :func:`global_unstructured` never concatenates the
-  parameters;
-* random methods accept a keyword-only ``seed`` or ``generator`` (PyTorch's global
-  generator is used when neither is given, as in PyTorch);
+  as it was: parameters, buffers, plain attributes, hooks and the hook's container
+  (PyTorch drops the pruning hook of a container whose new method fails);
+* pruned modules support :func:`copy.deepcopy` (PyTorch refuses with RuntimeError,
+  because the pruned tensor ``module.<name>`` is not a leaf of the autograd graph);
+* deterministic methods (L1, Ln) break ties by position (the lowest flat index or
+  channel is pruned first), so the result is deterministic; PyTorch's choice among ties
+  is that of ``torch.topk``. :func:`global_unstructured` with built-in methods never
+  concatenates the parameters;
+* non-contiguous tensors (transposed, channels-last) can be pruned by the unstructured
+  methods; PyTorch raises RuntimeError (``view(-1)``). Random methods then draw as for a
+  contiguous tensor, the numbers taken in row-major order;
+* a ``bool`` amount counts as the integer 0 or 1 everywhere; PyTorch raises TypeError for
+  ``amount=True`` in :func:`l1_unstructured`, :func:`random_unstructured`,
+  :func:`random_structured` and :func:`global_unstructured` (after drawing, for the
+  random methods);
 * shape mismatches raise an exception that is both a :class:`ValueError` (as in the
   arrayprune core) and an :class:`AssertionError` (as in PyTorch);
-* structured methods always refuse 1-D tensors (ValueError); PyTorch's container, on a
-  tensor pruned before, may instead raise IndexError or prune a phantom dimension;
-* ``n='nuc'`` on a tensor that is not 3-D raises ValueError (PyTorch: RuntimeError), and
-  ``n='fro'`` over more than two dimensions is the 2-norm (PyTorch: RuntimeError);
-  ``_validate_pruning_dim`` also rejects dims below ``-t.dim()``;
+* structured methods always refuse 1-D tensors (ValueError, before any draw); PyTorch's
+  container, on a tensor pruned before, may instead raise IndexError or prune (and, for
+  random_structured, draw for) a phantom dimension;
+* ``n`` of :func:`ln_structured`: ``n=None`` raises ValueError (PyTorch: the 2-norm, as
+  ``torch.norm(p=None)``); an unknown order (such as an unknown string) and ``n='nuc'``
+  on a tensor that is not 3-D raise ValueError (PyTorch: RuntimeError); ``n='fro'`` over
+  more than two dimensions is the 2-norm (PyTorch: RuntimeError);
+* ``_validate_pruning_dim`` also rejects dims below ``-t.dim()`` (IndexError, as
+  PyTorch's later indexing does);
 * :func:`global_unstructured` accepts one-shot iterators and an empty list of
-  parameters, and leaves every module untouched if it fails part-way;
+  parameters (PyTorch: ValueError from concatenating nothing), and leaves every module
+  untouched if it fails part-way;
 * :class:`PruningContainer` accepts several methods or one iterable of them, and ignores
-  ``None``.
+  ``None`` (PyTorch: AttributeError for a lone iterable or ``None``).
 
 A method object is its own forward pre-hook, as in PyTorch; masks are never tracked by
 autograd (custom masks are stored detached).
@@ -64,6 +94,9 @@ import arrayprune.methods as _core
 import arrayprune.patterns as _core_patterns
 import arrayprune.schedules as _schedules
 from arrayprune import amount as _amount
+from arrayprune._masks import apply_keep as _apply_keep
+from arrayprune._masks import check_same_shape as _check_same_shape
+from arrayprune._masks import eligible as _eligible
 from arrayprune.norms import channel_norms as _channel_norms
 from arrayprune.rng import check_random_source as _check_random_source
 
@@ -202,6 +235,126 @@ def _to_dtype(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if np_dtype is not None and mask.is_cpu:
         return torch.from_numpy(mask.numpy().astype(np_dtype))
     return mask.to(dtype=dtype)
+
+
+# --------------------------------------------------------------------------------------
+# PyTorch's random streams: unseeded random methods
+# --------------------------------------------------------------------------------------
+#
+# Without ``seed`` or ``generator``, RandomUnstructured and RandomStructured make exactly
+# the calls torch.nn.utils.prune makes on the global generator, in the same order and
+# with the same numbers, shapes, dtypes and devices, and select with the same torch
+# operations (``torch.topk``, ``torch.kthvalue``), whose choice among tied draws is
+# their own: masks are PyTorch's bit for bit and the generator ends in the same state.
+# Every check that can fail runs before the draw, and nothing is drawn when nothing is
+# pruned. With a seed or a generator the core's own streams apply (arrayprune.rng).
+# This section is the only place where the adapter follows PyTorch's streams.
+
+
+def _pytorch_random_keep(
+    scores: list[torch.Tensor], eligible_masks: list[torch.Tensor | None], count: Any
+) -> list[torch.Tensor]:
+    """Keep masks of PyTorch's ``RandomUnstructured`` over one or several tensors.
+
+    PyTorch scores the entries still in play, as one flat vector in row-major order
+    (tensor after tensor in global pruning, whose concatenation has the promoted dtype),
+    by ``torch.rand_like`` of that vector, and prunes the ``k`` largest draws
+    (``torch.topk``). The same draw is made here from the count, dtype and device alone,
+    and the positions chosen are scattered back tensor by tensor; the scores themselves
+    are never concatenated.
+
+    Parameters
+    ----------
+    scores : list of torch.Tensor
+        Importance scores, all on one device (only shapes, dtypes and device matter).
+    eligible_masks : list of (boolean torch.Tensor or None)
+        Per tensor, the entries in play (``None``: all of them).
+    count : callable
+        ``count(available)``: the validated number of entries to prune.
+
+    Returns
+    -------
+    list of torch.Tensor
+        Boolean masks shaped like `scores`, False at the pruned entries (True outside
+        the eligible entries).
+    """
+    sizes = [s.numel() if e is None else int(e.sum()) for s, e in zip(scores, eligible_masks)]
+    total = sum(sizes)
+    k = count(total)  # validation errors come before any draw
+    device = scores[0].device
+    keeps = [torch.ones(s.shape, dtype=torch.bool, device=s.device) for s in scores]
+    if k == 0:  # PyTorch draws nothing then (topk is never called)
+        return keeps
+    dtype = scores[0].dtype
+    for s in scores[1:]:
+        dtype = torch.promote_types(dtype, s.dtype)  # the dtype of torch.cat
+    prob = torch.rand(total, dtype=dtype, device=device)  # == rand_like(<remaining entries>)
+    dropped = torch.zeros(total, dtype=torch.bool, device=device)
+    dropped[torch.topk(prob, k=k).indices] = True
+    offset = 0
+    for keep, e, n in zip(keeps, eligible_masks, sizes):
+        part = ~dropped[offset : offset + n].to(device=keep.device)
+        if e is None:
+            keep.view(-1).copy_(part)
+        else:
+            keep[e.to(device=keep.device)] = part  # row-major, as t[mask == 1]
+        offset += n
+    return keeps
+
+
+def _pytorch_channel_keep(nchannels: int, k: int) -> torch.Tensor:
+    """PyTorch's ``RandomStructured`` choice among `nchannels` channels, pruning `k` > 0.
+
+    ``torch.rand(nchannels)`` (CPU, default dtype), then the channels whose draw exceeds
+    the `k`-th smallest (``torch.kthvalue``) are kept: tied draws at the threshold are
+    all pruned, as in PyTorch.
+    """
+    prob = torch.rand(nchannels)
+    threshold = torch.kthvalue(prob, k=k).values
+    return prob > threshold
+
+
+class _PyTorchStreamRandomUnstructured(_core.RandomUnstructured):
+    """The core's ``RandomUnstructured``, drawing and selecting as PyTorch does."""
+
+    def __init__(self, amount: Any):
+        super().__init__(amount)
+
+    def _keep_masks(self, scores: list[Any], eligible_masks: list[Any]) -> list[Any]:
+        return _pytorch_random_keep(list(scores), list(eligible_masks), self._count)
+
+
+class _PyTorchStreamRandomStructured(_core.RandomStructured):
+    """The core's ``RandomStructured``, drawing and selecting as PyTorch does."""
+
+    def __init__(self, amount: Any, dim: int = -1):
+        super().__init__(amount, dim)
+
+    def compute_mask(self, t: Any, default_mask: Any) -> Any:
+        """Prune ``amount`` of all channels of `t` (``RandomStructured.compute_mask``)."""
+        if default_mask is None:
+            default_mask = torch.ones(t.shape, dtype=torch.bool, device=t.device)
+        _check_same_shape(t, default_mask, "default_mask")
+        dim = self._checked_dim(t)
+        return self._prune_channels(default_mask, dim, None)
+
+    def _remaining_mask(self, t: Any, mask: Any) -> Any:
+        """Prune ``amount`` of the remaining channels (a container's ``_combine_masks``)."""
+        dim = self._checked_dim(t)
+        return self._prune_channels(mask, dim, _core._remaining_channels(mask, dim))
+
+    def _prune_channels(self, mask: torch.Tensor, dim: int, remaining: torch.Tensor | None) -> torch.Tensor:
+        nchannels = mask.shape[dim] if remaining is None else int(remaining.sum())
+        k = self._count(nchannels)
+        if k == 0:
+            return mask
+        chosen = _pytorch_channel_keep(nchannels, k).to(device=mask.device)
+        if remaining is None:
+            keep = chosen
+        else:
+            keep = torch.ones(mask.shape[dim], dtype=torch.bool, device=mask.device)
+            keep[remaining] = chosen
+        return _core._channel_keep_to_mask(mask, keep, dim)
 
 
 # --------------------------------------------------------------------------------------
@@ -606,8 +759,9 @@ class RandomUnstructured(BasePruningMethod, _tprune.RandomUnstructured):
     seed : int, optional
         Seed of a fresh generator on the tensor's device, for reproducible masks.
     generator : torch.Generator, optional
-        Generator to draw from. With neither `seed` nor `generator`, PyTorch's global
-        generator is used (``torch.manual_seed`` applies).
+        Generator to draw from. With neither `seed` nor `generator`, the draws and the
+        mask are exactly PyTorch's (``torch.rand_like`` of the entries in play on the
+        global generator, ``torch.topk``), so ``torch.manual_seed`` gives PyTorch's mask.
 
     Raises
     ------
@@ -627,6 +781,8 @@ class RandomUnstructured(BasePruningMethod, _tprune.RandomUnstructured):
         self.generator = generator
 
     def _core_method(self) -> Any:
+        if self.seed is None and self.generator is None:
+            return _PyTorchStreamRandomUnstructured(self.amount)
         return _core.RandomUnstructured(self.amount, seed=self.seed, generator=self.generator)
 
     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
@@ -767,8 +923,9 @@ class RandomStructured(BasePruningMethod, _tprune.RandomStructured):
     seed : int, optional
         Seed of a fresh generator on the tensor's device, for reproducible masks.
     generator : torch.Generator, optional
-        Generator to draw from. With neither `seed` nor `generator`, PyTorch's global
-        generator is used.
+        Generator to draw from. With neither `seed` nor `generator`, the draws and the
+        mask are exactly PyTorch's (``torch.rand(nchannels)`` on the global generator,
+        ``torch.kthvalue``), so ``torch.manual_seed`` gives PyTorch's mask.
 
     Raises
     ------
@@ -789,6 +946,8 @@ class RandomStructured(BasePruningMethod, _tprune.RandomStructured):
         self.generator = generator
 
     def _core_method(self) -> Any:
+        if self.seed is None and self.generator is None:
+            return _PyTorchStreamRandomStructured(self.amount, self.dim)
         return _core.RandomStructured(self.amount, self.dim, seed=self.seed, generator=self.generator)
 
     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
@@ -1289,7 +1448,7 @@ def random_unstructured(
     seed : int, optional
         Seed for a reproducible mask (not in PyTorch).
     generator : torch.Generator, optional
-        Generator to draw from (not in PyTorch); PyTorch's global generator by default.
+        Generator to draw from (not in PyTorch). With neither, PyTorch's own draws and mask.
 
     Returns
     -------
@@ -1368,7 +1527,7 @@ def random_structured(
     seed : int, optional
         Seed for a reproducible mask (not in PyTorch).
     generator : torch.Generator, optional
-        Generator to draw from (not in PyTorch); PyTorch's global generator by default.
+        Generator to draw from (not in PyTorch). With neither, PyTorch's own draws and mask.
 
     Returns
     -------
@@ -1546,15 +1705,23 @@ def global_unstructured(
             # An unknown method: its compute_mask sees the concatenation, as in PyTorch.
             defaults = [torch.ones_like(t) if m is None else m.detach() for t, m in zip(tensors, old_masks)]
             chosen = method
-        masks = _global.global_unstructured(
-            [t.detach() for t in tensors],
-            lambda: chosen,
-            importance_scores=[s.detach() for s in scores],
-            default_masks=defaults,
-            min_sparsity=min_sparsity,
-            max_sparsity=max_sparsity,
-            normalization=normalization,
-        )
+        if isinstance(core_method, _PyTorchStreamRandomUnstructured) and (
+            min_sparsity is None and max_sparsity is None and normalization is None
+        ):
+            # Unseeded random pruning: PyTorch's draw over the remaining entries.
+            eligible = [None if m is None else _eligible(m) for m in defaults]
+            keeps = _pytorch_random_keep([s.detach() for s in scores], eligible, core_method._count)
+            masks = [keep if m is None else _apply_keep(m, keep) for m, keep in zip(defaults, keeps)]
+        else:
+            masks = _global.global_unstructured(
+                [t.detach() for t in tensors],
+                lambda: chosen,
+                importance_scores=[s.detach() for s in scores],
+                default_masks=defaults,
+                min_sparsity=min_sparsity,
+                max_sparsity=max_sparsity,
+                normalization=normalization,
+            )
     # Each mask already holds the earlier pruning (it is what custom_from_mask would
     # compute on top of the old mask), so it is installed as it is, in the parameter's
     # dtype: one tensor serves as the buffer and as the hook's mask.

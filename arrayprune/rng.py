@@ -3,11 +3,39 @@
 Random pruning methods accept a keyword-only ``seed`` (an int) or ``generator`` (the
 library's generator object: :class:`numpy.random.Generator`, a CuPy generator, a
 :class:`torch.Generator`, or a JAX PRNG key). With neither, the library's default
-source is used: PyTorch's global generator (so ``torch.manual_seed`` applies, as with
-``torch.nn.utils.prune``), fresh entropy elsewhere. Libraries without a generator of
-their own (array-api-strict, ...) get NumPy's numbers copied to their device.
-"""
+source is used: PyTorch's global generator, fresh entropy elsewhere. Libraries without
+a generator of their own (array-api-strict, ...) get NumPy's numbers copied to their
+device.
 
+Seeded streams
+--------------
+A seed gives the same scores every time, and never touches a library's global
+generator. Scores are float32 numbers in ``[0, 1)``:
+
+=================  ====================================================================
+NumPy (and         ``numpy.random.default_rng(seed).random(shape, dtype=float32)``
+libraries without  (PCG64), copied to the array's device for the latter
+a generator)
+PyTorch            ``torch.Generator(device=x.device).manual_seed(seed)``, then
+                   ``torch.rand(shape, dtype=float32, device=x.device)``
+CuPy               ``cupy.random.default_rng(seed).random(shape, dtype=float32)`` on the
+                   array's device
+JAX                ``jax.random.uniform(jax.random.key(seed), shape, float32)``, put on
+                   the array's device
+=================  ====================================================================
+
+Several arrays (global pruning, :func:`uniform_many`) draw from one generator made from
+the seed, one array after another in the order given (JAX: the key is split into one
+key per array), so the arrays get independent numbers. ``RandomUnstructured`` draws one
+number per entry of every array (pruned entries included) and ``RandomStructured`` one
+per channel along ``dim`` (all channels); the methods prune the eligible units with the
+smallest numbers, ties broken by position. A ``generator`` given instead of a seed is
+drawn from in the same way.
+
+These streams are arrayprune's own: they do not reproduce ``torch.nn.utils.prune``. The
+PyTorch adapter (``arrayprune.adapters.torch``) does, when no seed or generator is given:
+it then makes PyTorch's own calls on PyTorch's global generator, not this module's.
+"""
 from __future__ import annotations
 
 import numbers

@@ -5,6 +5,11 @@ probability ~0), so the masks must be *identical*. arrayprune runs on NumPy arra
 torch tensors and on array-api-strict arrays; torch's methods on torch tensors. Where
 ties exist (integer-valued data) torch's choice is unspecified: counts must agree and
 arrayprune's mask must follow its own rule (lowest index first).
+
+Random methods: without a seed, the PyTorch adapter's methods (the core's, drawing as
+PyTorch does) run under the same ``torch.manual_seed`` as torch's, and masks and the
+state of the global generator must be equal. With a seed, the core's own streams are
+compared by counts only, on every library.
 """
 
 from __future__ import annotations
@@ -307,7 +312,76 @@ def test_global_unstructured_dict_and_float_masks(side):
 
 
 # --------------------------------------------------------------------------------------
-# random methods: counts only
+# random methods, unseeded: PyTorch's draws, bit for bit
+# --------------------------------------------------------------------------------------
+
+
+def _under_seed(seed, fn):
+    """``fn()`` after ``torch.manual_seed(seed)``: its result and the generator state."""
+    torch.manual_seed(seed)
+    return fn(), torch.get_rng_state()
+
+
+def _assert_same_run(torch_run, ours_run):
+    (want, want_state), (got, got_state) = torch_run, ours_run
+    assert got.dtype == want.dtype
+    assert torch.equal(got, want)
+    assert torch.equal(got_state, want_state), "the global generator ends in another state"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_unseeded_random_methods_match_torch(dtype):
+    aprune = pytest.importorskip("arrayprune.adapters.torch")
+    shape = (12, 10)
+    t = torch.from_numpy(data(shape, 0)).to(getattr(torch, dtype))
+    for seed in range(4):
+        for default in (torch.ones(shape, dtype=t.dtype), torch.from_numpy(binary(shape, seed)).to(t.dtype)):
+            for amount in (0.0, 0.25, 0.5, 1.0, 3, 120):
+                _assert_same_run(
+                    _under_seed(seed, lambda: tp.RandomUnstructured(amount).compute_mask(t, default.clone())),
+                    _under_seed(seed, lambda: aprune.RandomUnstructured(amount).compute_mask(t, default.clone())),
+                )
+            for dim in (0, 1, -1):
+                for amount in (0.0, 0.3, 0.5, 1.0, 2):
+                    _assert_same_run(
+                        _under_seed(seed, lambda: tp.RandomStructured(amount, dim).compute_mask(t, default.clone())),
+                        _under_seed(seed, lambda: aprune.RandomStructured(amount, dim).compute_mask(t, default.clone())),
+                    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_unseeded_random_container_chains_match_torch(dtype):
+    aprune = pytest.importorskip("arrayprune.adapters.torch")
+    shape = (10, 8)
+    t = torch.from_numpy(data(shape, 1)).to(getattr(torch, dtype))
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        tc = tp.PruningContainer()
+        tc._tensor_name = None
+        ac = aprune.PruningContainer()
+        tmask = amask = torch.ones(shape, dtype=t.dtype)
+        for step in range(5):
+            kind = rng.integers(0, 3)
+            if kind == 0:
+                amount = float(rng.choice([0.2, 0.5])) if rng.random() < 0.5 else int(rng.integers(0, 6))
+                tm, am = tp.RandomUnstructured(amount), aprune.RandomUnstructured(amount)
+            elif kind == 1:
+                amount, dim = float(rng.choice([0.25, 0.5])), int(rng.integers(-2, 2))
+                tm, am = tp.RandomStructured(amount, dim), aprune.RandomStructured(amount, dim)
+            else:  # a deterministic step in between (continuous data: no ties)
+                amount = float(rng.choice([0.1, 0.3]))
+                tm, am = tp.L1Unstructured(amount), aprune.L1Unstructured(amount)
+            tc.add_pruning_method(tname(tm))
+            am._tensor_name = None
+            ac.add_pruning_method(am)
+            torch_run = _under_seed(seed * 10 + step, lambda: tc.compute_mask(t, tmask.clone()))
+            ours_run = _under_seed(seed * 10 + step, lambda: ac.compute_mask(t, amask))
+            _assert_same_run(torch_run, ours_run)
+            tmask, amask = torch_run[0], ours_run[0]
+
+
+# --------------------------------------------------------------------------------------
+# random methods, seeded (the core's own streams): counts only
 # --------------------------------------------------------------------------------------
 
 
@@ -316,7 +390,7 @@ def _zero_channels(mask, dim):
     return int((mask.sum(axis=others) == 0).sum())
 
 
-def test_random_methods_counts(side):
+def test_seeded_random_methods_counts(side):
     torch.manual_seed(0)
     shape = (12, 10)
     t = data(shape, 0)
@@ -333,7 +407,7 @@ def test_random_methods_counts(side):
                 assert int((got == 0).sum()) == int((want == 0).sum())
 
 
-def test_random_container_chains_counts(side):
+def test_seeded_random_container_chains_counts(side):
     torch.manual_seed(1)
     shape = (10, 8)
     t = data(shape, 1)
