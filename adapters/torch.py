@@ -155,8 +155,13 @@ def _run_core(core_method: Any, t: torch.Tensor, default_mask: torch.Tensor | No
     """``core_method.compute_mask`` on detached aliases of the inputs (outside autograd).
 
     ``default_mask=None`` (first pruning with a built-in method) gives the core's
-    boolean mask, spared a mask of ones and a multiplication.
+    boolean mask, spared a mask of ones and a multiplication. Tensors on the ``meta``
+    device have a shape and no values: their mask is a ``meta`` tensor too, as PyTorch
+    gives (shape-only tracing and deferred initialization keep working).
     """
+    if t.is_meta or (default_mask is not None and default_mask.is_meta):
+        dtype = torch.bool if default_mask is None else default_mask.dtype
+        return torch.empty(t.shape, dtype=dtype, device="meta")
     return core_method.compute_mask(_detached(t), _detached(default_mask))
 
 

@@ -1191,3 +1191,22 @@ def test_cuda_masks_match_cpu_and_stay_on_device():
     generator = torch.Generator(device="cuda").manual_seed(0)
     prune.random_structured(gpu[0], "weight", amount=1, dim=0, generator=generator)
     copy.deepcopy(gpu)
+
+
+@pytest.mark.parametrize("verb", ["l1", "ln", "random_u", "random_s"])
+def test_meta_modules_get_meta_masks_as_in_pytorch(verb):
+    """A module on the meta device has shapes and no values: PyTorch gives it a meta mask."""
+    calls = {
+        "l1": lambda p, m: p.l1_unstructured(m, "weight", 0.5),
+        "ln": lambda p, m: p.ln_structured(m, "weight", 0.5, 2, 0),
+        "random_u": lambda p, m: p.random_unstructured(m, "weight", 0.5),
+        "random_s": lambda p, m: p.random_structured(m, "weight", 0.5, 0),
+    }
+    got = []
+    for lib in (tprune, prune):
+        m = torch.nn.Linear(6, 4, device="meta")
+        calls[verb](lib, m)
+        got.append([(k, tuple(v.shape), v.dtype, v.device.type) for k, v in m.state_dict().items()])
+        assert m(torch.empty(2, 6, device="meta")).shape == (2, 4)
+    assert got[0] == got[1]
+    assert ("weight_mask", (4, 6), torch.float32, "meta") in got[1]
