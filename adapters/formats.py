@@ -34,9 +34,9 @@ Safety
 - ``.npz`` members are checked before they are inflated: the npy header must describe
   exactly the bytes of the member, the arrays must fit in :func:`memory_limit` (derived
   from the memory available: ``MemAvailable``, the ``RLIMIT_AS`` / ``RLIMIT_DATA`` of the
-  process less what it uses, the cgroup's ``memory.max``; set it with
-  :data:`MEMORY_LIMIT` or the environment variable ``ARRAYPRUNE_MEMORY_LIMIT``, e.g.
-  ``8G``), and a member of :data:`NPZ_RATIO_MIN_SIZE` (256 MiB) or more may not be
+  process less what it uses, the cgroup's ``memory.max`` less its anonymous memory; set
+  it with :data:`MEMORY_LIMIT` or the environment variable ``ARRAYPRUNE_MEMORY_LIMIT``,
+  e.g. ``8G``), and a member of :data:`NPZ_RATIO_MIN_SIZE` (256 MiB) or more may not be
   compressed more than :data:`NPZ_MAX_RATIO` (1000:1, which only a nearly constant
   array reaches: deflate's limit is about 1032:1; ``ARRAYPRUNE_NPZ_MAX_RATIO=0`` turns the
   check off). Refusals are immediate, without inflating anything.
@@ -466,6 +466,19 @@ def _proc_kib(path: str, key: str) -> int | None:
     return None
 
 
+def _stat_value(path: str, key: str) -> int | None:
+    """A ``key 123`` value (bytes) from a cgroup ``memory.stat`` file."""
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def _read_int(path: str) -> int | None:
     try:
         with open(path) as f:
@@ -481,8 +494,8 @@ def memory_limit() -> int:
     ``ARRAYPRUNE_MEMORY_LIMIT`` (bytes, or with a suffix: ``512M``, ``8G``), else the
     smallest of: the memory available (``MemAvailable`` of ``/proc/meminfo``, or
     ``SC_AVPHYS_PAGES``), the soft ``RLIMIT_AS`` and ``RLIMIT_DATA`` of the process
-    less its current virtual size and data, and the cgroup's ``memory.max`` less its
-    ``memory.current``.
+    less its current virtual size and data, and the cgroup's ``memory.max`` less the
+    anonymous memory its processes hold (``memory.stat``; ``memory.current`` if absent).
 
     Returns
     -------
@@ -517,8 +530,10 @@ def memory_limit() -> int:
                 used = _proc_kib("/proc/self/status", used_key) or 0
                 found.append(max(0, soft - used))
     cg_max = _read_int("/sys/fs/cgroup/memory.max")
-    if cg_max is not None:
-        found.append(max(0, cg_max - (_read_int("/sys/fs/cgroup/memory.current") or 0)))
+    if cg_max is not None:  # less what the cgroup's processes hold (the page cache can be reclaimed)
+        anon = _stat_value("/sys/fs/cgroup/memory.stat", "anon")
+        used = anon if anon is not None else _read_int("/sys/fs/cgroup/memory.current") or 0
+        found.append(max(0, cg_max - used))
     return min(found) if found else 2**63 - 1
 
 

@@ -17,11 +17,10 @@ import zipfile
 
 import numpy as np
 import pytest
-
 from arrayprune.adapters import formats as fmt
 
 onnx = pytest.importorskip("onnx")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper
 
 K, M = 2048, 128  # W [K, M] is external data (1 MiB); the bias [M] (512 bytes) stays inside the model
 
@@ -63,9 +62,7 @@ def _whole_version(path):
     model = onnx.load(str(path))  # with its external data
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     v = float(inits["b"][0])
-    assert np.all(inits["b"] == v) and np.all(inits["W"] == v), (
-        f"mixed model: bias {v}, W {np.unique(inits['W'])[:4]}"
-    )
+    assert np.all(inits["b"] == v) and np.all(inits["W"] == v), f"mixed model: bias {v}, W {np.unique(inits['W'])[:4]}"
     ort = pytest.importorskip("onnxruntime")
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     k = inits["W"].shape[0]
@@ -177,7 +174,7 @@ def test_onnx_output_is_the_input(out_v1):
     fmt.save(out, {k: np.asarray(v) * 2 for k, v in wf.params.items()}, like=wf)
     assert _whole_version(out) == 2
     names = sorted(p.name for p in out.parent.iterdir())
-    assert set(n for n in names if n.endswith(".data")) == _referenced(out) != old_data, names
+    assert {n for n in names if n.endswith(".data")} == _referenced(out) != old_data, names
     assert np.all(wf.params["W"] == 1), "the input's arrays stay readable after its data is replaced"
     fmt.save(out, {k: np.asarray(v) * 3 for k, v in wf.params.items()}, like=wf)  # again, from the same input
     assert _whole_version(out) == 3
@@ -198,7 +195,11 @@ def small_fs(tmp_path):
     mnt.mkdir()
     try:
         done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True, text=True, timeout=20
+            ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=20,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"mount failed: {exc}")
@@ -207,7 +208,7 @@ def small_fs(tmp_path):
     try:
         yield mnt
     finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True, timeout=20)
+        subprocess.run(["umount", str(mnt)], check=False, capture_output=True, timeout=20)
 
 
 @pytest.mark.parametrize("room", ["less than the data", "the data but not the model"])
@@ -374,7 +375,10 @@ def test_termination_signal_during_a_write_cleans_up(tmp_path, signame, mode):
 def test_cleanup_on_signals_restores_handlers_and_respects_the_programs_own():
     if not hasattr(signal, "SIGHUP"):
         pytest.skip("no SIGHUP here")
-    own = lambda signum, frame: None  # noqa: E731
+
+    def own(signum, frame):
+        pass
+
     old_term, old_hup = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -434,7 +438,11 @@ def test_fifo_and_special_files_are_refused_without_blocking(tmp_path):
     link.symlink_to(fifo)
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", FIFO_READER, str(fifo), str(link)], capture_output=True, text=True, timeout=30
+            [sys.executable, "-c", FIFO_READER, str(fifo), str(link)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
     except subprocess.TimeoutExpired:
         pytest.fail("reading a FIFO blocked")
@@ -475,15 +483,17 @@ def test_onnx_external_data_that_is_a_fifo_is_refused(tmp_path):
 def _zeros_npz(path, nbytes, level, shape=None):
     """An .npz with one float32 member of `nbytes` zeros, deflated at `level`, streamed
     (the test never holds the array)."""
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=level, allowZip64=True) as zf:
-        with zf.open("w.npy", "w", force_zip64=True) as member:
-            header = {"descr": "<f4", "fortran_order": False, "shape": shape or (nbytes // 4,)}
-            np.lib.format.write_array_header_1_0(member, header)
-            chunk = bytes(16 * 2**20)
-            left = nbytes
-            while left:
-                member.write(chunk[: min(left, len(chunk))])
-                left -= min(left, len(chunk))
+    with (
+        zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=level, allowZip64=True) as zf,
+        zf.open("w.npy", "w", force_zip64=True) as member,
+    ):
+        header = {"descr": "<f4", "fortran_order": False, "shape": shape or (nbytes // 4,)}
+        np.lib.format.write_array_header_1_0(member, header)
+        chunk = bytes(16 * 2**20)
+        left = nbytes
+        while left:
+            member.write(chunk[: min(left, len(chunk))])
+            left -= min(left, len(chunk))
     return path
 
 
@@ -507,7 +517,9 @@ LIMITED = textwrap.dedent(
     except fmt.FormatError as exc:
         print("REFUSED", exc)
     print(time.perf_counter() - start)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    # peak resident memory of this process image (ru_maxrss would count the forking parent's)
+    with open("/proc/self/status") as f:
+        print(next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:")))
     """
 )
 
@@ -515,6 +527,7 @@ LIMITED = textwrap.dedent(
 def _run_limited(path, **env):
     proc = subprocess.run(
         [sys.executable, "-c", LIMITED, str(path)],
+        check=False,
         capture_output=True,
         text=True,
         timeout=120,
@@ -619,9 +632,10 @@ def test_missing_optional_package_names_the_extra(tmp_path, monkeypatch, missing
     torch = pytest.importorskip("torch")
     like = _files(tmp_path)
     verb, name = action.split()
-    params = {"w": torch.ones(2)} if verb == "save-torch" else like.params if name.endswith(".onnx") else {
-        "w": np.ones(2, np.float32)
-    }
+    if verb == "save-torch":
+        params = {"w": torch.ones(2)}
+    else:
+        params = like.params if name.endswith(".onnx") else {"w": np.ones(2, np.float32)}
     monkeypatch.setitem(sys.modules, missing, None)  # 'import missing' raises ImportError
     with pytest.raises(fmt.FormatError) as info:
         if verb == "load":
