@@ -125,6 +125,42 @@ def test_onnx_failure_at_each_step_keeps_the_old_model_whole(out_v1, monkeypatch
     assert sorted(p.name for p in out.parent.iterdir()) == before, "nothing new left in the folder"
 
 
+def test_onnx_failed_first_write_leaves_nothing(tmp_path, monkeypatch):
+    wf = _source(tmp_path / "src")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    out = folder / "m.onnx"
+    real_replace = os.replace
+
+    def failing_replace(src, dst, *args, **kwargs):
+        if os.fspath(dst) == str(out):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(fmt.FormatError, match="No space left"):
+        fmt.save(out, _version(wf, 2), like=wf)
+    assert list(folder.iterdir()) == [], "no stray m.onnx.data"
+
+
+def test_onnx_interrupted_between_data_and_model_cleans_up(out_v1, monkeypatch):
+    wf, out = out_v1
+    before = sorted(p.name for p in out.parent.iterdir())
+    real_write = fmt.atomic_write
+
+    def interrupted(path, write):
+        if os.fspath(path) == str(out):
+            raise KeyboardInterrupt  # what SIGINT raises, and SIGTERM/SIGHUP through cleanup_on_signals
+        return real_write(path, write)
+
+    monkeypatch.setattr(fmt, "atomic_write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fmt.save(out, _version(wf, 2), like=wf)
+    monkeypatch.undo()
+    assert _whole_version(out) == 1
+    assert sorted(p.name for p in out.parent.iterdir()) == before
+
+
 def test_onnx_overwrite_leaves_one_data_file_and_spares_other_files(out_v1):
     wf, out = out_v1
     folder = out.parent
@@ -233,50 +269,70 @@ def test_onnx_on_a_really_full_filesystem(tmp_path, small_fs, room):
     assert len([p for p in small_fs.iterdir() if p.name.endswith(".data")]) == 1
 
 
-def _kill_at(n_call, out, wf, v):
-    """Fork a writer of version `v` that kills itself (SIGKILL) at its n-th file-system
-    call among os.replace / rename / unlink / fsync; True if it was killed."""
-    pid = os.fork()
-    if pid == 0:  # child
-        try:
-            count = [0]
+KILL_POINTS = textwrap.dedent(
+    """
+    # A fresh interpreter (no threads: forking is safe) forks, for n = 1, 2, ..., a writer
+    # of version 3 over OUT (version 2) that kills itself (SIGKILL) just before its n-th
+    # file-system call among os.replace / rename / unlink / fsync, until one finishes.
+    import os, signal, sys
+    import numpy as np
+    from arrayprune.adapters import formats as fmt
 
-            def wrap(func):
-                def inner(*args, **kwargs):
-                    count[0] += 1
-                    if count[0] == n_call:
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    return func(*args, **kwargs)
+    wf = fmt.load(sys.argv[1])
+    root = sys.argv[2]
 
-                return inner
+    def version(v):
+        return {k: np.full(np.shape(a), v, np.float32) for k, a in wf.params.items()}
 
-            for name in ("replace", "rename", "unlink", "fsync"):
-                setattr(os, name, wrap(getattr(os, name)))
-            fmt.save(out, _version(wf, v), like=wf)
-        finally:
-            os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    for n_call in range(1, 40):
+        out = os.path.join(root, f"k{n_call}", "m.onnx")
+        os.mkdir(os.path.dirname(out))
+        fmt.save(out, version(1), like=wf)
+        fmt.save(out, version(2), like=wf)  # OUT's data is now m.onnx.<token>.data
+        pid = os.fork()
+        if pid == 0:
+            try:
+                count = [0]
+
+                def wrap(func):
+                    def inner(*args, **kwargs):
+                        count[0] += 1
+                        if count[0] == n_call:
+                            os.kill(os.getpid(), signal.SIGKILL)
+                        return func(*args, **kwargs)
+
+                    return inner
+
+                for name in ("replace", "rename", "unlink", "fsync"):
+                    setattr(os, name, wrap(getattr(os, name)))
+                fmt.save(out, version(3), like=wf)
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        print(out, int(killed), flush=True)
+        if not killed:
+            break
+    """
+)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_onnx_writer_killed_at_every_step_leaves_old_or_new_whole(tmp_path):
-    wf = _source(tmp_path / "src")
-    seen = []
-    for n_call in range(1, 40):
-        folder = tmp_path / f"k{n_call}"
-        folder.mkdir()
-        out = folder / "m.onnx"
-        fmt.save(out, _version(wf, 1), like=wf)
-        fmt.save(out, _version(wf, 2), like=wf)  # OUT's data is now named m.onnx.<token>.data
-        killed = _kill_at(n_call, out, wf, 3)
-        seen.append(_whole_version(out))
-        if not killed:
-            assert seen[-1] == 3
-            break
-    else:
-        pytest.fail("the writer never finished")
-    assert seen[0] == 2 and 3 in seen and len(seen) >= 5, seen
+    _source(tmp_path / "src")
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_POINTS, str(tmp_path / "src" / "src.onnx"), str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    runs = [line.split() for line in proc.stdout.splitlines()]
+    assert runs and runs[-1][1] == "0", "the last writer finished"
+    seen = [_whole_version(out) for out, _ in runs]
+    assert seen[-1] == 3
+    assert seen[0] == 2 and len(seen) >= 5, seen  # killed before and after the switch
 
 
 WRITER = textwrap.dedent(
