@@ -616,10 +616,6 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 
     wf = fmt.load(src, in_format)
     _check_arrays(wf.params, src)
-    if out_format == "onnx" and wf.context.get("external"):
-        data = os.path.join(os.path.dirname(os.path.abspath(dst)), os.path.basename(dst) + ".data")
-        if os.path.exists(data) and not args.force:
-            raise CliError("exists (external data of the output); use --force to overwrite it", data)
 
     targets, tied = _select(wf.params, args)
     if not targets:
@@ -627,6 +623,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     if args.keep_masks or mp.is_pruned(wf.params):
         params = _prune_params(wf.params, targets, tied, args, src)
         folded = mp.apply_masks(params)
+        folded = mp.replace(folded, {o: _lookup(folded, p) for p, others in tied.items() for o in others})
         out_params = params if args.keep_masks else folded
     else:
         folded = out_params = _prune_folded(wf.params, targets, tied, args, src)
@@ -881,9 +878,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = parser.parse_args(None if argv is None else list(argv))
         except SystemExit as exc:  # --help, --version
             return int(exc.code or 0)
-        if args.command == "prune":
-            return _cmd_prune(args)
-        return _cmd_report(args)
+        with fmt.cleanup_on_signals():  # SIGTERM, SIGHUP: temporary files removed, then exit 143, 129
+            if args.command == "prune":
+                return _cmd_prune(args)
+            return _cmd_report(args)
     except CliError as exc:
         _error(str(exc))
     except fmt.FormatError as exc:

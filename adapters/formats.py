@@ -1090,11 +1090,22 @@ def _save_safetensors(path: str, params: Mapping, like: WeightFile | None) -> No
     if use_torch:
         st_save = _optional("safetensors.torch", path, "writing safetensors files").save
         tensors = {k: _to_torch(path, v).contiguous() for k, v in arrays.items()}
-        data = st_save(tensors, metadata=metadata)
+        data = st_save(_unshared(tensors), metadata=metadata)
     else:
         np_save = _optional("safetensors.numpy", path, "writing safetensors files").save
         data = np_save({k: np.ascontiguousarray(to_numpy(v)) for k, v in arrays.items()}, metadata=metadata)
     atomic_write(path, lambda f: f.write(data))
+
+
+def _unshared(tensors: dict[str, Any]) -> dict[str, Any]:
+    """Tensors sharing memory (tied weights) copied apart: safetensors stores each name's data."""
+    seen: set[int] = set()
+    out = {}
+    for k, t in tensors.items():
+        ptr = t.untyped_storage().data_ptr() if t.numel() else 0
+        out[k] = t.clone() if ptr and ptr in seen else t
+        seen.add(ptr)
+    return out
 
 
 def _save_torch(path: str, params: Mapping) -> None:

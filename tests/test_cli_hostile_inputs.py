@@ -323,3 +323,54 @@ def test_missing_onnxruntime_names_the_extra(model, tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert_error(proc, "onnxruntime", 'pip install "arrayprune[onnx]"')
+
+
+def test_tied_weights_into_safetensors_are_written_under_both_names(tied, tmp_path):
+    """safetensors cannot share data between names: each name gets its own copy."""
+    from safetensors.numpy import load_file
+
+    src, sd = tied
+    out = tmp_path / "out.safetensors"
+    proc = run("prune", src, "-o", out, "--amount", "0.5")
+    assert proc.returncode == 0, proc.stderr
+    got = load_file(out)
+    want = sd["embed.weight"].numpy() * ap.l1_unstructured(sd["embed.weight"].numpy(), 0.5)
+    np.testing.assert_array_equal(got["embed.weight"], want)
+    np.testing.assert_array_equal(got["lm_head.weight"], want)
+
+
+# --------------------------------------------------------------------------------------
+# termination signals
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("signame", "status"), [("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_terminated_run_leaves_no_temporary_file(model, tmp_path, signame, status):
+    import signal
+    import time
+
+    out = tmp_path / "out.npz"
+    out.write_bytes(b"old")
+    code = (
+        "import sys, time\n"
+        "from arrayprune.adapters import cli, formats\n"
+        "real = formats.atomic_write\n"
+        "def slow(path, write):\n"
+        "    def slow_write(f):\n"
+        "        write(f); f.flush(); print('writing', flush=True); time.sleep(60)\n"
+        "    return real(path, slow_write)\n"
+        "formats.atomic_write = slow\n"
+        f"sys.exit(cli.main(['prune', {str(model)!r}, '-o', {str(out)!r}, '--amount', '0.5', '--force']))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+        assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "a temporary file is being written"
+        proc.send_signal(getattr(signal, signame))
+        assert proc.wait(timeout=30) == status
+    finally:
+        proc.kill()
+        proc.wait()
+    time.sleep(0.1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.onnx", "out.npz"]
+    assert out.read_bytes() == b"old"
