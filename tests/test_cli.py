@@ -11,40 +11,17 @@ import sys
 
 import numpy as np
 import pytest
-
-import arrayprune as ap
 from arrayprune.adapters import cli
 from arrayprune.adapters import formats as fmt
+from cli_helpers import EXAMPLE, assert_error, run
 
-EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples", "mlp.onnx")
+import arrayprune as ap
+
 WEIGHTS = ["fc1.weight", "fc2.weight", "fc3.weight"]
-
-
-def run(*args, cwd=None, stderr=subprocess.PIPE):
-    """``python -m arrayprune ARGS``; stdout and stderr are pipes (not a terminal)."""
-    return subprocess.run(
-        [sys.executable, "-m", "arrayprune", *map(str, args)],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-        timeout=120,
-    )
 
 
 def sha(path):
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
-
-
-def assert_error(proc, *fragments):
-    """Exit status 2 and exactly one line ``arrayprune: error: ...`` naming `fragments`."""
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("arrayprune: error: "), lines[0]
-    for frag in fragments:
-        assert str(frag) in lines[0], (frag, lines[0])
-    return lines[0]
 
 
 @pytest.fixture
@@ -451,9 +428,8 @@ def test_report_json_values_are_exact(model, tmp_path):
 
 def test_progress_bar_only_on_a_terminal(model, tmp_path):
     pytest.importorskip("tqdm")
-    import pty
-
     import fcntl
+    import pty
     import select
     import struct
     import termios

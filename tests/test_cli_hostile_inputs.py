@@ -8,39 +8,19 @@ one line on stderr, and nothing is written.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from arrayprune.adapters import cli
+from cli_helpers import EXAMPLE, assert_error, run
 
 import arrayprune as ap
-from arrayprune.adapters import cli
 
 torch = pytest.importorskip("torch")
 
-EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples", "mlp.onnx")
-
-
-def run(*args, timeout=60, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "arrayprune", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-
-
-def assert_error(proc, *fragments):
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("arrayprune: error: "), lines[0]
-    for frag in fragments:
-        assert str(frag) in lines[0], (frag, lines[0])
 
 
 def rand(shape, seed=0):
