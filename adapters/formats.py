@@ -1055,6 +1055,12 @@ def save(path: Any, params: Mapping, format: str | None = None, *, like: WeightF
     }
     if fmt not in writers:
         raise FormatError(path, f"unknown format {fmt!r} (expected one of {', '.join(FORMATS)})")
+    from arrayprune.adapters.mapping import TreeError, check_tree
+
+    try:
+        check_tree(params)  # the writers recurse: bounded depth, no cycles
+    except (TreeError, TypeError) as exc:
+        raise FormatError(path, f"cannot write this tree: {exc}") from None
     try:
         with cleanup_on_signals():
             writers[fmt]()

@@ -726,3 +726,12 @@ def _zeros_onnx(tmp_path):
     path = tmp_path / "src.onnx"
     onnx.save_model(_model(8, 4), str(path))
     return path
+
+
+def test_save_refuses_a_tree_that_contains_itself(tmp_path):
+    loop = {"w": np.ones((2, 2), np.float32)}
+    loop["self"] = loop
+    for name in ("a.npz", "a.pt", "a.safetensors"):
+        with pytest.raises(fmt.FormatError, match="contains itself"):
+            fmt.save(tmp_path / name, loop)
+    assert list(tmp_path.iterdir()) == []
