@@ -635,7 +635,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         if path in selected:
             total += _size(value)
             zeros += _zeros(value)
-    everything = _totals(report_rows(folded))
+    everything = _whole_file(folded)
     detail = f"{args.nm[0]}:{args.nm[1]}" if args.method == "nm_structured" else f"amount {args.amount}"
     how = f"{args.method}{', global' if args.global_ else ''}, {detail}"
     n_tied = sum(len(v) for v in tied.values())
@@ -648,6 +648,23 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     if args.verify:
         return _verify(src, dst, args.seed, args.verify_tol)
     return 0
+
+
+def _whole_file(params: Mapping) -> dict[str, int]:
+    """Tensors, entries and zeros of every array of `params`, tied names counted once."""
+    seen = set()
+    out = {"tensors": 0, "size": 0, "zeros": 0}
+    for _, value in mp.iter_arrays(params):
+        if not (hasattr(value, "shape") and hasattr(value, "dtype")):
+            continue
+        key = _alias_key(value)
+        if key in seen:
+            continue
+        seen.add(key)
+        out["tensors"] += 1
+        out["size"] += _size(value)
+        out["zeros"] += _zeros(value)
+    return out
 
 
 def _pct(part: int, whole: int) -> str:
