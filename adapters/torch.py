@@ -283,7 +283,7 @@ def _pytorch_random_keep(
         Boolean masks shaped like `scores`, False at the pruned entries (True outside
         the eligible entries).
     """
-    sizes = [s.numel() if e is None else int(e.sum()) for s, e in zip(scores, eligible_masks)]
+    sizes = [s.numel() if e is None else int(e.sum()) for s, e in zip(scores, eligible_masks, strict=False)]
     total = sum(sizes)
     k = count(total)  # validation errors come before any draw
     device = scores[0].device
@@ -297,7 +297,7 @@ def _pytorch_random_keep(
     dropped = torch.zeros(total, dtype=torch.bool, device=device)
     dropped[torch.topk(prob, k=k).indices] = True
     offset = 0
-    for keep, e, n in zip(keeps, eligible_masks, sizes):
+    for keep, e, n in zip(keeps, eligible_masks, sizes, strict=False):
         part = ~dropped[offset : offset + n].to(device=keep.device)
         if e is None:
             keep.view(-1).copy_(part)
@@ -1687,8 +1687,8 @@ def global_unstructured(
         raise TypeError("global_unstructured(): importance_scores must be of type dict")
     pairs = [(module, name) for module, name in parameters]
     tensors = [getattr(module, name) for module, name in pairs]
-    scores = [importance_scores.get(pair, t) for pair, t in zip(pairs, tensors)]
-    for (_, name), t, s in zip(pairs, tensors, scores):
+    scores = [importance_scores.get(pair, t) for pair, t in zip(pairs, tensors, strict=False)]
+    for (_, name), t, s in zip(pairs, tensors, scores, strict=False):
         _check_shape(t, s, f"importance_scores of parameter {name}")
     old_masks = [getattr(module, name + "_mask", None) for module, name in pairs]
 
@@ -1708,7 +1708,7 @@ def global_unstructured(
             chosen = core_method
         else:
             # An unknown method: its compute_mask sees the concatenation, as in PyTorch.
-            defaults = [torch.ones_like(t) if m is None else m.detach() for t, m in zip(tensors, old_masks)]
+            defaults = [torch.ones_like(t) if m is None else m.detach() for t, m in zip(tensors, old_masks, strict=False)]
             chosen = method
         if isinstance(core_method, _PyTorchStreamRandomUnstructured) and (
             min_sparsity is None and max_sparsity is None and normalization is None
@@ -1716,7 +1716,7 @@ def global_unstructured(
             # Unseeded random pruning: PyTorch's draw over the remaining entries.
             eligible = [None if m is None else _eligible(m) for m in defaults]
             keeps = _pytorch_random_keep([s.detach() for s in scores], eligible, core_method._count)
-            masks = [keep if m is None else _apply_keep(m, keep) for m, keep in zip(defaults, keeps)]
+            masks = [keep if m is None else _apply_keep(m, keep) for m, keep in zip(defaults, keeps, strict=False)]
         else:
             masks = _global.global_unstructured(
                 [t.detach() for t in tensors],
@@ -1733,7 +1733,7 @@ def global_unstructured(
     # A patched or overridden CustomFromMask.compute_mask is honoured: then each mask
     # goes through custom_from_mask, as in PyTorch.
     with _Transaction(module for module, _ in pairs):
-        for (module, name), mask, t in zip(pairs, masks, tensors):
+        for (module, name), mask, t in zip(pairs, masks, tensors, strict=False):
             mask = mask.to(dtype=t.dtype)
             hook = CustomFromMask(mask)
             if _native_core_method(hook) is None:

@@ -14,10 +14,10 @@ import sys
 
 import numpy as np
 import pytest
-from arrayprune.adapters import cli
-from cli_helpers import EXAMPLE, assert_error, run
 
 import arrayprune as ap
+from arrayprune.adapters import cli
+from cli_helpers import EXAMPLE, assert_error, run
 
 torch = pytest.importorskip("torch")
 

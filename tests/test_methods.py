@@ -156,7 +156,7 @@ LN_EXPECT = {
 @pytest.mark.parametrize("n", list(LN_EXPECT), ids=str)
 def test_ln_structured_hand_computed(backend, n):
     t = backend.asarray(COLS)
-    for amount, expected_cols in zip((1, 2), LN_EXPECT[n]):
+    for amount, expected_cols in zip((1, 2), LN_EXPECT[n], strict=False):
         want = np.broadcast_to(np.array(expected_cols, bool), COLS.shape)
         for dim in (1, -1):
             mask = ap.LnStructured(amount, n, dim).compute_mask(t, ones(backend, COLS.shape))
@@ -249,7 +249,7 @@ def test_structured_channels_fully_pruned_are_not_counted_again(backend):
 
 
 def _methods(backend, shape):
-    custom = backend.asarray((np.arange(math.prod(shape)).reshape(shape) % 3 != 0))
+    custom = backend.asarray(np.arange(math.prod(shape)).reshape(shape) % 3 != 0)
     return {
         "Identity": ap.Identity(),
         "L1Unstructured": ap.L1Unstructured(0.4),

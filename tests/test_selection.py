@@ -80,7 +80,7 @@ def check_keep(backend, arrays_np, k, eligible_np=None, dtype="float32"):
     got = sel.smallest_magnitude_keep(arrays, k, elig)
     want = reference_keep(host, k, eligible_np)
     assert len(got) == len(arrays)
-    for g, w, a in zip(got, want, arrays):
+    for g, w, a in zip(got, want, arrays, strict=False):
         assert g.dtype == backend.dtype("bool")
         assert tuple(g.shape) == tuple(a.shape)
         assert apc.array_namespace(g) is apc.array_namespace(a)
@@ -180,11 +180,11 @@ def test_small_multi_array_with_eligibility(backend):
     rng = np.random.default_rng(5)
     arrays = [make_data("integers", 300, 1).reshape(10, 30), make_data("gauss", 7, 2), np.zeros(0), make_data("nan_inf", 500, 3)]
     elig = [rng.random((10, 30)) < 0.6, None, np.zeros(0, bool), rng.random(500) < 0.9]
-    n_elig = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig))
+    n_elig = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig, strict=False))
     for k in sorted({0, 1, 17, n_elig // 2, n_elig - 1, n_elig}):
         got = check_keep(backend, arrays, k, elig)
         # ineligible entries are always kept
-        for g, e in zip(got, elig):
+        for g, e in zip(got, elig, strict=False):
             if e is not None:
                 assert to_numpy(g)[~e].all()
     with pytest.raises(ValueError):
@@ -221,7 +221,7 @@ def test_mixed_float_dtypes_numpy():
     b = np.array([0.25, 1e-3 + 1e-12, 2.0], np.float64)
     keep = sel.smallest_magnitude_keep([a, b], 3)
     want = reference_keep([a.astype(np.float64), b], 3)
-    for g, w in zip(keep, want):
+    for g, w in zip(keep, want, strict=False):
         np.testing.assert_array_equal(g, w)
 
 
@@ -295,7 +295,7 @@ def test_large_multi_array_with_eligibility(backend, monkeypatch, mode):
         make_data("nan_inf", 30_000, 4),
     ]
     elig = [rng.random((256, 256)) < 0.7, None, rng.random(300) < 0.5, rng.random(30_000) < 0.5]
-    total = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig))
+    total = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig, strict=False))
     for k in (1, total // 4, total // 2, total - 1):
         check_keep(backend, [a.astype(np.float32) for a in arrays], k, elig)
 
@@ -338,7 +338,7 @@ def test_forced_bracket_misses_multi_array(backend, monkeypatch):
     rng = np.random.default_rng(17)
     arrays = [make_data("integers", 400, 1).reshape(20, 20), make_data("nan_inf", 300, 2), make_data("half_zeros", 500, 3)]
     elig = [rng.random((20, 20)) < 0.5, None, rng.random(500) < 0.8]
-    total = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig))
+    total = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig, strict=False))
     for k in (1, 40, total // 2, total - 40, total):
         check_keep(backend, arrays, k, elig)
     if counter.available:
@@ -379,7 +379,7 @@ def test_forced_bracket_through_methods(backend, monkeypatch):
     np.testing.assert_array_equal(to_numpy(m2), reference_keep([x], 840)[0])
     g = ap.global_unstructured([t, backend.asarray(x[:5].copy())], ap.L1Unstructured, amount=0.3)
     want = reference_keep([x, x[:5]], round(0.3 * 1400))
-    for a, b in zip(g, want):
+    for a, b in zip(g, want, strict=False):
         np.testing.assert_array_equal(to_numpy(a), b)
 
 
