@@ -241,7 +241,9 @@ def combine_masks(method: Any, t: Array, mask: Array) -> Array:
         return _combine_gathered_entries(method, t, mask)
     if kind == "structured":
         if not hasattr(method, "dim"):
-            raise AttributeError('Pruning methods of PRUNING_TYPE "structured" need to have the attribute `dim` defined.')
+            raise AttributeError(
+                'Pruning methods of PRUNING_TYPE "structured" need to have the attribute `dim` defined.'
+            )
         if isinstance(method, _Structured):
             return method._remaining_mask(t, mask)
         return _combine_gathered_channels(method, t, mask)

@@ -263,7 +263,9 @@ def _block_reduce(xp: Any, x: Array, block: tuple[int, ...], grid: tuple[int, ..
     return x
 
 
-def _block_counts(xp: Any, shape: tuple[int, ...], block: tuple[int, ...], grid: tuple[int, ...], dtype: Any, device: Any) -> Array:
+def _block_counts(
+    xp: Any, shape: tuple[int, ...], block: tuple[int, ...], grid: tuple[int, ...], dtype: Any, device: Any
+) -> Array:
     """Number of real (unpadded) entries in every block, as an outer product."""
     counts = xp.ones(grid, dtype=dtype, device=device)
     for axis, (d, b, g) in enumerate(zip(shape, block, grid, strict=False)):

@@ -345,7 +345,9 @@ def test_unseeded_random_methods_match_torch(dtype):
                 for amount in (0.0, 0.3, 0.5, 1.0, 2):
                     _assert_same_run(
                         _under_seed(seed, lambda: tp.RandomStructured(amount, dim).compute_mask(t, default.clone())),
-                        _under_seed(seed, lambda: aprune.RandomStructured(amount, dim).compute_mask(t, default.clone())),
+                        _under_seed(
+                            seed, lambda: aprune.RandomStructured(amount, dim).compute_mask(t, default.clone())
+                        ),
                     )
 
 

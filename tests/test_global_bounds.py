@@ -58,7 +58,9 @@ def test_bounds_protect_a_small_layer_and_match_across_backends():
     assert int((~expected[1]).sum()) == 18
     assert sum(int((~m).sum()) for m in expected) == 515
     for b in available_backends():
-        got = ap.global_unstructured([b.asarray(a) for a in arrays], ap.L1Unstructured, amount=0.5, max_sparsity=[1, 0.6, 1])
+        got = ap.global_unstructured(
+            [b.asarray(a) for a in arrays], ap.L1Unstructured, amount=0.5, max_sparsity=[1, 0.6, 1]
+        )
         for g, e in zip(got, expected, strict=False):
             np.testing.assert_array_equal(to_numpy(g), e, err_msg=b.name)
 
@@ -66,14 +68,14 @@ def test_bounds_protect_a_small_layer_and_match_across_backends():
 def test_bounds_by_mapping_and_with_earlier_masks():
     arrays = dict(zip("abc", _arrays(1, [100, 100, 100], [1.0, 0.1, 1.0]), strict=False))
     first = ap.global_unstructured(arrays, ap.L1Unstructured, amount=0.3)
-    second = ap.global_unstructured(
-        arrays, ap.L1Unstructured, amount=0.5, default_masks=first, max_sparsity={"b": 0.7}
-    )
+    second = ap.global_unstructured(arrays, ap.L1Unstructured, amount=0.5, default_masks=first, max_sparsity={"b": 0.7})
     for key in "abc":
         assert not (second[key] & ~first[key]).any()
     assert int((~second["b"]).sum()) <= 70
     remaining = sum(int(m.sum()) for m in first.values())
-    assert sum(int((~m).sum()) for m in second.values()) == sum(int((~m).sum()) for m in first.values()) + round(0.5 * remaining)
+    assert sum(int((~m).sum()) for m in second.values()) == sum(int((~m).sum()) for m in first.values()) + round(
+        0.5 * remaining
+    )
 
 
 def test_lamp_scores_hand_computed():
@@ -82,7 +84,9 @@ def test_lamp_scores_hand_computed():
 
 def test_lamp_global_is_exact_and_protects_small_layers(backend):
     arrays = _arrays(2, [500, 40, 800], [1.0, 0.01, 0.5])
-    masks = ap.global_unstructured([backend.asarray(a) for a in arrays], ap.L1Unstructured, amount=0.6, normalization="lamp")
+    masks = ap.global_unstructured(
+        [backend.asarray(a) for a in arrays], ap.L1Unstructured, amount=0.6, normalization="lamp"
+    )
     masks = [to_numpy(m) for m in masks]
     assert sum(int((~m).sum()) for m in masks) == round(0.6 * 1340)
     assert masks[1].any()  # LAMP keeps the largest entry of every layer (score 1)

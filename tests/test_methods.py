@@ -428,7 +428,9 @@ def test_numpy_read_only_inputs(size):
             m.compute_mask(t, default)
             m.prune(t, default_mask=default, importance_scores=scores)
             ap.PruningContainer(m).compute_mask(scores, default)
-        ap.global_unstructured([t, scores], ap.L1Unstructured, [scores, None], default_masks=[default, None], amount=0.5)
+        ap.global_unstructured(
+            [t, scores], ap.L1Unstructured, [scores, None], default_masks=[default, None], amount=0.5
+        )
         np.testing.assert_array_equal(default, before)
         assert not default.flags.writeable
 
@@ -663,9 +665,7 @@ def test_container_structured_chain_exact_counts(backend):
 
 
 def test_container_mixed_chain(backend):
-    x = np.array(
-        [[0.1, 5.0, 0.2, 4.0], [0.3, 6.0, 0.4, 3.0], [7.0, 0.5, 8.0, 0.6]], dtype=np.float32
-    )
+    x = np.array([[0.1, 5.0, 0.2, 4.0], [0.3, 6.0, 0.4, 3.0], [7.0, 0.5, 8.0, 0.6]], dtype=np.float32)
     t = backend.asarray(x)
     mask = ones(backend, x.shape)
     c = ap.PruningContainer(ap.L1Unstructured(4))
@@ -838,6 +838,4 @@ def test_every_method_on_array_api_strict():
         lambda: ap.kth_smallest(t, 5),
     ):
         assert isinstance(f(), type(t))
-    np.testing.assert_array_equal(
-        np.from_dlpack(ap.l1_unstructured(t, 37)), reference_keep([x], 37)[0]
-    )
+    np.testing.assert_array_equal(np.from_dlpack(ap.l1_unstructured(t, 37)), reference_keep([x], 37)[0])

@@ -98,7 +98,9 @@ def test_is_nm_sparse_detects_violations(backend):
     assert ap.is_nm_sparse(backend.asarray(ok.T.copy()), 2, 4, dim=0)
 
 
-@pytest.mark.parametrize("args, error", [((3, 2), ValueError), ((-1, 4), ValueError), ((2.0, 4), TypeError), ((2, 0), ValueError)])
+@pytest.mark.parametrize(
+    "args, error", [((3, 2), ValueError), ((-1, 4), ValueError), ((2.0, 4), TypeError), ((2, 0), ValueError)]
+)
 def test_nm_bad_arguments(args, error):
     with pytest.raises(error):
         ap.NMStructured(*args)
@@ -123,7 +125,9 @@ def _reference_blocks(x: np.ndarray, amount, block, n=1.0, default=None):
     return keep
 
 
-@pytest.mark.parametrize("shape, block", [((8, 12), (1, 4)), ((9, 10), (4, 4)), ((5, 7), (2, 3)), ((4, 3, 5, 5), (2, 2))])
+@pytest.mark.parametrize(
+    "shape, block", [((8, 12), (1, 4)), ((9, 10), (4, 4)), ((5, 7), (2, 3)), ((4, 3, 5, 5), (2, 2))]
+)
 @pytest.mark.parametrize("n", [1, 2, math.inf])
 def test_blocks_match_reference(backend, shape, block, n):
     x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)

@@ -59,7 +59,9 @@ def test_pattern_errors_leave_the_module_untouched():
         torch.testing.assert_close(v, before[k])
 
 
-@pytest.mark.parametrize("kwargs", [{"max_sparsity": 0.7}, {"normalization": "lamp"}, {"min_sparsity": 0.3, "max_sparsity": 0.9}])
+@pytest.mark.parametrize(
+    "kwargs", [{"max_sparsity": 0.7}, {"normalization": "lamp"}, {"min_sparsity": 0.3, "max_sparsity": 0.9}]
+)
 def test_bounded_and_lamp_global_match_the_core(kwargs):
     mods = [seeded_linear(32, 32, 1), seeded_linear(32, 4, 2)]
     with torch.no_grad():

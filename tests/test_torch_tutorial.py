@@ -118,9 +118,14 @@ def test_global_pruning_tutorial(trained):
 
     print()
     print(f"unpruned test accuracy: {base:.4f}")
-    print(f"{'amount':>7} {'sparsity':>9} {'torch acc':>10} {'arrayprune acc':>15} {'torch ms':>9} {'arrayprune ms':>14}")
+    print(
+        f"{'amount':>7} {'sparsity':>9} {'torch acc':>10} {'arrayprune acc':>15} {'torch ms':>9} {'arrayprune ms':>14}"
+    )
     for amount, sparsity, acc_ref, acc_ours, t_ref, t_ours in rows:
-        print(f"{amount:>7.0%} {sparsity:>9.3f} {acc_ref:>10.4f} {acc_ours:>15.4f} {1e3 * t_ref:>9.2f} {1e3 * t_ours:>14.2f}")
+        print(
+            f"{amount:>7.0%} {sparsity:>9.3f} {acc_ref:>10.4f} {acc_ours:>15.4f}"
+            f" {1e3 * t_ref:>9.2f} {1e3 * t_ours:>14.2f}"
+        )
     # moderate pruning costs little accuracy
     assert rows[0][3] > base - 0.05
 
