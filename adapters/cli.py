@@ -228,12 +228,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--dim",
         type=int,
         default=None,
-        help="ln_structured, random_structured: channel axis (default: 0); nm_structured: axis of the groups (default: -1)",
+        help="ln_structured, random_structured: channel axis (default: 0);"
+        " nm_structured: axis of the groups (default: -1)",
     )
-    p.add_argument("--nm", type=_pattern, default=None, metavar="N:M", help="nm_structured: N zeros in every M (default: 2:4)")
-    p.add_argument("--block", type=_block, default=None, metavar="RxC", help="block_unstructured: block shape (default: 1x4)")
-    p.add_argument("--min-sparsity", type=_fraction, default=None, metavar="F", help="--global: least sparsity of any tensor")
-    p.add_argument("--max-sparsity", type=_fraction, default=None, metavar="F", help="--global: most sparsity of any tensor")
+    p.add_argument(
+        "--nm", type=_pattern, default=None, metavar="N:M", help="nm_structured: N zeros in every M (default: 2:4)"
+    )
+    p.add_argument(
+        "--block", type=_block, default=None, metavar="RxC", help="block_unstructured: block shape (default: 1x4)"
+    )
+    p.add_argument(
+        "--min-sparsity", type=_fraction, default=None, metavar="F", help="--global: least sparsity of any tensor"
+    )
+    p.add_argument(
+        "--max-sparsity", type=_fraction, default=None, metavar="F", help="--global: most sparsity of any tensor"
+    )
     p.add_argument("--lamp", action="store_true", help="--global: rank by layer-adaptive (LAMP) scores")
     p.add_argument(
         "--include",
@@ -475,7 +484,11 @@ def _prune_entry(params: Mapping, key: Any, name: str, args: argparse.Namespace)
 
 
 def _prune_params(
-    params: Mapping, targets: list[tuple[tuple, Any]], tied: dict[tuple, list[tuple]], args: argparse.Namespace, src: str
+    params: Mapping,
+    targets: list[tuple[tuple, Any]],
+    tied: dict[tuple, list[tuple]],
+    args: argparse.Namespace,
+    src: str,
 ) -> Mapping:
     """`params` with the targets pruned, as ``name_orig`` + ``name_mask`` entries.
 
@@ -510,7 +523,11 @@ def _lookup(params: Mapping, path: tuple) -> Any:
 
 
 def _prune_folded(
-    params: Mapping, targets: list[tuple[tuple, Any]], tied: dict[tuple, list[tuple]], args: argparse.Namespace, src: str
+    params: Mapping,
+    targets: list[tuple[tuple, Any]],
+    tied: dict[tuple, list[tuple]],
+    args: argparse.Namespace,
+    src: str,
 ) -> Mapping:
     """`params` with the targets pruned and folded, for inputs without masks.
 
@@ -555,7 +572,9 @@ def _check_options(args: argparse.Namespace) -> None:
     if args.dim is None:
         args.dim = -1 if args.method == "nm_structured" else 0
     if args.seed is not None and args.method not in RANDOM and not args.verify:
-        raise CliError(f"--seed does not apply to {args.method}, which is deterministic (it seeds random methods and --verify)")
+        raise CliError(
+            f"--seed does not apply to {args.method}, which is deterministic (it seeds random methods and --verify)"
+        )
     if args.verify_tol is not None and not args.verify:
         raise CliError("--verify-tol needs --verify")
     if args.verify_tol is None:
@@ -642,7 +661,8 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     names = f"{len(targets)} tensors" + (f" (and {n_tied} tied names)" if n_tied else "")
     print(f"pruned {names} of {src} ({how}): {zeros} of {total} entries zero ({_pct(zeros, total)}) -> {dst}")
     print(
-        f"whole file: {everything['zeros']} of {everything['size']} entries zero ({_pct(everything['zeros'], everything['size'])})"
+        f"whole file: {everything['zeros']} of {everything['size']} entries zero"
+        f" ({_pct(everything['zeros'], everything['size'])})"
         f" in {everything['tensors']} tensors"
     )
     if args.verify:
@@ -697,14 +717,14 @@ def _verify(src: str, dst: str, seed: int | None, tol: tuple[float, float]) -> i
         else:
             raise CliError(f"--verify: input {inp.name!r} of type {kind} is not supported", src)
     results = []
-    for path, session in zip((src, dst), sessions):
+    for path, session in zip((src, dst), sessions, strict=False):
         try:
             results.append(session.run(None, feeds))
         except Exception as exc:
             raise CliError(f"onnxruntime failed to run the model: {fmt._describe(exc)}", path) from None
     rtol, atol = tol
     failed, skipped = [], []
-    for out, a, b in zip(sessions[0].get_outputs(), *results):
+    for out, a, b in zip(sessions[0].get_outputs(), *results, strict=False):
         a, b = np.asarray(a), np.asarray(b)
         if a.dtype.kind != "f" or b.dtype.kind != "f" or a.shape != b.shape:
             skipped.append(out.name)  # labels, sequences, maps: not a distance
@@ -737,7 +757,7 @@ def _optional(module: str, extra: str, what: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise CliError(f"{what} needs the {module!r} package: pip install \"arrayprune[{extra}]\"") from None
+        raise CliError(f'{what} needs the {module!r} package: pip install "arrayprune[{extra}]"') from None
 
 
 # --------------------------------------------------------------------------------------
@@ -808,7 +828,12 @@ def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     rows = [r for r in rows if r["tied_to"] is None]
     size = sum(r["size"] for r in rows)
     zeros = sum(r["zeros"] for r in rows)
-    total: dict[str, Any] = {"tensors": len(rows), "size": size, "zeros": zeros, "sparsity": zeros / size if size else 0.0}
+    total: dict[str, Any] = {
+        "tensors": len(rows),
+        "size": size,
+        "zeros": zeros,
+        "sparsity": zeros / size if size else 0.0,
+    }
     total["bytes"] = {
         form: sum(r["bytes"].get(form, r["bytes"]["dense"]) for r in rows)
         for form in ("dense", "csr", "bitmask", "semi_structured_2_4")
@@ -847,7 +872,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
             note = "yes" if r["prunable"] else f"no: {r['reason']}"
         table.append((name, shape, r["dtype"], f"{r['zeros']}/{r['size']}", f"{100 * r['sparsity']:.2f}%", nm, note))
     for label, t in (("prunable", prunable), ("total", total)):
-        table.append((label, f"{t['tensors']} tensors", "", f"{t['zeros']}/{t['size']}", f"{100 * t['sparsity']:.2f}%", "", ""))
+        table.append(
+            (label, f"{t['tensors']} tensors", "", f"{t['zeros']}/{t['size']}", f"{100 * t['sparsity']:.2f}%", "", "")
+        )
     widths = [max(len(row[i]) for row in table) for i in range(7)]
     print(f"{path} ({wf.format})")
     for i, row in enumerate(table):

@@ -67,7 +67,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Union
+from typing import Any
 
 import array_api_compat as apc
 
@@ -103,7 +103,7 @@ __all__ = [
 ]
 
 Array = Any
-Key = Union[str, tuple]
+Key = str | tuple
 Path = tuple
 
 ORIG_SUFFIX = "_orig"
@@ -824,7 +824,7 @@ def global_unstructured(
         **kwargs,
     )
     out = params
-    for entry, mask in zip(entries, masks):
+    for entry, mask in zip(entries, masks, strict=False):
         out = _with_mask(out, entry, entry.stored_mask(mask))
     return out if entries else _rebuild(params, params.items())
 

@@ -283,7 +283,7 @@ def _pytorch_random_keep(
         Boolean masks shaped like `scores`, False at the pruned entries (True outside
         the eligible entries).
     """
-    sizes = [s.numel() if e is None else int(e.sum()) for s, e in zip(scores, eligible_masks)]
+    sizes = [s.numel() if e is None else int(e.sum()) for s, e in zip(scores, eligible_masks, strict=False)]
     total = sum(sizes)
     k = count(total)  # validation errors come before any draw
     device = scores[0].device
@@ -297,7 +297,7 @@ def _pytorch_random_keep(
     dropped = torch.zeros(total, dtype=torch.bool, device=device)
     dropped[torch.topk(prob, k=k).indices] = True
     offset = 0
-    for keep, e, n in zip(keeps, eligible_masks, sizes):
+    for keep, e, n in zip(keeps, eligible_masks, sizes, strict=False):
         part = ~dropped[offset : offset + n].to(device=keep.device)
         if e is None:
             keep.view(-1).copy_(part)
@@ -477,7 +477,14 @@ class BasePruningMethod(_tprune.BasePruningMethod):
         setattr(module, self._tensor_name, self.apply_mask(module))
 
     @classmethod
-    def apply(cls, module: torch.nn.Module, name: str, *args: Any, importance_scores: torch.Tensor | None = None, **kwargs: Any):
+    def apply(
+        cls,
+        module: torch.nn.Module,
+        name: str,
+        *args: Any,
+        importance_scores: torch.Tensor | None = None,
+        **kwargs: Any,
+    ):
         """Prune ``module.<name>`` with ``cls(*args, **kwargs)``, adding the reparametrization.
 
         On first pruning, the parameter moves to ``<name>_orig``, the mask becomes the
@@ -808,7 +815,15 @@ class RandomUnstructured(BasePruningMethod, _tprune.RandomUnstructured):
         return _run_core(self._core_method(), t, default_mask)
 
     @classmethod
-    def apply(cls, module: torch.nn.Module, name: str, amount: int | float, *, seed: int | None = None, generator: torch.Generator | None = None):  # type: ignore[override]
+    def apply(
+        cls,
+        module: torch.nn.Module,
+        name: str,
+        amount: int | float,
+        *,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+    ):  # type: ignore[override]
         """Prune ``amount`` of the remaining entries of ``module.<name>`` at random.
 
         Parameters
@@ -887,7 +902,9 @@ class L1Unstructured(BasePruningMethod, _tprune.L1Unstructured):
         return _run_core(self._core_method(), t, default_mask)
 
     @classmethod
-    def apply(cls, module: torch.nn.Module, name: str, amount: int | float, importance_scores: torch.Tensor | None = None):  # type: ignore[override]
+    def apply(
+        cls, module: torch.nn.Module, name: str, amount: int | float, importance_scores: torch.Tensor | None = None
+    ):  # type: ignore[override]
         """Prune ``amount`` of the remaining entries of ``module.<name>`` of smallest magnitude.
 
         Parameters
@@ -909,7 +926,9 @@ class L1Unstructured(BasePruningMethod, _tprune.L1Unstructured):
         return super().apply(module, name, amount=amount, importance_scores=importance_scores)
 
 
-def _structured_result(mask: torch.Tensor, given: torch.Tensor, default_mask: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+def _structured_result(
+    mask: torch.Tensor, given: torch.Tensor, default_mask: torch.Tensor, t: torch.Tensor
+) -> torch.Tensor:
     """PyTorch's structured masks: `default_mask` itself if nothing was pruned, else `t`'s dtype."""
     if mask is given:
         return default_mask
@@ -942,7 +961,9 @@ class RandomStructured(BasePruningMethod, _tprune.RandomStructured):
 
     PRUNING_TYPE = "structured"
 
-    def __init__(self, amount: int | float, dim: int = -1, *, seed: int | None = None, generator: torch.Generator | None = None):
+    def __init__(
+        self, amount: int | float, dim: int = -1, *, seed: int | None = None, generator: torch.Generator | None = None
+    ):
         _amount.validate_pruning_amount_init(amount)
         _check_random_source(seed, generator)
         self.amount = amount
@@ -985,7 +1006,16 @@ class RandomStructured(BasePruningMethod, _tprune.RandomStructured):
         return _structured_result(mask, given, default_mask, t)
 
     @classmethod
-    def apply(cls, module: torch.nn.Module, name: str, amount: int | float, dim: int = -1, *, seed: int | None = None, generator: torch.Generator | None = None):  # type: ignore[override]
+    def apply(
+        cls,
+        module: torch.nn.Module,
+        name: str,
+        amount: int | float,
+        dim: int = -1,
+        *,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+    ):  # type: ignore[override]
         """Prune ``amount`` of the remaining channels of ``module.<name>`` at random.
 
         Parameters
@@ -1076,7 +1106,15 @@ class LnStructured(BasePruningMethod, _tprune.LnStructured):
         return _structured_result(mask, given, default_mask, t)
 
     @classmethod
-    def apply(cls, module: torch.nn.Module, name: str, amount: int | float, n: Any, dim: int, importance_scores: torch.Tensor | None = None):  # type: ignore[override]
+    def apply(
+        cls,
+        module: torch.nn.Module,
+        name: str,
+        amount: int | float,
+        n: Any,
+        dim: int,
+        importance_scores: torch.Tensor | None = None,
+    ):  # type: ignore[override]
         """Prune ``amount`` of the remaining channels of ``module.<name>`` of smallest norm.
 
         Parameters
@@ -1194,7 +1232,15 @@ class NMStructured(BasePruningMethod):
         return _run_core(self._core_method(), t, default_mask)
 
     @classmethod
-    def apply(cls, module: torch.nn.Module, name: str, n: int = 2, m: int = 4, dim: int = -1, importance_scores: torch.Tensor | None = None):  # type: ignore[override]
+    def apply(
+        cls,
+        module: torch.nn.Module,
+        name: str,
+        n: int = 2,
+        m: int = 4,
+        dim: int = -1,
+        importance_scores: torch.Tensor | None = None,
+    ):  # type: ignore[override]
         """Impose `n`:`m` sparsity on ``module.<name>``; returns the installed hook."""
         return super().apply(module, name, n=n, m=m, dim=dim, importance_scores=importance_scores)
 
@@ -1229,9 +1275,19 @@ class BlockUnstructured(BasePruningMethod):
         return _run_core(self._core_method(), t, default_mask)
 
     @classmethod
-    def apply(cls, module: torch.nn.Module, name: str, amount: int | float, block_shape: tuple[int, ...], n: float = 1, importance_scores: torch.Tensor | None = None):  # type: ignore[override]
+    def apply(
+        cls,
+        module: torch.nn.Module,
+        name: str,
+        amount: int | float,
+        block_shape: tuple[int, ...],
+        n: float = 1,
+        importance_scores: torch.Tensor | None = None,
+    ):  # type: ignore[override]
         """Prune ``amount`` of the blocks of ``module.<name>``; returns the installed hook."""
-        return super().apply(module, name, amount=amount, block_shape=block_shape, n=n, importance_scores=importance_scores)
+        return super().apply(
+            module, name, amount=amount, block_shape=block_shape, n=n, importance_scores=importance_scores
+        )
 
 
 _CORE_BACKED = (
@@ -1358,9 +1414,7 @@ def _apply(
     return hook
 
 
-def _apply_fresh(
-    module: torch.nn.Module, name: str, method: Any, importance_scores: torch.Tensor | None
-) -> Any:
+def _apply_fresh(module: torch.nn.Module, name: str, method: Any, importance_scores: torch.Tensor | None) -> Any:
     """`_apply` for the common case, or None where it does not apply.
 
     The common case: a built-in, unpatched method pruning a parameter for the first
@@ -1687,8 +1741,8 @@ def global_unstructured(
         raise TypeError("global_unstructured(): importance_scores must be of type dict")
     pairs = [(module, name) for module, name in parameters]
     tensors = [getattr(module, name) for module, name in pairs]
-    scores = [importance_scores.get(pair, t) for pair, t in zip(pairs, tensors)]
-    for (_, name), t, s in zip(pairs, tensors, scores):
+    scores = [importance_scores.get(pair, t) for pair, t in zip(pairs, tensors, strict=False)]
+    for (_, name), t, s in zip(pairs, tensors, scores, strict=False):
         _check_shape(t, s, f"importance_scores of parameter {name}")
     old_masks = [getattr(module, name + "_mask", None) for module, name in pairs]
 
@@ -1708,7 +1762,9 @@ def global_unstructured(
             chosen = core_method
         else:
             # An unknown method: its compute_mask sees the concatenation, as in PyTorch.
-            defaults = [torch.ones_like(t) if m is None else m.detach() for t, m in zip(tensors, old_masks)]
+            defaults = [
+                torch.ones_like(t) if m is None else m.detach() for t, m in zip(tensors, old_masks, strict=False)
+            ]
             chosen = method
         if isinstance(core_method, _PyTorchStreamRandomUnstructured) and (
             min_sparsity is None and max_sparsity is None and normalization is None
@@ -1716,7 +1772,7 @@ def global_unstructured(
             # Unseeded random pruning: PyTorch's draw over the remaining entries.
             eligible = [None if m is None else _eligible(m) for m in defaults]
             keeps = _pytorch_random_keep([s.detach() for s in scores], eligible, core_method._count)
-            masks = [keep if m is None else _apply_keep(m, keep) for m, keep in zip(defaults, keeps)]
+            masks = [keep if m is None else _apply_keep(m, keep) for m, keep in zip(defaults, keeps, strict=False)]
         else:
             masks = _global.global_unstructured(
                 [t.detach() for t in tensors],
@@ -1733,7 +1789,7 @@ def global_unstructured(
     # A patched or overridden CustomFromMask.compute_mask is honoured: then each mask
     # goes through custom_from_mask, as in PyTorch.
     with _Transaction(module for module, _ in pairs):
-        for (module, name), mask, t in zip(pairs, masks, tensors):
+        for (module, name), mask, t in zip(pairs, masks, tensors, strict=False):
             mask = mask.to(dtype=t.dtype)
             hook = CustomFromMask(mask)
             if _native_core_method(hook) is None:

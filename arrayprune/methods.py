@@ -241,7 +241,9 @@ def combine_masks(method: Any, t: Array, mask: Array) -> Array:
         return _combine_gathered_entries(method, t, mask)
     if kind == "structured":
         if not hasattr(method, "dim"):
-            raise AttributeError('Pruning methods of PRUNING_TYPE "structured" need to have the attribute `dim` defined.')
+            raise AttributeError(
+                'Pruning methods of PRUNING_TYPE "structured" need to have the attribute `dim` defined.'
+            )
         if isinstance(method, _Structured):
             return method._remaining_mask(t, mask)
         return _combine_gathered_channels(method, t, mask)
@@ -286,7 +288,7 @@ def _remaining_channels(mask: Array, dim: int) -> Array:
 
 def available_count(arrays: list[Array], eligible_masks: list[Array | None]) -> int:
     """Number of entries that may still be pruned across `arrays`."""
-    return sum(size(a) if e is None else count_true(e) for a, e in zip(arrays, eligible_masks))
+    return sum(size(a) if e is None else count_true(e) for a, e in zip(arrays, eligible_masks, strict=False))
 
 
 def _channel_keep_to_mask(default_mask: Array, keep: Array, dim: int) -> Array:

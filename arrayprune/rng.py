@@ -165,10 +165,10 @@ def uniform_many(
         if key is None:
             key = jax.random.key(int(seed) if seed is not None else int(np.random.SeedSequence().generate_state(1)[0]))
         keys = jax.random.split(key, len(arrays))
-        return [uniform_like(a, s, generator=k) for a, s, k in zip(arrays, shapes, keys)]
+        return [uniform_like(a, s, generator=k) for a, s, k in zip(arrays, shapes, keys, strict=False)]
     if generator is None and seed is not None:
         generator = _generator_for(first, int(seed))
-    return [uniform_like(a, s, generator=generator) for a, s in zip(arrays, shapes)]
+    return [uniform_like(a, s, generator=generator) for a, s in zip(arrays, shapes, strict=False)]
 
 
 def _generator_for(x: Array, seed: int) -> Any:

@@ -71,7 +71,9 @@ def unpack_mask(packed: Array, shape: tuple[int, ...]) -> Array:
     xp = namespace(packed)
     n = math.prod(shape)
     if packed.ndim != 1 or packed.shape[0] != -(-n // 8):
-        raise ValueError(f"{packed.shape[0] if packed.ndim == 1 else packed.shape} bytes cannot hold a mask of shape {tuple(shape)}")
+        raise ValueError(
+            f"{packed.shape[0] if packed.ndim == 1 else packed.shape} bytes cannot hold a mask of shape {tuple(shape)}"
+        )
     weights = xp.asarray(_BIT_WEIGHTS, dtype=xp.uint8, device=apc.device(packed))
     bits = (xp.reshape(packed, (-1, 1)) & weights) != 0
     return xp.reshape(xp.reshape(bits, (-1,))[:n], tuple(shape))

@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = QUICK if args.quick else FULL
     meta = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python -m benchmarks " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
+        "command": "python -m benchmarks "
+        + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
         "quick": args.quick,
         "cases": chosen,
         "elapsed_s": elapsed,

@@ -139,16 +139,16 @@ def case_l1(ctx: Context) -> None:
         x = data.vector(n)
         m = np.ones(n, dtype=bool)
         benches: dict[str, Any] = {
-            "arrayprune": lambda: ap.L1Unstructured(0.5).compute_mask(x, m),
+            "arrayprune": lambda x=x, m=m: ap.L1Unstructured(0.5).compute_mask(x, m),
             # the k-th-smallest primitive alone, which is what issue 2 holds to np.partition
-            "selection": lambda: ap.smallest_magnitude_keep([x], k)[0],
-            "partition": lambda: np.abs(x) > np.partition(np.abs(x), k - 1)[k - 1],
-            "floor": lambda: np.abs(x) > C_HALF,
+            "selection": lambda x=x, k=k: ap.smallest_magnitude_keep([x], k)[0],
+            "partition": lambda x=x, k=k: np.abs(x) > np.partition(np.abs(x), k - 1)[k - 1],
+            "floor": lambda x=x: np.abs(x) > C_HALF,
         }
         if torch is not None and e in torch_exps:
             t = torch.from_numpy(x)
             tm = torch.ones_like(t)
-            benches["torch"] = lambda: tprune.L1Unstructured(0.5).compute_mask(t, tm)
+            benches["torch"] = lambda t=t, tm=tm: tprune.L1Unstructured(0.5).compute_mask(t, tm)
         times, samples = _times(compare(benches, ctx.settings))
         row = {"case": "l1", "label": f"2^{e}", "exp": e, "size": n, "shape": [n], "times": times, "timings": samples}
         mask = ap.L1Unstructured(0.5).compute_mask(x, m)
@@ -192,28 +192,37 @@ def case_structured(ctx: Context) -> None:
         x = data.tensor(shape)
         mf = np.ones(shape, dtype=np.float32)
         benches: dict[str, Any] = {
-            "arrayprune": lambda: ap.LnStructured(0.5, n=2, dim=0).compute_mask(x, mf),
-            "floor": lambda: np.abs(x) > C_HALF,
+            "arrayprune": lambda x=x, mf=mf: ap.LnStructured(0.5, n=2, dim=0).compute_mask(x, mf),
+            "floor": lambda x=x: np.abs(x) > C_HALF,
         }
         if torch is not None:
             t = torch.from_numpy(x)
             tm = torch.ones_like(t)
-            benches["torch"] = lambda: tprune.LnStructured(0.5, n=2, dim=0).compute_mask(t, tm)
+            benches["torch"] = lambda t=t, tm=tm: tprune.LnStructured(0.5, n=2, dim=0).compute_mask(t, tm)
             # PyTorch with one intra-op thread: on a shared 2-core machine its default
             # 2 threads can wait on each other for a whole time slice; the target is
             # judged against the faster of the two configurations.
             threads = torch.get_num_threads()
             benches["torch_1thread"] = Bench(
-                run=benches["torch"], enter=lambda: torch.set_num_threads(1), exit=lambda: torch.set_num_threads(threads)
+                run=benches["torch"],
+                enter=lambda: torch.set_num_threads(1),
+                exit=lambda threads=threads: torch.set_num_threads(threads),
             )
         # Diagnostics: the channel norms alone, where most of the time goes.
         others = tuple(range(1, x.ndim))
-        benches["arrayprune_norms"] = lambda: ap.channel_norms(x, 2, 0)
+        benches["arrayprune_norms"] = lambda x=x: ap.channel_norms(x, 2, 0)
         if torch is not None:
-            benches["torch_norms"] = lambda: torch.linalg.vector_norm(t, 2, dim=others)
+            benches["torch_norms"] = lambda t=t, others=others: torch.linalg.vector_norm(t, 2, dim=others)
         times, samples = _times(compare(benches, ctx.settings))
         label = f"{kind} {'x'.join(map(str, shape))}"
-        row = {"case": "structured", "label": label, "size": x.size, "shape": list(shape), "times": times, "timings": samples}
+        row = {
+            "case": "structured",
+            "label": label,
+            "size": x.size,
+            "shape": list(shape),
+            "times": times,
+            "timings": samples,
+        }
         if torch is not None:
             a = ap.LnStructured(0.5, n=2, dim=0).compute_mask(x, mf)
             b = tprune.LnStructured(0.5, n=2, dim=0).compute_mask(t, tm).numpy()
@@ -234,13 +243,13 @@ def case_random(ctx: Context) -> None:
         x = data.vector(n)
         m = np.ones(n, dtype=bool)
         benches: dict[str, Any] = {
-            "arrayprune": lambda: ap.RandomUnstructured(0.5, seed=0).compute_mask(x, m),
-            "floor": lambda: np.abs(x) > C_HALF,
+            "arrayprune": lambda x=x, m=m: ap.RandomUnstructured(0.5, seed=0).compute_mask(x, m),
+            "floor": lambda x=x: np.abs(x) > C_HALF,
         }
         if torch is not None:
             t = torch.from_numpy(x)
             tm = torch.ones_like(t)
-            benches["torch"] = lambda: tprune.RandomUnstructured(0.5).compute_mask(t, tm)
+            benches["torch"] = lambda t=t, tm=tm: tprune.RandomUnstructured(0.5).compute_mask(t, tm)
         times, samples = _times(compare(benches, ctx.settings))
         row = {"case": "random", "label": f"2^{e}", "size": n, "shape": [n], "times": times, "timings": samples}
         row["checks"] = {
@@ -282,21 +291,35 @@ def case_chain(ctx: Context) -> None:
 
     Float32 masks on both sides (what a pruned module holds); the time is the whole chain.
     """
-    shapes = [("conv", (256, 256, 3, 3)), ("linear", (1024, 1024))] if ctx.quick else [
-        ("conv", (512, 512, 3, 3)),
-        ("linear", (4096, 4096)),
-    ]
+    shapes = (
+        [("conv", (256, 256, 3, 3)), ("linear", (1024, 1024))]
+        if ctx.quick
+        else [
+            ("conv", (512, 512, 3, 3)),
+            ("linear", (4096, 4096)),
+        ]
+    )
     for kind, shape in shapes:
         x = data.tensor(shape)
         mf = np.ones(shape, dtype=np.float32)
-        benches: dict[str, Any] = {"arrayprune": lambda: _ap_chain(x, mf), "floor": lambda: np.abs(x) > C_HALF}
+        benches: dict[str, Any] = {
+            "arrayprune": lambda x=x, mf=mf: _ap_chain(x, mf),
+            "floor": lambda x=x: np.abs(x) > C_HALF,
+        }
         if torch is not None:
             t = torch.from_numpy(x)
             tm = torch.ones_like(t)
-            benches["torch"] = lambda: _torch_chain(t, tm)
+            benches["torch"] = lambda t=t, tm=tm: _torch_chain(t, tm)
         times, samples = _times(compare(benches, ctx.settings))
         label = f"{kind} {'x'.join(map(str, shape))}"
-        row = {"case": "chain", "label": label, "size": x.size, "shape": list(shape), "times": times, "timings": samples}
+        row = {
+            "case": "chain",
+            "label": label,
+            "size": x.size,
+            "shape": list(shape),
+            "times": times,
+            "timings": samples,
+        }
         a = _ap_chain(x, mf)
         row["checks"] = {"kept_arrayprune": int(np.count_nonzero(a)), "default_mask_untouched": bool(mf.all())}
         if torch is not None:
@@ -331,33 +354,51 @@ def case_global(ctx: Context) -> None:
     params = sum(a.size for a in arrays)
     label = f"{len(arrays)} arrays, {params / 1e6:.0f}M"
     benches: dict[str, Any] = {
-        "arrayprune": lambda: ap.global_unstructured(arrays, ap.L1Unstructured, amount=0.8),
-        "floor": lambda: [np.abs(a) > C_80 for a in arrays],
+        "arrayprune": lambda arrays=arrays: ap.global_unstructured(arrays, ap.L1Unstructured, amount=0.8),
+        "floor": lambda arrays=arrays: [np.abs(a) > C_80 for a in arrays],
     }
     adapter = ctx.adapter if torch is not None else None
     if adapter is not None:
         method = getattr(adapter, "L1Unstructured", ap.L1Unstructured)
         benches["adapter"] = (
-            lambda: [(m, "weight") for m in data.holders(arrays)],
+            lambda arrays=arrays: [(m, "weight") for m in data.holders(arrays)],
             lambda pairs: adapter.global_unstructured(pairs, method, amount=0.8),
         )
     ctx.log(f"  global: {label}")
     times, samples = _times(compare(benches, ctx.settings))
     masks = ap.global_unstructured(arrays, ap.L1Unstructured, amount=0.8)
-    row = {"case": "global", "label": label, "size": params, "shape": [list(s) for s in shapes],
-           "times": {k: times[k] for k in ("arrayprune", "floor")},
-           "timings": {k: samples[k] for k in ("arrayprune", "floor")}}
-    row["checks"] = {"pruned": int(params - sum(int(np.count_nonzero(mk)) for mk in masks)), "expected": round(0.8 * params)}
+    row = {
+        "case": "global",
+        "label": label,
+        "size": params,
+        "shape": [list(s) for s in shapes],
+        "times": {k: times[k] for k in ("arrayprune", "floor")},
+        "timings": {k: samples[k] for k in ("arrayprune", "floor")},
+    }
+    row["checks"] = {
+        "pruned": int(params - sum(int(np.count_nonzero(mk)) for mk in masks)),
+        "expected": round(0.8 * params),
+    }
     arow = None
     if adapter is not None:
-        arow = {"case": "global", "label": label + " (adapter)", "size": params,
-                "times": {"arrayprune": times["adapter"], "floor": times["floor"]},
-                "timings": {"adapter": samples["adapter"], "floor": samples["floor"]},
-                "note": "arrayprune.adapters.torch.global_unstructured over the same modules; PyTorch time from the row above"}
+        arow = {
+            "case": "global",
+            "label": label + " (adapter)",
+            "size": params,
+            "times": {"arrayprune": times["adapter"], "floor": times["floor"]},
+            "timings": {"adapter": samples["adapter"], "floor": samples["floor"]},
+            "note": "arrayprune.adapters.torch.global_unstructured over the same modules; PyTorch time from the row above",
+        }
         pairs = [(m, "weight") for m in data.holders(arrays)]
         adapter.global_unstructured(pairs, method, amount=0.8)
-        arow["checks"] = {"entries_differing_from_core": int(
-            sum(int(np.count_nonzero((m.weight_mask.numpy() != 0) != mk)) for (m, _), mk in zip(pairs, masks)))}
+        arow["checks"] = {
+            "entries_differing_from_core": int(
+                sum(
+                    int(np.count_nonzero((m.weight_mask.numpy() != 0) != mk))
+                    for (m, _), mk in zip(pairs, masks, strict=False)
+                )
+            )
+        }
         del pairs
     gc.collect()
     _traced(benches["arrayprune"], params, row, "arrayprune")
@@ -372,7 +413,10 @@ def case_global(ctx: Context) -> None:
         tprune.global_unstructured(pairs, tprune.L1Unstructured, amount=0.8)
         t_torch = [time.perf_counter() - t0]
         row["checks"]["entries_differing_from_torch"] = int(
-            sum(int(np.count_nonzero((m.weight_mask.numpy() != 0) != mk)) for (m, _), mk in zip(pairs, masks))
+            sum(
+                int(np.count_nonzero((m.weight_mask.numpy() != 0) != mk))
+                for (m, _), mk in zip(pairs, masks, strict=False)
+            )
         )
         del pairs
         gc.collect()
@@ -381,7 +425,12 @@ def case_global(ctx: Context) -> None:
         if "time_s" in rep:
             t_torch.append(rep["time_s"])
         row["times"]["torch"] = sum(t_torch) / len(t_torch)
-        row["timings"]["torch"] = {"median_s": row["times"]["torch"], "min_s": min(t_torch), "number": 1, "samples_s": t_torch}
+        row["timings"]["torch"] = {
+            "median_s": row["times"]["torch"],
+            "min_s": min(t_torch),
+            "number": 1,
+            "samples_s": t_torch,
+        }
         row["note"] = (
             f"PyTorch timed once in this process and once in its memory subprocess ({', '.join(f'{t:.1f} s' for t in t_torch)}); "
             "the table shows their mean"
@@ -393,8 +442,16 @@ def case_global(ctx: Context) -> None:
     if arow is not None:
         ctx.add(arow)
     else:
-        ctx.add({"case": "global", "label": label + " (adapter)", "size": params, "times": {},
-                 "note": f"skipped: adapter not available ({ctx.adapter_error})", "skipped": True})
+        ctx.add(
+            {
+                "case": "global",
+                "label": label + " (adapter)",
+                "size": params,
+                "times": {},
+                "note": f"skipped: adapter not available ({ctx.adapter_error})",
+                "skipped": True,
+            }
+        )
     del arrays, benches
     gc.collect()
 
@@ -419,8 +476,15 @@ def case_adapter(ctx: Context) -> None:
     """
     if torch is None or ctx.adapter is None:
         for label in ("ResNet-18", "small MLP 10x Linear(64,64)"):
-            ctx.add({"case": "adapter", "label": label, "times": {}, "skipped": True,
-                     "note": f"skipped: adapter not available ({ctx.adapter_error})"})
+            ctx.add(
+                {
+                    "case": "adapter",
+                    "label": label,
+                    "times": {},
+                    "skipped": True,
+                    "note": f"skipped: adapter not available ({ctx.adapter_error})",
+                }
+            )
         ctx.log(f"  adapter: skipped: adapter not available ({ctx.adapter_error})")
         return
     adapter = ctx.adapter
@@ -440,7 +504,7 @@ def case_adapter(ctx: Context) -> None:
         ones = [np.ones(w.shape, dtype=bool) for w in weights]
 
         def core(weights=weights, ones=ones):
-            for w, o in zip(weights, ones):
+            for w, o in zip(weights, ones, strict=False):
                 ap.L1Unstructured(0.5).compute_mask(w, o)
 
         benches = {
@@ -449,14 +513,25 @@ def case_adapter(ctx: Context) -> None:
             "core": core,
         }
         times, samples = _times(compare(benches, ctx.settings))
-        row = {"case": "adapter", "label": label, "size": params, "tensors": len(targets), "times": times, "timings": samples}
+        row = {
+            "case": "adapter",
+            "label": label,
+            "size": params,
+            "tensors": len(targets),
+            "times": times,
+            "timings": samples,
+        }
         row["per_tensor_us"] = {k: v / len(targets) * 1e6 for k, v in times.items()}
         a, b = fresh(), fresh()
         _prune_pass(adapter, a)
         _prune_pass(tprune, b)
         row["checks"] = {
-            "entries_differing_from_torch": int(sum(int((getattr(ma, n) != getattr(mb, n)).sum()) for (ma, n), (mb, _) in zip(a, b))),
-            "adapter_left_no_reparametrisation": all(not hasattr(ma, n + "_orig") and not hasattr(ma, n + "_mask") for ma, n in a),
+            "entries_differing_from_torch": int(
+                sum(int((getattr(ma, n) != getattr(mb, n)).sum()) for (ma, n), (mb, _) in zip(a, b, strict=False))
+            ),
+            "adapter_left_no_reparametrisation": all(
+                not hasattr(ma, n + "_orig") and not hasattr(ma, n + "_mask") for ma, n in a
+            ),
         }
         ctx.add(row)
         ctx.log("    per pruned tensor: " + ", ".join(f"{k}={v:.1f}us" for k, v in row["per_tensor_us"].items()))
@@ -483,7 +558,16 @@ def case_nm(ctx: Context) -> None:
     for label, attr, make in specs:
         cls = getattr(ap, attr, None)
         if cls is None:
-            ctx.add({"case": "nm", "label": label, "size": n, "times": {}, "skipped": True, "note": "skipped: not implemented"})
+            ctx.add(
+                {
+                    "case": "nm",
+                    "label": label,
+                    "size": n,
+                    "times": {},
+                    "skipped": True,
+                    "note": "skipped: not implemented",
+                }
+            )
             ctx.log(f"  nm: {label}: skipped: not implemented")
             continue
         if x is None:
@@ -493,10 +577,21 @@ def case_nm(ctx: Context) -> None:
             method = make(cls)
             method.compute_mask(x, m)
         except Exception as exc:  # constructor signature not the one guessed here
-            ctx.add({"case": "nm", "label": label, "size": n, "times": {}, "skipped": True,
-                     "note": f"skipped: {attr} API not recognised ({type(exc).__name__}: {exc})"})
+            ctx.add(
+                {
+                    "case": "nm",
+                    "label": label,
+                    "size": n,
+                    "times": {},
+                    "skipped": True,
+                    "note": f"skipped: {attr} API not recognised ({type(exc).__name__}: {exc})",
+                }
+            )
             continue
-        benches = {"arrayprune": lambda: method.compute_mask(x, m), "floor": lambda: np.abs(x) > C_HALF}
+        benches = {
+            "arrayprune": lambda method=method, x=x, m=m: method.compute_mask(x, m),
+            "floor": lambda x=x: np.abs(x) > C_HALF,
+        }
         times, samples = _times(compare(benches, ctx.settings, repeats={"arrayprune": 3} if ctx.quick else None))
         row = {"case": "nm", "label": label, "size": n, "shape": list(x.shape), "times": times, "timings": samples}
         _traced(benches["arrayprune"], n, row, "arrayprune")

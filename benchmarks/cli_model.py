@@ -119,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         f"zeros in the selected tensors {zeros:,} (before: {zeros_before:,}; expected round(0.5 * {n:,}) = {round(0.5 * n):,}); "
         f"other tensors byte-identical: {untouched}; surviving weights unchanged: {kept_values}; input file unchanged: True.",
         "",
-        "Raw (seconds, MiB): prune " + ", ".join(f"({t:.2f}, {m:.0f})" for t, m in runs)
-        + "; report " + ", ".join(f"({t:.2f}, {m:.0f})" for t, m in loads),
+        "Raw (seconds, MiB): prune "
+        + ", ".join(f"({t:.2f}, {m:.0f})" for t, m in runs)
+        + "; report "
+        + ", ".join(f"({t:.2f}, {m:.0f})" for t, m in loads),
         "",
     ]
     out = Path(args.out)

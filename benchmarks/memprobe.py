@@ -100,7 +100,7 @@ def _prepare(spec: dict[str, Any], small: bool):
         if lib == "adapter":
             import arrayprune.adapters.torch as adapter
 
-            method = getattr(adapter, "L1Unstructured")
+            method = adapter.L1Unstructured
             return params, lambda: adapter.global_unstructured(pairs, method, amount=amount)
     raise ValueError(f"unknown probe {spec}")
 

@@ -182,7 +182,8 @@ def evaluate_targets(records: list[dict[str, Any]], quick: bool) -> list[dict[st
             ]
             if tight:
                 reason += (
-                    ". PyTorch itself takes only this many floor passes (np.abs(x) > c) here: " + ", ".join(tight)
+                    ". PyTorch itself takes only this many floor passes (np.abs(x) > c) here: "
+                    + ", ".join(tight)
                     + "; 2x would need arrayprune at half of that, while the float32 mask alone is a 4-byte write per entry"
                 )
         out.append(_target(name, "PASS" if worst[0] >= 2 else "MISS", meas, reason))
@@ -194,14 +195,17 @@ def evaluate_targets(records: list[dict[str, Any]], quick: bool) -> list[dict[st
     else:
         ratios = [(r["times"]["selection"] / r["times"]["partition"], r) for r in rows]
         exps = [r["exp"] for r in rows]
-        meas = f"selection / np.partition time, 2^{min(exps)}..2^{max(exps)}: " + ", ".join(f"2^{r['exp']}: {q:.2f}" for q, r in ratios)
+        meas = f"selection / np.partition time, 2^{min(exps)}..2^{max(exps)}: " + ", ".join(
+            f"2^{r['exp']}: {q:.2f}" for q, r in ratios
+        )
         # Timer noise on a shared machine: within 10% counts as level.
         slow = [(q, r) for q, r in ratios if q > 1.10]
         reason = ""
         if slow:
             reason = "slower at " + ", ".join(
                 f"2^{r['exp']} ({q:.2f}x, {_fmt_t(r['times']['selection'])} vs {_fmt_t(r['times']['partition'])}, "
-                f"+{_fmt_t(r['times']['selection'] - r['times']['partition'])})" for q, r in slow
+                f"+{_fmt_t(r['times']['selection'] - r['times']['partition'])})"
+                for q, r in slow
             )
             small = [r for q, r in slow if r["exp"] < 22]
             if small:
@@ -209,7 +213,9 @@ def evaluate_targets(records: list[dict[str, Any]], quick: bool) -> list[dict[st
                     ". Below 2^22 the selection is the same np.partition (on the bit patterns), so the gap there "
                     "is its fixed per-call cost (host view, count_nonzero of the keep mask) on top of the same partition"
                 )
-        meas += ". The full method call (validation, combining with the default mask) is the arrayprune column of table 1a"
+        meas += (
+            ". The full method call (validation, combining with the default mask) is the arrayprune column of table 1a"
+        )
         if max(exps) < 26 or min(exps) > 10:
             meas += " (quick mode: not every size)"
         out.append(_target(name, "MISS" if slow else "PASS", meas, reason))
@@ -218,32 +224,57 @@ def evaluate_targets(records: list[dict[str, Any]], quick: bool) -> list[dict[st
     res = arows.get("ResNet-18")
     name = "ResNet-18 pass (l1_unstructured 0.5 + remove, every conv/linear) >= 8x faster than PyTorch"
     if res is None or res.get("skipped"):
-        out.append(_target(name, "N/A", res["note"] if res else "not measured", "the adapter is not there yet" if res else ""))
+        out.append(
+            _target(name, "N/A", res["note"] if res else "not measured", "the adapter is not there yet" if res else "")
+        )
     else:
         sp = res["times"]["torch"] / res["times"]["arrayprune"]
-        out.append(_target(name, "PASS" if sp >= 8 else "MISS",
-                           f"adapter {_fmt_t(res['times']['arrayprune'])}, PyTorch {_fmt_t(res['times']['torch'])} ({sp:.1f}x)",
-                           "" if sp >= 8 else _adapter_reason(res, sp)))
+        out.append(
+            _target(
+                name,
+                "PASS" if sp >= 8 else "MISS",
+                f"adapter {_fmt_t(res['times']['arrayprune'])}, PyTorch {_fmt_t(res['times']['torch'])} ({sp:.1f}x)",
+                "" if sp >= 8 else _adapter_reason(res, sp),
+            )
+        )
     small = next((r for k, r in arows.items() if k.startswith("small")), None)
     name = "Small model (~20 tensors): <= 50 us per pruned tensor for prune + remove"
     if small is None or small.get("skipped"):
-        out.append(_target(name, "N/A", small["note"] if small else "not measured", "the adapter is not there yet" if small else ""))
+        out.append(
+            _target(
+                name, "N/A", small["note"] if small else "not measured", "the adapter is not there yet" if small else ""
+            )
+        )
     else:
         us = small["per_tensor_us"]["arrayprune"]
-        out.append(_target(name, "PASS" if us <= 50 else "MISS",
-                           f"adapter {us:.1f} us per tensor, PyTorch {small['per_tensor_us']['torch']:.1f} us",
-                           "" if us <= 50 else f"{us:.1f} us > 50 us; " + _adapter_reason(small, None)))
+        out.append(
+            _target(
+                name,
+                "PASS" if us <= 50 else "MISS",
+                f"adapter {us:.1f} us per tensor, PyTorch {small['per_tensor_us']['torch']:.1f} us",
+                "" if us <= 50 else f"{us:.1f} us > 50 us; " + _adapter_reason(small, None),
+            )
+        )
     grow = next((r for r in _rows(records, "global") if "adapter" in r["label"]), None)
     name = "Global pruning through the adapter >= 50x faster than PyTorch"
     if grow is None or grow.get("skipped"):
-        out.append(_target(name, "N/A", grow["note"] if grow else "not measured", "the adapter is not there yet" if grow else ""))
+        out.append(
+            _target(
+                name, "N/A", grow["note"] if grow else "not measured", "the adapter is not there yet" if grow else ""
+            )
+        )
     else:
         t = grow["times"]
         sp = _ratio(t.get("torch"), t.get("arrayprune"))
-        out.append(_target(name, "PASS" if sp and sp >= 50 else "MISS",
-                           f"{grow['label']}: adapter {_fmt_t(t['arrayprune'])}, PyTorch {_fmt_t(t.get('torch'))} ({sp:.0f}x); "
-                           f"adapter extra bytes/param {_fmt_mem(grow['memory'].get('arrayprune'))}",
-                           "" if sp and sp >= 50 else f"only {sp:.0f}x"))
+        out.append(
+            _target(
+                name,
+                "PASS" if sp and sp >= 50 else "MISS",
+                f"{grow['label']}: adapter {_fmt_t(t['arrayprune'])}, PyTorch {_fmt_t(t.get('torch'))} ({sp:.0f}x); "
+                f"adapter extra bytes/param {_fmt_mem(grow['memory'].get('arrayprune'))}",
+                "" if sp and sp >= 50 else f"only {sp:.0f}x",
+            )
+        )
     return out
 
 
@@ -310,8 +341,10 @@ def _table(rows: list[dict[str, Any]], case: str) -> list[str]:
             )
         elif case == "adapter":
             pt = r.get("per_tensor_us", {})
-            cells.append(f"{pt.get('arrayprune', 0):.1f} us / {pt.get('torch', 0):.1f} us ({r.get('tensors')} tensors); "
-                         f"core {_fmt_t(t.get('core'))}")
+            cells.append(
+                f"{pt.get('arrayprune', 0):.1f} us / {pt.get('torch', 0):.1f} us ({r.get('tensors')} tensors); "
+                f"core {_fmt_t(t.get('core'))}"
+            )
         elif case == "structured":
             one = t.get("torch_1thread")
             cells.append(
@@ -351,7 +384,7 @@ def plot_l1(records: list[dict[str, Any]], path: Path) -> bool:
     for key, (label, style, color) in styles.items():
         pts = [(r["size"], r["times"][key]) for r in rows if key in r["times"]]
         if pts:
-            xs, ys = zip(*pts)
+            xs, ys = zip(*pts, strict=False)
             ax.plot(xs, ys, style[1:] if style[0] == "k" else style, color=color, label=label, markersize=4)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

@@ -258,9 +258,16 @@ def reference_keep(arrays, k: int, eligible=None) -> list[np.ndarray]:
     if eligible is None:
         eligible = [None] * len(arrays)
     flat = np.concatenate([a.reshape(-1).astype(np.float64) for a in arrays]) if arrays else np.empty(0)
-    elig = np.concatenate(
-        [np.ones(a.size, bool) if e is None else np.asarray(e, bool).reshape(-1) for a, e in zip(arrays, eligible)]
-    ) if arrays else np.empty(0, bool)
+    elig = (
+        np.concatenate(
+            [
+                np.ones(a.size, bool) if e is None else np.asarray(e, bool).reshape(-1)
+                for a, e in zip(arrays, eligible, strict=False)
+            ]
+        )
+        if arrays
+        else np.empty(0, bool)
+    )
     idx = np.flatnonzero(elig)
     if k > idx.size:
         raise ValueError("k larger than the number of eligible entries")

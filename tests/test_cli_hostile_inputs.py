@@ -14,10 +14,10 @@ import sys
 
 import numpy as np
 import pytest
-from arrayprune.adapters import cli
-from cli_helpers import EXAMPLE, assert_error, run
 
 import arrayprune as ap
+from arrayprune.adapters import cli
+from cli_helpers import EXAMPLE, assert_error, run
 
 torch = pytest.importorskip("torch")
 
@@ -163,7 +163,8 @@ def test_any_integer_is_a_seed(model, tmp_path, extra):
     zeros = {}
     for seed in ("-1", "18446744073709551617", "0", "-1"):
         out = tmp_path / f"{seed}.npz"
-        proc = run("prune", model, "-o", out, "--method", "random_unstructured", "--amount", "0.4", "--seed", seed, *extra, "--force")
+        proc = run("prune", model, "-o", out, "--method", "random_unstructured", "--amount", "0.4",
+                   "--seed", seed, *extra, "--force")
         assert proc.returncode == 0, proc.stderr
         with np.load(out) as z:
             zeros.setdefault(seed, []).append(np.concatenate([(z[k] == 0).ravel() for k in sorted(z.files)]))
@@ -244,7 +245,9 @@ def test_verify_exit_status_follows_the_tolerance(model, tmp_path):
     proc = run("prune", src, "-o", out, "--amount", "0.5", "--global", "--verify", "--seed", "5")
     assert proc.returncode == 0, proc.stderr
     x = np.random.default_rng(cli.stream_seed(5, "verify")).standard_normal((1, 64)).astype(np.float32)
-    ya, yb = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0] for p in (src, out))
+    ya, yb = (
+        ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0] for p in (src, out)
+    )
     diff, scale = float(np.abs(ya - yb).max()), float(np.abs(ya).max())
     assert "not compared (not floating point): 'label'" in proc.stdout
     printed = float(proc.stdout.split("max abs output difference ")[1].split(",")[0])
@@ -252,14 +255,44 @@ def test_verify_exit_status_follows_the_tolerance(model, tmp_path):
     assert proc.stdout.count("max abs output difference") == 1, "the int64 label is not a distance"
 
     rtol = 0.5 * diff / scale  # tighter than what pruning did: fails with status 1
-    tight = run("prune", src, "-o", out, "--amount", "0.5", "--global", "--verify", "--seed", "5", "--force", "--verify-tol", f"{rtol}")
+    tight = run(
+        "prune",
+        src,
+        "-o",
+        out,
+        "--amount",
+        "0.5",
+        "--global",
+        "--verify",
+        "--seed",
+        "5",
+        "--force",
+        "--verify-tol",
+        f"{rtol}",
+    )
     assert tight.returncode == 1, tight.stderr
     assert tight.stderr.startswith("arrayprune: error: ") and "verify failed" in tight.stderr
     assert "FAIL" in tight.stdout
     assert out.exists(), "the pruned model is written; the verdict is the exit status"
-    loose = run("prune", src, "-o", out, "--amount", "0.5", "--global", "--verify", "--seed", "5", "--force", "--verify-tol", f"{2 * diff / scale},0")
+    loose = run(
+        "prune",
+        src,
+        "-o",
+        out,
+        "--amount",
+        "0.5",
+        "--global",
+        "--verify",
+        "--seed",
+        "5",
+        "--force",
+        "--verify-tol",
+        f"{2 * diff / scale},0",
+    )
     assert loose.returncode == 0, loose.stderr
-    assert_error(run("prune", src, "-o", out, "--amount", "0.5", "--verify", "--verify-tol", "x", "--force"), "tolerance")
+    assert_error(
+        run("prune", src, "-o", out, "--amount", "0.5", "--verify", "--verify-tol", "x", "--force"), "tolerance"
+    )
 
 
 # --------------------------------------------------------------------------------------

@@ -14,7 +14,9 @@ import arrayprune as ap
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "arrayprune", *map(str, args)], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "arrayprune", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture()
@@ -52,7 +54,9 @@ def test_nm_structured_writes_the_pattern(weights, tmp_path):
     assert flags == {"big.weight": True, "tiny.weight": True, "big.bias": False}
     dense = {t["name"]: t["bytes"]["dense"] for t in report["tensors"]}
     assert dense == {"big.weight": 64 * 32 * 4, "tiny.weight": 4 * 8 * 4, "big.bias": 64 * 4}
-    assert report["total"]["bytes"]["semi_structured_2_4"] == 64 * 32 * 2 + 64 * 32 // 8 + 4 * 8 * 2 + 4 * 8 // 8 + 64 * 4
+    assert (
+        report["total"]["bytes"]["semi_structured_2_4"] == 64 * 32 * 2 + 64 * 32 // 8 + 4 * 8 * 2 + 4 * 8 // 8 + 64 * 4
+    )
     text = run("report", out).stdout
     assert "2:4" in text and "storage: dense" in text
 
@@ -79,7 +83,7 @@ def test_global_bounds_and_lamp_match_the_core(weights, tmp_path):
         assert proc.returncode == 0, proc.stderr
         expected = ap.global_unstructured([src[n] for n in names], ap.L1Unstructured, amount=0.6, **kwargs)
         got = load(out)
-        for name, mask in zip(names, expected):
+        for name, mask in zip(names, expected, strict=False):
             np.testing.assert_array_equal(got[name], src[name] * mask)
         assert (got["tiny.weight"] != 0).any()  # the small layer survives
 

@@ -285,7 +285,7 @@ def test_global_unstructured_iterated(side, use_scores):
             new = ap.global_unstructured(
                 [side.asarray(w) for w in ws], ap.L1Unstructured, ap_scores, default_masks=masks, amount=amount
             )
-            for i, (m, g) in enumerate(zip(modules, new)):
+            for i, (m, g) in enumerate(zip(modules, new, strict=False)):
                 np.testing.assert_array_equal(
                     to_numpy(g).astype(np.float32), m.weight_mask.numpy(), err_msg=f"seed={seed} round={rnd} array={i}"
                 )
@@ -345,7 +345,9 @@ def test_unseeded_random_methods_match_torch(dtype):
                 for amount in (0.0, 0.3, 0.5, 1.0, 2):
                     _assert_same_run(
                         _under_seed(seed, lambda: tp.RandomStructured(amount, dim).compute_mask(t, default.clone())),
-                        _under_seed(seed, lambda: aprune.RandomStructured(amount, dim).compute_mask(t, default.clone())),
+                        _under_seed(
+                            seed, lambda: aprune.RandomStructured(amount, dim).compute_mask(t, default.clone())
+                        ),
                     )
 
 

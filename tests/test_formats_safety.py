@@ -17,10 +17,11 @@ import zipfile
 
 import numpy as np
 import pytest
+
 from arrayprune.adapters import formats as fmt
 
 onnx = pytest.importorskip("onnx")
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 K, M = 2048, 128  # W [K, M] is external data (1 MiB); the bias [M] (512 bytes) stays inside the model
 

@@ -98,7 +98,9 @@ def test_is_nm_sparse_detects_violations(backend):
     assert ap.is_nm_sparse(backend.asarray(ok.T.copy()), 2, 4, dim=0)
 
 
-@pytest.mark.parametrize("args, error", [((3, 2), ValueError), ((-1, 4), ValueError), ((2.0, 4), TypeError), ((2, 0), ValueError)])
+@pytest.mark.parametrize(
+    "args, error", [((3, 2), ValueError), ((-1, 4), ValueError), ((2.0, 4), TypeError), ((2, 0), ValueError)]
+)
 def test_nm_bad_arguments(args, error):
     with pytest.raises(error):
         ap.NMStructured(*args)
@@ -106,10 +108,10 @@ def test_nm_bad_arguments(args, error):
 
 def _reference_blocks(x: np.ndarray, amount, block, n=1.0, default=None):
     block = (1,) * (x.ndim - len(block)) + tuple(block)
-    grid = [math.ceil(d / b) for d, b in zip(x.shape, block)]
+    grid = [math.ceil(d / b) for d, b in zip(x.shape, block, strict=False)]
     scores, live = [], []
     for idx in np.ndindex(*grid):
-        sl = tuple(slice(i * b, (i + 1) * b) for i, b in zip(idx, block))
+        sl = tuple(slice(i * b, (i + 1) * b) for i, b in zip(idx, block, strict=False))
         a = np.abs(x[sl]).astype(np.float64)
         scores.append(a.max() if n == math.inf else (np.mean(a**n)) ** (1 / n))
         live.append(True if default is None else bool((default[sl] != 0).any()))
@@ -119,11 +121,13 @@ def _reference_blocks(x: np.ndarray, amount, block, n=1.0, default=None):
     keep = np.ones(x.shape, bool) if default is None else (default != 0).copy()
     for flat in order:
         idx = np.unravel_index(flat, grid)
-        keep[tuple(slice(i * b, (i + 1) * b) for i, b in zip(idx, block))] = False
+        keep[tuple(slice(i * b, (i + 1) * b) for i, b in zip(idx, block, strict=False))] = False
     return keep
 
 
-@pytest.mark.parametrize("shape, block", [((8, 12), (1, 4)), ((9, 10), (4, 4)), ((5, 7), (2, 3)), ((4, 3, 5, 5), (2, 2))])
+@pytest.mark.parametrize(
+    "shape, block", [((8, 12), (1, 4)), ((9, 10), (4, 4)), ((5, 7), (2, 3)), ((4, 3, 5, 5), (2, 2))]
+)
 @pytest.mark.parametrize("n", [1, 2, math.inf])
 def test_blocks_match_reference(backend, shape, block, n):
     x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)

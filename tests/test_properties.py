@@ -218,7 +218,7 @@ def test_same_mask_on_every_backend(data, shape):
     first_name, first = next(iter(results.items()))
     assert len(results) >= 3
     for name, out in results.items():
-        for i, (a, b) in enumerate(zip(first, out)):
+        for i, (a, b) in enumerate(zip(first, out, strict=False)):
             np.testing.assert_array_equal(a, b, err_msg=f"{first_name} vs {name}, output {i}")
     # and the unstructured ones are the reference
     k = amount if isinstance(amount, int) else round(amount * int(default.sum()))
@@ -250,7 +250,7 @@ def test_seeded_random_methods_reproducible(data, seed, shape):
 def test_global_matches_reference(data):
     arrays = data.draw(st.lists(shapes.flatmap(float_arrays), min_size=1, max_size=4))
     elig = [data.draw(st.one_of(st.none(), hnp.arrays(np.bool_, a.shape))) for a in arrays]
-    n = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig))
+    n = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig, strict=False))
     amount = data.draw(amount_for(n))
     k = amount if isinstance(amount, int) else round(amount * n)
     want = reference_keep(arrays, k, elig)
@@ -262,7 +262,7 @@ def test_global_matches_reference(data):
             default_masks=[None if e is None else be.asarray(e) for e in elig],
             amount=amount,
         )
-        for g, w, e in zip(got, want, elig):
+        for g, w, e in zip(got, want, elig, strict=False):
             expect = w if e is None else (w & e)
             np.testing.assert_array_equal(to_numpy(g), expect, err_msg=str(b))
 

@@ -64,7 +64,18 @@ def make_data(kind: str, n: int, seed: int = 0) -> np.ndarray:
     raise ValueError(kind)
 
 
-KINDS = ["gauss", "half_zeros", "all_equal", "integers", "nan_inf", "sorted", "reversed", "periodic", "sawtooth", "tiny"]
+KINDS = [
+    "gauss",
+    "half_zeros",
+    "all_equal",
+    "integers",
+    "nan_inf",
+    "sorted",
+    "reversed",
+    "periodic",
+    "sawtooth",
+    "tiny",
+]
 
 
 def ks_for(n: int) -> list[int]:
@@ -80,7 +91,7 @@ def check_keep(backend, arrays_np, k, eligible_np=None, dtype="float32"):
     got = sel.smallest_magnitude_keep(arrays, k, elig)
     want = reference_keep(host, k, eligible_np)
     assert len(got) == len(arrays)
-    for g, w, a in zip(got, want, arrays):
+    for g, w, a in zip(got, want, arrays, strict=False):
         assert g.dtype == backend.dtype("bool")
         assert tuple(g.shape) == tuple(a.shape)
         assert apc.array_namespace(g) is apc.array_namespace(a)
@@ -178,17 +189,24 @@ def test_small_other_dtypes(backend, dtype, kind):
 @NOT_JAX
 def test_small_multi_array_with_eligibility(backend):
     rng = np.random.default_rng(5)
-    arrays = [make_data("integers", 300, 1).reshape(10, 30), make_data("gauss", 7, 2), np.zeros(0), make_data("nan_inf", 500, 3)]
+    arrays = [
+        make_data("integers", 300, 1).reshape(10, 30),
+        make_data("gauss", 7, 2),
+        np.zeros(0),
+        make_data("nan_inf", 500, 3),
+    ]
     elig = [rng.random((10, 30)) < 0.6, None, np.zeros(0, bool), rng.random(500) < 0.9]
-    n_elig = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig))
+    n_elig = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig, strict=False))
     for k in sorted({0, 1, 17, n_elig // 2, n_elig - 1, n_elig}):
         got = check_keep(backend, arrays, k, elig)
         # ineligible entries are always kept
-        for g, e in zip(got, elig):
+        for g, e in zip(got, elig, strict=False):
             if e is not None:
                 assert to_numpy(g)[~e].all()
     with pytest.raises(ValueError):
-        sel.smallest_magnitude_keep([backend.asarray(a) for a in arrays], n_elig + 1, [None if e is None else backend.asarray(e) for e in elig])
+        sel.smallest_magnitude_keep(
+            [backend.asarray(a) for a in arrays], n_elig + 1, [None if e is None else backend.asarray(e) for e in elig]
+        )
 
 
 def test_ties_across_arrays_earlier_array_first(backend):
@@ -221,7 +239,7 @@ def test_mixed_float_dtypes_numpy():
     b = np.array([0.25, 1e-3 + 1e-12, 2.0], np.float64)
     keep = sel.smallest_magnitude_keep([a, b], 3)
     want = reference_keep([a.astype(np.float64), b], 3)
-    for g, w in zip(keep, want):
+    for g, w in zip(keep, want, strict=False):
         np.testing.assert_array_equal(g, w)
 
 
@@ -269,7 +287,19 @@ def test_numpy_strided_views():
 
 @NOT_JAX
 @pytest.mark.parametrize("mode", ["default", "bracket"])
-@pytest.mark.parametrize("n,kind", [(1 << 17, "gauss"), (1 << 17, "half_zeros"), (1 << 17, "integers"), (1 << 17, "nan_inf"), (1 << 17, "sorted"), (1 << 17, "periodic"), (1 << 20, "gauss"), (1 << 20, "half_zeros")])
+@pytest.mark.parametrize(
+    "n,kind",
+    [
+        (1 << 17, "gauss"),
+        (1 << 17, "half_zeros"),
+        (1 << 17, "integers"),
+        (1 << 17, "nan_inf"),
+        (1 << 17, "sorted"),
+        (1 << 17, "periodic"),
+        (1 << 20, "gauss"),
+        (1 << 20, "half_zeros"),
+    ],
+)
 def test_large_single_array(backend, monkeypatch, mode, n, kind):
     if mode == "bracket":
         monkeypatch.setattr(sel, "SMALL_SIZE", 1 << 12)
@@ -295,7 +325,7 @@ def test_large_multi_array_with_eligibility(backend, monkeypatch, mode):
         make_data("nan_inf", 30_000, 4),
     ]
     elig = [rng.random((256, 256)) < 0.7, None, rng.random(300) < 0.5, rng.random(30_000) < 0.5]
-    total = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig))
+    total = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig, strict=False))
     for k in (1, total // 4, total // 2, total - 1):
         check_keep(backend, [a.astype(np.float32) for a in arrays], k, elig)
 
@@ -336,9 +366,13 @@ def test_forced_bracket_misses_multi_array(backend, monkeypatch):
     shrink(monkeypatch)
     counter = Counter(monkeypatch)
     rng = np.random.default_rng(17)
-    arrays = [make_data("integers", 400, 1).reshape(20, 20), make_data("nan_inf", 300, 2), make_data("half_zeros", 500, 3)]
+    arrays = [
+        make_data("integers", 400, 1).reshape(20, 20),
+        make_data("nan_inf", 300, 2),
+        make_data("half_zeros", 500, 3),
+    ]
     elig = [rng.random((20, 20)) < 0.5, None, rng.random(500) < 0.8]
-    total = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig))
+    total = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig, strict=False))
     for k in (1, 40, total // 2, total - 40, total):
         check_keep(backend, arrays, k, elig)
     if counter.available:
@@ -379,7 +413,7 @@ def test_forced_bracket_through_methods(backend, monkeypatch):
     np.testing.assert_array_equal(to_numpy(m2), reference_keep([x], 840)[0])
     g = ap.global_unstructured([t, backend.asarray(x[:5].copy())], ap.L1Unstructured, amount=0.3)
     want = reference_keep([x, x[:5]], round(0.3 * 1400))
-    for a, b in zip(g, want):
+    for a, b in zip(g, want, strict=False):
         np.testing.assert_array_equal(to_numpy(a), b)
 
 
@@ -485,9 +519,7 @@ def test_nan_and_inf_ordering_hand_computed(backend):
 def test_math_sanity_of_reference():
     # the reference itself: NaN above inf, ties by index
     x = np.array([np.nan, 1.0, -np.inf, -1.0, 0.0])
-    np.testing.assert_array_equal(
-        __import__("conftest").reference_order(x), [4, 1, 3, 2, 0]
-    )
+    np.testing.assert_array_equal(__import__("conftest").reference_order(x), [4, 1, 3, 2, 0])
     assert math.isnan(_ref_kth(np.array([np.nan, 1.0]), 2))
 
 

@@ -54,7 +54,11 @@ def seeded(module: nn.Module, seed: int = 0) -> nn.Module:
 
 
 def pruning_hook(module: nn.Module, name: str):
-    hooks = [h for h in module._forward_pre_hooks.values() if isinstance(h, tprune.BasePruningMethod) and h._tensor_name == name]
+    hooks = [
+        h
+        for h in module._forward_pre_hooks.values()
+        if isinstance(h, tprune.BasePruningMethod) and h._tensor_name == name
+    ]
     assert len(hooks) == 1
     return hooks[0]
 
@@ -65,7 +69,9 @@ def snapshot(module: nn.Module) -> dict:
         "params": list(module._parameters.items()),
         "buffers": [(k, v, v.clone()) for k, v in module._buffers.items()],
         "hooks": list(module._forward_pre_hooks.items()),
-        "containers": [(h, tuple(h)) for h in module._forward_pre_hooks.values() if isinstance(h, tprune.PruningContainer)],
+        "containers": [
+            (h, tuple(h)) for h in module._forward_pre_hooks.values() if isinstance(h, tprune.PruningContainer)
+        ],
         "attrs": dict(vars(module)),
         "flat": list(module._flat_weights) if hasattr(module, "_flat_weights") else None,
     }
@@ -74,17 +80,21 @@ def snapshot(module: nn.Module) -> dict:
 def assert_as_before(module: nn.Module, snap: dict) -> None:
     params = list(module._parameters.items())
     assert [k for k, _ in params] == [k for k, _ in snap["params"]]
-    assert all(a is b for (_, a), (_, b) in zip(params, snap["params"]))
+    assert all(a is b for (_, a), (_, b) in zip(params, snap["params"], strict=False))
     buffers = list(module._buffers.items())
     assert [k for k, _ in buffers] == [k for k, _, _ in snap["buffers"]]
-    assert all(v is old and torch.equal(v, val) for (_, v), (_, old, val) in zip(buffers, snap["buffers"]))
+    assert all(
+        v is old and torch.equal(v, val) for (_, v), (_, old, val) in zip(buffers, snap["buffers"], strict=False)
+    )
     assert list(module._forward_pre_hooks.items()) == snap["hooks"]
-    assert [(h, tuple(h)) for h in module._forward_pre_hooks.values() if isinstance(h, tprune.PruningContainer)] == snap["containers"]
+    assert [
+        (h, tuple(h)) for h in module._forward_pre_hooks.values() if isinstance(h, tprune.PruningContainer)
+    ] == snap["containers"]
     attrs = dict(vars(module))
     assert attrs.keys() == snap["attrs"].keys()
     assert all(attrs[k] is v for k, v in snap["attrs"].items())
     if snap["flat"] is not None:
-        assert all(a is b for a, b in zip(module._flat_weights, snap["flat"]))
+        assert all(a is b for a, b in zip(module._flat_weights, snap["flat"], strict=False))
 
 
 # --------------------------------------------------------------------------------------
@@ -98,7 +108,11 @@ EXTENSIONS = ["NMStructured", "BlockUnstructured", "nm_structured", "block_unstr
 
 def test_public_api_matches_torch():
     assert sorted(prune.__all__) == sorted(PUBLIC + EXTENSIONS)
-    torch_public = {n for n in dir(tprune) if not n.startswith("_") and n not in {"ABC", "abstractmethod", "Iterable", "numbers", "torch"}}
+    torch_public = {
+        n
+        for n in dir(tprune)
+        if not n.startswith("_") and n not in {"ABC", "abstractmethod", "Iterable", "numbers", "torch"}
+    }
     assert torch_public <= set(PUBLIC)
     for name in PUBLIC + PRIVATE_HELPERS:
         assert hasattr(prune, name), name
@@ -117,12 +131,16 @@ def test_function_signatures_extend_torch(name):
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is None for p in ours[len(theirs) :])
 
 
-@pytest.mark.parametrize("name", [n for n in PUBLIC if n[0].isupper() and n not in {"BasePruningMethod", "PruningContainer"}])
+@pytest.mark.parametrize(
+    "name", [n for n in PUBLIC if n[0].isupper() and n not in {"BasePruningMethod", "PruningContainer"}]
+)
 def test_class_signatures_extend_torch(name):
     for attr in ("__init__", "apply"):
         ours = list(inspect.signature(getattr(getattr(prune, name), attr)).parameters.values())
         theirs = list(inspect.signature(getattr(getattr(tprune, name), attr)).parameters.values())
-        assert [(p.name, p.kind, p.default) for p in ours[: len(theirs)]] == [(p.name, p.kind, p.default) for p in theirs]
+        assert [(p.name, p.kind, p.default) for p in ours[: len(theirs)]] == [
+            (p.name, p.kind, p.default) for p in theirs
+        ]
         assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in ours[len(theirs) :])
     assert issubclass(getattr(prune, name), getattr(tprune, name))
     assert getattr(prune, name).PRUNING_TYPE == getattr(tprune, name).PRUNING_TYPE
@@ -159,7 +177,15 @@ def test_amount_helpers():
         prune._validate_pruning_amount(amount=20, tensor_size=19)
     for amount, size in ((0.3, 0), (19, 20), (0, 0), (1, 1)):
         prune._validate_pruning_amount(amount=amount, tensor_size=size)
-    for amount, size, expected in ((0, 15, 0), (10, 15, 10), (1, 15, 1), (1.0, 15, 15), (0.4, 17, 7), (0.5, 5, 2), (0.5, 7, 4)):
+    for amount, size, expected in (
+        (0, 15, 0),
+        (10, 15, 10),
+        (1, 15, 1),
+        (1.0, 15, 15),
+        (0.4, 17, 7),
+        (0.5, 5, 2),
+        (0.5, 7, 4),
+    ):
         assert prune._compute_nparams_toprune(amount=amount, tensor_size=size) == expected
         assert prune._compute_nparams_toprune(amount, size) == tprune._compute_nparams_toprune(amount, size)
 
@@ -319,7 +345,9 @@ def test_compute_mask_of_each_method():
     ones = torch.ones_like(t)
     assert torch.equal(prune.L1Unstructured(3).compute_mask(t, ones), torch.tensor([[0.0, 0, 1, 1], [1, 1, 0, 1]]))
     assert torch.equal(prune.LnStructured(1, n=1, dim=0).compute_mask(t, ones), torch.tensor([[0.0] * 4, [1.0] * 4]))
-    assert torch.equal(prune.LnStructured(2, n=math.inf, dim=-1).compute_mask(t, ones), torch.tensor([[0.0, 1, 0, 1], [0, 1, 0, 1]]))
+    assert torch.equal(
+        prune.LnStructured(2, n=math.inf, dim=-1).compute_mask(t, ones), torch.tensor([[0.0, 1, 0, 1], [0, 1, 0, 1]])
+    )
     assert prune.Identity().compute_mask(t, ones) is ones
     custom = prune.CustomFromMask(mask=torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1]]))
     got = custom.compute_mask(torch.rand(2, 4), torch.tensor([[0, 0, 0, 0], [1, 1, 1, 1]]))
@@ -552,11 +580,17 @@ X = torch.randn(3, 2, 6, 6, generator=torch.Generator().manual_seed(5))
 
 def assert_same_pruned_model(a: nn.Module, b: nn.Module) -> None:
     assert a.state_dict().keys() == b.state_dict().keys()
-    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items(), strict=False):
         assert ka == kb and va.dtype == vb.dtype and torch.equal(va, vb)
-    for ma, mb in zip(a.modules(), b.modules()):
-        ha = [(type(h).__name__, h._tensor_name, len(h) if isinstance(h, tprune.PruningContainer) else 0) for h in ma._forward_pre_hooks.values()]
-        hb = [(type(h).__name__, h._tensor_name, len(h) if isinstance(h, tprune.PruningContainer) else 0) for h in mb._forward_pre_hooks.values()]
+    for ma, mb in zip(a.modules(), b.modules(), strict=False):
+        ha = [
+            (type(h).__name__, h._tensor_name, len(h) if isinstance(h, tprune.PruningContainer) else 0)
+            for h in ma._forward_pre_hooks.values()
+        ]
+        hb = [
+            (type(h).__name__, h._tensor_name, len(h) if isinstance(h, tprune.PruningContainer) else 0)
+            for h in mb._forward_pre_hooks.values()
+        ]
         assert ha == hb
     assert torch.equal(a(X), b(X))
 
@@ -736,7 +770,11 @@ def test_user_methods_written_for_pytorch_work_in_arrayprune_containers():
     tprune.ln_structured(ref, "weight", amount=1, n=2, dim=1)
     assert torch.equal(ours.weight_mask, ref.weight_mask)
     assert [type(h).__name__ for h in pruning_hook(ours, "weight")] == [
-        "L1Unstructured", "L1Unstructured", "ThresholdPruning", "DropFirstChannels", "LnStructured"
+        "L1Unstructured",
+        "L1Unstructured",
+        "ThresholdPruning",
+        "DropFirstChannels",
+        "LnStructured",
     ]
     # a single arrayprune method extended by PyTorch's apply gets PyTorch's container
     single, single_ref = seeded(nn.Linear(6, 5)), seeded(nn.Linear(6, 5))
@@ -790,7 +828,7 @@ def test_global_with_foreign_methods_matches_pytorch():
         pairs = [(mods[0], "weight"), (mods[1], "weight"), (mods[1], "bias")]
         lib.global_unstructured(pairs, SmallestSquares, amount=0.4)
         lib.global_unstructured(pairs, tprune.L1Unstructured, amount=0.2)
-    for a, b in zip(ours, ref):
+    for a, b in zip(ours, ref, strict=False):
         for key in ("weight_mask", "weight", "bias_mask"):
             if hasattr(b, key):
                 assert torch.equal(getattr(a, key), getattr(b, key)), key
@@ -810,11 +848,16 @@ def test_global_pruning_by_hand():
     assert torch.equal(n.weight, torch.tensor([[0.0, 0, -2]]))
     assert m.weight_mask.dtype == torch.float32
     assert isinstance(pruning_hook(m, "weight"), prune.CustomFromMask)
-    scores = {(m, "weight"): torch.tensor([[4.0, 2, 1, 3], [-3, -1, -2, -4]]), (n, "weight"): torch.tensor([[0, 10.0, -0.2]])}
+    scores = {
+        (m, "weight"): torch.tensor([[4.0, 2, 1, 3], [-3, -1, -2, -4]]),
+        (n, "weight"): torch.tensor([[0, 10.0, -0.2]]),
+    }
     m2, n2 = nn.Linear(4, 2), nn.Linear(3, 1)
     m2.weight, n2.weight = nn.Parameter(m.weight_orig.detach().clone()), nn.Parameter(n.weight_orig.detach().clone())
     scores = {(m2, "weight"): scores[(m, "weight")], (n2, "weight"): scores[(n, "weight")]}
-    prune.global_unstructured([(m2, "weight"), (n2, "weight")], prune.L1Unstructured, importance_scores=scores, amount=4)
+    prune.global_unstructured(
+        [(m2, "weight"), (n2, "weight")], prune.L1Unstructured, importance_scores=scores, amount=4
+    )
     assert torch.equal(m2.weight, torch.tensor([[1.0, 2, 0, 4], [-4, 0, -2, -1]]))
     assert torch.equal(n2.weight, torch.tensor([[0, 0.1, 0]]))
 
@@ -833,7 +876,9 @@ def test_global_errors():
     with pytest.raises(ValueError):
         prune.global_unstructured([(m, "weight"), (m, "bias")], prune.L1Unstructured, amount=9)
     with pytest.raises(ValueError):
-        prune.global_unstructured([(m, "weight")], prune.L1Unstructured, importance_scores={(m, "weight"): torch.ones(3, 2)}, amount=1)
+        prune.global_unstructured(
+            [(m, "weight")], prune.L1Unstructured, importance_scores={(m, "weight"): torch.ones(3, 2)}, amount=1
+        )
     assert_as_before(m, snap)
     prune.global_unstructured([], prune.L1Unstructured, amount=0.5)  # nothing to do
 
@@ -856,7 +901,7 @@ def test_global_then_local_then_global():
         lib.global_unstructured(pairs, lib.L1Unstructured, amount=0.3)
         lib.ln_structured(mods[0], "weight", amount=2, n=2, dim=0)
         lib.global_unstructured(pairs, lib.L1Unstructured, amount=10)
-    for a, b in zip(net, ref):
+    for a, b in zip(net, ref, strict=False):
         assert torch.equal(a.weight_mask, b.weight_mask)
     assert len(pruning_hook(net[0], "weight")) == 3
 
@@ -957,7 +1002,7 @@ def module_layout(m: nn.Module) -> dict:
 def assert_same_layout(a: dict, b: dict) -> None:
     for key in ("params", "buffers"):
         assert [k for k, _ in a[key]] == [k for k, _ in b[key]], key
-        assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a[key], b[key])), key
+        assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a[key], b[key], strict=False)), key
     assert a["non_persistent"] == b["non_persistent"]
     assert a["state_dict"] == b["state_dict"]
     assert a["attrs"] == b["attrs"]

@@ -46,7 +46,9 @@ NORMS = [1, 2, 3, 0.5, math.inf, "fro"]
 
 def make_zoo(seed: int, dtype: torch.dtype) -> tuple[nn.ModuleList, list[torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    mods = nn.ModuleList([nn.Linear(7, 5), nn.Conv1d(3, 4, 3), nn.Conv2d(2, 6, 3), nn.Conv3d(2, 3, 2), nn.Embedding(6, 4)])
+    mods = nn.ModuleList(
+        [nn.Linear(7, 5), nn.Conv1d(3, 4, 3), nn.Conv2d(2, 6, 3), nn.Conv3d(2, 3, 2), nn.Embedding(6, 4)]
+    )
     mods = mods.to(dtype)
     with torch.no_grad():
         for p in mods.parameters():
@@ -88,7 +90,7 @@ def hook_shape(module: nn.Module) -> list:
 
 
 def assert_same_state(t_mods: nn.ModuleList, a_mods: nn.ModuleList) -> None:
-    for tm, am in zip(t_mods, a_mods):
+    for tm, am in zip(t_mods, a_mods, strict=False):
         tp, ap_ = dict(tm.named_parameters()), dict(am.named_parameters())
         tb, ab = dict(tm.named_buffers()), dict(am.named_buffers())
         assert tp.keys() == ap_.keys()
@@ -107,12 +109,12 @@ def assert_same_state(t_mods: nn.ModuleList, a_mods: nn.ModuleList) -> None:
 
 
 def forward_all(mods: nn.ModuleList, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [m(x) for m, x in zip(mods, inputs)]
+    return [m(x) for m, x in zip(mods, inputs, strict=False)]
 
 
 def assert_same_forward_backward(t_mods, a_mods, inputs) -> None:
     t_out, a_out = forward_all(t_mods, inputs), forward_all(a_mods, inputs)
-    for x, y in zip(t_out, a_out):
+    for x, y in zip(t_out, a_out, strict=False):
         assert torch.equal(x, y)
     sum(o.float().sum() for o in t_out).backward()
     sum(o.float().sum() for o in a_out).backward()
@@ -125,7 +127,7 @@ def assert_same_forward_backward(t_mods, a_mods, inputs) -> None:
         assert (pt.grad is None) == (pa.grad is None)
         if pt.grad is not None:
             assert torch.equal(pt.grad, pa.grad), key
-    for tm, am in zip(t_mods, a_mods):
+    for _tm, am in zip(t_mods, a_mods, strict=True):
         for key, buf in am.named_buffers():
             if key.endswith("_mask"):
                 grad = getattr(am, key[: -len("_mask")] + "_orig").grad
@@ -169,13 +171,15 @@ def state_snapshot(mods: nn.ModuleList) -> list:
 
 
 def assert_unchanged(mods: nn.ModuleList, snap: list) -> None:
-    for m, (params, buffers, hooks, containers, attrs) in zip(mods, snap):
+    for m, (params, buffers, hooks, containers, attrs) in zip(mods, snap, strict=False):
         assert m._parameters.keys() == params.keys()
         assert all(m._parameters[k] is v for k, v in params.items())
         assert m._buffers.keys() == buffers.keys()
         assert all(torch.equal(m._buffers[k], v) for k, v in buffers.items())
         assert list(m._forward_pre_hooks.items()) == hooks
-        assert [(h, tuple(h)) for h in m._forward_pre_hooks.values() if isinstance(h, tprune.PruningContainer)] == containers
+        assert [
+            (h, tuple(h)) for h in m._forward_pre_hooks.values() if isinstance(h, tprune.PruningContainer)
+        ] == containers
         assert {k: v for k, v in vars(m).items() if isinstance(v, torch.Tensor)}.keys() == attrs.keys()
         assert all(vars(m)[k] is v for k, v in attrs.items())
 
@@ -287,7 +291,7 @@ def test_random_call_sequences_match_pytorch(dtype, data, seed):
             t_pairs = [(t_mods[j], nm) for j, nm in chosen]
             a_pairs = [(a_mods[j], nm) for j, nm in chosen]
             t_scores, a_scores = {}, {}
-            for (j, nm), tp_, ap_ in zip(chosen, t_pairs, a_pairs):
+            for (j, nm), tp_, ap_ in zip(chosen, t_pairs, a_pairs, strict=False):
                 s = scores_like(data, param_of(t_mods[j], nm), rng)
                 if s is not None:
                     t_scores[tp_], a_scores[ap_] = s, s
@@ -304,7 +308,9 @@ def test_random_call_sequences_match_pytorch(dtype, data, seed):
         elif kind == "custom":
             seed_m = data.draw(st.integers(0, 2**31 - 1), label="mask seed")
             mask = torch.rand(t_param.shape, generator=torch.Generator().manual_seed(seed_m)) > 0.3
-            errors, states = run_both(lambda: tprune.custom_from_mask(tm, name, mask), lambda: aprune.custom_from_mask(am, name, mask))
+            errors, states = run_both(
+                lambda: tprune.custom_from_mask(tm, name, mask), lambda: aprune.custom_from_mask(am, name, mask)
+            )
         elif kind == "remove":
             errors, states = run_both(lambda: tprune.remove(tm, name), lambda: aprune.remove(am, name))
             if errors == [None, None]:
@@ -321,7 +327,7 @@ def test_random_call_sequences_match_pytorch(dtype, data, seed):
             errors, states = [None, None], None
         else:  # forward
             with torch.no_grad():
-                for x, y in zip(forward_all(t_mods, inputs), forward_all(a_mods, inputs)):
+                for x, y in zip(forward_all(t_mods, inputs), forward_all(a_mods, inputs), strict=False):
                     assert torch.equal(x, y)
             errors, states = [None, None], None
 
@@ -410,7 +416,11 @@ def assert_same_mask(tm: nn.Module, am: nn.Module, name: str = "weight") -> None
 def prune_both(kind: str, tm: nn.Module, am: nn.Module, arg: Any, seed: int) -> None:
     """One call of the kind through both libraries, compared."""
     if kind == "random_u":
-        same_draws(lambda: tprune.random_unstructured(tm, "weight", arg), lambda: aprune.random_unstructured(am, "weight", arg), seed)
+        same_draws(
+            lambda: tprune.random_unstructured(tm, "weight", arg),
+            lambda: aprune.random_unstructured(am, "weight", arg),
+            seed,
+        )
     elif kind == "random_s":
         amount, dim = arg
         same_draws(
@@ -419,7 +429,9 @@ def prune_both(kind: str, tm: nn.Module, am: nn.Module, arg: Any, seed: int) -> 
             seed,
         )
     elif kind == "l1":
-        same_draws(lambda: tprune.l1_unstructured(tm, "weight", arg), lambda: aprune.l1_unstructured(am, "weight", arg), seed)
+        same_draws(
+            lambda: tprune.l1_unstructured(tm, "weight", arg), lambda: aprune.l1_unstructured(am, "weight", arg), seed
+        )
     elif kind == "ln":
         same_draws(
             lambda: tprune.ln_structured(tm, "weight", arg, math.inf, 0),
@@ -428,7 +440,11 @@ def prune_both(kind: str, tm: nn.Module, am: nn.Module, arg: Any, seed: int) -> 
         )
     else:  # custom
         mask = torch.rand(tm.weight.shape, generator=torch.Generator().manual_seed(seed)) > 0.4
-        same_draws(lambda: tprune.custom_from_mask(tm, "weight", mask), lambda: aprune.custom_from_mask(am, "weight", mask), seed)
+        same_draws(
+            lambda: tprune.custom_from_mask(tm, "weight", mask),
+            lambda: aprune.custom_from_mask(am, "weight", mask),
+            seed,
+        )
     assert_same_mask(tm, am)
 
 
@@ -648,15 +664,21 @@ def test_global_random_unstructured_matches_pytorch(which, use_scores):
         a_pairs = [(a_mods[i], name) for i, name in GLOBAL_SETS[which]]
         t_scores, a_scores = {}, {}
         if use_scores:  # scores for the first pair only, in another dtype
-            s = torch.randn(getattr(*t_pairs[0]).shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+            s = torch.randn(
+                getattr(*t_pairs[0]).shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+            )
             t_scores[t_pairs[0]], a_scores[a_pairs[0]] = s, s
         for step, amount in enumerate([0.2, 9, 0.0, 0, 0.5, 1.0]):
             same_draws(
-                lambda: tprune.global_unstructured(t_pairs, tprune.RandomUnstructured, importance_scores=t_scores, amount=amount),
-                lambda: aprune.global_unstructured(a_pairs, aprune.RandomUnstructured, importance_scores=a_scores, amount=amount),
+                lambda: tprune.global_unstructured(
+                    t_pairs, tprune.RandomUnstructured, importance_scores=t_scores, amount=amount
+                ),
+                lambda: aprune.global_unstructured(
+                    a_pairs, aprune.RandomUnstructured, importance_scores=a_scores, amount=amount
+                ),
                 seed * 10 + step,
             )
-            for (tm, name), (am, _) in zip(t_pairs, a_pairs):
+            for (tm, name), (am, _) in zip(t_pairs, a_pairs, strict=False):
                 assert_same_mask(tm, am, name)
         # nothing left: an integer amount is too large, before any draw
         torch.manual_seed(0)
@@ -677,8 +699,12 @@ def test_global_random_zero_amount_draws_nothing():
         torch.manual_seed(1)
         before = torch.get_rng_state()
         same_draws(
-            lambda: tprune.global_unstructured([(t_mods[i], n) for i, n in pairs], tprune.RandomUnstructured, amount=amount),
-            lambda: aprune.global_unstructured([(a_mods[i], n) for i, n in pairs], aprune.RandomUnstructured, amount=amount),
+            lambda: tprune.global_unstructured(
+                [(t_mods[i], n) for i, n in pairs], tprune.RandomUnstructured, amount=amount
+            ),
+            lambda: aprune.global_unstructured(
+                [(a_mods[i], n) for i, n in pairs], aprune.RandomUnstructured, amount=amount
+            ),
             1,
         )
         assert torch.equal(torch.get_rng_state(), before)

@@ -102,7 +102,7 @@ def test_global_pruning_tutorial(trained):
         total = sum(m.weight_orig.numel() for m, _ in prunable(ours))
         zeros = sum(int((m.weight_mask == 0).sum()) for m, _ in prunable(ours))
         assert zeros == round(amount * total)
-        for (a, _), (b, _) in zip(prunable(ours), prunable(ref)):
+        for (a, _), (b, _) in zip(prunable(ours), prunable(ref), strict=False):
             assert a.weight_mask.dtype == b.weight_mask.dtype == torch.float32
             assert torch.equal(a.weight_mask, b.weight_mask)
             assert torch.equal(a.weight, b.weight)
@@ -118,9 +118,14 @@ def test_global_pruning_tutorial(trained):
 
     print()
     print(f"unpruned test accuracy: {base:.4f}")
-    print(f"{'amount':>7} {'sparsity':>9} {'torch acc':>10} {'arrayprune acc':>15} {'torch ms':>9} {'arrayprune ms':>14}")
+    print(
+        f"{'amount':>7} {'sparsity':>9} {'torch acc':>10} {'arrayprune acc':>15} {'torch ms':>9} {'arrayprune ms':>14}"
+    )
     for amount, sparsity, acc_ref, acc_ours, t_ref, t_ours in rows:
-        print(f"{amount:>7.0%} {sparsity:>9.3f} {acc_ref:>10.4f} {acc_ours:>15.4f} {1e3 * t_ref:>9.2f} {1e3 * t_ours:>14.2f}")
+        print(
+            f"{amount:>7.0%} {sparsity:>9.3f} {acc_ref:>10.4f} {acc_ours:>15.4f}"
+            f" {1e3 * t_ref:>9.2f} {1e3 * t_ours:>14.2f}"
+        )
     # moderate pruning costs little accuracy
     assert rows[0][3] > base - 0.05
 
@@ -145,7 +150,7 @@ def test_iterative_pruning_with_fine_tuning(trained):
         results.append((net, accuracy(net, x_test, y_test)))
     (ref, acc_ref), (ours, acc_ours) = results
     assert acc_ours == acc_ref
-    for (a, _), (b, _) in zip(prunable(ours), prunable(ref)):
+    for (a, _), (b, _) in zip(prunable(ours), prunable(ref), strict=False):
         assert torch.equal(a.weight_mask, b.weight_mask)
         assert torch.equal(a.weight_orig, b.weight_orig)
     assert acc_ours > 0.5
