@@ -1,4 +1,4 @@
-"""Global pruning with per-array sparsity bounds and LAMP scores (issue 6)."""
+"""Global pruning with per-array sparsity bounds and LAMP scores."""
 
 from __future__ import annotations
 

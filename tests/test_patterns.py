@@ -1,4 +1,4 @@
-"""N:M and block pruning: exact patterns, containers, backends (issue 6)."""
+"""N:M and block pruning: exact patterns, containers, backends."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Gradual pruning schedules (issue 6)."""
+"""Gradual pruning schedules."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sparse export: bit packing, CSR, storage sizes (issue 6)."""
+"""Sparse export: bit packing, CSR, storage sizes."""
 
 from __future__ import annotations
 

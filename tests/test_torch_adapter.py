@@ -102,7 +102,7 @@ def assert_as_before(module: nn.Module, snap: dict) -> None:
 # --------------------------------------------------------------------------------------
 
 
-#: arrayprune's additions to PyTorch's public names (issue 6).
+#: arrayprune's additions to PyTorch's public names.
 EXTENSIONS = ["NMStructured", "BlockUnstructured", "nm_structured", "block_unstructured", "prune_to_sparsity"]
 
 
