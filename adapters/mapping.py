@@ -65,19 +65,41 @@ array([[ 0.5,  0. ],
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
-
-import array_api_compat as apc
 
 from arrayprune import functional as F
 from arrayprune import methods as M
 from arrayprune import patterns as M_patterns
+from arrayprune.adapters.state_dict import (
+    MASK_SUFFIX,
+    ORIG_SUFFIX,
+    _Entry,
+    _fold,
+    _with_mask,
+    apply_masks,
+    is_pruned,
+    iter_arrays,
+    iter_entries,
+    pruned_keys,
+)
+from arrayprune.adapters.trees import (
+    MAX_DEPTH,
+    MAX_ENTRIES,
+    Key,
+    Path,
+    TreeError,
+    _name,
+    _node,
+    _rebuild,
+    _replace_at,
+    check_tree,
+)
 from arrayprune.global_pruning import global_unstructured as _core_global_unstructured
 from arrayprune.schedules import prune_to_sparsity as _core_prune_to_sparsity
 
 __all__ = [
+    "prune",
     "identity",
     "random_unstructured",
     "l1_unstructured",
@@ -94,6 +116,7 @@ __all__ = [
     "apply_masks",
     "replace",
     "iter_arrays",
+    "iter_entries",
     "check_tree",
     "TreeError",
     "MAX_DEPTH",
@@ -103,274 +126,6 @@ __all__ = [
 ]
 
 Array = Any
-Key = str | tuple
-Path = tuple
-
-ORIG_SUFFIX = "_orig"
-MASK_SUFFIX = "_mask"
-
-MAX_DEPTH = 64
-"""Deepest nesting of mappings that the walkers accept (a state dict has 1, a Flax tree a few)."""
-
-MAX_ENTRIES = 1_000_000
-"""Most entries a walk visits; a mapping shared by several parents counts once per parent."""
-
-
-class TreeError(ValueError):
-    """A nested mapping that cannot be walked: it contains itself, is nested deeper than
-    :data:`MAX_DEPTH` or holds more than :data:`MAX_ENTRIES` entries."""
-
-
-# --------------------------------------------------------------------------------------
-# Walking trees safely
-# --------------------------------------------------------------------------------------
-
-
-def check_tree(params: Mapping, *, max_depth: int = MAX_DEPTH, max_entries: int = MAX_ENTRIES) -> int:
-    """Check that a nested mapping can be walked, without recursion.
-
-    Files deserialize to trees that may be hostile: a dict that contains itself, nesting
-    thousands of levels deep, or a few kilobytes of dicts that share references so that
-    walking visits every one of 2**40 paths. Every walker of this module calls this
-    check first, which visits entries iteratively and stops at the first problem, so
-    such a tree costs at most `max_entries` steps. Sub-mappings shared by several
-    parents (a DAG) are allowed, and counted once per parent; arrays shared under
-    several names (tied weights) are ordinary.
-
-    Parameters
-    ----------
-    params : mapping
-        The tree.
-    max_depth : int, default :data:`MAX_DEPTH`
-        Most levels of nested mappings below `params`.
-    max_entries : int, default :data:`MAX_ENTRIES`
-        Most entries visited in all.
-
-    Returns
-    -------
-    int
-        The number of entries visited.
-
-    Raises
-    ------
-    TreeError
-        (a :class:`ValueError`) naming the path where the problem was found.
-    """
-    if not isinstance(params, Mapping):
-        raise TypeError(f"expected a mapping, got {type(params).__name__}")
-    visited = 0
-    on_path = {id(params)}
-    # One iterator per open level; `path` and `nodes` run alongside the stack.
-    stack: list[Iterator[tuple[Any, Any]]] = [iter(params.items())]
-    path: list[Any] = []
-    nodes: list[Mapping] = [params]
-    while stack:
-        item = next(stack[-1], None)
-        if item is None:
-            stack.pop()
-            on_path.discard(id(nodes.pop()))
-            if path:
-                path.pop()
-            continue
-        key, value = item
-        visited += 1
-        if visited > max_entries:
-            raise TreeError(
-                f"more than {max_entries:,} entries (at {_short_name((*path, key))!r}); "
-                "mappings shared by several parents count once per parent"
-            )
-        if not isinstance(value, Mapping):
-            continue
-        where = _short_name((*path, key))
-        if id(value) in on_path:
-            raise TreeError(f"the mapping at {where!r} contains itself")
-        if len(stack) > max_depth:
-            raise TreeError(f"nested deeper than {max_depth} levels (at {where!r})")
-        on_path.add(id(value))
-        nodes.append(value)
-        path.append(key)
-        stack.append(iter(value.items()))
-    return visited
-
-
-# --------------------------------------------------------------------------------------
-# Paths and rebuilding
-# --------------------------------------------------------------------------------------
-
-
-def _path_of(params: Mapping, key: Key) -> Path:
-    """Turn a key into a path (tuple of keys, one per level); see the module docs."""
-    if isinstance(key, tuple):
-        if not key:
-            raise KeyError("empty path")
-        return key
-    if isinstance(key, str):
-        if key in params or key + ORIG_SUFFIX in params or "/" not in key:
-            return (key,)
-        parts = tuple(key.split("/"))
-        if any(p == "" for p in parts):
-            raise KeyError(f"{key!r}: empty component in path")
-        return parts
-    # any other hashable (an int key, say) names a top-level entry
-    return (key,)
-
-
-def _name(path: Path) -> str:
-    return "/".join(map(str, path))
-
-
-def _short_name(path: Path, keep: int = 3) -> str:
-    """`_name` of `path`, its middle elided when it is long (messages stay one short line)."""
-    if len(path) <= 2 * keep + 1:
-        return _name(path)
-    return f"{_name(path[:keep])}/.../{_name(path[-keep:])} ({len(path)} levels)"
-
-
-def _node(params: Mapping, parent: Path, key: Key) -> Mapping:
-    """The sub-mapping at `parent`, or KeyError naming `key`."""
-    node: Any = params
-    for i, part in enumerate(parent):
-        if not isinstance(node, Mapping) or part not in node:
-            raise KeyError(f"{_name(parent[: i + 1])!r} not found (looking up {key!r})")
-        node = node[part]
-    if not isinstance(node, Mapping):
-        raise KeyError(f"{_name(parent)!r} is not a mapping (looking up {key!r})")
-    return node
-
-
-def _rebuild(like: Mapping, items: Iterable[tuple[Any, Any]]) -> Mapping:
-    """A new mapping holding `items`, of the type of `like` where possible."""
-    data = dict(items)
-    cls = type(like)
-    if cls is dict:
-        return data
-    if cls is OrderedDict:
-        out: Mapping = OrderedDict(data)
-    else:
-        try:
-            out = cls(data)
-        except Exception:  # a Mapping type that cannot be built from a dict
-            return data
-        if not isinstance(out, Mapping) or list(out.keys()) != list(data.keys()):
-            return data
-    meta = getattr(like, "_metadata", None)
-    if meta is not None:
-        try:
-            out._metadata = meta  # type: ignore[attr-defined]
-        except AttributeError:
-            pass
-    return out
-
-
-def _replace_at(params: Mapping, parent: Path, new_node: Mapping) -> Mapping:
-    """A copy of `params` with the sub-mapping at `parent` replaced by `new_node`."""
-    if not parent:
-        return new_node
-    head, rest = parent[0], parent[1:]
-    child = _replace_at(params[head], rest, new_node)
-    return _rebuild(params, ((k, child if k == head else v) for k, v in params.items()))
-
-
-class _Entry:
-    """One addressed array: where it lives and whether it is pruned."""
-
-    __slots__ = ("key", "parent", "leaf", "node", "pruned")
-
-    def __init__(self, params: Mapping, key: Key):
-        path = _path_of(params, key)
-        self.key = key
-        self.parent: Path = path[:-1]
-        self.leaf = path[-1]
-        self.node = _node(params, self.parent, key)
-        node, leaf = self.node, self.leaf
-        if not isinstance(leaf, str):
-            if leaf not in node:
-                raise KeyError(f"{key!r} not found")
-            self.pruned = False
-        else:
-            has_orig = leaf + ORIG_SUFFIX in node
-            has_mask = leaf + MASK_SUFFIX in node
-            if has_orig and has_mask:
-                if leaf in node:
-                    raise ValueError(
-                        f"{key!r}: found {leaf!r} beside {leaf + ORIG_SUFFIX!r} and "
-                        f"{leaf + MASK_SUFFIX!r}; a pruned entry is stored only as the latter two"
-                    )
-                self.pruned = True
-            elif leaf in node:
-                self.pruned = False
-            else:
-                hint = ""
-                if has_orig or has_mask:
-                    hint = f" (found {leaf + (ORIG_SUFFIX if has_orig else MASK_SUFFIX)!r} without its pair)"
-                raise KeyError(f"{key!r} not found{hint}")
-        value = node[self.orig_key]
-        if isinstance(value, Mapping) or not hasattr(value, "shape"):
-            raise KeyError(f"{key!r} names a {type(value).__name__}, not an array")
-        if getattr(value, "is_meta", False):  # a PyTorch tensor with a shape and no values
-            raise ValueError(f"{key!r} is on the meta device: it holds no values to prune")
-
-    @property
-    def orig_key(self) -> Any:
-        return self.leaf + ORIG_SUFFIX if self.pruned else self.leaf
-
-    @property
-    def mask_key(self) -> str:
-        return self.leaf + MASK_SUFFIX
-
-    @property
-    def ident(self) -> tuple[Path, Any]:
-        return (self.parent, self.leaf)
-
-    def orig(self) -> Array:
-        return self.node[self.orig_key]
-
-    def mask(self) -> Array | None:
-        return self.node[self.mask_key] if self.pruned else None
-
-    def stored_mask(self, mask: Array) -> Array:
-        """`mask` (computed on top of `default_mask()`) in the dtype it is stored in.
-
-        That of the existing mask, which the core keeps, else that of the array, as
-        PyTorch stores it.
-        """
-        if self.pruned:
-            return mask
-        orig = self.orig()
-        xp = apc.array_namespace(orig)
-        return mask if mask.dtype == orig.dtype else xp.astype(mask, orig.dtype)
-
-    def default_mask(self) -> Array | None:
-        """The existing mask, or None (nothing pruned yet).
-
-        None lets the core start from its boolean mask (a byte per entry) rather than
-        from ones of the array's dtype; `stored_mask` converts the result once.
-        """
-        return self.node[self.mask_key] if self.pruned else None
-
-
-def _with_mask(params: Mapping, entry: _Entry, mask: Array) -> Mapping:
-    """`params` with `entry` stored as ``_orig`` + ``_mask``, the mask being `mask`."""
-    current = _node(params, entry.parent, entry.key)
-    if not isinstance(entry.leaf, str):
-        raise KeyError(f"{entry.key!r}: only string keys can take the {ORIG_SUFFIX!r}/{MASK_SUFFIX!r} suffixes")
-    leaf, orig_key, mask_key = entry.leaf, entry.leaf + ORIG_SUFFIX, entry.leaf + MASK_SUFFIX
-    items: list[tuple[Any, Any]] = []
-    for k, v in current.items():
-        if k == leaf:
-            items.append((orig_key, v))
-            items.append((mask_key, mask))
-        elif k == mask_key:
-            items.append((k, mask))
-        else:
-            items.append((k, v))
-    return _replace_at(params, entry.parent, _rebuild(current, items))
-
-
-def _fold(orig: Array, mask: Array) -> Array:
-    xp = apc.array_namespace(orig)
-    return orig * xp.astype(mask, orig.dtype)
-
 
 def _prune_one(
     params: Mapping,
@@ -378,18 +133,54 @@ def _prune_one(
     compute: Callable[..., Array],
     importance_scores: Array | None = None,
 ) -> Mapping:
+    """`params` with `key` pruned by ``compute(orig, default_mask=..., [importance_scores=...])``."""
     entry = _Entry(params, key)
-    orig = entry.orig()
     kwargs: dict[str, Any] = {"default_mask": entry.default_mask()}
     if importance_scores is not None:
         kwargs["importance_scores"] = importance_scores
-    mask = compute(orig, **kwargs)
+    mask = compute(entry.orig(), **kwargs)
     return _with_mask(params, entry, entry.stored_mask(mask))
 
 
 # --------------------------------------------------------------------------------------
 # The verbs
 # --------------------------------------------------------------------------------------
+
+
+def prune(params: Mapping, key: Key, method: Any, importance_scores: Array | None = None) -> Mapping:
+    """Prune the entry `key` with a pruning method: the verb behind every other.
+
+    Parameters
+    ----------
+    params : mapping
+        Mapping of names to arrays (possibly nested).
+    key : str or tuple
+        The array to prune.
+    method : BasePruningMethod
+        A method of the arrayprune core, e.g. ``arrayprune.L1Unstructured(0.5)``, or one
+        written by the user on the same base class.
+    importance_scores : array, optional
+        Scores to rank by instead of the original array, same shape.
+
+    Returns
+    -------
+    mapping
+        A new mapping with ``key_orig`` and the ``key_mask`` in place of ``key``; if
+        `key` was pruned before, its mask combined with the method's as a
+        :class:`~arrayprune.PruningContainer` combines them.
+
+    Raises
+    ------
+    KeyError
+        If `key` names no array.
+    ValueError
+        If `importance_scores` has another shape, or the method refuses the array.
+    """
+
+    def compute(x: Array, default_mask: Array | None, importance_scores: Array | None = None) -> Array:
+        return F.mask_for(method, x, default_mask=default_mask, importance_scores=importance_scores)
+
+    return _prune_one(params, key, compute, importance_scores)
 
 
 def identity(params: Mapping, key: Key) -> Mapping:
@@ -412,7 +203,7 @@ def identity(params: Mapping, key: Key) -> Mapping:
     KeyError
         If `key` names no array.
     """
-    return _prune_one(params, key, lambda x, default_mask: F.identity(x, default_mask=default_mask))
+    return prune(params, key, M.Identity())
 
 
 def random_unstructured(
@@ -450,12 +241,7 @@ def random_unstructured(
     TypeError, ValueError
         If `amount` is invalid.
     """
-    M.RandomUnstructured(amount, seed=seed, generator=generator)  # validate first
-
-    def compute(x: Array, default_mask: Array) -> Array:
-        return F.random_unstructured(x, amount, default_mask=default_mask, seed=seed, generator=generator)
-
-    return _prune_one(params, key, compute)
+    return prune(params, key, M.RandomUnstructured(amount, seed=seed, generator=generator))
 
 
 def l1_unstructured(
@@ -489,12 +275,7 @@ def l1_unstructured(
     TypeError, ValueError
         If `amount` is invalid or `importance_scores` has another shape.
     """
-    M.L1Unstructured(amount)
-
-    def compute(x: Array, default_mask: Array, importance_scores: Array | None = None) -> Array:
-        return F.l1_unstructured(x, amount, default_mask=default_mask, importance_scores=importance_scores)
-
-    return _prune_one(params, key, compute, importance_scores)
+    return prune(params, key, M.L1Unstructured(amount), importance_scores)
 
 
 def random_structured(
@@ -535,12 +316,7 @@ def random_structured(
     TypeError, ValueError, IndexError
         If `amount` or `dim` is invalid, or the array has fewer than two dimensions.
     """
-    M.RandomStructured(amount, dim, seed=seed, generator=generator)
-
-    def compute(x: Array, default_mask: Array) -> Array:
-        return F.random_structured(x, amount, dim, default_mask=default_mask, seed=seed, generator=generator)
-
-    return _prune_one(params, key, compute)
+    return prune(params, key, M.RandomStructured(amount, dim, seed=seed, generator=generator))
 
 
 def ln_structured(
@@ -581,12 +357,7 @@ def ln_structured(
         If `amount` or `dim` is invalid, the array has fewer than two dimensions, or
         `importance_scores` has another shape.
     """
-    M.LnStructured(amount, n, dim)
-
-    def compute(x: Array, default_mask: Array, importance_scores: Array | None = None) -> Array:
-        return F.ln_structured(x, amount, n, dim, default_mask=default_mask, importance_scores=importance_scores)
-
-    return _prune_one(params, key, compute, importance_scores)
+    return prune(params, key, M.LnStructured(amount, n, dim), importance_scores)
 
 
 def nm_structured(
@@ -624,12 +395,7 @@ def nm_structured(
     TypeError, ValueError, IndexError
         If the pattern or `dim` is invalid.
     """
-    M_patterns.NMStructured(n, m, dim)
-
-    def compute(x: Array, default_mask: Array, importance_scores: Array | None = None) -> Array:
-        return F.nm_structured(x, n, m, dim, default_mask=default_mask, importance_scores=importance_scores)
-
-    return _prune_one(params, key, compute, importance_scores)
+    return prune(params, key, M_patterns.NMStructured(n, m, dim), importance_scores)
 
 
 def block_unstructured(
@@ -669,14 +435,7 @@ def block_unstructured(
     TypeError, ValueError
         If `amount` or `block_shape` is invalid.
     """
-    M_patterns.BlockUnstructured(amount, block_shape, n)
-
-    def compute(x: Array, default_mask: Array, importance_scores: Array | None = None) -> Array:
-        return F.block_unstructured(
-            x, amount, block_shape, n, default_mask=default_mask, importance_scores=importance_scores
-        )
-
-    return _prune_one(params, key, compute, importance_scores)
+    return prune(params, key, M_patterns.BlockUnstructured(amount, block_shape, n), importance_scores)
 
 
 def prune_to_sparsity(
@@ -749,11 +508,7 @@ def custom_from_mask(params: Mapping, key: Key, mask: Array) -> Mapping:
     ValueError
         If `mask` has another shape than the array.
     """
-
-    def compute(x: Array, default_mask: Array) -> Array:
-        return F.custom_from_mask(x, mask, default_mask=default_mask)
-
-    return _prune_one(params, key, compute)
+    return prune(params, key, M.CustomFromMask(mask))
 
 
 def global_unstructured(
@@ -901,128 +656,3 @@ def replace(params: Mapping, arrays: Mapping[Key, Array]) -> Mapping:
         node = _node(out, parent, _name(parent))
         out = _replace_at(out, parent, _rebuild(node, ((k, new.get(k, v)) for k, v in node.items())))
     return out
-
-
-def _pruned_leaves(node: Mapping) -> list[str]:
-    out = []
-    for k in node:
-        if isinstance(k, str) and k.endswith(ORIG_SUFFIX):
-            leaf = k[: -len(ORIG_SUFFIX)]
-            if leaf + MASK_SUFFIX in node and leaf not in node:
-                out.append(leaf)
-    return out
-
-
-def pruned_keys(params: Mapping) -> list[Path]:
-    """Paths of all pruned entries (those stored as ``_orig`` + ``_mask``).
-
-    Parameters
-    ----------
-    params : mapping
-        Mapping of names to arrays (possibly nested).
-
-    Returns
-    -------
-    list of tuple
-        One path per pruned entry, in the order of the mapping (``("fc1.weight",)`` at
-        top level, ``("params", "Dense_0", "kernel")`` nested).
-    """
-    check_tree(params)
-    found: list[Path] = []
-
-    def walk(node: Mapping, prefix: Path) -> None:
-        found.extend(prefix + (leaf,) for leaf in _pruned_leaves(node))
-        for k, v in node.items():
-            if isinstance(v, Mapping):
-                walk(v, prefix + (k,))
-
-    walk(params, ())
-    return found
-
-
-def is_pruned(params: Mapping) -> bool:
-    """Whether any entry of `params`, at any depth, is stored as ``_orig`` + ``_mask``.
-
-    Parameters
-    ----------
-    params : mapping
-        Mapping of names to arrays (possibly nested).
-
-    Returns
-    -------
-    bool
-        True if some entry is pruned.
-    """
-    return bool(pruned_keys(params))
-
-
-def apply_masks(params: Mapping) -> Mapping:
-    """The effective arrays: every pruned entry folded, ``key = key_orig * key_mask``.
-
-    Parameters
-    ----------
-    params : mapping
-        Mapping of names to arrays (possibly nested).
-
-    Returns
-    -------
-    mapping
-        A new mapping without ``_orig`` / ``_mask`` pairs, each replaced by the effective
-        array at the position of its ``_orig`` entry; other entries are shared.
-    """
-
-    def walk(node: Mapping) -> Mapping:
-        leaves = set(_pruned_leaves(node))
-        orig_of = {leaf + ORIG_SUFFIX: leaf for leaf in leaves}
-        masks = {leaf + MASK_SUFFIX for leaf in leaves}
-        items: list[tuple[Any, Any]] = []
-        for k, v in node.items():
-            if k in orig_of:
-                leaf = orig_of[k]
-                items.append((leaf, _fold(v, node[leaf + MASK_SUFFIX])))
-            elif k in masks:
-                continue
-            elif isinstance(v, Mapping):
-                items.append((k, walk(v)))
-            else:
-                items.append((k, v))
-        return _rebuild(node, items)
-
-    check_tree(params)
-    return walk(params)
-
-
-def iter_arrays(params: Mapping, *, effective: bool = False) -> Iterator[tuple[Path, Array]]:
-    """Walk a (nested) mapping, yielding ``(path, value)`` for every non-mapping entry.
-
-    Parameters
-    ----------
-    params : mapping
-        Mapping of names to arrays (possibly nested).
-    effective : bool, default False
-        Yield pruned entries once, as their effective array under their own path,
-        instead of their ``_orig`` and ``_mask`` entries.
-
-    Yields
-    ------
-    tuple
-        The path (a tuple of keys) and the value.
-    """
-
-    def walk(node: Mapping, prefix: Path) -> Iterator[tuple[Path, Array]]:
-        leaves = set(_pruned_leaves(node)) if effective else set()
-        for k, v in node.items():
-            if leaves and isinstance(k, str):
-                if k.endswith(MASK_SUFFIX) and k[: -len(MASK_SUFFIX)] in leaves:
-                    continue
-                if k.endswith(ORIG_SUFFIX) and k[: -len(ORIG_SUFFIX)] in leaves:
-                    leaf = k[: -len(ORIG_SUFFIX)]
-                    yield prefix + (leaf,), _fold(v, node[leaf + MASK_SUFFIX])
-                    continue
-            if isinstance(v, Mapping):
-                yield from walk(v, prefix + (k,))
-            else:
-                yield prefix + (k,), v
-
-    check_tree(params)
-    yield from walk(params, ())

@@ -32,12 +32,43 @@ __all__ = [
     "custom_from_mask",
     "nm_structured",
     "block_unstructured",
+    "mask_for",
 ]
 
 Array = Any
 
 
-def _mask_for(method: Any, x: Array, default_mask: Array | None, importance_scores: Array | None) -> Array:
+def mask_for(
+    method: Any, x: Array, *, default_mask: Array | None = None, importance_scores: Array | None = None
+) -> Array:
+    """The mask of a pruning method on `x`, on top of earlier pruning.
+
+    What every function of this module does with its own method, for any method
+    object: without `default_mask`, the method's mask of `x` (boolean for built-in
+    methods); with it, the masks combined as :class:`~arrayprune.PruningContainer` does
+    (the method acts only on what `default_mask` leaves).
+
+    Parameters
+    ----------
+    method : BasePruningMethod
+        The method, e.g. ``L1Unstructured(0.5)``.
+    x : array
+        The array to prune.
+    default_mask : array, optional
+        Mask of earlier pruning, same shape.
+    importance_scores : array, optional
+        Scores to rank by instead of `x`, same shape.
+
+    Returns
+    -------
+    array
+        The mask.
+
+    Raises
+    ------
+    ValueError
+        If `default_mask` or `importance_scores` has another shape than `x`.
+    """
     scores = x if importance_scores is None else importance_scores
     check_same_shape(x, scores, "importance_scores")
     if default_mask is None:
@@ -61,7 +92,7 @@ def identity(x: Array, *, default_mask: Array | None = None) -> Array:
     array
         The mask.
     """
-    return _mask_for(Identity(), x, default_mask, None)
+    return mask_for(Identity(), x, default_mask=default_mask)
 
 
 def random_unstructured(
@@ -93,7 +124,7 @@ def random_unstructured(
         The mask.
     """
     method = RandomUnstructured(amount, seed=seed, generator=generator)
-    return _mask_for(method, x, default_mask, None)
+    return mask_for(method, x, default_mask=default_mask)
 
 
 def l1_unstructured(
@@ -128,7 +159,7 @@ def l1_unstructured(
     >>> ap.l1_unstructured(np.array([0.3, -0.1, 0.2, 0.0]), amount=2)
     array([ True, False,  True, False])
     """
-    return _mask_for(L1Unstructured(amount), x, default_mask, importance_scores)
+    return mask_for(L1Unstructured(amount), x, default_mask=default_mask, importance_scores=importance_scores)
 
 
 def random_structured(
@@ -163,7 +194,7 @@ def random_structured(
         The mask.
     """
     method = RandomStructured(amount, dim, seed=seed, generator=generator)
-    return _mask_for(method, x, default_mask, None)
+    return mask_for(method, x, default_mask=default_mask)
 
 
 def ln_structured(
@@ -197,7 +228,7 @@ def ln_structured(
     array
         The mask.
     """
-    return _mask_for(LnStructured(amount, n, dim), x, default_mask, importance_scores)
+    return mask_for(LnStructured(amount, n, dim), x, default_mask=default_mask, importance_scores=importance_scores)
 
 
 def custom_from_mask(x: Array, mask: Array, *, default_mask: Array | None = None) -> Array:
@@ -217,7 +248,7 @@ def custom_from_mask(x: Array, mask: Array, *, default_mask: Array | None = None
     array
         The mask.
     """
-    return _mask_for(CustomFromMask(mask), x, default_mask, None)
+    return mask_for(CustomFromMask(mask), x, default_mask=default_mask)
 
 
 def nm_structured(
@@ -252,7 +283,7 @@ def nm_structured(
     array
         The mask.
     """
-    return _mask_for(NMStructured(n, m, dim), x, default_mask, importance_scores)
+    return mask_for(NMStructured(n, m, dim), x, default_mask=default_mask, importance_scores=importance_scores)
 
 
 def block_unstructured(
@@ -288,4 +319,5 @@ def block_unstructured(
     array
         The mask.
     """
-    return _mask_for(BlockUnstructured(amount, block_shape, n), x, default_mask, importance_scores)
+    method = BlockUnstructured(amount, block_shape, n)
+    return mask_for(method, x, default_mask=default_mask, importance_scores=importance_scores)

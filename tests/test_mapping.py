@@ -538,3 +538,28 @@ def test_meta_tensors_are_refused_naming_the_device():
     torch = pytest.importorskip("torch")
     with pytest.raises(ValueError, match="'w' is on the meta device"):
         mp.l1_unstructured({"w": torch.empty(4, 4, device="meta")}, "w", 0.5)
+
+
+def test_the_generic_verb_takes_any_method_including_a_user_written_one():
+    import arrayprune as ap
+
+    class FirstRow(ap.BasePruningMethod):
+        """Prunes the first row, whatever the values (a method written by a user)."""
+
+        PRUNING_TYPE = "unstructured"
+
+        def compute_mask(self, t, default_mask):
+            mask = np.array(default_mask, dtype=bool, copy=True)
+            mask[0] = False
+            return mask
+
+    w = np.arange(1, 7, dtype=np.float32).reshape(2, 3)
+    out = mp.prune({"w": w}, "w", FirstRow())
+    np.testing.assert_array_equal(out["w_mask"], np.array([[0, 0, 0], [1, 1, 1]], np.float32))
+    again = mp.prune(out, "w", ap.L1Unstructured(1))  # on what is left: the smallest of 4, 5, 6
+    np.testing.assert_array_equal(again["w_mask"], np.array([[0, 0, 0], [0, 1, 1]], np.float32))
+    generic = mp.prune({"w": w}, "w", ap.L1Unstructured(2))["w_mask"]
+    np.testing.assert_array_equal(generic, mp.l1_unstructured({"w": w}, "w", 2)["w_mask"])
+    entries = list(mp.iter_entries({"a": again, "b": w}))
+    assert [(p, m is None) for p, _, m in entries] == [(("a", "w"), False), (("b",), True)]
+    assert entries[0][1] is w and entries[0][2] is again["w_mask"]
