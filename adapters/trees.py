@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_ENTRIES", "TreeError", "check_tree", "walk"]
+__all__ = ["MAX_DEPTH", "MAX_ENTRIES", "TreeError", "check_tree", "lookup", "walk"]
 
 Key = str | tuple
 Path = tuple
@@ -146,6 +146,17 @@ def _node(params: Mapping, parent: Path, key: Key) -> Mapping:
     if not isinstance(node, Mapping):
         raise KeyError(f"{_name(parent)!r} is not a mapping (looking up {key!r})")
     return node
+
+
+def lookup(params: Mapping, path: Path) -> Any:
+    """The value at `path` (a tuple of keys, one per level).
+
+    Raises
+    ------
+    KeyError
+        Naming the part of the path that is missing.
+    """
+    return _node(params, path[:-1], path)[path[-1]]
 
 
 def _rebuild(like: Mapping, items: Iterable[tuple[Any, Any]]) -> Mapping:

@@ -1,0 +1,256 @@
+"""The options of ``arrayprune``: the parser, the types of values, and which option applies to which method."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from typing import Any, NoReturn
+
+import arrayprune
+
+from .errors import PROG, CliError
+
+__all__ = ["METHODS", "DEFAULT_VERIFY_TOL", "build_parser"]
+
+
+METHODS = (
+    "l1_unstructured",
+    "random_unstructured",
+    "ln_structured",
+    "random_structured",
+    "nm_structured",
+    "block_unstructured",
+)
+
+
+UNSTRUCTURED = ("l1_unstructured", "random_unstructured")
+
+
+RANDOM = ("random_unstructured", "random_structured")
+
+
+_OPTION_METHODS = {
+    "n": ("--n", ("ln_structured",)),
+    "dim": ("--dim", ("ln_structured", "random_structured", "nm_structured")),
+    "nm": ("--nm", ("nm_structured",)),
+    "block": ("--block", ("block_unstructured",)),
+}
+
+
+_DEFAULTS = {"n": 2, "nm": (2, 4), "block": (1, 4)}
+
+
+DEFAULT_VERIFY_TOL = (1.0, 1e-6)
+"""``--verify`` default ``(rtol, atol)``. Pruning changes outputs by design, so the default
+fails only outputs that moved by more than their own largest magnitude or stopped being
+finite (a broken model, not a less accurate one); pass a smaller RTOL to gate accuracy."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(message)
+
+
+def _amount(text: str) -> int | float:
+    if re.fullmatch(r"[+-]?\d+", text.strip()):
+        return int(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid amount {text!r}: a fraction like 0.5 or a count like 100") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"invalid amount {text!r}")
+    return value
+
+
+def _norm_order(text: str) -> Any:
+    low = text.strip().lower()
+    if low in ("fro", "nuc"):
+        return low
+    if low in ("inf", "+inf"):
+        return math.inf
+    if low == "-inf":
+        return -math.inf
+    try:
+        return int(low)
+    except ValueError:
+        pass
+    try:
+        return float(low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid norm order {text!r}: a number, inf, -inf, fro or nuc") from None
+
+
+def _pattern(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"invalid pattern {text!r}: write N:M, like 2:4")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _block(text: str) -> tuple[int, ...]:
+    parts = re.split(r"[x,]", text.strip().lower())
+    if not parts or not all(re.fullmatch(r"\d+", p.strip()) for p in parts):
+        raise argparse.ArgumentTypeError(f"invalid block shape {text!r}: write e.g. 4x4 or 1x4")
+    return tuple(int(p) for p in parts)
+
+
+def _seed(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seed {text!r}: an integer") from None
+
+
+def _tolerance(text: str) -> tuple[float, float]:
+    parts = text.split(",")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or not all(math.isfinite(v) and v >= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"invalid tolerance {text!r}: RTOL or RTOL,ATOL, numbers >= 0")
+    return values[0], values[1] if len(values) == 2 else DEFAULT_VERIFY_TOL[1]
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid fraction {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"invalid fraction {text!r}: must be in [0, 1]")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: must be >= 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``arrayprune`` command.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        Parser with the ``prune`` and ``report`` sub-commands.
+    """
+    parser = _Parser(
+        prog=PROG,
+        description="Prune the weights of model files (.npz, .safetensors, .onnx, PyTorch state dicts) "
+        "with the semantics of torch.nn.utils.prune, or report their sparsity.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {arrayprune.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{prune,report}", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser("prune", help="prune the tensors of a model file and write the result")
+    p.add_argument("input", metavar="IN", help="model file to read (never modified)")
+    p.add_argument("-o", "--output", metavar="OUT", required=True, help="file to write; format from its suffix")
+    p.add_argument("--method", choices=METHODS, default="l1_unstructured", help="pruning method (default: %(default)s)")
+    p.add_argument(
+        "--amount", type=_amount, default=None, help="fraction in [0, 1] to prune, or a count (not for nm_structured)"
+    )
+    p.add_argument(
+        "--global",
+        dest="global_",
+        action="store_true",
+        help="one threshold over all selected tensors (unstructured methods only)",
+    )
+    p.add_argument("--n", type=_norm_order, default=None, help="ln_structured: norm order (default: 2)")
+    p.add_argument(
+        "--dim",
+        type=int,
+        default=None,
+        help="ln_structured, random_structured: channel axis (default: 0);"
+        " nm_structured: axis of the groups (default: -1)",
+    )
+    p.add_argument(
+        "--nm", type=_pattern, default=None, metavar="N:M", help="nm_structured: N zeros in every M (default: 2:4)"
+    )
+    p.add_argument(
+        "--block", type=_block, default=None, metavar="RxC", help="block_unstructured: block shape (default: 1x4)"
+    )
+    p.add_argument(
+        "--min-sparsity", type=_fraction, default=None, metavar="F", help="--global: least sparsity of any tensor"
+    )
+    p.add_argument(
+        "--max-sparsity", type=_fraction, default=None, metavar="F", help="--global: most sparsity of any tensor"
+    )
+    p.add_argument("--lamp", action="store_true", help="--global: rank by layer-adaptive (LAMP) scores")
+    p.add_argument(
+        "--include",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="prune tensors whose name matches (fnmatch glob)",
+    )
+    p.add_argument(
+        "--exclude",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="leave tensors whose name matches (fnmatch glob)",
+    )
+    p.add_argument("--min-size", type=_non_negative, default=0, metavar="N", help="leave tensors with fewer entries")
+    p.add_argument(
+        "--seed",
+        type=_seed,
+        default=None,
+        help="random methods and --verify: any integer; the same seed gives the same masks and inputs",
+    )
+    p.add_argument(
+        "--keep-masks",
+        action="store_true",
+        help="write name_orig and name_mask (the PyTorch state-dict convention) instead of folded weights",
+    )
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists (even if it is IN)")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="ONNX: run original and pruned model on the same random inputs, print the largest difference of "
+        "each floating-point output, and exit with status 1 if one exceeds --verify-tol",
+    )
+    p.add_argument(
+        "--verify-tol",
+        type=_tolerance,
+        default=None,
+        metavar="RTOL[,ATOL]",
+        help="--verify: an output passes if max|pruned - original| <= ATOL + RTOL * max|original| "
+        f"(default: {DEFAULT_VERIFY_TOL[0]:g},{DEFAULT_VERIFY_TOL[1]:g})",
+    )
+
+    r = sub.add_parser("report", help="per-tensor sparsity of a model file")
+    r.add_argument("file", metavar="FILE")
+    r.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse options that do not apply to the method, then fill in the defaults."""
+    for attr, (flag, methods) in _OPTION_METHODS.items():
+        if getattr(args, attr) is not None and args.method not in methods:
+            raise CliError(f"{flag} does not apply to {args.method} (only to {', '.join(methods)})")
+        if getattr(args, attr) is None:
+            setattr(args, attr, _DEFAULTS.get(attr))
+    if args.dim is None:
+        args.dim = -1 if args.method == "nm_structured" else 0
+    if args.seed is not None and args.method not in RANDOM and not args.verify:
+        raise CliError(
+            f"--seed does not apply to {args.method}, which is deterministic (it seeds random methods and --verify)"
+        )
+    if args.verify_tol is not None and not args.verify:
+        raise CliError("--verify-tol needs --verify")
+    if args.verify_tol is None:
+        args.verify_tol = DEFAULT_VERIFY_TOL

@@ -1,0 +1,256 @@
+"""``arrayprune prune``: prune the selected tensors of a file, write the result, verify it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+import arrayprune
+from arrayprune.adapters import formats as fmt
+from arrayprune.adapters import mapping as mp
+from arrayprune.adapters.trees import lookup
+
+from .errors import CliError, _error, _message, _optional
+from .options import UNSTRUCTURED, _check_options
+from .report import _totals, report_rows
+from .tensors import Target, _check_arrays, _name, _progress, _select, _size, _zeros, stream_seed
+
+__all__ = ["run_prune"]
+
+
+def _global_arguments(targets: list[Target], args: argparse.Namespace) -> tuple[type, dict[str, Any]]:
+    """The method class and keyword arguments of a ``global_unstructured`` call."""
+    cls = arrayprune.L1Unstructured if args.method == "l1_unstructured" else arrayprune.RandomUnstructured
+    kwargs: dict[str, Any] = {
+        "amount": args.amount,
+        "min_sparsity": args.min_sparsity,
+        "max_sparsity": args.max_sparsity,
+        "normalization": "lamp" if args.lamp else None,
+    }
+    if args.method == "random_unstructured":
+        kwargs["seed"] = stream_seed(args.seed)
+    return cls, kwargs
+
+
+def _prune_entry(params: Mapping, key: Any, name: str, args: argparse.Namespace) -> Mapping:
+    """`params` with `key` pruned by ``args.method`` (a mapping verb); seeds follow `name`."""
+    method, amount = args.method, args.amount
+    if method == "l1_unstructured":
+        return mp.l1_unstructured(params, key, amount)
+    if method == "random_unstructured":
+        return mp.random_unstructured(params, key, amount, seed=stream_seed(args.seed, name))
+    if method == "ln_structured":
+        return mp.ln_structured(params, key, amount, args.n, args.dim)
+    if method == "nm_structured":
+        return mp.nm_structured(params, key, *args.nm, dim=args.dim)
+    if method == "block_unstructured":
+        return mp.block_unstructured(params, key, amount, args.block)
+    return mp.random_structured(params, key, amount, args.dim, seed=stream_seed(args.seed, name))
+
+
+def _prune_params(params: Mapping, targets: list[Target], args: argparse.Namespace, src: str) -> Mapping:
+    """`params` with the targets pruned, as ``name_orig`` + ``name_mask`` entries.
+
+    The other names of a tied tensor get its mask (their ``_orig`` entries stay the one
+    shared tensor).
+    """
+    if args.global_:
+        cls, kwargs = _global_arguments(targets, args)
+        try:
+            params = mp.global_unstructured(params, [t.path for t in targets], cls, **kwargs)
+        except (ValueError, TypeError, IndexError, KeyError) as exc:
+            raise CliError(f"global pruning: {_message(exc)}", src) from None
+    else:
+        for target in _progress(targets, "pruning"):
+            try:
+                params = _prune_entry(params, target.path, _name(target.path), args)
+            except (ValueError, TypeError, IndexError, KeyError) as exc:
+                raise CliError(f"tensor {_name(target.path)!r}: {_message(exc)}", src) from None
+    for path, _, tied in targets:
+        for other in tied:
+            params = mp.custom_from_mask(params, other, lookup(params, (*path[:-1], path[-1] + mp.MASK_SUFFIX)))
+    return params
+
+
+def _prune_folded(params: Mapping, targets: list[Target], args: argparse.Namespace, src: str) -> Mapping:
+    """`params` with the targets pruned and folded, for inputs without masks.
+
+    No mask outlives its tensor's folding: global pruning keeps the core's boolean masks
+    (a byte per entry) until each is folded, and tensor by tensor only the current
+    tensor's mask exists at a time. Tied names get the same folded array object.
+    """
+    folded = {}
+    if args.global_:
+        cls, kwargs = _global_arguments(targets, args)
+        try:
+            masks = arrayprune.global_unstructured([t.value for t in targets], cls, **kwargs)
+        except (ValueError, TypeError, IndexError, KeyError) as exc:
+            raise CliError(f"global pruning: {_message(exc)}", src) from None
+        for i, target in enumerate(targets):
+            folded[target.path] = target.value * masks[i]
+            masks[i] = None
+    else:
+        for path, x, _ in _progress(targets, "pruning"):
+            try:
+                folded[path] = mp.remove(_prune_entry({"t": x}, "t", _name(path), args), "t")["t"]
+            except (ValueError, TypeError, IndexError, KeyError) as exc:
+                raise CliError(f"tensor {_name(path)!r}: {_message(exc)}", src) from None
+    for target in targets:
+        folded.update(dict.fromkeys(target.tied, folded[target.path]))
+    return mp.replace(params, folded)
+
+
+def run_prune(args: argparse.Namespace) -> int:
+    src, dst = args.input, args.output
+    if not os.path.exists(src):
+        raise CliError("no such file", src)
+    if os.path.isdir(src):
+        raise CliError("is a directory", src)
+    if os.path.isdir(dst):
+        raise CliError("is a directory", dst)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(dst))):
+        raise CliError("folder does not exist", dst)
+    if os.path.exists(dst):
+        if os.path.samefile(src, dst) and not args.force:
+            raise CliError("is the input file; refusing to overwrite it without --force", dst)
+        if not args.force:
+            raise CliError("exists; use --force to overwrite it", dst)
+    if args.global_ and args.method not in UNSTRUCTURED:
+        raise CliError(
+            f"--global needs an unstructured method (l1_unstructured or random_unstructured), not {args.method}"
+        )
+    if not args.global_ and (args.min_sparsity is not None or args.max_sparsity is not None or args.lamp):
+        raise CliError("--min-sparsity, --max-sparsity and --lamp shape global pruning: add --global")
+    if args.lamp and args.method != "l1_unstructured":
+        raise CliError("--lamp ranks magnitudes: use it with --method l1_unstructured")
+    _check_options(args)
+    if args.method == "nm_structured":
+        if args.amount is not None:
+            raise CliError("nm_structured prunes a pattern (--nm N:M), not an --amount")
+        try:
+            arrayprune.NMStructured(*args.nm, dim=args.dim)
+        except (TypeError, ValueError) as exc:
+            raise CliError(f"--nm: {exc}") from None
+    elif args.amount is None:
+        raise CliError(f"--amount is required for {args.method}")
+    else:
+        try:
+            arrayprune.validate_pruning_amount_init(args.amount)
+        except (TypeError, ValueError) as exc:
+            raise CliError(f"--amount: {exc}") from None
+
+    in_format = fmt.detect_format(src)
+    out_format = fmt.format_from_suffix(dst) or in_format
+    if out_format == "onnx" and in_format != "onnx":
+        raise CliError(f"an ONNX model can only be written from an ONNX model, and {src} is {in_format}", dst)
+    if args.keep_masks and out_format == "onnx":
+        raise CliError(
+            "--keep-masks needs an .npz, .safetensors or PyTorch output: an ONNX graph uses the effective weights", dst
+        )
+    if args.verify and not (in_format == "onnx" and out_format == "onnx"):
+        raise CliError("--verify runs ONNX models: IN and OUT must both be .onnx")
+    if args.verify:
+        _optional("onnxruntime", "onnx", "--verify")  # before anything is written
+
+    wf = fmt.load(src, in_format)
+    _check_arrays(wf.params, src)
+
+    targets = _select(wf.params, args)
+    if not targets:
+        raise CliError("no tensor selected for pruning (see --include, --exclude, --min-size)", src)
+    if args.keep_masks or mp.is_pruned(wf.params):
+        params = _prune_params(wf.params, targets, args, src)
+        folded = mp.apply_masks(params)
+        folded = mp.replace(folded, {other: lookup(folded, t.path) for t in targets for other in t.tied})
+        out_params = params if args.keep_masks else folded
+    else:
+        folded = out_params = _prune_folded(wf.params, targets, args, src)
+    fmt.save(dst, out_params, out_format, like=wf)
+
+    selected = {t.path for t in targets}
+    total = zeros = 0
+    for path, value in mp.iter_arrays(folded):
+        if path in selected:
+            total += _size(value)
+            zeros += _zeros(value)
+    everything = _totals(report_rows(folded, storage=False))
+    detail = f"{args.nm[0]}:{args.nm[1]}" if args.method == "nm_structured" else f"amount {args.amount}"
+    how = f"{args.method}{', global' if args.global_ else ''}, {detail}"
+    n_tied = sum(len(t.tied) for t in targets)
+    names = f"{len(targets)} tensors" + (f" (and {n_tied} tied names)" if n_tied else "")
+    print(f"pruned {names} of {src} ({how}): {zeros} of {total} entries zero ({_pct(zeros, total)}) -> {dst}")
+    print(
+        f"whole file: {everything['zeros']} of {everything['size']} entries zero"
+        f" ({_pct(everything['zeros'], everything['size'])})"
+        f" in {everything['tensors']} tensors"
+    )
+    if args.verify:
+        return _verify(src, dst, args.seed, args.verify_tol)
+    return 0
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole if whole else 0.0:.2f}%"
+
+
+def _verify(src: str, dst: str, seed: int | None, tol: tuple[float, float]) -> int:
+    """Run both models on the same random inputs; 0 if every float output is within `tol`, else 1."""
+    ort = _optional("onnxruntime", "onnx", "--verify")
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sessions = []
+    for path in (src, dst):
+        try:
+            sessions.append(ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"]))
+        except Exception as exc:
+            raise CliError(f"onnxruntime cannot load the model: {fmt._describe(exc)}", path) from None
+    rng = np.random.default_rng(stream_seed(0 if seed is None else seed, "verify"))
+    feeds = {}
+    for inp in sessions[0].get_inputs():
+        shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in inp.shape)
+        kind = inp.type
+        if kind in ("tensor(float)", "tensor(double)", "tensor(float16)"):
+            dtype = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16}[kind]
+            feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
+        elif kind == "tensor(bool)":
+            feeds[inp.name] = rng.integers(0, 2, shape).astype(bool)
+        elif kind.startswith("tensor(int") or kind.startswith("tensor(uint"):
+            feeds[inp.name] = rng.integers(0, 2, shape).astype(np.dtype(kind[7:-1]))
+        else:
+            raise CliError(f"--verify: input {inp.name!r} of type {kind} is not supported", src)
+    results = []
+    for path, session in zip((src, dst), sessions, strict=False):
+        try:
+            results.append(session.run(None, feeds))
+        except Exception as exc:
+            raise CliError(f"onnxruntime failed to run the model: {fmt._describe(exc)}", path) from None
+    rtol, atol = tol
+    failed, skipped = [], []
+    for out, a, b in zip(sessions[0].get_outputs(), *results, strict=False):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.dtype.kind != "f" or b.dtype.kind != "f" or a.shape != b.shape:
+            skipped.append(out.name)  # labels, sequences, maps: not a distance
+            continue
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        diff = float(np.max(np.abs(a64 - b64))) if a.size else 0.0
+        scale = float(np.max(np.abs(a64))) if a.size else 0.0
+        bound = atol + rtol * scale
+        finite_lost = bool(np.any(np.isfinite(a64) & ~np.isfinite(b64)))
+        ok = not finite_lost and diff <= bound
+        verdict = "pass" if ok else "FAIL"
+        print(f"verify: output {out.name!r}: max abs output difference {diff:.6g}, tolerance {bound:.6g}: {verdict}")
+        if not ok:
+            failed.append(out.name)
+    if skipped:
+        print(f"verify: not compared (not floating point): {', '.join(map(repr, skipped))}")
+    if failed:
+        _error(
+            f"{dst}: verify failed: output {failed[0]!r} differs from the original by more than "
+            f"{atol:g} + {rtol:g} x its largest magnitude (see --verify-tol)"
+        )
+        return 1
+    return 0

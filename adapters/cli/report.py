@@ -1,0 +1,156 @@
+"""``arrayprune report``: every tensor of a file, its sparsity and storage, and totals that say what they cover."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+import arrayprune
+from arrayprune.adapters import formats as fmt
+from arrayprune.adapters import mapping as mp
+
+from .errors import CliError
+from .tensors import _alias_key, _check_arrays, _default_rule, _dtype_name, _is_float, _name, _size, _zeros
+
+__all__ = ["TOTALS_COVER", "report_rows", "run_report"]
+
+
+def report_rows(params: Mapping, *, storage: bool = True) -> list[dict[str, Any]]:
+    """Per-tensor statistics of every array of a mapping.
+
+    Pruned tensors (``name_orig`` + ``name_mask``) appear once, as their effective array.
+
+    Parameters
+    ----------
+    params : mapping
+        Names to arrays (possibly nested).
+    storage : bool, default True
+        Whether to compute ``nm_2_4`` and ``bytes`` (a pass over each tensor).
+
+    Returns
+    -------
+    list of dict
+        Per tensor: ``name``, ``shape``, ``dtype``, ``size``, ``zeros``, ``sparsity``,
+        ``masked``, ``prunable`` (whether ``prune`` selects it by default: floating
+        point with at least two dimensions), ``reason`` (why not, or None),
+        ``tied_to`` (the first name of the same tensor stored under several names, or
+        None), ``nm_2_4`` (whether the tensor is 2:4 sparse along its last axis) and
+        ``bytes`` (the storage forms of :func:`arrayprune.sparse_nbytes`).
+    """
+    masked = set(mp.pruned_keys(params))
+    first_name: dict[Any, str] = {}
+    rows = []
+    for path, value in mp.iter_arrays(params, effective=True):
+        if not (hasattr(value, "shape") and hasattr(value, "dtype")):
+            continue  # plain numbers and strings of a checkpoint: not tensors
+        name = _name(path)
+        key = _alias_key(value)
+        tied_to = first_name.setdefault(key, name)
+        n, z = _size(value), _zeros(value)
+        reason = _default_rule(value)
+        row = {
+            "name": name,
+            "shape": [int(s) for s in value.shape],
+            "dtype": _dtype_name(value),
+            "size": n,
+            "zeros": z,
+            "sparsity": z / n if n else 0.0,
+            "masked": path in masked,
+            "prunable": reason is None,
+            "reason": reason,
+            "tied_to": None if tied_to == name else tied_to,
+        }
+        if storage:
+            nbytes = arrayprune.sparse_nbytes(value) if _is_float(value) else {"dense": _dense_nbytes(value)}
+            row.update(nm_2_4="semi_structured_2_4" in nbytes, bytes=nbytes)
+        rows.append(row)
+    return rows
+
+
+def _dense_nbytes(x: Any) -> int:
+    itemsize = getattr(x.dtype, "itemsize", None)
+    if itemsize is None:
+        itemsize = np.dtype(_dtype_name(x)).itemsize if _dtype_name(x) in np.sctypeDict else 0
+    return _size(x) * int(itemsize)
+
+
+def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sums over `rows`, each tensor once (tied names are not counted again)."""
+    rows = [r for r in rows if r["tied_to"] is None]
+    size = sum(r["size"] for r in rows)
+    zeros = sum(r["zeros"] for r in rows)
+    total: dict[str, Any] = {
+        "tensors": len(rows),
+        "size": size,
+        "zeros": zeros,
+        "sparsity": zeros / size if size else 0.0,
+    }
+    if all("bytes" in r for r in rows):
+        total["bytes"] = {
+            form: sum(r["bytes"].get(form, r["bytes"]["dense"]) for r in rows)
+            for form in ("dense", "csr", "bitmask", "semi_structured_2_4")
+        }
+    return total
+
+
+TOTALS_COVER = {
+    "total": "every tensor of the file, each counted once",
+    "prunable": "the tensors prune selects by default: floating point, at least 2 dimensions",
+}
+
+
+def run_report(args: argparse.Namespace) -> int:
+    path = args.file
+    if not os.path.exists(path):
+        raise CliError("no such file", path)
+    wf = fmt.load(path)
+    _check_arrays(wf.params, path)
+    rows = report_rows(wf.params)
+    total = _totals(rows)
+    prunable = _totals([r for r in rows if r["prunable"]])
+    if args.json:
+        out = {"file": path, "format": wf.format, "tensors": rows, "total": total, "prunable": prunable}
+        json.dump({**out, "covers": TOTALS_COVER}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    table = [("name", "shape", "dtype", "zeros", "sparsity", "2:4", "prunable")]
+    for r in rows:
+        name = r["name"] + (" (masked)" if r["masked"] else "")
+        shape = "x".join(map(str, r["shape"])) or "scalar"
+        nm = "yes" if r["nm_2_4"] else "no"
+        if r["tied_to"] is not None:
+            note = f"tied to {r['tied_to']}"
+        else:
+            note = "yes" if r["prunable"] else f"no: {r['reason']}"
+        table.append((name, shape, r["dtype"], f"{r['zeros']}/{r['size']}", f"{100 * r['sparsity']:.2f}%", nm, note))
+    for label, t in (("prunable", prunable), ("total", total)):
+        table.append(
+            (label, f"{t['tensors']} tensors", "", f"{t['zeros']}/{t['size']}", f"{100 * t['sparsity']:.2f}%", "", "")
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(7)]
+    print(f"{path} ({wf.format})")
+    for i, row in enumerate(table):
+        if i == len(table) - 2:
+            print("  ".join("-" * w for w in widths))
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]), row[2].ljust(widths[2])]
+        cells += [row[3].rjust(widths[3]), row[4].rjust(widths[4]), row[5].rjust(widths[5]), row[6]]
+        print("  ".join(cells).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    print(f"prunable: {TOTALS_COVER['prunable']}; total: {TOTALS_COVER['total']}")
+    sizes = total["bytes"]
+    print(
+        f"storage: dense {_mib(sizes['dense'])}, CSR {_mib(sizes['csr'])}, "
+        f"bitmask {_mib(sizes['bitmask'])}, 2:4 where it holds {_mib(sizes['semi_structured_2_4'])} (all tensors)"
+    )
+    return 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
