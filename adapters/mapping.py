@@ -579,7 +579,7 @@ def global_unstructured(
         **kwargs,
     )
     out = params
-    for entry, mask in zip(entries, masks, strict=False):
+    for entry, mask in zip(entries, masks, strict=True):
         out = _with_mask(out, entry, entry.stored_mask(mask))
     return out if entries else _rebuild(params, params.items())
 

@@ -81,7 +81,7 @@ def global_unstructured(
     keys, values = _unpack(arrays, "arrays")
     scores = _aligned(importance_scores, keys, values, "importance_scores")
     given_masks = _aligned(default_masks, keys, [None] * len(values), "default_masks")
-    for value, score, mask in zip(values, scores, given_masks, strict=False):
+    for value, score, mask in zip(values, scores, given_masks, strict=True):
         check_same_shape(value, score, "importance_scores")
         if mask is not None:
             check_same_shape(value, mask, "default_mask")
@@ -107,7 +107,7 @@ def global_unstructured(
         eligible_masks = [None if m is None else eligible(m) for m in given_masks]
         k = method._count(available_count(values, eligible_masks))
         if normalization == "lamp":
-            ranked = [lamp_scores(s, e) for s, e in zip(scores, eligible_masks, strict=False)]
+            ranked = [lamp_scores(s, e) for s, e in zip(scores, eligible_masks, strict=True)]
         else:
             ranked = method._score_arrays(scores)
         if constrained:
@@ -115,11 +115,11 @@ def global_unstructured(
             keeps = _bounded_selection(ranked, eligible_masks, k, bounds)
         else:
             keeps = smallest_magnitude_keep(ranked, k, eligible_masks)
-        result = [keep if m is None else apply_keep(m, keep) for m, keep in zip(given_masks, keeps, strict=False)]
+        result = [keep if m is None else apply_keep(m, keep) for m, keep in zip(given_masks, keeps, strict=True)]
     else:
-        masks = [ones_mask(v) if m is None else m for v, m in zip(values, given_masks, strict=False)]
+        masks = [ones_mask(v) if m is None else m for v, m in zip(values, given_masks, strict=True)]
         result = _concatenated(method, scores, masks)
-    return dict(zip(keys, result, strict=False)) if keys is not None else result
+    return dict(zip(keys, result, strict=True)) if keys is not None else result
 
 
 def _bounds(
@@ -133,7 +133,7 @@ def _bounds(
     lows = _per_array(min_sparsity, keys, len(values), 0.0, "min_sparsity")
     highs = _per_array(max_sparsity, keys, len(values), 1.0, "max_sparsity")
     bounds = []
-    for value, e, low, high in zip(values, eligible_masks, lows, highs, strict=False):
+    for value, e, low, high in zip(values, eligible_masks, lows, highs, strict=True):
         n = size(value)
         available = n if e is None else count_true(e)
         already = n - available
@@ -185,13 +185,13 @@ def _bounded_selection(
             f"(between {forced} and {ceiling} are possible)"
         )
     keep_low, free = [], []
-    for r, e, (lo, hi) in zip(ranked, eligible_masks, bounds, strict=False):
+    for r, e, (lo, hi) in zip(ranked, eligible_masks, bounds, strict=True):
         below_low = smallest_magnitude_keep([r], lo, [e])[0]
         below_high = smallest_magnitude_keep([r], hi, [e])[0]
         keep_low.append(below_low)
         free.append(below_low & ~below_high)
     chosen = smallest_magnitude_keep(ranked, k - forced, free)
-    return [a & b for a, b in zip(keep_low, chosen, strict=False)]
+    return [a & b for a, b in zip(keep_low, chosen, strict=True)]
 
 
 def lamp_scores(x: Array, eligible_mask: Array | None = None) -> Array:
@@ -282,4 +282,4 @@ def _aligned(structure: Any, keys: list[Any] | None, defaults: list[Any], what: 
         got = list(structure)
         if len(got) != len(defaults):
             raise ValueError(f"global_unstructured(): {what} has {len(got)} entries for {len(defaults)} arrays")
-    return [d if g is None else g for g, d in zip(got, defaults, strict=False)]
+    return [d if g is None else g for g, d in zip(got, defaults, strict=True)]

@@ -288,7 +288,7 @@ def _remaining_channels(mask: Array, dim: int) -> Array:
 
 def available_count(arrays: list[Array], eligible_masks: list[Array | None]) -> int:
     """Number of entries that may still be pruned across `arrays`."""
-    return sum(size(a) if e is None else count_true(e) for a, e in zip(arrays, eligible_masks, strict=False))
+    return sum(size(a) if e is None else count_true(e) for a, e in zip(arrays, eligible_masks, strict=True))
 
 
 def _channel_keep_to_mask(default_mask: Array, keep: Array, dim: int) -> Array:

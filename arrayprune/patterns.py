@@ -213,7 +213,7 @@ class BlockUnstructured(BasePruningMethod):
         check_same_shape(t, default_mask, "default_mask")
         xp = namespace(t, default_mask)
         block = self._full_block_shape(t.ndim)
-        grid = tuple(-(-d // b) for d, b in zip(t.shape, block, strict=False))
+        grid = tuple(-(-d // b) for d, b in zip(t.shape, block, strict=True))
         if math.prod(t.shape) == 0:
             self._count(0)
             return default_mask
@@ -241,10 +241,10 @@ class BlockUnstructured(BasePruningMethod):
 
 def _block_reduce(xp: Any, x: Array, block: tuple[int, ...], grid: tuple[int, ...], how: str) -> Array:
     """Reduce each block of `x` (zero- or False-padded at the edges) to one value."""
-    pad = [(0, g * b - d) for d, b, g in zip(x.shape, block, grid, strict=False)]
+    pad = [(0, g * b - d) for d, b, g in zip(x.shape, block, grid, strict=True)]
     if any(p for _, p in pad):
         x = xpx.pad(x, pad, xp=xp)
-    split = tuple(v for g, b in zip(grid, block, strict=False) for v in (g, b))
+    split = tuple(v for g, b in zip(grid, block, strict=True) for v in (g, b))
     x = xp.reshape(x, split)
     reduce = {"max": xp.max, "sum": xp.sum, "any": xp.any}[how]
     combine = {"max": xp.maximum, "sum": xp.add, "any": xp.logical_or}[how]
@@ -268,7 +268,7 @@ def _block_counts(
 ) -> Array:
     """Number of real (unpadded) entries in every block, as an outer product."""
     counts = xp.ones(grid, dtype=dtype, device=device)
-    for axis, (d, b, g) in enumerate(zip(shape, block, grid, strict=False)):
+    for axis, (d, b, g) in enumerate(zip(shape, block, grid, strict=True)):
         sizes = xp.minimum(
             xp.full((g,), b, dtype=dtype, device=device),
             xp.asarray(d, dtype=dtype, device=device) - xp.arange(g, dtype=dtype, device=device) * b,
@@ -283,7 +283,7 @@ def _expand_blocks(xp: Any, keep_blocks: Array, block: tuple[int, ...], shape: t
     """Entry-level mask from a block-level one, cropped to `shape`."""
     grid = keep_blocks.shape
     split = tuple(v for g in grid for v in (g, 1))
-    full = tuple(v for g, b in zip(grid, block, strict=False) for v in (g, b))
+    full = tuple(v for g, b in zip(grid, block, strict=True) for v in (g, b))
     expanded = xp.broadcast_to(xp.reshape(keep_blocks, split), full)
-    expanded = xp.reshape(expanded, tuple(g * b for g, b in zip(grid, block, strict=False)))
+    expanded = xp.reshape(expanded, tuple(g * b for g, b in zip(grid, block, strict=True)))
     return expanded[tuple(slice(0, d) for d in shape)]

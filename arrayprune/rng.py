@@ -36,6 +36,7 @@ These streams are arrayprune's own: they do not reproduce ``torch.nn.utils.prune
 PyTorch adapter (``arrayprune.adapters.torch``) does, when no seed or generator is given:
 it then makes PyTorch's own calls on PyTorch's global generator, not this module's.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -165,10 +166,10 @@ def uniform_many(
         if key is None:
             key = jax.random.key(int(seed) if seed is not None else int(np.random.SeedSequence().generate_state(1)[0]))
         keys = jax.random.split(key, len(arrays))
-        return [uniform_like(a, s, generator=k) for a, s, k in zip(arrays, shapes, keys, strict=False)]
+        return [uniform_like(a, s, generator=k) for a, s, k in zip(arrays, shapes, keys, strict=True)]
     if generator is None and seed is not None:
         generator = _generator_for(first, int(seed))
-    return [uniform_like(a, s, generator=generator) for a, s in zip(arrays, shapes, strict=False)]
+    return [uniform_like(a, s, generator=generator) for a, s in zip(arrays, shapes, strict=True)]
 
 
 def _generator_for(x: Array, seed: int) -> Any:

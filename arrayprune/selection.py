@@ -154,14 +154,14 @@ def smallest_magnitude_keep(
     # width, not an encoding): mixed dtypes take the portable path, which promotes.
     if all(b is not None for b in bits) and len({str(s.dtype) for s in scores}) == 1:
         host_elig = [None if e is None else _host_bool(e) for e in elig]
-        if all((e is None) == (h is None) for e, h in zip(elig, host_elig, strict=False)):
+        if all((e is None) == (h is None) for e, h in zip(elig, host_elig, strict=True)):
             keep = _NumpyBitsSelect(bits, host_elig).keep(k)
-            return [_from_host(m, s) for m, s in zip(keep, scores, strict=False)]
+            return [_from_host(m, s) for m, s in zip(keep, scores, strict=True)]
     xp = namespace(*scores)
     if k == 0:
         return [xp.ones(s.shape, dtype=xp.bool, device=apc.device(s)) for s in scores]
     keep = _PortableSelect(xp, scores, elig).keep(k)
-    return [xp.reshape(m, s.shape) for m, s in zip(keep, scores, strict=False)]
+    return [xp.reshape(m, s.shape) for m, s in zip(keep, scores, strict=True)]
 
 
 # --------------------------------------------------------------------------------------
@@ -314,7 +314,7 @@ class _NumpyBitsSelect(_BracketSelect):
     def resolve_tie(self, masks, v: Any, need: int, ties: list[int]) -> None:
         """Keep the keys equal to v after the first `need` of them (in position order)."""
         key_buf = np.empty(min(CHUNK_SIZE, max(self.sizes)), dtype=self.bits[0].dtype)
-        for (i, sl), n_ties in zip(self._chunks(), ties, strict=False):
+        for (i, sl), n_ties in zip(self._chunks(), ties, strict=True):
             if n_ties == 0:
                 continue
             m = sl.stop - sl.start
@@ -386,7 +386,7 @@ class _NumpyBitsSelect(_BracketSelect):
             keys = np.concatenate([self._keys(i, slice(None)) for i in range(len(self.bits))])
         keep = _keep_after_rank(keys, kk, np.partition(keys, kk - 1)[kk - 1])
         masks = [keep] if len(self.bits) == 1 else np.split(keep, np.cumsum(self.sizes)[:-1])
-        for m, e in zip(masks, self.eligible, strict=False):
+        for m, e in zip(masks, self.eligible, strict=True):
             if e is not None:
                 m |= ~e
         return masks
@@ -467,7 +467,7 @@ class _PortableSelect(_BracketSelect):
         else:
             self.dtype = xp.float64 if _has_float64(xp, self.device) else xp.float32
         self.eligible = [None if e is None else xp.reshape(e, (-1,)) for e in eligible]
-        self.keys = [self._keys(s, e) for s, e in zip(scores, self.eligible, strict=False)]
+        self.keys = [self._keys(s, e) for s, e in zip(scores, self.eligible, strict=True)]
         self.sizes = [k.shape[0] for k in self.keys]
         self.n_ineligible = sum(
             e.shape[0] - int(xp.count_nonzero(e)) for e in self.eligible if e is not None
@@ -512,7 +512,7 @@ class _PortableSelect(_BracketSelect):
     def scan_tie(self, v: float):
         xp = self.xp
         masks, ties, below = [], [], 0
-        for key, e in zip(self.keys, self.eligible, strict=False):
+        for key, e in zip(self.keys, self.eligible, strict=True):
             keep = ~(key <= v)
             below += int(xp.count_nonzero(key < v))
             ties.append(int(xp.count_nonzero(key == v)))
@@ -521,7 +521,7 @@ class _PortableSelect(_BracketSelect):
 
     def resolve_tie(self, masks, v: float, need: int, ties: list[int]) -> None:
         xp = self.xp
-        for i, (key, n_ties) in enumerate(zip(self.keys, ties, strict=False)):
+        for i, (key, n_ties) in enumerate(zip(self.keys, ties, strict=True)):
             if n_ties == 0:
                 continue
             equal = key == v
@@ -536,7 +536,7 @@ class _PortableSelect(_BracketSelect):
 
     def sample(self, stride: int) -> Array:
         xp = self.xp
-        parts = [k[_sample_slice(n, stride)] for k, n in zip(self.keys, self.sizes, strict=False)]
+        parts = [k[_sample_slice(n, stride)] for k, n in zip(self.keys, self.sizes, strict=True)]
         sample = xp.concat(parts) if len(parts) > 1 else parts[0]
         sample = xp.where(xp.isnan(sample), xp.asarray(xp.inf, dtype=self.dtype), sample)
         return xp.sort(sample)
@@ -573,7 +573,7 @@ class _PortableSelect(_BracketSelect):
         keys = xp.concat(self.keys) if len(self.keys) > 1 else self.keys[0]
         keep = self._keep_after_rank(keys, kk)
         masks, offset = [], 0
-        for n, e in zip(self.sizes, self.eligible, strict=False):
+        for n, e in zip(self.sizes, self.eligible, strict=True):
             m = keep[offset : offset + n]
             masks.append(m if e is None else m | ~e)
             offset += n

@@ -395,7 +395,7 @@ def case_global(ctx: Context) -> None:
             "entries_differing_from_core": int(
                 sum(
                     int(np.count_nonzero((m.weight_mask.numpy() != 0) != mk))
-                    for (m, _), mk in zip(pairs, masks, strict=False)
+                    for (m, _), mk in zip(pairs, masks, strict=True)
                 )
             )
         }
@@ -415,7 +415,7 @@ def case_global(ctx: Context) -> None:
         row["checks"]["entries_differing_from_torch"] = int(
             sum(
                 int(np.count_nonzero((m.weight_mask.numpy() != 0) != mk))
-                for (m, _), mk in zip(pairs, masks, strict=False)
+                for (m, _), mk in zip(pairs, masks, strict=True)
             )
         )
         del pairs
@@ -504,7 +504,7 @@ def case_adapter(ctx: Context) -> None:
         ones = [np.ones(w.shape, dtype=bool) for w in weights]
 
         def core(weights=weights, ones=ones):
-            for w, o in zip(weights, ones, strict=False):
+            for w, o in zip(weights, ones, strict=True):
                 ap.L1Unstructured(0.5).compute_mask(w, o)
 
         benches = {
@@ -527,7 +527,7 @@ def case_adapter(ctx: Context) -> None:
         _prune_pass(tprune, b)
         row["checks"] = {
             "entries_differing_from_torch": int(
-                sum(int((getattr(ma, n) != getattr(mb, n)).sum()) for (ma, n), (mb, _) in zip(a, b, strict=False))
+                sum(int((getattr(ma, n) != getattr(mb, n)).sum()) for (ma, n), (mb, _) in zip(a, b, strict=True))
             ),
             "adapter_left_no_reparametrisation": all(
                 not hasattr(ma, n + "_orig") and not hasattr(ma, n + "_mask") for ma, n in a

@@ -384,7 +384,7 @@ def plot_l1(records: list[dict[str, Any]], path: Path) -> bool:
     for key, (label, style, color) in styles.items():
         pts = [(r["size"], r["times"][key]) for r in rows if key in r["times"]]
         if pts:
-            xs, ys = zip(*pts, strict=False)
+            xs, ys = zip(*pts, strict=True)
             ax.plot(xs, ys, style[1:] if style[0] == "k" else style, color=color, label=label, markersize=4)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

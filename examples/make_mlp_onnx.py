@@ -47,7 +47,7 @@ def make_mlp(sizes: tuple[int, ...] = SIZES, seed: int = 0) -> onnx.ModelProto:
     nodes, inits = [], []
     x = "input"
     n_layers = len(sizes) - 1
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=False), start=1):
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True), start=1):
         bound = 1.0 / np.sqrt(fan_in)
         w = rng.uniform(-bound, bound, size=(fan_out, fan_in)).astype(np.float32)
         b = rng.uniform(-bound, bound, size=(fan_out,)).astype(np.float32)

@@ -262,7 +262,7 @@ def reference_keep(arrays, k: int, eligible=None) -> list[np.ndarray]:
         np.concatenate(
             [
                 np.ones(a.size, bool) if e is None else np.asarray(e, bool).reshape(-1)
-                for a, e in zip(arrays, eligible, strict=False)
+                for a, e in zip(arrays, eligible, strict=True)
             ]
         )
         if arrays

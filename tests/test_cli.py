@@ -52,7 +52,7 @@ def test_global_prune_of_the_example_equals_the_core(model, tmp_path):
     original = fmt.load(model).params
     pruned = fmt.load(out).params
     masks = ap.global_unstructured([original[k] for k in WEIGHTS], ap.L1Unstructured, amount=0.5)
-    for k, m in zip(WEIGHTS, masks, strict=False):
+    for k, m in zip(WEIGHTS, masks, strict=True):
         np.testing.assert_array_equal(pruned[k], original[k] * m.astype(np.float32), err_msg=k)
     assert sum(int((pruned[k] == 0).sum()) for k in WEIGHTS) == round(0.5 * 84480)
     for k in ("fc1.bias", "fc2.bias", "fc3.bias"):

@@ -242,7 +242,11 @@ def test_verify_exit_status_follows_the_tolerance(model, tmp_path):
     src = tmp_path / "labelled.onnx"
     _with_label_output(model, src)
     out = tmp_path / "out.onnx"
-    proc = run("prune", src, "-o", out, "--amount", "0.5", "--global", "--verify", "--seed", "5")
+
+    def verify(*extra):
+        return run("prune", src, "-o", out, "--amount", "0.5", "--global", "--verify", "--seed", "5", "--force", *extra)
+
+    proc = verify()
     assert proc.returncode == 0, proc.stderr
     x = np.random.default_rng(cli.stream_seed(5, "verify")).standard_normal((1, 64)).astype(np.float32)
     ya, yb = (
@@ -254,41 +258,12 @@ def test_verify_exit_status_follows_the_tolerance(model, tmp_path):
     assert printed == pytest.approx(diff, rel=1e-5)
     assert proc.stdout.count("max abs output difference") == 1, "the int64 label is not a distance"
 
-    rtol = 0.5 * diff / scale  # tighter than what pruning did: fails with status 1
-    tight = run(
-        "prune",
-        src,
-        "-o",
-        out,
-        "--amount",
-        "0.5",
-        "--global",
-        "--verify",
-        "--seed",
-        "5",
-        "--force",
-        "--verify-tol",
-        f"{rtol}",
-    )
+    tight = verify("--verify-tol", f"{0.5 * diff / scale}")  # tighter than what pruning did: status 1
     assert tight.returncode == 1, tight.stderr
     assert tight.stderr.startswith("arrayprune: error: ") and "verify failed" in tight.stderr
     assert "FAIL" in tight.stdout
     assert out.exists(), "the pruned model is written; the verdict is the exit status"
-    loose = run(
-        "prune",
-        src,
-        "-o",
-        out,
-        "--amount",
-        "0.5",
-        "--global",
-        "--verify",
-        "--seed",
-        "5",
-        "--force",
-        "--verify-tol",
-        f"{2 * diff / scale},0",
-    )
+    loose = verify("--verify-tol", f"{2 * diff / scale},0")
     assert loose.returncode == 0, loose.stderr
     assert_error(
         run("prune", src, "-o", out, "--amount", "0.5", "--verify", "--verify-tol", "x", "--force"), "tolerance"

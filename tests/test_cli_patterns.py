@@ -83,7 +83,7 @@ def test_global_bounds_and_lamp_match_the_core(weights, tmp_path):
         assert proc.returncode == 0, proc.stderr
         expected = ap.global_unstructured([src[n] for n in names], ap.L1Unstructured, amount=0.6, **kwargs)
         got = load(out)
-        for name, mask in zip(names, expected, strict=False):
+        for name, mask in zip(names, expected, strict=True):
             np.testing.assert_array_equal(got[name], src[name] * mask)
         assert (got["tiny.weight"] != 0).any()  # the small layer survives
 

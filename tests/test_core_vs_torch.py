@@ -285,7 +285,7 @@ def test_global_unstructured_iterated(side, use_scores):
             new = ap.global_unstructured(
                 [side.asarray(w) for w in ws], ap.L1Unstructured, ap_scores, default_masks=masks, amount=amount
             )
-            for i, (m, g) in enumerate(zip(modules, new, strict=False)):
+            for i, (m, g) in enumerate(zip(modules, new, strict=True)):
                 np.testing.assert_array_equal(
                     to_numpy(g).astype(np.float32), m.weight_mask.numpy(), err_msg=f"seed={seed} round={rnd} array={i}"
                 )

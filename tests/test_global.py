@@ -29,14 +29,14 @@ def test_list_and_dict(backend):
         got = ap.global_unstructured(arrays, ap.L1Unstructured, amount=amount)
         want = reference_keep(xs, k)
         assert isinstance(got, list) and len(got) == 3
-        for g, w, a in zip(got, want, arrays, strict=False):
+        for g, w, a in zip(got, want, arrays, strict=True):
             assert g.dtype == backend.dtype("bool")
             assert apc.array_namespace(g) is apc.array_namespace(a)
             assert apc.device(g) == apc.device(a)
             np.testing.assert_array_equal(to_numpy(g), w, err_msg=f"amount={amount}")
-        d = ap.global_unstructured(dict(zip("abc", arrays, strict=False)), ap.L1Unstructured, amount=amount)
+        d = ap.global_unstructured(dict(zip("abc", arrays, strict=True)), ap.L1Unstructured, amount=amount)
         assert isinstance(d, dict) and list(d) == ["a", "b", "c"]
-        for key, w in zip("abc", want, strict=False):
+        for key, w in zip("abc", want, strict=True):
             np.testing.assert_array_equal(to_numpy(d[key]), w)
 
 
@@ -58,12 +58,12 @@ def test_importance_scores(backend):
     score1 = rng.standard_normal(7).astype(np.float32)
     got = ap.global_unstructured(arrays, ap.L1Unstructured, [None, backend.asarray(score1), None], amount=20)
     want = reference_keep([xs[0], score1, xs[2]], 20)
-    for g, w in zip(got, want, strict=False):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(to_numpy(g), w)
     got = ap.global_unstructured(
-        dict(zip("abc", arrays, strict=False)), ap.L1Unstructured, {"b": backend.asarray(score1)}, amount=20
+        dict(zip("abc", arrays, strict=True)), ap.L1Unstructured, {"b": backend.asarray(score1)}, amount=20
     )
-    for key, w in zip("abc", want, strict=False):
+    for key, w in zip("abc", want, strict=True):
         np.testing.assert_array_equal(to_numpy(got[key]), w)
 
 
@@ -79,7 +79,7 @@ def test_iterated_with_default_masks(backend):
         new = ap.global_unstructured(arrays, ap.L1Unstructured, default_masks=masks, amount=amount)
         pruned += step
         want = reference_keep(xs, pruned)  # iterated L1 = L1 of the cumulated count
-        for i, (g, w) in enumerate(zip(new, want, strict=False)):
+        for i, (g, w) in enumerate(zip(new, want, strict=True)):
             np.testing.assert_array_equal(to_numpy(g).astype(bool), w, err_msg=f"amount={amount}")
             if masks is not None:
                 assert not to_numpy(g).astype(bool)[~to_numpy(masks[i]).astype(bool)].any()
@@ -114,11 +114,11 @@ def test_random_unstructured_counts_and_seed(backend):
     a = ap.global_unstructured(arrays, ap.RandomUnstructured, amount=0.4, seed=3)
     b = ap.global_unstructured(arrays, ap.RandomUnstructured, amount=0.4, seed=3)
     assert sum(int((~to_numpy(m)).sum()) for m in a) == round(0.4 * total)
-    for x, y in zip(a, b, strict=False):
+    for x, y in zip(a, b, strict=True):
         np.testing.assert_array_equal(to_numpy(x), to_numpy(y))
     c = ap.global_unstructured(arrays, ap.RandomUnstructured, default_masks=a, amount=0.5, seed=4)
     assert sum(int((~to_numpy(m)).sum()) for m in c) == round(0.4 * total) + round(0.5 * (total - round(0.4 * total)))
-    for old, new in zip(a, c, strict=False):
+    for old, new in zip(a, c, strict=True):
         assert not to_numpy(new)[~to_numpy(old)].any()
 
 
@@ -184,7 +184,7 @@ def test_errors():
 def test_generator_input():
     xs = _arrays(6)
     got = ap.global_unstructured((x for x in xs), ap.L1Unstructured, amount=9)
-    for g, w in zip(got, reference_keep(xs, 9), strict=False):
+    for g, w in zip(got, reference_keep(xs, 9), strict=True):
         np.testing.assert_array_equal(g, w)
 
 
@@ -206,7 +206,7 @@ def test_read_only_numpy_inputs():
     for a in xs + masks:
         a.flags.writeable = False
     got = ap.global_unstructured(xs, ap.L1Unstructured, xs, default_masks=masks, amount=0.5)
-    for g, w in zip(got, reference_keep(xs, round(0.5 * sum(x.size for x in xs))), strict=False):
+    for g, w in zip(got, reference_keep(xs, round(0.5 * sum(x.size for x in xs))), strict=True):
         np.testing.assert_array_equal(g, w.astype(np.float32))
     for m in masks:
         assert (m == 1).all()
@@ -223,7 +223,7 @@ def test_large_arrays_bracket(backend, monkeypatch):
     xs[1][::2] = 0.0
     arrays = [backend.asarray(x) for x in xs]
     got = ap.global_unstructured(arrays, ap.L1Unstructured, amount=0.6)
-    for g, w in zip(got, reference_keep(xs, round(0.6 * (76_800 + 20_000))), strict=False):
+    for g, w in zip(got, reference_keep(xs, round(0.6 * (76_800 + 20_000))), strict=True):
         np.testing.assert_array_equal(to_numpy(g), w)
 
 
@@ -234,5 +234,5 @@ def test_random_global_arrays_draw_independently(backend):
     assert sum(int((~m).sum()) for m in got) == 150
     assert not np.array_equal(got[0], got[1]) and not np.array_equal(got[1], got[2])
     again = [to_numpy(m) for m in ap.global_unstructured(arrays, ap.RandomUnstructured, amount=0.5, seed=5)]
-    for a, b in zip(got, again, strict=False):
+    for a, b in zip(got, again, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -15,7 +15,7 @@ from conftest import available_backends, to_numpy
 
 def _arrays(seed, sizes, scales):
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal(n) * s).astype(np.float32) for n, s in zip(sizes, scales, strict=False)]
+    return [(rng.standard_normal(n) * s).astype(np.float32) for n, s in zip(sizes, scales, strict=True)]
 
 
 def _is_prefix_of_own_order(a, keep):
@@ -39,13 +39,13 @@ def test_bounds_hold_and_total_is_exact(seed, sizes, amount, low, high):
     k = round(amount * total)
     lo = [math.ceil(low * n - 1e-9) for n in sizes]
     hi = [math.floor(high * n + 1e-9) for n in sizes]
-    if any(a > b for a, b in zip(lo, hi, strict=False)) or not sum(lo) <= k <= sum(hi):
+    if any(a > b for a, b in zip(lo, hi, strict=True)) or not sum(lo) <= k <= sum(hi):
         with pytest.raises(ValueError):
             ap.global_unstructured(arrays, ap.L1Unstructured, amount=amount, min_sparsity=low, max_sparsity=high)
         return
     masks = ap.global_unstructured(arrays, ap.L1Unstructured, amount=amount, min_sparsity=low, max_sparsity=high)
     assert sum(int((~m).sum()) for m in masks) == k
-    for a, m, l_, h_ in zip(arrays, masks, lo, hi, strict=False):
+    for a, m, l_, h_ in zip(arrays, masks, lo, hi, strict=True):
         assert l_ <= int((~m).sum()) <= h_
         assert _is_prefix_of_own_order(a, m)
 
@@ -61,12 +61,12 @@ def test_bounds_protect_a_small_layer_and_match_across_backends():
         got = ap.global_unstructured(
             [b.asarray(a) for a in arrays], ap.L1Unstructured, amount=0.5, max_sparsity=[1, 0.6, 1]
         )
-        for g, e in zip(got, expected, strict=False):
+        for g, e in zip(got, expected, strict=True):
             np.testing.assert_array_equal(to_numpy(g), e, err_msg=b.name)
 
 
 def test_bounds_by_mapping_and_with_earlier_masks():
-    arrays = dict(zip("abc", _arrays(1, [100, 100, 100], [1.0, 0.1, 1.0]), strict=False))
+    arrays = dict(zip("abc", _arrays(1, [100, 100, 100], [1.0, 0.1, 1.0]), strict=True))
     first = ap.global_unstructured(arrays, ap.L1Unstructured, amount=0.3)
     second = ap.global_unstructured(arrays, ap.L1Unstructured, amount=0.5, default_masks=first, max_sparsity={"b": 0.7})
     for key in "abc":
@@ -90,7 +90,7 @@ def test_lamp_global_is_exact_and_protects_small_layers(backend):
     masks = [to_numpy(m) for m in masks]
     assert sum(int((~m).sum()) for m in masks) == round(0.6 * 1340)
     assert masks[1].any()  # LAMP keeps the largest entry of every layer (score 1)
-    for a, m in zip(arrays, masks, strict=False):
+    for a, m in zip(arrays, masks, strict=True):
         assert _is_prefix_of_own_order(a, m)
         assert m[np.argmax(np.abs(a))]
 

@@ -223,7 +223,7 @@ def test_global_unstructured_equals_the_core_and_iterates():
     keys = ["fc1.weight", "fc2.weight"]
     out = mp.global_unstructured(sd, keys, ap.L1Unstructured, amount=0.5)
     core = ap.global_unstructured([sd[k] for k in keys], ap.L1Unstructured, amount=0.5)
-    for k, m in zip(keys, core, strict=False):
+    for k, m in zip(keys, core, strict=True):
         np.testing.assert_array_equal(out[k + "_mask"], m.astype(np.float32))
         assert out[k + "_mask"].dtype == np.float32
     assert sum(int((out[k + "_mask"] == 0).sum()) for k in keys) == round(0.5 * 72) == 36
@@ -475,7 +475,7 @@ def test_first_global_pruning_equals_pruning_on_top_of_ones():
     expected = ap.global_unstructured(
         [a, b], ap.RandomUnstructured, amount=0.4, seed=3, default_masks=[np.ones_like(a), np.ones_like(b)]
     )
-    for key, ref, x in zip("ab", expected, (a, b), strict=False):
+    for key, ref, x in zip("ab", expected, (a, b), strict=True):
         assert out[key + "_mask"].dtype == x.dtype
         np.testing.assert_array_equal(out[key + "_mask"], ref)
 

@@ -156,7 +156,7 @@ LN_EXPECT = {
 @pytest.mark.parametrize("n", list(LN_EXPECT), ids=str)
 def test_ln_structured_hand_computed(backend, n):
     t = backend.asarray(COLS)
-    for amount, expected_cols in zip((1, 2), LN_EXPECT[n], strict=False):
+    for amount, expected_cols in zip((1, 2), LN_EXPECT[n], strict=True):
         want = np.broadcast_to(np.array(expected_cols, bool), COLS.shape)
         for dim in (1, -1):
             mask = ap.LnStructured(amount, n, dim).compute_mask(t, ones(backend, COLS.shape))

@@ -108,10 +108,10 @@ def test_nm_bad_arguments(args, error):
 
 def _reference_blocks(x: np.ndarray, amount, block, n=1.0, default=None):
     block = (1,) * (x.ndim - len(block)) + tuple(block)
-    grid = [math.ceil(d / b) for d, b in zip(x.shape, block, strict=False)]
+    grid = [math.ceil(d / b) for d, b in zip(x.shape, block, strict=True)]
     scores, live = [], []
     for idx in np.ndindex(*grid):
-        sl = tuple(slice(i * b, (i + 1) * b) for i, b in zip(idx, block, strict=False))
+        sl = tuple(slice(i * b, (i + 1) * b) for i, b in zip(idx, block, strict=True))
         a = np.abs(x[sl]).astype(np.float64)
         scores.append(a.max() if n == math.inf else (np.mean(a**n)) ** (1 / n))
         live.append(True if default is None else bool((default[sl] != 0).any()))
@@ -121,7 +121,7 @@ def _reference_blocks(x: np.ndarray, amount, block, n=1.0, default=None):
     keep = np.ones(x.shape, bool) if default is None else (default != 0).copy()
     for flat in order:
         idx = np.unravel_index(flat, grid)
-        keep[tuple(slice(i * b, (i + 1) * b) for i, b in zip(idx, block, strict=False))] = False
+        keep[tuple(slice(i * b, (i + 1) * b) for i, b in zip(idx, block, strict=True))] = False
     return keep
 
 

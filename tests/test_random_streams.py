@@ -15,6 +15,6 @@ def test_seeded_global_random_gives_independent_arrays(backend):
     other = [to_numpy(m) for m in ap.global_unstructured(arrays, ap.RandomUnstructured, amount=0.5, seed=8)]
     assert sum(int((~m).sum()) for m in first) == 96
     assert not np.array_equal(first[0], first[1]) and not np.array_equal(first[1], first[2])
-    for a, b in zip(first, again, strict=False):
+    for a, b in zip(first, again, strict=True):
         np.testing.assert_array_equal(a, b)
-    assert any(not np.array_equal(a, b) for a, b in zip(first, other, strict=False))
+    assert any(not np.array_equal(a, b) for a, b in zip(first, other, strict=True))

@@ -91,7 +91,7 @@ def check_keep(backend, arrays_np, k, eligible_np=None, dtype="float32"):
     got = sel.smallest_magnitude_keep(arrays, k, elig)
     want = reference_keep(host, k, eligible_np)
     assert len(got) == len(arrays)
-    for g, w, a in zip(got, want, arrays, strict=False):
+    for g, w, a in zip(got, want, arrays, strict=True):
         assert g.dtype == backend.dtype("bool")
         assert tuple(g.shape) == tuple(a.shape)
         assert apc.array_namespace(g) is apc.array_namespace(a)
@@ -196,11 +196,11 @@ def test_small_multi_array_with_eligibility(backend):
         make_data("nan_inf", 500, 3),
     ]
     elig = [rng.random((10, 30)) < 0.6, None, np.zeros(0, bool), rng.random(500) < 0.9]
-    n_elig = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig, strict=False))
+    n_elig = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig, strict=True))
     for k in sorted({0, 1, 17, n_elig // 2, n_elig - 1, n_elig}):
         got = check_keep(backend, arrays, k, elig)
         # ineligible entries are always kept
-        for g, e in zip(got, elig, strict=False):
+        for g, e in zip(got, elig, strict=True):
             if e is not None:
                 assert to_numpy(g)[~e].all()
     with pytest.raises(ValueError):
@@ -239,7 +239,7 @@ def test_mixed_float_dtypes_numpy():
     b = np.array([0.25, 1e-3 + 1e-12, 2.0], np.float64)
     keep = sel.smallest_magnitude_keep([a, b], 3)
     want = reference_keep([a.astype(np.float64), b], 3)
-    for g, w in zip(keep, want, strict=False):
+    for g, w in zip(keep, want, strict=True):
         np.testing.assert_array_equal(g, w)
 
 
@@ -325,7 +325,7 @@ def test_large_multi_array_with_eligibility(backend, monkeypatch, mode):
         make_data("nan_inf", 30_000, 4),
     ]
     elig = [rng.random((256, 256)) < 0.7, None, rng.random(300) < 0.5, rng.random(30_000) < 0.5]
-    total = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig, strict=False))
+    total = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig, strict=True))
     for k in (1, total // 4, total // 2, total - 1):
         check_keep(backend, [a.astype(np.float32) for a in arrays], k, elig)
 
@@ -372,7 +372,7 @@ def test_forced_bracket_misses_multi_array(backend, monkeypatch):
         make_data("half_zeros", 500, 3),
     ]
     elig = [rng.random((20, 20)) < 0.5, None, rng.random(500) < 0.8]
-    total = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig, strict=False))
+    total = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig, strict=True))
     for k in (1, 40, total // 2, total - 40, total):
         check_keep(backend, arrays, k, elig)
     if counter.available:
@@ -413,7 +413,7 @@ def test_forced_bracket_through_methods(backend, monkeypatch):
     np.testing.assert_array_equal(to_numpy(m2), reference_keep([x], 840)[0])
     g = ap.global_unstructured([t, backend.asarray(x[:5].copy())], ap.L1Unstructured, amount=0.3)
     want = reference_keep([x, x[:5]], round(0.3 * 1400))
-    for a, b in zip(g, want, strict=False):
+    for a, b in zip(g, want, strict=True):
         np.testing.assert_array_equal(to_numpy(a), b)
 
 

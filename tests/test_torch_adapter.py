@@ -80,11 +80,11 @@ def snapshot(module: nn.Module) -> dict:
 def assert_as_before(module: nn.Module, snap: dict) -> None:
     params = list(module._parameters.items())
     assert [k for k, _ in params] == [k for k, _ in snap["params"]]
-    assert all(a is b for (_, a), (_, b) in zip(params, snap["params"], strict=False))
+    assert all(a is b for (_, a), (_, b) in zip(params, snap["params"], strict=True))
     buffers = list(module._buffers.items())
     assert [k for k, _ in buffers] == [k for k, _, _ in snap["buffers"]]
     assert all(
-        v is old and torch.equal(v, val) for (_, v), (_, old, val) in zip(buffers, snap["buffers"], strict=False)
+        v is old and torch.equal(v, val) for (_, v), (_, old, val) in zip(buffers, snap["buffers"], strict=True)
     )
     assert list(module._forward_pre_hooks.items()) == snap["hooks"]
     assert [
@@ -94,7 +94,7 @@ def assert_as_before(module: nn.Module, snap: dict) -> None:
     assert attrs.keys() == snap["attrs"].keys()
     assert all(attrs[k] is v for k, v in snap["attrs"].items())
     if snap["flat"] is not None:
-        assert all(a is b for a, b in zip(module._flat_weights, snap["flat"], strict=False))
+        assert all(a is b for a, b in zip(module._flat_weights, snap["flat"], strict=True))
 
 
 # --------------------------------------------------------------------------------------
@@ -580,9 +580,9 @@ X = torch.randn(3, 2, 6, 6, generator=torch.Generator().manual_seed(5))
 
 def assert_same_pruned_model(a: nn.Module, b: nn.Module) -> None:
     assert a.state_dict().keys() == b.state_dict().keys()
-    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items(), strict=False):
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert ka == kb and va.dtype == vb.dtype and torch.equal(va, vb)
-    for ma, mb in zip(a.modules(), b.modules(), strict=False):
+    for ma, mb in zip(a.modules(), b.modules(), strict=True):
         ha = [
             (type(h).__name__, h._tensor_name, len(h) if isinstance(h, tprune.PruningContainer) else 0)
             for h in ma._forward_pre_hooks.values()
@@ -828,7 +828,7 @@ def test_global_with_foreign_methods_matches_pytorch():
         pairs = [(mods[0], "weight"), (mods[1], "weight"), (mods[1], "bias")]
         lib.global_unstructured(pairs, SmallestSquares, amount=0.4)
         lib.global_unstructured(pairs, tprune.L1Unstructured, amount=0.2)
-    for a, b in zip(ours, ref, strict=False):
+    for a, b in zip(ours, ref, strict=True):
         for key in ("weight_mask", "weight", "bias_mask"):
             if hasattr(b, key):
                 assert torch.equal(getattr(a, key), getattr(b, key)), key
@@ -901,7 +901,7 @@ def test_global_then_local_then_global():
         lib.global_unstructured(pairs, lib.L1Unstructured, amount=0.3)
         lib.ln_structured(mods[0], "weight", amount=2, n=2, dim=0)
         lib.global_unstructured(pairs, lib.L1Unstructured, amount=10)
-    for a, b in zip(net, ref, strict=False):
+    for a, b in zip(net, ref, strict=True):
         assert torch.equal(a.weight_mask, b.weight_mask)
     assert len(pruning_hook(net[0], "weight")) == 3
 
@@ -1002,7 +1002,7 @@ def module_layout(m: nn.Module) -> dict:
 def assert_same_layout(a: dict, b: dict) -> None:
     for key in ("params", "buffers"):
         assert [k for k, _ in a[key]] == [k for k, _ in b[key]], key
-        assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a[key], b[key], strict=False)), key
+        assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a[key], b[key], strict=True)), key
     assert a["non_persistent"] == b["non_persistent"]
     assert a["state_dict"] == b["state_dict"]
     assert a["attrs"] == b["attrs"]

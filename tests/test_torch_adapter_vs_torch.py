@@ -90,7 +90,7 @@ def hook_shape(module: nn.Module) -> list:
 
 
 def assert_same_state(t_mods: nn.ModuleList, a_mods: nn.ModuleList) -> None:
-    for tm, am in zip(t_mods, a_mods, strict=False):
+    for tm, am in zip(t_mods, a_mods, strict=True):
         tp, ap_ = dict(tm.named_parameters()), dict(am.named_parameters())
         tb, ab = dict(tm.named_buffers()), dict(am.named_buffers())
         assert tp.keys() == ap_.keys()
@@ -109,12 +109,12 @@ def assert_same_state(t_mods: nn.ModuleList, a_mods: nn.ModuleList) -> None:
 
 
 def forward_all(mods: nn.ModuleList, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [m(x) for m, x in zip(mods, inputs, strict=False)]
+    return [m(x) for m, x in zip(mods, inputs, strict=True)]
 
 
 def assert_same_forward_backward(t_mods, a_mods, inputs) -> None:
     t_out, a_out = forward_all(t_mods, inputs), forward_all(a_mods, inputs)
-    for x, y in zip(t_out, a_out, strict=False):
+    for x, y in zip(t_out, a_out, strict=True):
         assert torch.equal(x, y)
     sum(o.float().sum() for o in t_out).backward()
     sum(o.float().sum() for o in a_out).backward()
@@ -171,7 +171,7 @@ def state_snapshot(mods: nn.ModuleList) -> list:
 
 
 def assert_unchanged(mods: nn.ModuleList, snap: list) -> None:
-    for m, (params, buffers, hooks, containers, attrs) in zip(mods, snap, strict=False):
+    for m, (params, buffers, hooks, containers, attrs) in zip(mods, snap, strict=True):
         assert m._parameters.keys() == params.keys()
         assert all(m._parameters[k] is v for k, v in params.items())
         assert m._buffers.keys() == buffers.keys()
@@ -291,7 +291,7 @@ def test_random_call_sequences_match_pytorch(dtype, data, seed):
             t_pairs = [(t_mods[j], nm) for j, nm in chosen]
             a_pairs = [(a_mods[j], nm) for j, nm in chosen]
             t_scores, a_scores = {}, {}
-            for (j, nm), tp_, ap_ in zip(chosen, t_pairs, a_pairs, strict=False):
+            for (j, nm), tp_, ap_ in zip(chosen, t_pairs, a_pairs, strict=True):
                 s = scores_like(data, param_of(t_mods[j], nm), rng)
                 if s is not None:
                     t_scores[tp_], a_scores[ap_] = s, s
@@ -327,7 +327,7 @@ def test_random_call_sequences_match_pytorch(dtype, data, seed):
             errors, states = [None, None], None
         else:  # forward
             with torch.no_grad():
-                for x, y in zip(forward_all(t_mods, inputs), forward_all(a_mods, inputs), strict=False):
+                for x, y in zip(forward_all(t_mods, inputs), forward_all(a_mods, inputs), strict=True):
                     assert torch.equal(x, y)
             errors, states = [None, None], None
 
@@ -678,7 +678,7 @@ def test_global_random_unstructured_matches_pytorch(which, use_scores):
                 ),
                 seed * 10 + step,
             )
-            for (tm, name), (am, _) in zip(t_pairs, a_pairs, strict=False):
+            for (tm, name), (am, _) in zip(t_pairs, a_pairs, strict=True):
                 assert_same_mask(tm, am, name)
         # nothing left: an integer amount is too large, before any draw
         torch.manual_seed(0)

@@ -69,7 +69,7 @@ def test_bounded_and_lamp_global_match_the_core(kwargs):
     weights = [m.weight.detach().clone() for m in mods]
     prune.global_unstructured([(m, "weight") for m in mods], prune.L1Unstructured, amount=0.6, **kwargs)
     expected = ap.global_unstructured(weights, ap.L1Unstructured, amount=0.6, **kwargs)
-    for m, e in zip(mods, expected, strict=False):
+    for m, e in zip(mods, expected, strict=True):
         torch.testing.assert_close(m.weight_mask, e.to(torch.float32))
     assert (mods[1].weight_mask != 0).any()
     total = sum(int((m.weight_mask == 0).sum()) for m in mods)

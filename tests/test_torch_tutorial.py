@@ -102,7 +102,7 @@ def test_global_pruning_tutorial(trained):
         total = sum(m.weight_orig.numel() for m, _ in prunable(ours))
         zeros = sum(int((m.weight_mask == 0).sum()) for m, _ in prunable(ours))
         assert zeros == round(amount * total)
-        for (a, _), (b, _) in zip(prunable(ours), prunable(ref), strict=False):
+        for (a, _), (b, _) in zip(prunable(ours), prunable(ref), strict=True):
             assert a.weight_mask.dtype == b.weight_mask.dtype == torch.float32
             assert torch.equal(a.weight_mask, b.weight_mask)
             assert torch.equal(a.weight, b.weight)
@@ -150,7 +150,7 @@ def test_iterative_pruning_with_fine_tuning(trained):
         results.append((net, accuracy(net, x_test, y_test)))
     (ref, acc_ref), (ours, acc_ours) = results
     assert acc_ours == acc_ref
-    for (a, _), (b, _) in zip(prunable(ours), prunable(ref), strict=False):
+    for (a, _), (b, _) in zip(prunable(ours), prunable(ref), strict=True):
         assert torch.equal(a.weight_mask, b.weight_mask)
         assert torch.equal(a.weight_orig, b.weight_orig)
     assert acc_ours > 0.5

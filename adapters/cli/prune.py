@@ -223,14 +223,14 @@ def _verify(src: str, dst: str, seed: int | None, tol: tuple[float, float]) -> i
         else:
             raise CliError(f"--verify: input {inp.name!r} of type {kind} is not supported", src)
     results = []
-    for path, session in zip((src, dst), sessions, strict=False):
+    for path, session in zip((src, dst), sessions, strict=True):
         try:
             results.append(session.run(None, feeds))
         except Exception as exc:
             raise CliError(f"onnxruntime failed to run the model: {fmt._describe(exc)}", path) from None
     rtol, atol = tol
     failed, skipped = [], []
-    for out, a, b in zip(sessions[0].get_outputs(), *results, strict=False):
+    for out, a, b in zip(sessions[0].get_outputs(), *results, strict=True):
         a, b = np.asarray(a), np.asarray(b)
         if a.dtype.kind != "f" or b.dtype.kind != "f" or a.shape != b.shape:
             skipped.append(out.name)  # labels, sequences, maps: not a distance
