@@ -1,9 +1,10 @@
 """Framework adapters for arrayprune.
 
-This folder is installed as :mod:`arrayprune.adapters`. Each adapter lives in one flat
-module named after the convention it serves (``arrayprune.adapters.torch`` for PyTorch
-modules). Importing this package under any other name is refused: an unrelated PyPI
-package is called ``adapters``, and a silent mix-up would be worse than an error.
+This folder is installed as :mod:`arrayprune.adapters`. Each adapter is a module or a
+sub-package named after the convention it serves (``arrayprune.adapters.torch`` for PyTorch
+modules); every sub-package needs its own entry in pyproject.toml. Importing this package
+under any other name is refused: an unrelated PyPI package is called ``adapters``, and a
+silent mix-up would be worse than an error.
 """
 
 if __name__ != "arrayprune.adapters":

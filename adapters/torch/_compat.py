@@ -1,0 +1,55 @@
+"""Private helpers of :mod:`torch.nn.utils.prune`, with the same names, signatures and meaning."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from arrayprune import amount as _amount
+from arrayprune.norms import channel_norms as _channel_norms
+
+
+def _validate_pruning_amount_init(amount: Any) -> None:
+    """Check an amount before the tensor is known (see arrayprune.validate_pruning_amount_init)."""
+    _amount.validate_pruning_amount_init(amount)
+
+
+def _validate_pruning_amount(amount: Any, tensor_size: int) -> None:
+    """Check that an integer amount does not exceed `tensor_size` units."""
+    _amount.validate_pruning_amount(amount, tensor_size)
+
+
+def _compute_nparams_toprune(amount: Any, tensor_size: int) -> int:
+    """Number of units to prune: an integer amount as is, a float as ``round(amount * tensor_size)``."""
+    return _amount.compute_nparams_toprune(amount, tensor_size)
+
+
+def _validate_structured_pruning(t: torch.Tensor) -> None:
+    """Raise ValueError unless `t` has at least two dimensions."""
+    _amount.validate_structured_pruning(tuple(t.shape))
+
+
+def _validate_pruning_dim(t: torch.Tensor, dim: int) -> None:
+    """Raise IndexError unless `dim` is a dimension of `t` (TypeError if not an int)."""
+    _amount.validate_pruning_dim(tuple(t.shape), dim)
+
+
+def _compute_norm(t: torch.Tensor, n: Any, dim: int) -> torch.Tensor:
+    """L\\ `n` norm of every channel of `t` along `dim`, over all other dimensions.
+
+    Parameters
+    ----------
+    t : torch.Tensor
+        Tensor with at least two dimensions.
+    n : int, float, inf, -inf, 'fro' or 'nuc'
+        Order of the norm, as ``p`` in :func:`torch.norm`.
+    dim : int
+        Channel dimension (negative values count from the end).
+
+    Returns
+    -------
+    torch.Tensor
+        One norm per channel, shape ``(t.shape[dim],)``.
+    """
+    return _channel_norms(t, n, _amount.normalize_dim(tuple(t.shape), dim))
