@@ -85,8 +85,8 @@ def global_unstructured(
         raise TypeError("global_unstructured(): importance_scores must be of type dict")
     pairs = [(module, name) for module, name in parameters]
     tensors = [getattr(module, name) for module, name in pairs]
-    scores = [importance_scores.get(pair, t) for pair, t in zip(pairs, tensors, strict=False)]
-    for (_, name), t, s in zip(pairs, tensors, scores, strict=False):
+    scores = [importance_scores.get(pair, t) for pair, t in zip(pairs, tensors, strict=True)]
+    for (_, name), t, s in zip(pairs, tensors, scores, strict=True):
         _check_scores(t, s, name)
     old_masks = [getattr(module, name + "_mask", None) for module, name in pairs]
 
@@ -107,7 +107,7 @@ def global_unstructured(
         else:
             # An unknown method: its compute_mask sees the concatenation, as in PyTorch.
             defaults = [
-                torch.ones_like(t) if m is None else m.detach() for t, m in zip(tensors, old_masks, strict=False)
+                torch.ones_like(t) if m is None else m.detach() for t, m in zip(tensors, old_masks, strict=True)
             ]
             chosen = method
         if isinstance(core_method, _PyTorchStreamRandomUnstructured) and (
@@ -116,7 +116,7 @@ def global_unstructured(
             # Unseeded random pruning: PyTorch's draw over the remaining entries.
             eligible = [None if m is None else _eligible(m) for m in defaults]
             keeps = _pytorch_random_keep([s.detach() for s in scores], eligible, core_method._count)
-            masks = [keep if m is None else _apply_keep(m, keep) for m, keep in zip(defaults, keeps, strict=False)]
+            masks = [keep if m is None else _apply_keep(m, keep) for m, keep in zip(defaults, keeps, strict=True)]
         else:
             masks = _global.global_unstructured(
                 [t.detach() for t in tensors],
@@ -133,7 +133,7 @@ def global_unstructured(
     # A patched or overridden CustomFromMask.compute_mask is honoured: then each mask
     # goes through custom_from_mask, as in PyTorch.
     with _Transaction(module for module, _ in pairs):
-        for (module, name), mask, t in zip(pairs, masks, tensors, strict=False):
+        for (module, name), mask, t in zip(pairs, masks, tensors, strict=True):
             mask = mask.to(dtype=t.dtype)
             hook = CustomFromMask(mask)
             if _native_core_method(hook) is None:

@@ -47,7 +47,7 @@ def _pytorch_random_keep(
         Boolean masks shaped like `scores`, False at the pruned entries (True outside
         the eligible entries).
     """
-    sizes = [s.numel() if e is None else int(e.sum()) for s, e in zip(scores, eligible_masks, strict=False)]
+    sizes = [s.numel() if e is None else int(e.sum()) for s, e in zip(scores, eligible_masks, strict=True)]
     total = sum(sizes)
     k = count(total)  # validation errors come before any draw
     device = scores[0].device
@@ -61,7 +61,7 @@ def _pytorch_random_keep(
     dropped = torch.zeros(total, dtype=torch.bool, device=device)
     dropped[torch.topk(prob, k=k).indices] = True
     offset = 0
-    for keep, e, n in zip(keeps, eligible_masks, sizes, strict=False):
+    for keep, e, n in zip(keeps, eligible_masks, sizes, strict=True):
         part = ~dropped[offset : offset + n].to(device=keep.device)
         if e is None:
             keep.view(-1).copy_(part)
