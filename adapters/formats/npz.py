@@ -2,7 +2,8 @@
 
 Members are checked before they are inflated: the npy header must describe exactly the
 bytes of the member, the arrays must fit in :func:`memory_limit`, and a large member may
-not be compressed more than :data:`NPZ_MAX_RATIO` (a possible zip bomb).
+not be compressed more than :data:`NPZ_MAX_RATIO` (a possible zip bomb). These settings
+are assigned on :mod:`arrayprune.adapters.formats`, which passes them on to this module.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ variable: ``ARRAYPRUNE_NPZ_MAX_RATIO``."""
 NPZ_RATIO_MIN_SIZE = 256 * 2**20
 """Inflated size from which :data:`NPZ_MAX_RATIO` applies (256 MiB)."""
 
+
 def _bytes(n: int) -> str:
     """A size for messages: '2.5 GiB'."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -43,6 +45,7 @@ def _bytes(n: int) -> str:
 
 
 def load(path: str) -> WeightFile:
+    """Read an ``.npz`` file, its member sizes checked before anything is inflated."""
     params: dict[str, np.ndarray] = {}
     try:
         with zipfile.ZipFile(path) as zf:
@@ -237,6 +240,7 @@ def _check_npz_sizes(path: str, zf: zipfile.ZipFile) -> None:
 
 
 def save(path: str, params: Mapping, like: WeightFile | None) -> None:
+    """Write an ``.npz`` file, compressed when `like` was; atomically."""
     arrays = {k: to_numpy(v) for k, v in _flat_arrays(path, params, "npz").items()}
     for k, v in arrays.items():
         if v.dtype.hasobject:

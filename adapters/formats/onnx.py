@@ -88,6 +88,7 @@ def _read_external(path: str, tensor: Any) -> np.ndarray:
 
 
 def load(path: str) -> WeightFile:
+    """Read the float initializers of an ONNX model; external data confined to its folder."""
     onnx = _optional("onnx", path, "reading ONNX models")
     numpy_helper = _optional("onnx.numpy_helper", path, "reading ONNX models")
 
@@ -184,6 +185,7 @@ def _fresh_data_name(folder: str, base: str) -> str:
 
 
 def save(path: str, params: Mapping, like: WeightFile | None) -> None:
+    """Write `like`'s model with `params` as its initializers; model and data replaced as a unit."""
     onnx = _optional("onnx", path, "writing ONNX models")
     numpy_helper = _optional("onnx.numpy_helper", path, "writing ONNX models")
     helper = _optional("onnx.helper", path, "writing ONNX models")

@@ -19,6 +19,7 @@ from .weightfile import WeightFile
 
 
 def load(path: str) -> WeightFile:
+    """Read a PyTorch file with ``torch.load(weights_only=True)``."""
     torch = _optional("torch", path, "reading PyTorch files")
     import pickle
 
@@ -48,6 +49,7 @@ def load(path: str) -> WeightFile:
 
 
 def save(path: str, params: Mapping, like: WeightFile | None = None) -> None:
+    """Write `params` with ``torch.save`` (`like` is not needed); atomically."""
     torch = _optional("torch", path, "writing PyTorch files")
 
     def convert(node: Any, name: str) -> Any:

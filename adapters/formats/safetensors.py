@@ -54,6 +54,7 @@ class _SafetensorsTensors(Mapping):
 
 
 def load(path: str) -> WeightFile:
+    """Read a safetensors file: NumPy views, or PyTorch tensors for dtypes NumPy lacks."""
     safe_open = _optional("safetensors", path, "reading safetensors files").safe_open
 
     with _open_regular(path) as f:
@@ -104,6 +105,7 @@ def _safetensors_views(path: str, header_size: int, names: list[str]) -> dict[st
 
 
 def save(path: str, params: Mapping, like: WeightFile | None) -> None:
+    """Write a safetensors file with the metadata of `like`; atomically."""
     arrays = _flat_arrays(path, params, "safetensors")
     metadata = None
     if like is not None and like.format == "safetensors":
