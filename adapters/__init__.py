@@ -1,10 +1,12 @@
 """Framework adapters for arrayprune.
 
 This folder is installed as :mod:`arrayprune.adapters`. Each adapter is a module or a
-sub-package named after the convention it serves (``arrayprune.adapters.torch`` for PyTorch
-modules); every sub-package needs its own entry in pyproject.toml. Importing this package
-under any other name is refused: an unrelated PyPI package is called ``adapters``, and a
-silent mix-up would be worse than an error.
+sub-package named after the convention it serves: ``torch`` (the drop-in for PyTorch
+modules), ``mapping`` (mappings of arrays, on ``state_dict`` and ``trees``),
+``formats`` (one module per file format) and ``cli`` (the command line). Every
+sub-package needs its own entry in pyproject.toml. Importing this package under any
+other name is refused: an unrelated PyPI package is called ``adapters``, and a silent
+mix-up would be worse than an error.
 """
 
 if __name__ != "arrayprune.adapters":

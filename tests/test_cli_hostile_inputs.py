@@ -341,13 +341,14 @@ def test_a_terminated_run_leaves_no_temporary_file(model, tmp_path, signame, sta
     out.write_bytes(b"old")
     code = (
         "import sys, time\n"
-        "from arrayprune.adapters import cli, formats\n"
-        "real = formats.atomic_write\n"
+        "from arrayprune.adapters import cli\n"
+        "from arrayprune.adapters.formats import files\n"  # where the writers look up atomic_write
+        "real = files.atomic_write\n"
         "def slow(path, write):\n"
         "    def slow_write(f):\n"
         "        write(f); f.flush(); print('writing', flush=True); time.sleep(60)\n"
         "    return real(path, slow_write)\n"
-        "formats.atomic_write = slow\n"
+        "files.atomic_write = slow\n"
         f"sys.exit(cli.main(['prune', {str(model)!r}, '-o', {str(out)!r}, '--amount', '0.5', '--force']))\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

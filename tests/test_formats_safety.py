@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from arrayprune.adapters import formats as fmt
+from arrayprune.adapters.formats import files as fmt_files  # where the writers look up atomic_write
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -98,7 +99,7 @@ def out_v1(tmp_path):
 def test_onnx_failure_at_each_step_keeps_the_old_model_whole(out_v1, monkeypatch, step):
     wf, out = out_v1
     before = sorted(p.name for p in out.parent.iterdir())
-    real_write, real_replace = fmt.atomic_write, os.replace
+    real_write, real_replace = fmt_files.atomic_write, os.replace
 
     def failing_write(path, write):
         is_model = os.fspath(path) == str(out)
@@ -117,7 +118,7 @@ def test_onnx_failure_at_each_step_keeps_the_old_model_whole(out_v1, monkeypatch
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_replace(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(fmt, "atomic_write", failing_write)
+    monkeypatch.setattr(fmt_files, "atomic_write", failing_write)
     monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(fmt.FormatError, match="No space left"):
         fmt.save(out, _version(wf, 2), like=wf)
@@ -147,14 +148,14 @@ def test_onnx_failed_first_write_leaves_nothing(tmp_path, monkeypatch):
 def test_onnx_interrupted_between_data_and_model_cleans_up(out_v1, monkeypatch):
     wf, out = out_v1
     before = sorted(p.name for p in out.parent.iterdir())
-    real_write = fmt.atomic_write
+    real_write = fmt_files.atomic_write
 
     def interrupted(path, write):
         if os.fspath(path) == str(out):
             raise KeyboardInterrupt  # what SIGINT raises, and SIGTERM/SIGHUP through cleanup_on_signals
         return real_write(path, write)
 
-    monkeypatch.setattr(fmt, "atomic_write", interrupted)
+    monkeypatch.setattr(fmt_files, "atomic_write", interrupted)
     with pytest.raises(KeyboardInterrupt):
         fmt.save(out, _version(wf, 2), like=wf)
     monkeypatch.undo()
@@ -642,6 +643,18 @@ def test_memory_limit_settings(monkeypatch):
         assert fmt.memory_limit() == value
     monkeypatch.setattr(fmt, "MEMORY_LIMIT", 12345)
     assert fmt.memory_limit() == 12345
+
+
+def test_settings_assigned_on_the_package_are_the_ones_the_npz_checks_read(monkeypatch):
+    from arrayprune.adapters.formats import npz
+
+    for name, value in [("MEMORY_LIMIT", 4321), ("NPZ_MAX_RATIO", 0), ("NPZ_RATIO_MIN_SIZE", 2**20)]:
+        monkeypatch.setattr(fmt, name, value)
+        assert getattr(fmt, name) == getattr(npz, name) == value
+    assert fmt.memory_limit() == 4321 and npz._npz_max_ratio() == 0
+    monkeypatch.undo()
+    assert (fmt.MEMORY_LIMIT, fmt.NPZ_MAX_RATIO, fmt.NPZ_RATIO_MIN_SIZE) == (None, 1000, 256 * 2**20)
+    assert (npz.MEMORY_LIMIT, npz.NPZ_MAX_RATIO, npz.NPZ_RATIO_MIN_SIZE) == (None, 1000, 256 * 2**20)
 
 
 def test_npz_arrays_together_beyond_the_limit_are_refused(tmp_path, monkeypatch):

@@ -1,0 +1,280 @@
+"""ONNX models: float initializers as NumPy arrays; external data confined and replaced as a unit.
+
+External data must lie inside the model's folder (absolute paths, ``..`` and symlinks
+leading out are refused) and be a regular file. A model with external data is written
+as a unit: new data under a fresh name first, the model renamed into place last, then
+the old model's own data files removed (see :mod:`arrayprune.adapters.formats`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import re
+import secrets
+import stat
+from collections.abc import Mapping
+from typing import IO, Any
+
+import numpy as np
+
+from . import files
+from .arrays import _flat_arrays, to_numpy
+from .errors import FormatError, _describe, _optional
+from .files import _fsync_dir, _not_regular
+from .weightfile import WeightFile
+
+_ONNX_FLOAT_TYPES = (1, 10, 11)  # FLOAT, FLOAT16, DOUBLE
+_EXTERNAL_THRESHOLD = 1024  # bytes: smaller tensors stay inside an ONNX model written with external data
+_PROTOBUF_LIMIT = 2**31 - 2**20
+
+
+def _parse_onnx(path: str) -> Any:
+    onnx = _optional("onnx", path, "reading ONNX models")
+    try:
+        model = onnx.load_model(path, load_external_data=False)
+    except Exception as exc:
+        raise FormatError(path, f"not a valid ONNX model ({_describe(exc)})") from None
+    if model.ir_version <= 0 or not model.HasField("graph") or not model.opset_import:
+        raise FormatError(path, "not a valid ONNX model (truncated, or no graph / opset)")
+    return model
+
+
+def _check_inside(path: str, location: str, what: str) -> str:
+    """Resolve an external-data `location` of the model at `path`, refusing escapes."""
+    if not location:
+        raise FormatError(path, f"{what}: external data without a location")
+    if os.path.isabs(location) or location.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", location):
+        raise FormatError(
+            path, f"{what}: external data path {location!r} is absolute; it must lie inside the model's folder"
+        )
+    parts = re.split(r"[\\/]+", location)
+    if ".." in parts:
+        raise FormatError(path, f"{what}: external data path {location!r} leads outside the model's folder")
+    base = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    real = os.path.realpath(os.path.join(base, *parts))
+    if os.path.commonpath([base, real]) != base:
+        raise FormatError(path, f"{what}: external data path {location!r} leads outside the model's folder (symlink)")
+    try:
+        mode = os.stat(real).st_mode
+    except OSError:
+        raise FormatError(path, f"{what}: external data file {location!r} not found") from None
+    problem = _not_regular(mode)
+    if problem:
+        raise FormatError(path, f"{what}: external data file {location!r} {problem}")
+    return real
+
+
+def _read_external(path: str, tensor: Any) -> np.ndarray:
+    helper = _optional("onnx.helper", path, "reading ONNX models")
+
+    info = {e.key: e.value for e in tensor.external_data}
+    what = f"initializer {tensor.name!r}"
+    real = _check_inside(path, info.get("location", ""), what)
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
+    shape = tuple(int(d) for d in tensor.dims)
+    nbytes = math.prod(shape) * dtype.itemsize
+    offset = int(info.get("offset", 0) or 0)
+    if "length" in info and int(info["length"]) != nbytes:
+        raise FormatError(path, f"{what}: external data length {info['length']} does not match its shape {shape}")
+    available = os.path.getsize(real)
+    if offset < 0 or offset + nbytes > available:
+        raise FormatError(path, f"{what}: external data file {info['location']!r} is too short (truncated?)")
+    if nbytes == 0:
+        return np.zeros(shape, dtype)
+    mm = np.memmap(real, dtype=dtype, mode="r", offset=offset, shape=(math.prod(shape),))
+    return np.asarray(mm).reshape(shape)
+
+
+def load(path: str) -> WeightFile:
+    """Read the float initializers of an ONNX model; external data confined to its folder."""
+    onnx = _optional("onnx", path, "reading ONNX models")
+    numpy_helper = _optional("onnx.numpy_helper", path, "reading ONNX models")
+
+    model = _parse_onnx(path)
+    params: dict[str, np.ndarray] = {}
+    external: dict[str, np.ndarray] = {}
+    seen: set[str] = set()
+    for tensor in model.graph.initializer:
+        if tensor.name in seen:
+            raise FormatError(path, f"initializer {tensor.name!r} appears twice")
+        seen.add(tensor.name)
+        is_external = tensor.data_location == onnx.TensorProto.EXTERNAL
+        if is_external:
+            if tensor.data_type == onnx.TensorProto.STRING:
+                raise FormatError(path, f"initializer {tensor.name!r}: external string data is not supported")
+            arr = _read_external(path, tensor)
+            external[tensor.name] = arr
+        elif tensor.data_type in _ONNX_FLOAT_TYPES:
+            arr = numpy_helper.to_array(tensor)
+        else:
+            continue
+        if tensor.data_type in _ONNX_FLOAT_TYPES:
+            params[tensor.name] = arr
+    return WeightFile(path, "onnx", params, {"model": model, "external": external})
+
+
+def _external_locations(model: Any) -> set[str]:
+    """The external-data locations that any tensor of an ONNX model references."""
+    onnx = importlib.import_module("onnx")
+    found: set[str] = set()
+
+    def tensor(t: Any) -> None:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for e in t.external_data:
+                if e.key == "location":
+                    found.add(e.value)
+
+    def graph(g: Any) -> None:
+        for t in g.initializer:
+            tensor(t)
+        for st in g.sparse_initializer:
+            tensor(st.values)
+            tensor(st.indices)
+        for node in g.node:
+            for a in node.attribute:
+                if a.HasField("t"):
+                    tensor(a.t)
+                for t in a.tensors:
+                    tensor(t)
+                if a.HasField("g"):
+                    graph(a.g)
+                for sub in a.graphs:
+                    graph(sub)
+
+    graph(model.graph)
+    for fn in model.functions:
+        for node in fn.node:
+            for a in node.attribute:
+                if a.HasField("t"):
+                    tensor(a.t)
+    return found
+
+
+def _named_after(base: str, location: str) -> bool:
+    """Whether an external-data `location` is a data file of the model named `base`:
+    ``BASE.data`` or ``BASE.<anything>.data``, in the model's own folder."""
+    return location == base + ".data" or re.fullmatch(re.escape(base) + r"\.[^/\\]+\.data", location) is not None
+
+
+def _old_onnx_data(path: str) -> set[str]:
+    """Data files of the ONNX model now at `path` that writing over it may remove:
+    those it references and that are named after it."""
+    base = os.path.basename(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return set()
+    if not stat.S_ISREG(st.st_mode) or st.st_size >= _PROTOBUF_LIMIT:
+        return set()
+    onnx = importlib.import_module("onnx")
+    try:
+        old = onnx.load_model(path, load_external_data=False)
+    except Exception:  # noqa: BLE001 - not a model: it references nothing
+        return set()
+    return {loc for loc in _external_locations(old) if _named_after(base, loc)}
+
+
+def _fresh_data_name(folder: str, base: str) -> str:
+    """``BASE.data`` if no file has that name, else ``BASE.<8 random hex digits>.data``."""
+    name = base + ".data"
+    while os.path.lexists(os.path.join(folder, name)):
+        name = f"{base}.{secrets.token_hex(4)}.data"
+    return name
+
+
+def save(path: str, params: Mapping, like: WeightFile | None) -> None:
+    """Write `like`'s model with `params` as its initializers; model and data replaced as a unit."""
+    onnx = _optional("onnx", path, "writing ONNX models")
+    numpy_helper = _optional("onnx.numpy_helper", path, "writing ONNX models")
+    helper = _optional("onnx.helper", path, "writing ONNX models")
+
+    if like is None or like.format != "onnx":
+        raise FormatError(path, "an ONNX model can only be written from an ONNX model (its graph is needed)")
+    model = onnx.ModelProto()
+    model.CopyFrom(like.context["model"])
+    external: dict[str, np.ndarray] = like.context.get("external", {})
+    flat = _flat_arrays(path, params, "onnx")
+    by_name = {t.name: t for t in model.graph.initializer}
+    unknown = [k for k in flat if k not in by_name]
+    if unknown:
+        raise FormatError(
+            path, f"{unknown[0]!r} is not an initializer of the model (an ONNX model stores effective weights only)"
+        )
+    for tensor in model.graph.initializer:
+        if tensor.name in flat:
+            arr = to_numpy(flat[tensor.name])
+            want = tuple(int(d) for d in tensor.dims)
+            if tuple(arr.shape) != want:
+                raise FormatError(path, f"initializer {tensor.name!r} has shape {want}, got {tuple(arr.shape)}")
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+            if arr.dtype != dtype:
+                raise FormatError(path, f"initializer {tensor.name!r} has dtype {dtype}, got {arr.dtype}")
+        elif tensor.name in external:
+            arr = external[tensor.name]
+        else:
+            continue
+        doc = tensor.doc_string
+        new = numpy_helper.from_array(np.ascontiguousarray(arr), tensor.name)
+        if doc:
+            new.doc_string = doc
+        tensor.CopyFrom(new)
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FormatError(path, f"folder {folder!r} does not exist")
+    base = os.path.basename(path)
+    use_external = bool(external) or model.ByteSize() > _PROTOBUF_LIMIT
+    blob_parts: list[bytes] = []
+    data_name = None
+    if use_external:
+        data_name = _fresh_data_name(folder, base)  # never a file the old model (or another) uses
+        offset = 0
+        for tensor in model.graph.initializer:
+            if tensor.HasField("raw_data") and len(tensor.raw_data) >= _EXTERNAL_THRESHOLD:
+                raw = tensor.raw_data
+                pad = (-offset) % 64
+                if pad:
+                    blob_parts.append(b"\0" * pad)
+                    offset += pad
+                blob_parts.append(raw)
+                tensor.ClearField("raw_data")
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+                del tensor.external_data[:]
+                for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(len(raw)))):
+                    entry = tensor.external_data.add()
+                    entry.key, entry.value = key, value
+                offset += len(raw)
+    data = model.SerializeToString()
+    stale = _old_onnx_data(path) - _external_locations(model)
+
+    def write_data(f: IO[bytes]) -> None:
+        for part in blob_parts:
+            f.write(part)
+
+    created: str | None = None
+    try:
+        if data_name is not None:
+            data_path = os.path.join(folder, data_name)
+            files.atomic_write(data_path, write_data)  # complete and synced before any model refers to it
+            created = data_path
+        files.atomic_write(path, lambda f: f.write(data))  # the switch from the old model to the new one
+    except BaseException:
+        if created is not None:
+            try:
+                os.unlink(created)
+            except OSError:
+                pass
+        raise
+    # The new model is in place: the old one's own data files are garbage now. (When
+    # OUT is the input, the input's arrays are memory maps, which outlive the unlink.)
+    removed = False
+    for name in sorted(stale):
+        try:
+            os.unlink(os.path.join(folder, name))
+            removed = True
+        except OSError:
+            pass  # e.g. still mapped on Windows: left behind, harmless
+    if removed:
+        _fsync_dir(folder)
