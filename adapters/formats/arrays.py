@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import FormatError, _optional
+from .errors import FormatError, import_optional
 
 
 def to_numpy(x: Any) -> np.ndarray:
@@ -41,7 +41,7 @@ def to_numpy(x: Any) -> np.ndarray:
 
 
 def _to_torch(path: str, x: Any) -> Any:
-    torch = _optional("torch", path, "writing PyTorch tensors")
+    torch = import_optional("torch", path, "writing PyTorch tensors")
     if isinstance(x, torch.Tensor):
         return x
     return torch.from_numpy(np.array(to_numpy(x), copy=True))

@@ -1,7 +1,7 @@
 """Errors of the weight-file readers and writers, and the import of optional packages.
 
 Every problem is raised as :class:`FormatError`, whose message is one line naming the
-file; :func:`_optional` names the extra of arrayprune that installs a missing package.
+file; :func:`import_optional` names the extra of arrayprune that installs a missing package.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any
 
 # Optional dependencies: import name -> the extra of arrayprune that installs it.
-_EXTRAS = {"onnx": "onnx", "safetensors": "safetensors", "torch": "torch"}
+_EXTRAS = {"onnx": "onnx", "onnxruntime": "onnx", "safetensors": "safetensors", "torch": "torch", "tqdm": "cli"}
 
 
 class FormatError(Exception):
@@ -49,7 +49,7 @@ def _describe(exc: BaseException) -> str:
     return f"{name}: {text}" if text and text != "unknown error" else name
 
 
-def _optional(module: str, path: Any, purpose: str) -> ModuleType:
+def import_optional(module: str, path: Any, purpose: str) -> ModuleType:
     """Import an optional dependency, or raise :class:`FormatError` naming its extra.
 
     Parameters

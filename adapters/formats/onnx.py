@@ -21,7 +21,7 @@ import numpy as np
 
 from . import files
 from .arrays import _flat_arrays, to_numpy
-from .errors import FormatError, _describe, _optional
+from .errors import FormatError, _describe, import_optional
 from .files import _fsync_dir, _not_regular
 from .weightfile import WeightFile
 
@@ -31,7 +31,7 @@ _PROTOBUF_LIMIT = 2**31 - 2**20
 
 
 def _parse_onnx(path: str) -> Any:
-    onnx = _optional("onnx", path, "reading ONNX models")
+    onnx = import_optional("onnx", path, "reading ONNX models")
     try:
         model = onnx.load_model(path, load_external_data=False)
     except Exception as exc:
@@ -67,7 +67,7 @@ def _check_inside(path: str, location: str, what: str) -> str:
 
 
 def _read_external(path: str, tensor: Any) -> np.ndarray:
-    helper = _optional("onnx.helper", path, "reading ONNX models")
+    helper = import_optional("onnx.helper", path, "reading ONNX models")
 
     info = {e.key: e.value for e in tensor.external_data}
     what = f"initializer {tensor.name!r}"
@@ -89,8 +89,8 @@ def _read_external(path: str, tensor: Any) -> np.ndarray:
 
 def load(path: str) -> WeightFile:
     """Read the float initializers of an ONNX model; external data confined to its folder."""
-    onnx = _optional("onnx", path, "reading ONNX models")
-    numpy_helper = _optional("onnx.numpy_helper", path, "reading ONNX models")
+    onnx = import_optional("onnx", path, "reading ONNX models")
+    numpy_helper = import_optional("onnx.numpy_helper", path, "reading ONNX models")
 
     model = _parse_onnx(path)
     params: dict[str, np.ndarray] = {}
@@ -186,9 +186,9 @@ def _fresh_data_name(folder: str, base: str) -> str:
 
 def save(path: str, params: Mapping, like: WeightFile | None) -> None:
     """Write `like`'s model with `params` as its initializers; model and data replaced as a unit."""
-    onnx = _optional("onnx", path, "writing ONNX models")
-    numpy_helper = _optional("onnx.numpy_helper", path, "writing ONNX models")
-    helper = _optional("onnx.helper", path, "writing ONNX models")
+    onnx = import_optional("onnx", path, "writing ONNX models")
+    numpy_helper = import_optional("onnx.numpy_helper", path, "writing ONNX models")
+    helper = import_optional("onnx.helper", path, "writing ONNX models")
 
     if like is None or like.format != "onnx":
         raise FormatError(path, "an ONNX model can only be written from an ONNX model (its graph is needed)")

@@ -14,13 +14,13 @@ from typing import Any
 
 from . import files
 from .arrays import _check_has_data, _is_array, _to_torch
-from .errors import FormatError, _describe, _optional
+from .errors import FormatError, _describe, import_optional
 from .weightfile import WeightFile
 
 
 def load(path: str) -> WeightFile:
     """Read a PyTorch file with ``torch.load(weights_only=True)``."""
-    torch = _optional("torch", path, "reading PyTorch files")
+    torch = import_optional("torch", path, "reading PyTorch files")
     import pickle
 
     is_zip = zipfile.is_zipfile(path)
@@ -50,7 +50,7 @@ def load(path: str) -> WeightFile:
 
 def save(path: str, params: Mapping, like: WeightFile | None = None) -> None:
     """Write `params` with ``torch.save`` (`like` is not needed); atomically."""
-    torch = _optional("torch", path, "writing PyTorch files")
+    torch = import_optional("torch", path, "writing PyTorch files")
 
     def convert(node: Any, name: str) -> Any:
         if isinstance(node, Mapping):

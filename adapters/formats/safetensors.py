@@ -13,7 +13,7 @@ import numpy as np
 
 from . import files
 from .arrays import _flat_arrays, _to_torch, to_numpy
-from .errors import FormatError, _optional
+from .errors import FormatError, import_optional
 from .files import _open_regular
 from .weightfile import WeightFile
 
@@ -55,7 +55,7 @@ class _SafetensorsTensors(Mapping):
 
 def load(path: str) -> WeightFile:
     """Read a safetensors file: NumPy views, or PyTorch tensors for dtypes NumPy lacks."""
-    safe_open = _optional("safetensors", path, "reading safetensors files").safe_open
+    safe_open = import_optional("safetensors", path, "reading safetensors files").safe_open
 
     with _open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
@@ -71,7 +71,7 @@ def load(path: str) -> WeightFile:
     dtypes = {handle.get_slice(k).get_dtype() for k in names}
     exotic = sorted(dtypes - _SAFETENSORS_NUMPY_DTYPES)
     if exotic:
-        _optional("torch", path, f"reading dtype {exotic[0]}")
+        import_optional("torch", path, f"reading dtype {exotic[0]}")
         framework = "pt"
         handle = safe_open(path, framework=framework)
     views = _safetensors_views(path, n, names) if framework == "numpy" else None
@@ -112,11 +112,11 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
         metadata = dict(like.context.get("metadata") or {}) or None
     use_torch = any(type(v).__module__.split(".")[0] == "torch" for v in arrays.values())
     if use_torch:
-        st_save = _optional("safetensors.torch", path, "writing safetensors files").save
+        st_save = import_optional("safetensors.torch", path, "writing safetensors files").save
         tensors = {k: _to_torch(path, v).contiguous() for k, v in arrays.items()}
         data = st_save(_unshared(tensors), metadata=metadata)
     else:
-        np_save = _optional("safetensors.numpy", path, "writing safetensors files").save
+        np_save = import_optional("safetensors.numpy", path, "writing safetensors files").save
         data = np_save({k: np.ascontiguousarray(to_numpy(v)) for k, v in arrays.items()}, metadata=metadata)
     files.atomic_write(path, lambda f: f.write(data))
 
