@@ -13,18 +13,11 @@ from .amount import (
     validate_pruning_dim,
     validate_structured_pruning,
 )
-from .functional import (
-    block_unstructured,
-    custom_from_mask,
-    identity,
-    l1_unstructured,
-    ln_structured,
-    nm_structured,
-    random_structured,
-    random_unstructured,
-)
+from . import functional as _functional
+from .functional import mask_for
 from .global_pruning import global_unstructured, lamp_scores
 from .methods import (
+    AmountPruningMethod,
     BasePruningMethod,
     CustomFromMask,
     Identity,
@@ -33,10 +26,13 @@ from .methods import (
     PruningContainer,
     RandomStructured,
     RandomUnstructured,
+    StructuredPruningMethod,
+    UnstructuredPruningMethod,
     combine_masks,
 )
 from .norms import channel_norms
 from .patterns import BlockUnstructured, NMStructured, is_nm_sparse
+from .registry import METHODS
 from .schedules import (
     ConstantSparsity,
     PolynomialDecay,
@@ -48,8 +44,15 @@ from .sparse import pack_mask, sparse_nbytes, to_csr, to_semi_structured, unpack
 
 __version__ = "0.1.0"
 
+# The functional verbs, one per method of the table (see arrayprune.functional).
+globals().update({_name: getattr(_functional, _name) for _name in METHODS})
+
 __all__ = [
+    "METHODS",
     "BasePruningMethod",
+    "AmountPruningMethod",
+    "UnstructuredPruningMethod",
+    "StructuredPruningMethod",
     "PruningContainer",
     "Identity",
     "RandomUnstructured",
@@ -60,14 +63,8 @@ __all__ = [
     "NMStructured",
     "BlockUnstructured",
     "combine_masks",
-    "identity",
-    "random_unstructured",
-    "l1_unstructured",
-    "random_structured",
-    "ln_structured",
-    "custom_from_mask",
-    "nm_structured",
-    "block_unstructured",
+    "mask_for",
+    *METHODS,
     "global_unstructured",
     "lamp_scores",
     "is_nm_sparse",

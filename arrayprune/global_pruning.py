@@ -11,7 +11,7 @@ import array_api_compat as apc
 
 from ._masks import apply_keep, check_same_shape, count_true, eligible, ones_mask, size
 from ._namespace import namespace
-from .methods import L1Unstructured, _Unstructured, available_count, combine_masks
+from .methods import L1Unstructured, UnstructuredPruningMethod, available_count, combine_masks
 from .selection import smallest_magnitude_keep
 
 __all__ = ["global_unstructured", "lamp_scores"]
@@ -98,18 +98,18 @@ def global_unstructured(
     constrained = min_sparsity is not None or max_sparsity is not None
     if normalization not in (None, "lamp"):
         raise ValueError(f"normalization must be None or 'lamp', got {normalization!r}")
-    if (constrained or normalization) and not isinstance(method, _Unstructured):
-        raise TypeError("sparsity bounds and normalization need a built-in unstructured method")
+    if (constrained or normalization) and not isinstance(method, UnstructuredPruningMethod):
+        raise TypeError("sparsity bounds and normalization need an UnstructuredPruningMethod")
     if normalization == "lamp" and not isinstance(method, L1Unstructured):
         raise ValueError("normalization='lamp' ranks magnitudes: use L1Unstructured")
 
-    if isinstance(method, _Unstructured):
+    if isinstance(method, UnstructuredPruningMethod):
         eligible_masks = [None if m is None else eligible(m) for m in given_masks]
-        k = method._count(available_count(values, eligible_masks))
+        k = method.count(available_count(values, eligible_masks))
         if normalization == "lamp":
             ranked = [lamp_scores(s, e) for s, e in zip(scores, eligible_masks, strict=True)]
         else:
-            ranked = method._score_arrays(scores)
+            ranked = method.entry_scores(scores)
         if constrained:
             bounds = _bounds(keys, values, eligible_masks, min_sparsity, max_sparsity)
             keeps = _bounded_selection(ranked, eligible_masks, k, bounds)

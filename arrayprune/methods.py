@@ -12,6 +12,16 @@ everything for ``'global'`` ones; the amount is then relative to what remains.
 
 Ties are broken by position: among equal scores, the lowest flat index (or channel
 index) is pruned first. NaN scores rank above +inf.
+
+Writing a method
+----------------
+Derive from :class:`UnstructuredPruningMethod` and implement ``entry_scores`` (entries of
+smallest score are pruned), or from :class:`StructuredPruningMethod` and implement
+``channel_scores`` (one score per channel along ``dim``); a method of another unit
+derives from :class:`AmountPruningMethod` (implement ``units``, ``compute_mask`` and,
+if the container should hand it the whole array, set ``PRUNING_TYPE = 'global'``).
+Listing the class in :data:`arrayprune.METHODS` gives it a functional verb, verbs in
+both adapters and a ``--method`` choice of the command line.
 """
 
 from __future__ import annotations
@@ -40,6 +50,9 @@ from .selection import smallest_magnitude_keep
 
 __all__ = [
     "BasePruningMethod",
+    "AmountPruningMethod",
+    "UnstructuredPruningMethod",
+    "StructuredPruningMethod",
     "PruningContainer",
     "Identity",
     "RandomUnstructured",
@@ -51,36 +64,84 @@ __all__ = [
 ]
 
 Array = Any
-PRUNING_TYPES = ("unstructured", "structured", "global")
 
 
 class BasePruningMethod(ABC):
-    """Abstract base of pruning methods.
+    """Abstract base of pruning methods: the extension point of arrayprune.
 
-    Subclasses set ``PRUNING_TYPE`` (``'unstructured'``, ``'structured'`` or
-    ``'global'``; structured methods also have a ``dim`` attribute) and implement
-    :meth:`compute_mask`.
+    A method is a small value object: what it scores, which units it removes and how
+    many. Subclasses set ``PRUNING_TYPE`` and implement :meth:`compute_mask`; most new
+    methods derive instead from :class:`UnstructuredPruningMethod` (implement
+    :meth:`~UnstructuredPruningMethod.entry_scores`) or :class:`StructuredPruningMethod`
+    (implement :meth:`~StructuredPruningMethod.channel_scores`), and get iterative and
+    global pruning, schedules and every adapter for free once listed in
+    :data:`arrayprune.METHODS`.
+
+    Attributes
+    ----------
+    PRUNING_TYPE : {'unstructured', 'structured', 'global'}
+        What an iterative :class:`PruningContainer` hands the method: the entries still
+        unpruned, the channels along ``dim`` still unpruned, or the whole array (the
+        method then respects its ``default_mask`` itself).
+    USES_SCORES : bool
+        Whether the method ranks by the values it is given, so that verbs offer
+        ``importance_scores`` (False for random methods and given masks).
     """
 
     PRUNING_TYPE: ClassVar[str]
+    USES_SCORES: ClassVar[bool] = True
     _tensor_name: str | None = None
 
     @abstractmethod
-    def compute_mask(self, t: Array, default_mask: Array) -> Array:
+    def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
         """Return the mask for scores `t` on top of `default_mask`.
 
         Parameters
         ----------
         t : array
             Importance scores (the array itself unless other scores are given).
-        default_mask : array
-            Mask of earlier pruning, same shape as `t`; it is never modified.
+        default_mask : array or None
+            Mask of earlier pruning, same shape as `t`; it is never modified. ``None``
+            means nothing was pruned before (built-in methods then return
+            :meth:`keep_mask`).
 
         Returns
         -------
         array
             The new mask: `default_mask` with more entries zeroed, same dtype.
         """
+
+    def keep_mask(self, t: Array) -> Array:
+        """The mask of this method alone on `t`: nothing pruned before.
+
+        Built-in methods return a boolean mask without building a mask of ones first;
+        the default implementation calls :meth:`compute_mask` with one.
+        """
+        return self.compute_mask(t, ones_mask(t))
+
+    def remaining_mask(self, t: Array, mask: Array) -> Array:
+        """Prune only what `mask` leaves, and return the combined mask.
+
+        This is what :class:`PruningContainer` does with its newest method. Which part
+        of `t` the method sees depends on ``PRUNING_TYPE``: the entries where `mask` is
+        1 (``'unstructured'``), the channels along ``dim`` not yet entirely zero
+        (``'structured'``) or all of `t` (``'global'``). The amount is relative to
+        that part. This default gathers the part, as PyTorch does; built-in methods
+        override it with masked selections that gather nothing.
+
+        Parameters
+        ----------
+        t : array
+            Importance scores, same shape as `mask`.
+        mask : array
+            Mask of earlier pruning; not modified.
+
+        Returns
+        -------
+        array
+            The combined mask, of the dtype of `mask`.
+        """
+        return _gathered_remaining_mask(self, t, mask)
 
     def prune(self, t: Array, default_mask: Array | None = None, importance_scores: Array | None = None) -> Array:
         """Return `t` multiplied by the mask computed from `importance_scores` (or `t`).
@@ -90,7 +151,7 @@ class BasePruningMethod(ABC):
         t : array
             Array to prune.
         default_mask : array, optional
-            Mask of earlier pruning; ones if omitted.
+            Mask of earlier pruning; none if omitted.
         importance_scores : array, optional
             Scores ranking the entries of `t`, same shape; `t` itself if omitted.
 
@@ -106,10 +167,13 @@ class BasePruningMethod(ABC):
         """
         scores = t if importance_scores is None else importance_scores
         check_same_shape(t, scores, "importance_scores")
-        mask = ones_mask(t) if default_mask is None else default_mask
-        check_same_shape(t, mask, "default_mask")
+        if default_mask is None:
+            mask = self.keep_mask(scores)
+        else:
+            check_same_shape(t, default_mask, "default_mask")
+            mask = self.compute_mask(scores, default_mask=default_mask)
         xp = namespace(t)
-        return t * xp.astype(self.compute_mask(scores, default_mask=mask), t.dtype)
+        return t * xp.astype(mask, t.dtype)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
@@ -199,14 +263,9 @@ def _is_method(obj: Any) -> bool:
 def combine_masks(method: Any, t: Array, mask: Array) -> Array:
     """Let `method` prune only what `mask` leaves, and combine the result with `mask`.
 
-    Which part of `t` the method sees depends on its ``PRUNING_TYPE``:
-
-    * ``'unstructured'``: the entries where `mask` is 1, flattened;
-    * ``'structured'``: the channels along ``method.dim`` not yet entirely zero;
-    * ``'global'``: all of `t`.
-
-    Built-in methods do this without gathering the slice; any other method object with
-    ``PRUNING_TYPE`` and ``compute_mask`` gets the slice gathered, as in PyTorch.
+    :meth:`BasePruningMethod.remaining_mask` of arrayprune's methods; any other object
+    with ``PRUNING_TYPE`` and ``compute_mask`` (PyTorch's own methods, say) gets the part
+    it may prune gathered, as in PyTorch.
 
     Parameters
     ----------
@@ -232,36 +291,28 @@ def combine_masks(method: Any, t: Array, mask: Array) -> Array:
         If ``PRUNING_TYPE`` is not recognised or shapes differ.
     """
     check_same_shape(t, mask, "default_mask")
+    if isinstance(method, BasePruningMethod):
+        return method.remaining_mask(t, mask)
+    return _gathered_remaining_mask(method, t, mask)
+
+
+def _gathered_remaining_mask(method: Any, t: Array, mask: Array) -> Array:
+    """PyTorch's combination: gather the part `method` may prune, scatter its mask back."""
     kind = getattr(method, "PRUNING_TYPE", None)
     if kind == "global":
         return method.compute_mask(t, default_mask=mask)
+    xp = namespace(t, mask)
     if kind == "unstructured":
-        if isinstance(method, _Unstructured):
-            return method._remaining_mask(t, mask)
-        return _combine_gathered_entries(method, t, mask)
-    if kind == "structured":
-        if not hasattr(method, "dim"):
-            raise AttributeError(
-                'Pruning methods of PRUNING_TYPE "structured" need to have the attribute `dim` defined.'
-            )
-        if isinstance(method, _Structured):
-            return method._remaining_mask(t, mask)
-        return _combine_gathered_channels(method, t, mask)
-    raise ValueError(f"Unrecognized PRUNING_TYPE {kind!r}")
-
-
-def _combine_gathered_entries(method: Any, t: Array, mask: Array) -> Array:
-    xp = namespace(t, mask)
-    slc = eligible(mask)
-    partial = method.compute_mask(t[slc], default_mask=mask[slc])
-    return xpx.at(mask, slc).set(xp.astype(partial, mask.dtype), copy=True, xp=xp)
-
-
-def _combine_gathered_channels(method: Any, t: Array, mask: Array) -> Array:
-    xp = namespace(t, mask)
+        slc = eligible(mask)
+        partial = method.compute_mask(t[slc], default_mask=mask[slc])
+        return xpx.at(mask, slc).set(xp.astype(partial, mask.dtype), copy=True, xp=xp)
+    if kind != "structured":
+        raise ValueError(f"Unrecognized PRUNING_TYPE {kind!r}")
+    if not hasattr(method, "dim"):
+        raise AttributeError('Pruning methods of PRUNING_TYPE "structured" need to have the attribute `dim` defined.')
     _amount.validate_structured_pruning(t.shape)
     dim = _amount.normalize_dim(t.shape, method.dim)
-    remaining = _remaining_channels(mask, dim)
+    remaining = remaining_channels(mask, dim)
     idx = xp.nonzero(remaining)[0]
     partial = method.compute_mask(xp.take(t, idx, axis=dim), default_mask=xp.take(mask, idx, axis=dim))
     partial = xp.astype(partial, mask.dtype)
@@ -277,7 +328,7 @@ def _combine_gathered_channels(method: Any, t: Array, mask: Array) -> Array:
     return xp.where(xp.reshape(remaining, tuple(shape)), xp.take(partial, pos, axis=dim), mask)
 
 
-def _remaining_channels(mask: Array, dim: int) -> Array:
+def remaining_channels(mask: Array, dim: int) -> Array:
     """Channels along `dim` not yet entirely pruned (their mask does not sum to 0)."""
     xp = namespace(mask)
     others = tuple(d for d in range(mask.ndim) if d != dim)
@@ -291,7 +342,8 @@ def available_count(arrays: list[Array], eligible_masks: list[Array | None]) -> 
     return sum(size(a) if e is None else count_true(e) for a, e in zip(arrays, eligible_masks, strict=True))
 
 
-def _channel_keep_to_mask(default_mask: Array, keep: Array, dim: int) -> Array:
+def channel_keep_to_mask(default_mask: Array, keep: Array, dim: int) -> Array:
+    """Zero the channels of `default_mask` along `dim` where the 1-D `keep` is False."""
     if dim == 0 and size(default_mask) <= 1 << 18 and not apc.is_jax_array(default_mask):
         # Leading channels are contiguous rows. While the mask fits in cache, copying it
         # and clearing the pruned rows beats a broadcast multiply; beyond, one fused
@@ -307,6 +359,199 @@ def _channel_keep_to_mask(default_mask: Array, keep: Array, dim: int) -> Array:
 
 
 # --------------------------------------------------------------------------------------
+# The extension contract: methods that prune an amount of units
+# --------------------------------------------------------------------------------------
+
+
+class AmountPruningMethod(BasePruningMethod):
+    """Base of methods that prune ``amount`` of some units (entries, channels, blocks).
+
+    Subclasses say what a unit is with :meth:`units`; :meth:`count` turns the amount
+    into a number of units. Such methods can follow sparsity schedules
+    (:func:`~arrayprune.prune_to_sparsity`), which build them with an integer amount.
+
+    Parameters
+    ----------
+    amount : int or float
+        Fraction in ``[0, 1]`` of the units to prune, or their number.
+
+    Raises
+    ------
+    TypeError
+        If `amount` is not a number.
+    ValueError
+        If `amount` is a float outside ``[0, 1]`` or a negative integer.
+    """
+
+    def __init__(self, amount: int | float):
+        _amount.validate_pruning_amount_init(amount)
+        self.amount = amount
+
+    def count(self, available: int) -> int:
+        """Number of units to prune among `available` ones.
+
+        Raises
+        ------
+        ValueError
+            If an integer amount exceeds `available`.
+        """
+        nparams = _amount.compute_nparams_toprune(self.amount, available)
+        _amount.validate_pruning_amount(nparams, available)
+        return nparams
+
+    @abstractmethod
+    def units(self, t: Array, mask: Array | None = None) -> tuple[int, int]:
+        """How many units `t` has, and how many of them `mask` prunes already.
+
+        Parameters
+        ----------
+        t : array
+            The array (only its shape matters).
+        mask : array, optional
+            Mask of earlier pruning; None if nothing was pruned.
+
+        Returns
+        -------
+        tuple of int
+            ``(units, pruned)``.
+        """
+
+
+class UnstructuredPruningMethod(AmountPruningMethod):
+    """Base of methods that prune the entries of smallest score.
+
+    A subclass implements :meth:`entry_scores`; ranking, ties, iterative pruning
+    (amount relative to the entries still unpruned) and global pruning across arrays
+    come from here.
+    """
+
+    PRUNING_TYPE = "unstructured"
+
+    def entry_scores(self, arrays: list[Array]) -> list[Array]:
+        """Scores of the entries of each array: entries of smallest ``|score|`` go first.
+
+        Parameters
+        ----------
+        arrays : list of arrays
+            Importance scores, one array per tensor pruned together.
+
+        Returns
+        -------
+        list of arrays
+            One array per input, same shapes. The default ranks by magnitude (returns
+            `arrays` themselves).
+        """
+        return arrays
+
+    def keep_masks(self, scores: list[Array], eligible_masks: list[Array | None]) -> list[Array]:
+        """Boolean keep masks pruning ``amount`` of the eligible entries of all `scores`.
+
+        Parameters
+        ----------
+        scores : list of arrays
+            Importance scores, ranked together as if concatenated.
+        eligible_masks : list of (boolean array or None)
+            Per array, the entries that may be pruned; None for all.
+
+        Returns
+        -------
+        list of arrays
+            Boolean masks, False exactly at the pruned entries.
+        """
+        k = self.count(available_count(scores, eligible_masks))
+        return smallest_magnitude_keep(self.entry_scores(scores), k, eligible_masks)
+
+    def keep_mask(self, t: Array) -> Array:
+        return self.keep_masks([t], [None])[0]
+
+    def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
+        """Mask pruning ``amount`` of all entries of `t`, on top of `default_mask`.
+
+        As in PyTorch, every entry is ranked; :meth:`remaining_mask` ranks only those
+        `default_mask` leaves.
+        """
+        if default_mask is None:
+            return self.keep_mask(t)
+        keep = self.keep_mask(t)
+        check_same_shape(t, default_mask, "default_mask")
+        return apply_keep(default_mask, keep)
+
+    def remaining_mask(self, t: Array, mask: Array) -> Array:
+        return apply_keep(mask, self.keep_masks([t], [eligible(mask)])[0])
+
+    def units(self, t: Array, mask: Array | None = None) -> tuple[int, int]:
+        n = size(t)
+        return n, 0 if mask is None else n - count_true(eligible(mask))
+
+
+class StructuredPruningMethod(AmountPruningMethod):
+    """Base of methods that prune whole channels along ``dim``, those of smallest score.
+
+    A subclass implements :meth:`channel_scores`.
+
+    Parameters
+    ----------
+    amount : int or float
+        Fraction in ``[0, 1]`` of the channels to prune, or their number.
+    dim : int, default -1
+        Axis along which channels are defined.
+    """
+
+    PRUNING_TYPE = "structured"
+
+    def __init__(self, amount: int | float, dim: int = -1):
+        super().__init__(amount)
+        self.dim = dim
+
+    def channel_scores(self, t: Array, dim: int) -> Array:
+        """One score per channel of `t` along `dim` (a 1-D array); smallest pruned first."""
+        raise NotImplementedError
+
+    def checked_dim(self, t: Array) -> int:
+        """``dim`` as a non-negative axis of `t`, which must be at least 2-D.
+
+        Raises
+        ------
+        ValueError
+            If `t` has fewer than two dimensions.
+        IndexError
+            If ``dim`` is out of range.
+        """
+        _amount.validate_structured_pruning(t.shape)
+        return _amount.normalize_dim(t.shape, self.dim)
+
+    def keep_mask(self, t: Array) -> Array:
+        return self.compute_mask(t, ones_mask(t))
+
+    def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
+        """Mask pruning ``amount`` of all channels of `t`, on top of `default_mask`."""
+        if default_mask is None:
+            return self.keep_mask(t)
+        check_same_shape(t, default_mask, "default_mask")
+        dim = self.checked_dim(t)
+        k = self.count(t.shape[dim])
+        if k == 0:
+            return default_mask
+        keep = smallest_magnitude_keep([self.channel_scores(t, dim)], k)[0]
+        return channel_keep_to_mask(default_mask, keep, dim)
+
+    def remaining_mask(self, t: Array, mask: Array) -> Array:
+        check_same_shape(t, mask, "default_mask")
+        dim = self.checked_dim(t)
+        remaining = remaining_channels(mask, dim)
+        k = self.count(count_true(remaining))
+        if k == 0:
+            return mask
+        keep = smallest_magnitude_keep([self.channel_scores(t, dim)], k, [remaining])[0]
+        return channel_keep_to_mask(mask, keep, dim)
+
+    def units(self, t: Array, mask: Array | None = None) -> tuple[int, int]:
+        dim = _amount.normalize_dim(t.shape, self.dim)
+        n = t.shape[dim]
+        return n, 0 if mask is None else n - count_true(remaining_channels(mask, dim))
+
+
+# --------------------------------------------------------------------------------------
 # Built-in methods
 # --------------------------------------------------------------------------------------
 
@@ -315,70 +560,39 @@ class Identity(BasePruningMethod):
     """A method that prunes nothing: its mask is the default mask."""
 
     PRUNING_TYPE = "unstructured"
+    USES_SCORES = False
 
-    def compute_mask(self, t: Array, default_mask: Array) -> Array:
+    def keep_mask(self, t: Array) -> Array:
+        return ones_mask(t)
+
+    def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
+        if default_mask is None:
+            return self.keep_mask(t)
         check_same_shape(t, default_mask, "default_mask")
         return default_mask
 
-
-class _Amount:
-    """Mixin: a validated ``amount`` attribute."""
-
-    def __init__(self, amount: Any):
-        _amount.validate_pruning_amount_init(amount)
-        self.amount = amount
-
-    def _count(self, available: int) -> int:
-        nparams = _amount.compute_nparams_toprune(self.amount, available)
-        _amount.validate_pruning_amount(nparams, available)
-        return nparams
+    def remaining_mask(self, t: Array, mask: Array) -> Array:
+        return mask
 
 
-class _Unstructured(_Amount, BasePruningMethod):
-    """Base of methods that prune the entries of smallest score."""
-
-    PRUNING_TYPE = "unstructured"
-
-    def _score_arrays(self, arrays: list[Array]) -> list[Array]:
-        """The arrays whose magnitudes rank the entries, one per input array."""
-        raise NotImplementedError
-
-    def _keep_masks(self, scores: list[Array], eligible_masks: list[Array | None]) -> list[Array]:
-        """Boolean keep masks pruning ``amount`` of the eligible entries of all `scores`."""
-        k = self._count(available_count(scores, eligible_masks))
-        return smallest_magnitude_keep(self._score_arrays(scores), k, eligible_masks)
-
-    def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
-        """Mask pruning ``amount`` of all entries of `t`, on top of `default_mask`.
-
-        As in PyTorch, every entry is ranked (use a container to act on the remaining
-        ones only). ``default_mask=None`` means no earlier pruning and gives the
-        boolean mask directly, without building and multiplying a mask of ones.
-        """
-        keep = self._keep_masks([t], [None])[0]
-        if default_mask is None:
-            return keep
-        check_same_shape(t, default_mask, "default_mask")
-        return apply_keep(default_mask, keep)
-
-    def _remaining_mask(self, t: Array, mask: Array) -> Array:
-        return apply_keep(mask, self._keep_masks([t], [eligible(mask)])[0])
-
-
-class L1Unstructured(_Unstructured):
+class L1Unstructured(UnstructuredPruningMethod):
     """Prune the (currently unpruned) entries of smallest absolute value.
 
     Parameters
     ----------
     amount : int or float
         Fraction in ``[0, 1]`` of the entries to prune, or their number.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayprune as ap
+    >>> ap.L1Unstructured(amount=2).keep_mask(np.array([0.3, -0.1, 0.2, 0.0]))
+    array([ True, False,  True, False])
     """
 
-    def _score_arrays(self, arrays: list[Array]) -> list[Array]:
-        return arrays  # the selection ranks by magnitude already
 
-
-class RandomUnstructured(_Unstructured):
+class RandomUnstructured(UnstructuredPruningMethod):
     """Prune (currently unpruned) entries chosen uniformly at random.
 
     Parameters
@@ -391,59 +605,20 @@ class RandomUnstructured(_Unstructured):
         The array library's generator (or a JAX key) to draw from.
     """
 
-    def __init__(self, amount: Any, *, seed: int | None = None, generator: Any = None):
+    USES_SCORES = False
+
+    def __init__(self, amount: int | float, *, seed: int | None = None, generator: Any = None):
         super().__init__(amount)
         check_random_source(seed, generator)
         self.seed = seed
         self.generator = generator
 
-    def _score_arrays(self, arrays: list[Array]) -> list[Array]:
+    def entry_scores(self, arrays: list[Array]) -> list[Array]:
         shapes = [tuple(a.shape) for a in arrays]
         return uniform_many(arrays, shapes, seed=self.seed, generator=self.generator)
 
 
-class _Structured(_Amount, BasePruningMethod):
-    """Base of methods that prune whole channels along ``dim``."""
-
-    PRUNING_TYPE = "structured"
-
-    def __init__(self, amount: Any, dim: int = -1):
-        super().__init__(amount)
-        self.dim = dim
-
-    def _channel_scores(self, t: Array, dim: int) -> Array:
-        raise NotImplementedError
-
-    def _checked_dim(self, t: Array) -> int:
-        _amount.validate_structured_pruning(t.shape)
-        return _amount.normalize_dim(t.shape, self.dim)
-
-    def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
-        """Mask pruning ``amount`` of all channels of `t`, on top of `default_mask`.
-
-        ``default_mask=None`` means no earlier pruning (the mask is then boolean).
-        """
-        if default_mask is None:
-            default_mask = ones_mask(t)
-        check_same_shape(t, default_mask, "default_mask")
-        dim = self._checked_dim(t)
-        k = self._count(t.shape[dim])
-        if k == 0:
-            return default_mask
-        keep = smallest_magnitude_keep([self._channel_scores(t, dim)], k)[0]
-        return _channel_keep_to_mask(default_mask, keep, dim)
-
-    def _remaining_mask(self, t: Array, mask: Array) -> Array:
-        dim = self._checked_dim(t)
-        remaining = _remaining_channels(mask, dim)
-        k = self._count(count_true(remaining))
-        if k == 0:
-            return mask
-        keep = smallest_magnitude_keep([self._channel_scores(t, dim)], k, [remaining])[0]
-        return _channel_keep_to_mask(mask, keep, dim)
-
-
-class RandomStructured(_Structured):
+class RandomStructured(StructuredPruningMethod):
     """Prune whole (currently unpruned) channels chosen uniformly at random.
 
     Parameters
@@ -458,17 +633,19 @@ class RandomStructured(_Structured):
         The array library's generator (or a JAX key) to draw from.
     """
 
-    def __init__(self, amount: Any, dim: int = -1, *, seed: int | None = None, generator: Any = None):
+    USES_SCORES = False
+
+    def __init__(self, amount: int | float, dim: int = -1, *, seed: int | None = None, generator: Any = None):
         super().__init__(amount, dim)
         check_random_source(seed, generator)
         self.seed = seed
         self.generator = generator
 
-    def _channel_scores(self, t: Array, dim: int) -> Array:
+    def channel_scores(self, t: Array, dim: int) -> Array:
         return uniform_like(t, (t.shape[dim],), seed=self.seed, generator=self.generator)
 
 
-class LnStructured(_Structured):
+class LnStructured(StructuredPruningMethod):
     """Prune whole (currently unpruned) channels of smallest L``n`` norm.
 
     Parameters
@@ -482,11 +659,11 @@ class LnStructured(_Structured):
         Axis along which channels are defined.
     """
 
-    def __init__(self, amount: Any, n: Any, dim: int = -1):
+    def __init__(self, amount: int | float, n: Any, dim: int = -1):
         super().__init__(amount, dim)
         self.n = n
 
-    def _channel_scores(self, t: Array, dim: int) -> Array:
+    def channel_scores(self, t: Array, dim: int) -> Array:
         return channel_norms(t, self.n, dim)
 
 
@@ -500,11 +677,17 @@ class CustomFromMask(BasePruningMethod):
     """
 
     PRUNING_TYPE = "global"
+    USES_SCORES = False
 
     def __init__(self, mask: Array):
         self.mask = mask
 
-    def compute_mask(self, t: Array, default_mask: Array) -> Array:
+    def keep_mask(self, t: Array) -> Array:
+        return self.compute_mask(t, ones_mask(t))
+
+    def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
+        if default_mask is None:
+            return self.keep_mask(t)
         check_same_shape(default_mask, self.mask, "mask")
         xp = namespace(default_mask)
         custom = self.mask

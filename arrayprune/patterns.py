@@ -3,7 +3,9 @@
 Both methods respect the ``default_mask`` inside :meth:`compute_mask` itself: entries
 already pruned stay pruned and count first. Their ``PRUNING_TYPE`` is ``'global'``, so
 a :class:`~arrayprune.PruningContainer` (arrayprune's or PyTorch's) hands them the whole
-array and its mask, and they combine with every other method.
+array and its mask, and they combine with every other method. Blocks are units of an
+amount, so :class:`BlockUnstructured` follows sparsity schedules; an N:M pattern has no
+amount and does not.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import array_api_compat as apc
 import array_api_extra as xpx
 
 from . import amount as _amount
-from ._masks import apply_keep, check_same_shape, count_true, eligible
+from ._masks import apply_keep, check_same_shape, count_true, eligible, ones_mask
 from ._namespace import namespace
-from .methods import BasePruningMethod
+from .methods import AmountPruningMethod, BasePruningMethod
 from .selection import smallest_magnitude_keep
 
 __all__ = ["NMStructured", "BlockUnstructured", "is_nm_sparse"]
@@ -69,7 +71,12 @@ class NMStructured(BasePruningMethod):
         self.n, self.m = _check_nm(n, m)
         self.dim = dim
 
-    def compute_mask(self, t: Array, default_mask: Array) -> Array:
+    def keep_mask(self, t: Array) -> Array:
+        return self.compute_mask(t, ones_mask(t))
+
+    def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
+        if default_mask is None:
+            return self.keep_mask(t)
         check_same_shape(t, default_mask, "default_mask")
         if t.ndim == 0:
             raise ValueError("N:M pruning needs at least one dimension")
@@ -166,7 +173,7 @@ def is_nm_sparse(x: Array, n: int = 2, m: int = 4, dim: int = -1) -> bool:
     return True
 
 
-class BlockUnstructured(BasePruningMethod):
+class BlockUnstructured(AmountPruningMethod):
     """Prune whole blocks of a given shape, those of smallest norm first.
 
     The array is tiled with blocks of `block_shape`, aligned to its trailing dimensions
@@ -189,8 +196,8 @@ class BlockUnstructured(BasePruningMethod):
 
     PRUNING_TYPE = "global"
 
-    def __init__(self, amount: Any, block_shape: tuple[int, ...], n: float = 1):
-        _amount.validate_pruning_amount_init(amount)
+    def __init__(self, amount: int | float, block_shape: tuple[int, ...], n: float = 1):
+        super().__init__(amount)
         shape = tuple(block_shape) if isinstance(block_shape, (tuple, list)) else (block_shape,)
         if not shape or any(isinstance(b, bool) or not isinstance(b, numbers.Integral) for b in shape):
             raise TypeError(f"block_shape must be a tuple of ints, got {block_shape!r}")
@@ -198,7 +205,6 @@ class BlockUnstructured(BasePruningMethod):
             raise ValueError(f"block sizes must be positive, got {block_shape!r}")
         if isinstance(n, bool) or not isinstance(n, numbers.Real) or not (n > 0):
             raise ValueError(f"n must be a positive number or inf, got {n!r}")
-        self.amount = amount
         self.block_shape = tuple(int(b) for b in shape)
         self.n = n
 
@@ -209,34 +215,45 @@ class BlockUnstructured(BasePruningMethod):
             )
         return (1,) * (ndim - len(self.block_shape)) + self.block_shape
 
-    def compute_mask(self, t: Array, default_mask: Array) -> Array:
+    def _grid(self, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The block shape over all axes of an array of `shape`, and the block grid."""
+        block = self._full_block_shape(len(shape))
+        return block, tuple(-(-d // b) for d, b in zip(shape, block, strict=True))
+
+    def keep_mask(self, t: Array) -> Array:
+        return self.compute_mask(t, ones_mask(t))
+
+    def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
+        if default_mask is None:
+            return self.keep_mask(t)
         check_same_shape(t, default_mask, "default_mask")
         xp = namespace(t, default_mask)
-        block = self._full_block_shape(t.ndim)
-        grid = tuple(-(-d // b) for d, b in zip(t.shape, block, strict=True))
+        block, grid = self._grid(tuple(t.shape))
         if math.prod(t.shape) == 0:
-            self._count(0)
+            self.count(0)
             return default_mask
         keys = _magnitude_keys(xp, t)
         power = math.inf if self.n == math.inf else float(self.n)
         summed = keys if power in (1.0, math.inf) else keys**power
-        live = eligible(default_mask)
         totals = _block_reduce(xp, summed, block, grid, "max" if power == math.inf else "sum")
-        remaining = _block_reduce(xp, live, block, grid, "any")
+        remaining = _block_reduce(xp, eligible(default_mask), block, grid, "any")
         if power == math.inf:
             scores = totals
         else:
             counts = _block_counts(xp, t.shape, block, grid, keys.dtype, apc.device(t))
             scores = (totals / counts) ** (1.0 / power)
-        k = self._count(count_true(remaining))
+        k = self.count(count_true(remaining))
         keep_blocks = smallest_magnitude_keep([scores], k, [remaining])[0]
         keep = _expand_blocks(xp, keep_blocks, block, t.shape)
         return apply_keep(default_mask, keep, owned=False)  # may be a broadcast view
 
-    def _count(self, available: int) -> int:
-        k = _amount.compute_nparams_toprune(self.amount, available)
-        _amount.validate_pruning_amount(k, available)
-        return k
+    def units(self, t: Array, mask: Array | None = None) -> tuple[int, int]:
+        block, grid = self._grid(tuple(t.shape))
+        n = math.prod(grid)
+        if mask is None or n == 0:
+            return n, 0
+        remaining = _block_reduce(namespace(mask), eligible(mask), block, grid, "any")
+        return n, n - count_true(remaining)
 
 
 def _block_reduce(xp: Any, x: Array, block: tuple[int, ...], grid: tuple[int, ...], how: str) -> Array:

@@ -12,9 +12,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from . import amount as _amount
-from ._masks import check_same_shape, count_true, eligible, ones_mask, size
-from .methods import L1Unstructured, _remaining_channels, combine_masks
+from ._masks import check_same_shape
+from .methods import AmountPruningMethod, L1Unstructured, combine_masks
 
 __all__ = ["ConstantSparsity", "PolynomialDecay", "prune_to_sparsity", "prune_to_schedule", "units_to_prune"]
 
@@ -118,9 +117,10 @@ def prune_to_sparsity(
 ) -> Array:
     """Prune just enough more of `x` that ``round(sparsity * units)`` units are pruned.
 
-    Units are entries for unstructured methods and channels (along ``dim``) for
-    structured ones. Units pruned by `default_mask` count towards the target and stay
-    pruned; if they already meet it, the mask comes back unchanged.
+    Units are what the method prunes: entries for unstructured methods, channels along
+    ``dim`` for structured ones, blocks for :class:`~arrayprune.BlockUnstructured`. Units
+    pruned by `default_mask` count towards the target and stay pruned; if they already
+    meet it, the mask comes back unchanged.
 
     Parameters
     ----------
@@ -131,9 +131,10 @@ def prune_to_sparsity(
     default_mask : array, optional
         Mask of earlier pruning.
     pruning_method : type, default L1Unstructured
-        Unstructured or structured method class; it is built with an integer amount
-        (the number of units still to prune) and `kwargs` (``n`` and ``dim`` for
-        :class:`~arrayprune.LnStructured`, ...).
+        A subclass of :class:`~arrayprune.AmountPruningMethod`; it is built with an
+        integer amount (the number of units still to prune) and `kwargs` (``n`` and
+        ``dim`` for :class:`~arrayprune.LnStructured`, ``block_shape`` for
+        :class:`~arrayprune.BlockUnstructured`, ...).
     importance_scores : array, optional
         Scores to rank by instead of `x`.
 
@@ -141,16 +142,24 @@ def prune_to_sparsity(
     -------
     array
         The new mask (dtype of `default_mask`, boolean if none).
+
+    Raises
+    ------
+    TypeError
+        If the method prunes no amount of units (an N:M pattern, a given mask).
     """
     scores = x if importance_scores is None else importance_scores
     check_same_shape(x, scores, "importance_scores")
-    mask = ones_mask(x) if default_mask is None else default_mask
-    check_same_shape(x, mask, "default_mask")
-    extra = units_to_prune(x, sparsity, mask, pruning_method, kwargs.get("dim", -1))
-    return combine_masks(pruning_method(extra, **kwargs), scores, mask)
+    if default_mask is not None:
+        check_same_shape(x, default_mask, "default_mask")
+    extra = units_to_prune(x, sparsity, default_mask, pruning_method, **kwargs)
+    method = pruning_method(extra, **kwargs)
+    if default_mask is None:
+        return method.keep_mask(scores)
+    return combine_masks(method, scores, default_mask)
 
 
-def units_to_prune(x: Array, sparsity: float, mask: Array | None, pruning_method: Any, dim: int = -1) -> int:
+def units_to_prune(x: Array, sparsity: float, mask: Array | None, pruning_method: Any, **kwargs: Any) -> int:
     """How many more units must be pruned for ``round(sparsity * units)`` to be pruned.
 
     The adapters use it to follow schedules with their own verbs.
@@ -163,11 +172,11 @@ def units_to_prune(x: Array, sparsity: float, mask: Array | None, pruning_method
         Target fraction of pruned units, in ``[0, 1]``.
     mask : array or None
         Mask of earlier pruning (None: nothing pruned yet).
-    pruning_method : type
-        Decides the units: entries (``'unstructured'``) or channels along `dim`
-        (``'structured'``).
-    dim : int, default -1
-        Channel axis of structured methods.
+    pruning_method : type or AmountPruningMethod
+        A subclass of :class:`~arrayprune.AmountPruningMethod` (or an instance of
+        one): its :meth:`~arrayprune.AmountPruningMethod.units` decide what a unit is.
+    **kwargs
+        Further arguments of the method (``dim``, ``block_shape``, ...).
 
     Returns
     -------
@@ -177,21 +186,22 @@ def units_to_prune(x: Array, sparsity: float, mask: Array | None, pruning_method
     Raises
     ------
     TypeError
-        If the method is neither unstructured nor structured, or `sparsity` is not a number.
+        If the method prunes no amount of units, or `sparsity` is not a number.
     ValueError
         If `sparsity` is outside ``[0, 1]``.
     """
     target = _check_fraction("sparsity", sparsity)
-    kind = getattr(pruning_method, "PRUNING_TYPE", None)
-    if kind == "structured":
-        dim = _amount.normalize_dim(x.shape, dim)
-        units = x.shape[dim]
-        pruned = 0 if mask is None else units - count_true(_remaining_channels(mask, dim))
-    elif kind == "unstructured":
-        units = size(x)
-        pruned = 0 if mask is None else units - count_true(eligible(mask))
-    else:
-        raise TypeError(f"pruning_method must be unstructured or structured, got {kind!r}")
+    if isinstance(pruning_method, AmountPruningMethod):
+        units, pruned = pruning_method.units(x, mask)
+        return max(0, round(target * units) - pruned)
+    if not (isinstance(pruning_method, type) and issubclass(pruning_method, AmountPruningMethod)):
+        kind = getattr(pruning_method, "PRUNING_TYPE", None)
+        raise TypeError(
+            f"pruning_method must prune an amount of units (an AmountPruningMethod subclass, such as "
+            f"L1Unstructured, LnStructured or BlockUnstructured), got {getattr(pruning_method, '__name__', pruning_method)}"
+            f" of PRUNING_TYPE {kind!r}"
+        )
+    units, pruned = pruning_method(0, **kwargs).units(x, mask)
     return max(0, round(target * units) - pruned)
 
 

@@ -115,7 +115,7 @@ def global_unstructured(
         ):
             # Unseeded random pruning: PyTorch's draw over the remaining entries.
             eligible = [None if m is None else _eligible(m) for m in defaults]
-            keeps = _pytorch_random_keep([s.detach() for s in scores], eligible, core_method._count)
+            keeps = _pytorch_random_keep([s.detach() for s in scores], eligible, core_method.count)
             masks = [keep if m is None else _apply_keep(m, keep) for m, keep in zip(defaults, keeps, strict=True)]
         else:
             masks = _global.global_unstructured(

@@ -416,7 +416,7 @@ def _apply(
             del module._parameters[name]
             fresh = precomputed is None and isinstance(orig, torch.Tensor)
             core = _native_core_method(hook) if fresh else None
-            if isinstance(core, (_core._Unstructured, _core._Structured)):
+            if isinstance(core, (_core.UnstructuredPruningMethod, _core.StructuredPruningMethod)):
                 # A built-in, unpatched method on a fresh tensor: the core's boolean mask
                 # is the whole answer, in the parameter's dtype as PyTorch has it.
                 precomputed = _to_dtype(_run_core(core, importance_scores, None), orig.dtype)
@@ -469,7 +469,7 @@ def _apply_fresh(module: torch.nn.Module, name: str, method: Any, importance_sco
     if type(orig) is not _Parameter or not _plain_module(module):
         return None
     core = _native_core_method(method)
-    if not isinstance(core, (_core._Unstructured, _core._Structured)):
+    if not isinstance(core, (_core.UnstructuredPruningMethod, _core.StructuredPruningMethod)):
         return None
     orig_name, mask_name = name + "_orig", name + "_mask"
     if name in d or not (_free_name(module, orig_name) and _free_name(module, mask_name)):

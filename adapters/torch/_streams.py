@@ -89,8 +89,8 @@ class _PyTorchStreamRandomUnstructured(_core.RandomUnstructured):
     def __init__(self, amount: Any):
         super().__init__(amount)
 
-    def _keep_masks(self, scores: list[Any], eligible_masks: list[Any]) -> list[Any]:
-        return _pytorch_random_keep(list(scores), list(eligible_masks), self._count)
+    def keep_masks(self, scores: list[Any], eligible_masks: list[Any]) -> list[Any]:
+        return _pytorch_random_keep(list(scores), list(eligible_masks), self.count)
 
 
 class _PyTorchStreamRandomStructured(_core.RandomStructured):
@@ -104,17 +104,17 @@ class _PyTorchStreamRandomStructured(_core.RandomStructured):
         if default_mask is None:
             default_mask = torch.ones(t.shape, dtype=torch.bool, device=t.device)
         _check_same_shape(t, default_mask, "default_mask")
-        dim = self._checked_dim(t)
+        dim = self.checked_dim(t)
         return self._prune_channels(default_mask, dim, None)
 
-    def _remaining_mask(self, t: Any, mask: Any) -> Any:
+    def remaining_mask(self, t: Any, mask: Any) -> Any:
         """Prune ``amount`` of the remaining channels (a container's ``_combine_masks``)."""
-        dim = self._checked_dim(t)
-        return self._prune_channels(mask, dim, _core._remaining_channels(mask, dim))
+        dim = self.checked_dim(t)
+        return self._prune_channels(mask, dim, _core.remaining_channels(mask, dim))
 
     def _prune_channels(self, mask: torch.Tensor, dim: int, remaining: torch.Tensor | None) -> torch.Tensor:
         nchannels = mask.shape[dim] if remaining is None else int(remaining.sum())
-        k = self._count(nchannels)
+        k = self.count(nchannels)
         if k == 0:
             return mask
         chosen = _pytorch_channel_keep(nchannels, k).to(device=mask.device)
@@ -123,4 +123,4 @@ class _PyTorchStreamRandomStructured(_core.RandomStructured):
         else:
             keep = torch.ones(mask.shape[dim], dtype=torch.bool, device=mask.device)
             keep[remaining] = chosen
-        return _core._channel_keep_to_mask(mask, keep, dim)
+        return _core.channel_keep_to_mask(mask, keep, dim)

@@ -366,7 +366,8 @@ def prune_to_sparsity(
     """
     t = getattr(module, name)
     mask = getattr(module, name + "_mask", None)
-    extra = _schedules.units_to_prune(t.detach(), sparsity, mask, pruning_method, kwargs.get("dim", -1))
+    probe = pruning_method(0, **kwargs)._core_method()
+    extra = _schedules.units_to_prune(t.detach(), sparsity, mask, probe)
     if importance_scores is not None:
         kwargs["importance_scores"] = importance_scores
     pruning_method.apply(module, name, amount=extra, **kwargs)
