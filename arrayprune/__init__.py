@@ -6,6 +6,7 @@ own device. Masks are computed here; adapters in :mod:`arrayprune.adapters` brin
 to PyTorch modules and to dictionaries of weights.
 """
 
+from . import functional as _functional
 from .amount import (
     compute_nparams_toprune,
     validate_pruning_amount,
@@ -13,7 +14,6 @@ from .amount import (
     validate_pruning_dim,
     validate_structured_pruning,
 )
-from . import functional as _functional
 from .functional import mask_for
 from .global_pruning import global_unstructured, lamp_scores
 from .methods import (

@@ -38,7 +38,8 @@ def mask_for(
 
     What every verb of this module does with its own method, for any method object
     (also PyTorch's): without `default_mask`, the method's mask of `x` (its
-    :meth:`~arrayprune.BasePruningMethod.keep_mask`, boolean for built-in methods); with it, the masks combined as :class:`~arrayprune.PruningContainer` does
+    :meth:`~arrayprune.BasePruningMethod.keep_mask`, boolean for built-in methods);
+    with it, the masks combined as :class:`~arrayprune.PruningContainer` does
     (the method acts only on what `default_mask` leaves).
 
     Parameters

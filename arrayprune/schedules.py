@@ -195,11 +195,10 @@ def units_to_prune(x: Array, sparsity: float, mask: Array | None, pruning_method
         units, pruned = pruning_method.units(x, mask)
         return max(0, round(target * units) - pruned)
     if not (isinstance(pruning_method, type) and issubclass(pruning_method, AmountPruningMethod)):
-        kind = getattr(pruning_method, "PRUNING_TYPE", None)
+        what = getattr(pruning_method, "__name__", repr(pruning_method))
         raise TypeError(
-            f"pruning_method must prune an amount of units (an AmountPruningMethod subclass, such as "
-            f"L1Unstructured, LnStructured or BlockUnstructured), got {getattr(pruning_method, '__name__', pruning_method)}"
-            f" of PRUNING_TYPE {kind!r}"
+            "pruning_method must prune an amount of units (an AmountPruningMethod subclass, such as "
+            f"L1Unstructured, LnStructured or BlockUnstructured), got {what}"
         )
     units, pruned = pruning_method(0, **kwargs).units(x, mask)
     return max(0, round(target * units) - pruned)
