@@ -65,12 +65,11 @@ array([[ 0.5,  0. ],
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import inspect
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from arrayprune import functional as F
 from arrayprune import methods as M
-from arrayprune import patterns as M_patterns
 from arrayprune.adapters.state_dict import (
     MASK_SUFFIX,
     ORIG_SUFFIX,
@@ -95,19 +94,14 @@ from arrayprune.adapters.trees import (
     _replace_at,
     check_tree,
 )
+from arrayprune.functional import mask_for
 from arrayprune.global_pruning import global_unstructured as _core_global_unstructured
+from arrayprune.registry import METHODS, make_verb
 from arrayprune.schedules import prune_to_sparsity as _core_prune_to_sparsity
 
 __all__ = [
     "prune",
-    "identity",
-    "random_unstructured",
-    "l1_unstructured",
-    "random_structured",
-    "ln_structured",
-    "custom_from_mask",
-    "nm_structured",
-    "block_unstructured",
+    *METHODS,
     "prune_to_sparsity",
     "global_unstructured",
     "remove",
@@ -127,21 +121,6 @@ __all__ = [
 
 Array = Any
 
-def _prune_one(
-    params: Mapping,
-    key: Key,
-    compute: Callable[..., Array],
-    importance_scores: Array | None = None,
-) -> Mapping:
-    """`params` with `key` pruned by ``compute(orig, default_mask=..., [importance_scores=...])``."""
-    entry = _Entry(params, key)
-    kwargs: dict[str, Any] = {"default_mask": entry.default_mask()}
-    if importance_scores is not None:
-        kwargs["importance_scores"] = importance_scores
-    mask = compute(entry.orig(), **kwargs)
-    return _with_mask(params, entry, entry.stored_mask(mask))
-
-
 # --------------------------------------------------------------------------------------
 # The verbs
 # --------------------------------------------------------------------------------------
@@ -155,10 +134,10 @@ def prune(params: Mapping, key: Key, method: Any, importance_scores: Array | Non
     params : mapping
         Mapping of names to arrays (possibly nested).
     key : str or tuple
-        The array to prune.
+        The array to prune; see *Keys and paths* in the module docs.
     method : BasePruningMethod
         A method of the arrayprune core, e.g. ``arrayprune.L1Unstructured(0.5)``, or one
-        written by the user on the same base class.
+        written by the user on the same base classes.
     importance_scores : array, optional
         Scores to rank by instead of the original array, same shape.
 
@@ -176,266 +155,54 @@ def prune(params: Mapping, key: Key, method: Any, importance_scores: Array | Non
     ValueError
         If `importance_scores` has another shape, or the method refuses the array.
     """
-
-    def compute(x: Array, default_mask: Array | None, importance_scores: Array | None = None) -> Array:
-        return F.mask_for(method, x, default_mask=default_mask, importance_scores=importance_scores)
-
-    return _prune_one(params, key, compute, importance_scores)
+    entry = _Entry(params, key)
+    mask = mask_for(method, entry.orig(), default_mask=entry.default_mask(), importance_scores=importance_scores)
+    return _with_mask(params, entry, entry.stored_mask(mask))
 
 
-def identity(params: Mapping, key: Key) -> Mapping:
-    """Reparametrize `key` with a mask of ones (or keep its mask), pruning nothing.
+_VERB_DOC = """Prune the entry `key` with :class:`arrayprune.{cls}`.
 
-    Parameters
-    ----------
-    params : mapping
-        Mapping of names to arrays (possibly nested).
-    key : str or tuple
-        The array to act on; see *Keys and paths* in the module docs.
+``prune(params, key, {cls}(...), importance_scores)``: if `key` was pruned before,
+the method acts only on what its mask leaves, as in a :class:`~arrayprune.PruningContainer`.
 
-    Returns
-    -------
-    mapping
-        A new mapping with ``key_orig`` and ``key_mask`` in place of ``key``.
+Parameters
+----------
+params : mapping
+    Mapping of names to arrays (possibly nested).
+key : str or tuple
+    The array to prune; see *Keys and paths* in the module docs.
+{parameters}
+importance_scores : array, optional
+    Scores to rank by instead of the original array, same shape (methods that rank
+    by value).
 
-    Raises
-    ------
-    KeyError
-        If `key` names no array.
-    """
-    return prune(params, key, M.Identity())
+Returns
+-------
+mapping
+    A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
 
-
-def random_unstructured(
-    params: Mapping,
-    key: Key,
-    amount: int | float,
-    *,
-    seed: int | None = None,
-    generator: Any = None,
-) -> Mapping:
-    """Prune `amount` of the (remaining) entries of `key`, chosen at random.
-
-    Parameters
-    ----------
-    params : mapping
-        Mapping of names to arrays (possibly nested).
-    key : str or tuple
-        The array to prune.
-    amount : int or float
-        Fraction in ``[0, 1]`` of the remaining entries, or their number.
-    seed : int, optional
-        Seed making the choice reproducible.
-    generator : object, optional
-        The array library's generator (or a JAX key).
-
-    Returns
-    -------
-    mapping
-        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
-
-    Raises
-    ------
-    KeyError
-        If `key` names no array.
-    TypeError, ValueError
-        If `amount` is invalid.
-    """
-    return prune(params, key, M.RandomUnstructured(amount, seed=seed, generator=generator))
+Raises
+------
+KeyError
+    If `key` names no array.
+TypeError, ValueError, IndexError
+    If the method's arguments are invalid for the array.
+"""
 
 
-def l1_unstructured(
-    params: Mapping,
-    key: Key,
-    amount: int | float,
-    importance_scores: Array | None = None,
-) -> Mapping:
-    """Prune `amount` of the (remaining) entries of `key` of smallest magnitude.
-
-    Parameters
-    ----------
-    params : mapping
-        Mapping of names to arrays (possibly nested).
-    key : str or tuple
-        The array to prune.
-    amount : int or float
-        Fraction in ``[0, 1]`` of the remaining entries, or their number.
-    importance_scores : array, optional
-        Scores to rank by instead of the original array, same shape.
-
-    Returns
-    -------
-    mapping
-        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
-
-    Raises
-    ------
-    KeyError
-        If `key` names no array.
-    TypeError, ValueError
-        If `amount` is invalid or `importance_scores` has another shape.
-    """
-    return prune(params, key, M.L1Unstructured(amount), importance_scores)
+def _prune_with(method: Any, params: Mapping, key: Key, importance_scores: Array | None = None) -> Mapping:
+    return prune(params, key, method, importance_scores)
 
 
-def random_structured(
-    params: Mapping,
-    key: Key,
-    amount: int | float,
-    dim: int,
-    *,
-    seed: int | None = None,
-    generator: Any = None,
-) -> Mapping:
-    """Prune `amount` of the (remaining) channels of `key` along `dim`, at random.
-
-    Parameters
-    ----------
-    params : mapping
-        Mapping of names to arrays (possibly nested).
-    key : str or tuple
-        The array to prune, at least 2-D.
-    amount : int or float
-        Fraction in ``[0, 1]`` of the remaining channels, or their number.
-    dim : int
-        Axis along which channels are defined.
-    seed : int, optional
-        Seed making the choice reproducible.
-    generator : object, optional
-        The array library's generator (or a JAX key).
-
-    Returns
-    -------
-    mapping
-        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
-
-    Raises
-    ------
-    KeyError
-        If `key` names no array.
-    TypeError, ValueError, IndexError
-        If `amount` or `dim` is invalid, or the array has fewer than two dimensions.
-    """
-    return prune(params, key, M.RandomStructured(amount, dim, seed=seed, generator=generator))
-
-
-def ln_structured(
-    params: Mapping,
-    key: Key,
-    amount: int | float,
-    n: Any,
-    dim: int,
-    importance_scores: Array | None = None,
-) -> Mapping:
-    """Prune `amount` of the (remaining) channels of `key` of smallest L`n` norm.
-
-    Parameters
-    ----------
-    params : mapping
-        Mapping of names to arrays (possibly nested).
-    key : str or tuple
-        The array to prune, at least 2-D.
-    amount : int or float
-        Fraction in ``[0, 1]`` of the remaining channels, or their number.
-    n : int, float, inf, -inf, 'fro' or 'nuc'
-        Order of the norm, as ``p`` in :func:`torch.norm`.
-    dim : int
-        Axis along which channels are defined.
-    importance_scores : array, optional
-        Scores to take norms of instead of the original array, same shape.
-
-    Returns
-    -------
-    mapping
-        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
-
-    Raises
-    ------
-    KeyError
-        If `key` names no array.
-    TypeError, ValueError, IndexError
-        If `amount` or `dim` is invalid, the array has fewer than two dimensions, or
-        `importance_scores` has another shape.
-    """
-    return prune(params, key, M.LnStructured(amount, n, dim), importance_scores)
-
-
-def nm_structured(
-    params: Mapping,
-    key: Key,
-    n: int = 2,
-    m: int = 4,
-    dim: int = -1,
-    importance_scores: Array | None = None,
-) -> Mapping:
-    """Prune `n` of every `m` consecutive entries of `key` along `dim` (2:4 by default).
-
-    Parameters
-    ----------
-    params : mapping
-        Mapping of names to arrays (possibly nested).
-    key : str or tuple
-        The array to prune.
-    n, m : int
-        The pattern: `n` zeros in every group of `m`; entries already pruned count.
-    dim : int, default -1
-        Axis along which groups run.
-    importance_scores : array, optional
-        Scores to rank by instead of the original array, same shape.
-
-    Returns
-    -------
-    mapping
-        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
-
-    Raises
-    ------
-    KeyError
-        If `key` names no array.
-    TypeError, ValueError, IndexError
-        If the pattern or `dim` is invalid.
-    """
-    return prune(params, key, M_patterns.NMStructured(n, m, dim), importance_scores)
-
-
-def block_unstructured(
-    params: Mapping,
-    key: Key,
-    amount: int | float,
-    block_shape: tuple[int, ...],
-    n: float = 1,
-    importance_scores: Array | None = None,
-) -> Mapping:
-    """Prune `amount` of the (remaining) blocks of `key`, those of smallest norm first.
-
-    Parameters
-    ----------
-    params : mapping
-        Mapping of names to arrays (possibly nested).
-    key : str or tuple
-        The array to prune.
-    amount : int or float
-        Fraction in ``[0, 1]`` of the remaining blocks, or their number.
-    block_shape : tuple of int
-        Block shape, aligned to the trailing dimensions (e.g. ``(1, 4)``, ``(4, 4)``).
-    n : float, default 1
-        Order of the power mean scoring a block.
-    importance_scores : array, optional
-        Scores to rank by instead of the original array, same shape.
-
-    Returns
-    -------
-    mapping
-        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
-
-    Raises
-    ------
-    KeyError
-        If `key` names no array.
-    TypeError, ValueError
-        If `amount` or `block_shape` is invalid.
-    """
-    return prune(params, key, M_patterns.BlockUnstructured(amount, block_shape, n), importance_scores)
+_KEY_PARAMETERS = [
+    inspect.Parameter("params", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    inspect.Parameter("key", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+]
+for _verb_name, _cls in METHODS.items():
+    globals()[_verb_name] = make_verb(
+        _cls, _verb_name, _prune_with, leading=_KEY_PARAMETERS, scores="positional", doc=_VERB_DOC, module=__name__
+    )
+del _verb_name, _cls
 
 
 def prune_to_sparsity(
@@ -471,44 +238,16 @@ def prune_to_sparsity(
     mapping
         A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
     """
-    def compute(x: Array, default_mask: Array, importance_scores: Array | None = None) -> Array:
-        return _core_prune_to_sparsity(
-            x,
-            sparsity,
-            default_mask=default_mask,
-            pruning_method=pruning_method,
-            importance_scores=importance_scores,
-            **kwargs,
-        )
-
-    return _prune_one(params, key, compute, importance_scores)
-
-
-def custom_from_mask(params: Mapping, key: Key, mask: Array) -> Mapping:
-    """Prune `key` with a precomputed `mask`, multiplied into any existing mask.
-
-    Parameters
-    ----------
-    params : mapping
-        Mapping of names to arrays (possibly nested).
-    key : str or tuple
-        The array to prune.
-    mask : array
-        Mask of the shape of the array; non-zero entries are kept.
-
-    Returns
-    -------
-    mapping
-        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
-
-    Raises
-    ------
-    KeyError
-        If `key` names no array.
-    ValueError
-        If `mask` has another shape than the array.
-    """
-    return prune(params, key, M.CustomFromMask(mask))
+    entry = _Entry(params, key)
+    mask = _core_prune_to_sparsity(
+        entry.orig(),
+        sparsity,
+        default_mask=entry.default_mask(),
+        pruning_method=pruning_method,
+        importance_scores=importance_scores,
+        **kwargs,
+    )
+    return _with_mask(params, entry, entry.stored_mask(mask))
 
 
 def global_unstructured(

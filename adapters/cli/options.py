@@ -3,42 +3,78 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import re
 from typing import Any, NoReturn
 
 import arrayprune
+from arrayprune.registry import constructor_parameters
 
 from .errors import PROG, CliError
 
-__all__ = ["METHODS", "DEFAULT_VERIFY_TOL", "build_parser"]
+__all__ = ["METHODS", "PARAMETER_FLAGS", "DEFAULT_VERIFY_TOL", "build_parser", "method_arguments", "method_flags"]
 
 
-METHODS = (
-    "l1_unstructured",
-    "random_unstructured",
-    "ln_structured",
-    "random_structured",
-    "nm_structured",
-    "block_unstructured",
-)
+#: The command line's name for each constructor parameter it can set. A method with
+#: both ``n`` and ``m`` (an N:M pattern) takes them together as ``--nm N:M``.
+PARAMETER_FLAGS = {"amount": "--amount", "dim": "--dim", "n": "--n", "block_shape": "--block", "seed": "--seed"}
+
+#: Values of required constructor parameters that the command line fills in.
+_REQUIRED_DEFAULTS = {"n": 2, "block_shape": (1, 4)}
 
 
-UNSTRUCTURED = ("l1_unstructured", "random_unstructured")
+def method_flags(name: str) -> dict[str, str]:
+    """The flags of method `name` of :data:`arrayprune.METHODS`: constructor parameter -> flag.
+
+    Parameters the command line cannot give (a mask, a generator) are left out.
+    """
+    params = [p.name for p in constructor_parameters(arrayprune.METHODS[name])]
+    pattern = {"n", "m"} <= set(params)
+    return {
+        p: "--nm" if pattern and p in ("n", "m") else PARAMETER_FLAGS[p]
+        for p in params
+        if p in PARAMETER_FLAGS or (pattern and p == "m")
+    }
 
 
-RANDOM = ("random_unstructured", "random_structured")
+def _runnable(name: str) -> bool:
+    """Whether the command line can give every required parameter of method `name`."""
+    flags = method_flags(name)
+    return all(
+        p.name in flags or p.default is not inspect.Parameter.empty
+        for p in constructor_parameters(arrayprune.METHODS[name])
+    )
 
 
-_OPTION_METHODS = {
-    "n": ("--n", ("ln_structured",)),
-    "dim": ("--dim", ("ln_structured", "random_structured", "nm_structured")),
-    "nm": ("--nm", ("nm_structured",)),
-    "block": ("--block", ("block_unstructured",)),
-}
+#: The ``--method`` choices: the methods of the table that prune something the command
+#: line can describe (``identity`` has nothing to set; ``custom_from_mask`` needs a mask).
+METHODS = tuple(name for name in arrayprune.METHODS if method_flags(name) and _runnable(name))
 
 
-_DEFAULTS = {"n": 2, "nm": (2, 4), "block": (1, 4)}
+def method_arguments(args: argparse.Namespace, seed: int | None = None) -> dict[str, Any]:
+    """Constructor arguments of ``args.method`` from the parsed options.
+
+    `seed` is the seed to give a random method (the CLI derives one per tensor).
+    """
+    cls = arrayprune.METHODS[args.method]
+    flags = method_flags(args.method)
+    values = {"amount": args.amount, "dim": args.dim, "block_shape": args.block, "seed": seed}
+    if flags.get("n") == "--nm":
+        values["n"], values["m"] = args.nm
+    else:
+        values["n"] = args.n
+    kwargs = {}
+    for p in constructor_parameters(cls):
+        if p.name in flags and values.get(p.name) is not None:
+            kwargs[p.name] = values[p.name]
+        elif p.default is inspect.Parameter.empty:
+            kwargs[p.name] = _REQUIRED_DEFAULTS[p.name]
+    return kwargs
+
+
+def _methods_with(flag: str) -> list[str]:
+    return [m for m in METHODS if flag in method_flags(m).values()]
 
 
 DEFAULT_VERIFY_TOL = (1.0, 1e-6)
@@ -166,20 +202,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="one threshold over all selected tensors (unstructured methods only)",
     )
-    p.add_argument("--n", type=_norm_order, default=None, help="ln_structured: norm order (default: 2)")
+    for_ = {flag: ", ".join(_methods_with(flag)) for flag in ("--n", "--dim", "--nm", "--block")}
+    p.add_argument(
+        "--n",
+        type=_norm_order,
+        default=None,
+        help=f"{for_['--n']}: order of the channel norm (default: 2) or of the block power mean (default: 1)",
+    )
     p.add_argument(
         "--dim",
         type=int,
         default=None,
-        help="ln_structured, random_structured: channel axis (default: 0);"
-        " nm_structured: axis of the groups (default: -1)",
+        help=f"{for_['--dim']}: channel axis of structured methods (default: 0), else axis of the groups (default: -1)",
     )
-    p.add_argument(
-        "--nm", type=_pattern, default=None, metavar="N:M", help="nm_structured: N zeros in every M (default: 2:4)"
-    )
-    p.add_argument(
-        "--block", type=_block, default=None, metavar="RxC", help="block_unstructured: block shape (default: 1x4)"
-    )
+    p.add_argument("--nm", type=_pattern, default=None, metavar="N:M", help=f"{for_['--nm']}: N zeros in every M")
+    p.add_argument("--block", type=_block, default=None, metavar="RxC", help=f"{for_['--block']}: block shape")
     p.add_argument(
         "--min-sparsity", type=_fraction, default=None, metavar="F", help="--global: least sparsity of any tensor"
     )
@@ -239,14 +276,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_options(args: argparse.Namespace) -> None:
     """Refuse options that do not apply to the method, then fill in the defaults."""
-    for attr, (flag, methods) in _OPTION_METHODS.items():
-        if getattr(args, attr) is not None and args.method not in methods:
-            raise CliError(f"{flag} does not apply to {args.method} (only to {', '.join(methods)})")
-        if getattr(args, attr) is None:
-            setattr(args, attr, _DEFAULTS.get(attr))
+    cls = arrayprune.METHODS[args.method]
+    flags = set(method_flags(args.method).values())
+    given = {"--n": args.n, "--dim": args.dim, "--nm": args.nm, "--block": args.block}
+    for flag, value in given.items():
+        if value is not None and flag not in flags:
+            raise CliError(f"{flag} does not apply to {args.method} (only to {', '.join(_methods_with(flag))})")
+    if args.amount is not None and "--amount" not in flags:
+        raise CliError(f"{args.method} prunes a pattern (--nm N:M), not an --amount")
+    if args.amount is None and "--amount" in flags:
+        raise CliError(f"--amount is required for {args.method}")
+    if args.nm is None and "--nm" in flags:
+        args.nm = (2, 4)
     if args.dim is None:
-        args.dim = -1 if args.method == "nm_structured" else 0
-    if args.seed is not None and args.method not in RANDOM and not args.verify:
+        args.dim = 0 if cls.PRUNING_TYPE == "structured" else -1
+    if args.seed is not None and "--seed" not in flags and not args.verify:
         raise CliError(
             f"--seed does not apply to {args.method}, which is deterministic (it seeds random methods and --verify)"
         )
@@ -254,3 +298,8 @@ def _check_options(args: argparse.Namespace) -> None:
         raise CliError("--verify-tol needs --verify")
     if args.verify_tol is None:
         args.verify_tol = DEFAULT_VERIFY_TOL
+    try:
+        cls(**method_arguments(args))
+    except (TypeError, ValueError) as exc:
+        flag = "--nm" if "--nm" in flags else "--amount" if "--amount" in flags else "--method"
+        raise CliError(f"{flag}: {exc}") from None

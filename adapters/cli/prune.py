@@ -15,7 +15,7 @@ from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.trees import lookup
 
 from .errors import CliError, _error, _message, _optional
-from .options import UNSTRUCTURED, _check_options
+from .options import METHODS, _check_options, method_arguments
 from .report import _totals, report_rows
 from .tensors import Target, _check_arrays, _name, _progress, _select, _size, _zeros, stream_seed
 
@@ -24,32 +24,19 @@ __all__ = ["run_prune"]
 
 def _global_arguments(targets: list[Target], args: argparse.Namespace) -> tuple[type, dict[str, Any]]:
     """The method class and keyword arguments of a ``global_unstructured`` call."""
-    cls = arrayprune.L1Unstructured if args.method == "l1_unstructured" else arrayprune.RandomUnstructured
     kwargs: dict[str, Any] = {
-        "amount": args.amount,
+        **method_arguments(args, stream_seed(args.seed)),
         "min_sparsity": args.min_sparsity,
         "max_sparsity": args.max_sparsity,
         "normalization": "lamp" if args.lamp else None,
     }
-    if args.method == "random_unstructured":
-        kwargs["seed"] = stream_seed(args.seed)
-    return cls, kwargs
+    return arrayprune.METHODS[args.method], kwargs
 
 
 def _prune_entry(params: Mapping, key: Any, name: str, args: argparse.Namespace) -> Mapping:
-    """`params` with `key` pruned by ``args.method`` (a mapping verb); seeds follow `name`."""
-    method, amount = args.method, args.amount
-    if method == "l1_unstructured":
-        return mp.l1_unstructured(params, key, amount)
-    if method == "random_unstructured":
-        return mp.random_unstructured(params, key, amount, seed=stream_seed(args.seed, name))
-    if method == "ln_structured":
-        return mp.ln_structured(params, key, amount, args.n, args.dim)
-    if method == "nm_structured":
-        return mp.nm_structured(params, key, *args.nm, dim=args.dim)
-    if method == "block_unstructured":
-        return mp.block_unstructured(params, key, amount, args.block)
-    return mp.random_structured(params, key, amount, args.dim, seed=stream_seed(args.seed, name))
+    """`params` with `key` pruned by ``args.method``; seeds follow `name`."""
+    method = arrayprune.METHODS[args.method](**method_arguments(args, stream_seed(args.seed, name)))
+    return mp.prune(params, key, method)
 
 
 def _prune_params(params: Mapping, targets: list[Target], args: argparse.Namespace, src: str) -> Mapping:
@@ -119,29 +106,14 @@ def run_prune(args: argparse.Namespace) -> int:
             raise CliError("is the input file; refusing to overwrite it without --force", dst)
         if not args.force:
             raise CliError("exists; use --force to overwrite it", dst)
-    if args.global_ and args.method not in UNSTRUCTURED:
-        raise CliError(
-            f"--global needs an unstructured method (l1_unstructured or random_unstructured), not {args.method}"
-        )
+    if args.global_ and arrayprune.METHODS[args.method].PRUNING_TYPE != "unstructured":
+        unstructured = [m for m in METHODS if arrayprune.METHODS[m].PRUNING_TYPE == "unstructured"]
+        raise CliError(f"--global needs an unstructured method ({' or '.join(unstructured)}), not {args.method}")
     if not args.global_ and (args.min_sparsity is not None or args.max_sparsity is not None or args.lamp):
         raise CliError("--min-sparsity, --max-sparsity and --lamp shape global pruning: add --global")
     if args.lamp and args.method != "l1_unstructured":
         raise CliError("--lamp ranks magnitudes: use it with --method l1_unstructured")
     _check_options(args)
-    if args.method == "nm_structured":
-        if args.amount is not None:
-            raise CliError("nm_structured prunes a pattern (--nm N:M), not an --amount")
-        try:
-            arrayprune.NMStructured(*args.nm, dim=args.dim)
-        except (TypeError, ValueError) as exc:
-            raise CliError(f"--nm: {exc}") from None
-    elif args.amount is None:
-        raise CliError(f"--amount is required for {args.method}")
-    else:
-        try:
-            arrayprune.validate_pruning_amount_init(args.amount)
-        except (TypeError, ValueError) as exc:
-            raise CliError(f"--amount: {exc}") from None
 
     in_format = fmt.detect_format(src)
     out_format = fmt.format_from_suffix(dst) or in_format
@@ -178,7 +150,7 @@ def run_prune(args: argparse.Namespace) -> int:
             total += _size(value)
             zeros += _zeros(value)
     everything = _totals(report_rows(folded, storage=False))
-    detail = f"{args.nm[0]}:{args.nm[1]}" if args.method == "nm_structured" else f"amount {args.amount}"
+    detail = f"amount {args.amount}" if args.amount is not None else f"{args.nm[0]}:{args.nm[1]}"
     how = f"{args.method}{', global' if args.global_ else ''}, {detail}"
     n_tied = sum(len(t.tied) for t in targets)
     names = f"{len(targets)} tensors" + (f" (and {n_tied} tied names)" if n_tied else "")
