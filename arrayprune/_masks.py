@@ -18,6 +18,18 @@ def ones_mask(t: Array) -> Array:
     return xp.ones(t.shape, dtype=xp.bool, device=apc.device(t))
 
 
+def mask_or_ones(t: Array, default_mask: Array | None) -> Array:
+    """`default_mask`, or a boolean mask of ones shaped like `t` if it is None.
+
+    ``default_mask=None`` means the same everywhere in the core: nothing was pruned
+    before.
+    """
+    if default_mask is None:
+        return ones_mask(t)
+    check_same_shape(t, default_mask, "default_mask")
+    return default_mask
+
+
 def is_bool(x: Array) -> bool:
     """Whether `x` has a boolean dtype."""
     return x.dtype == namespace(x).bool

@@ -40,6 +40,7 @@ from ._masks import (
     count_true,
     eligible,
     is_bool,
+    mask_or_ones,
     ones_mask,
     size,
 )
@@ -265,21 +266,8 @@ def combine_masks(method: Any, t: Array, mask: Array) -> Array:
 
     :meth:`BasePruningMethod.remaining_mask` of arrayprune's methods; any other object
     with ``PRUNING_TYPE`` and ``compute_mask`` (PyTorch's own methods, say) gets the part
-    it may prune gathered, as in PyTorch.
-
-    Parameters
-    ----------
-    method : pruning method
-        The method to apply.
-    t : array
-        Importance scores, same shape as `mask`.
-    mask : array
-        Mask of earlier pruning; not modified.
-
-    Returns
-    -------
-    array
-        The combined mask, of the dtype of `mask`.
+    it may prune gathered, as in PyTorch. Arguments and result as for
+    :meth:`~BasePruningMethod.remaining_mask`, with the method first.
 
     Raises
     ------
@@ -520,14 +508,9 @@ class StructuredPruningMethod(AmountPruningMethod):
         _amount.validate_structured_pruning(t.shape)
         return _amount.normalize_dim(t.shape, self.dim)
 
-    def keep_mask(self, t: Array) -> Array:
-        return self.compute_mask(t, ones_mask(t))
-
     def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
         """Mask pruning ``amount`` of all channels of `t`, on top of `default_mask`."""
-        if default_mask is None:
-            return self.keep_mask(t)
-        check_same_shape(t, default_mask, "default_mask")
+        default_mask = mask_or_ones(t, default_mask)
         dim = self.checked_dim(t)
         k = self.count(t.shape[dim])
         if k == 0:
@@ -562,14 +545,8 @@ class Identity(BasePruningMethod):
     PRUNING_TYPE = "unstructured"
     USES_SCORES = False
 
-    def keep_mask(self, t: Array) -> Array:
-        return ones_mask(t)
-
     def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
-        if default_mask is None:
-            return self.keep_mask(t)
-        check_same_shape(t, default_mask, "default_mask")
-        return default_mask
+        return mask_or_ones(t, default_mask)
 
     def remaining_mask(self, t: Array, mask: Array) -> Array:
         return mask
@@ -682,12 +659,8 @@ class CustomFromMask(BasePruningMethod):
     def __init__(self, mask: Array):
         self.mask = mask
 
-    def keep_mask(self, t: Array) -> Array:
-        return self.compute_mask(t, ones_mask(t))
-
     def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
-        if default_mask is None:
-            return self.keep_mask(t)
+        default_mask = mask_or_ones(t, default_mask)
         check_same_shape(default_mask, self.mask, "mask")
         xp = namespace(default_mask)
         custom = self.mask

@@ -18,7 +18,7 @@ import array_api_compat as apc
 import array_api_extra as xpx
 
 from . import amount as _amount
-from ._masks import apply_keep, check_same_shape, count_true, eligible, ones_mask
+from ._masks import apply_keep, count_true, eligible, mask_or_ones
 from ._namespace import namespace
 from .methods import AmountPruningMethod, BasePruningMethod
 from .selection import smallest_magnitude_keep
@@ -71,13 +71,8 @@ class NMStructured(BasePruningMethod):
         self.n, self.m = _check_nm(n, m)
         self.dim = dim
 
-    def keep_mask(self, t: Array) -> Array:
-        return self.compute_mask(t, ones_mask(t))
-
     def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
-        if default_mask is None:
-            return self.keep_mask(t)
-        check_same_shape(t, default_mask, "default_mask")
+        default_mask = mask_or_ones(t, default_mask)
         if t.ndim == 0:
             raise ValueError("N:M pruning needs at least one dimension")
         xp = namespace(t, default_mask)
@@ -220,13 +215,8 @@ class BlockUnstructured(AmountPruningMethod):
         block = self._full_block_shape(len(shape))
         return block, tuple(-(-d // b) for d, b in zip(shape, block, strict=True))
 
-    def keep_mask(self, t: Array) -> Array:
-        return self.compute_mask(t, ones_mask(t))
-
     def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
-        if default_mask is None:
-            return self.keep_mask(t)
-        check_same_shape(t, default_mask, "default_mask")
+        default_mask = mask_or_ones(t, default_mask)
         xp = namespace(t, default_mask)
         block, grid = self._grid(tuple(t.shape))
         if math.prod(t.shape) == 0:
