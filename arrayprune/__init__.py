@@ -19,19 +19,13 @@ from .global_pruning import global_unstructured, lamp_scores
 from .methods import (
     AmountPruningMethod,
     BasePruningMethod,
-    CustomFromMask,
-    Identity,
-    L1Unstructured,
-    LnStructured,
     PruningContainer,
-    RandomStructured,
-    RandomUnstructured,
     StructuredPruningMethod,
     UnstructuredPruningMethod,
     combine_masks,
 )
 from .norms import channel_norms
-from .patterns import BlockUnstructured, NMStructured, is_nm_sparse
+from .patterns import is_nm_sparse
 from .registry import METHODS
 from .schedules import (
     ConstantSparsity,
@@ -44,8 +38,13 @@ from .sparse import pack_mask, sparse_nbytes, to_csr, to_semi_structured, unpack
 
 __version__ = "0.1.0"
 
-# The functional verbs, one per method of the table (see arrayprune.functional).
-globals().update({_name: getattr(_functional, _name) for _name in METHODS})
+# Every method of the table is exported twice: its class (``L1Unstructured``) and its
+# functional verb (``l1_unstructured``, see arrayprune.functional).
+_METHOD_EXPORTS = {
+    **{cls.__name__: cls for cls in METHODS.values()},
+    **{name: getattr(_functional, name) for name in METHODS},
+}
+globals().update(_METHOD_EXPORTS)
 
 __all__ = [
     "METHODS",
@@ -54,17 +53,9 @@ __all__ = [
     "UnstructuredPruningMethod",
     "StructuredPruningMethod",
     "PruningContainer",
-    "Identity",
-    "RandomUnstructured",
-    "L1Unstructured",
-    "RandomStructured",
-    "LnStructured",
-    "CustomFromMask",
-    "NMStructured",
-    "BlockUnstructured",
     "combine_masks",
     "mask_for",
-    *METHODS,
+    *_METHOD_EXPORTS,
     "global_unstructured",
     "lamp_scores",
     "is_nm_sparse",
