@@ -140,7 +140,7 @@ def case_l1(ctx: Context) -> None:
         m = np.ones(n, dtype=bool)
         benches: dict[str, Any] = {
             "arrayprune": lambda x=x, m=m: ap.L1Unstructured(0.5).compute_mask(x, m),
-            # the k-th-smallest primitive alone, which is what issue 2 holds to np.partition
+            # the k-th-smallest primitive alone, held to np.partition
             "selection": lambda x=x, k=k: ap.smallest_magnitude_keep([x], k)[0],
             "partition": lambda x=x, k=k: np.abs(x) > np.partition(np.abs(x), k - 1)[k - 1],
             "floor": lambda x=x: np.abs(x) > C_HALF,

@@ -231,3 +231,18 @@ def test_user_structured_method_everywhere():
     again = ap.mask_for(ChannelMeans(2, dim=0), x, default_mask=mask)
     assert (~again.any(axis=1)).sum() == 4
     assert ap.prune_to_sparsity(x, 0.5, default_mask=mask, pruning_method=ChannelMeans, dim=0).any(axis=1).sum() == 3
+
+
+def test_readme_names_every_method():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for name, cls in ap.METHODS.items():
+        assert f"| `{name}`" in readme and f"`{cls.__name__}`" in readme, name
+
+
+def test_readme_usage_lists_the_command_line_methods():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert "[--method {" + ",".join(CLI_METHODS) + "}]" in readme
