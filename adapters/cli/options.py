@@ -52,14 +52,15 @@ def _runnable(name: str) -> bool:
 METHODS = tuple(name for name in arrayprune.METHODS if method_flags(name) and _runnable(name))
 
 
-def method_arguments(args: argparse.Namespace, seed: int | None = None) -> dict[str, Any]:
+def method_arguments(args: argparse.Namespace, seed: int | None = None, dim: int | None = None) -> dict[str, Any]:
     """Constructor arguments of ``args.method`` from the parsed options.
 
-    `seed` is the seed to give a random method (the CLI derives one per tensor).
+    `seed` is the seed to give a random method (the CLI derives one per tensor), `dim`
+    the axis of the tensor at hand (``--dim``, or the tensor's own axis from the plan).
     """
     cls = arrayprune.METHODS[args.method]
     flags = method_flags(args.method)
-    values = {"amount": args.amount, "dim": args.dim, "block_shape": args.block, "seed": seed}
+    values = {"amount": args.amount, "dim": args.dim if dim is None else dim, "block_shape": args.block, "seed": seed}
     if flags.get("n") == "--nm":
         values["n"], values["m"] = args.nm
     else:
@@ -191,7 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prune", help="prune the tensors of a model file and write the result")
     p.add_argument("input", metavar="IN", help="model file to read (never modified)")
-    p.add_argument("-o", "--output", metavar="OUT", required=True, help="file to write; format from its suffix")
+    p.add_argument("-o", "--output", metavar="OUT", help="file to write; format from its suffix")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (each tensor: role, shape, axis used, pruned or why not) and write nothing",
+    )
     p.add_argument("--method", choices=METHODS, default="l1_unstructured", help="pruning method (default: %(default)s)")
     p.add_argument(
         "--amount", type=_amount, default=None, help="fraction in [0, 1] to prune, or a count (not for nm_structured)"
@@ -213,7 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--dim",
         type=int,
         default=None,
-        help=f"{for_['--dim']}: channel axis of structured methods (default: 0), else axis of the groups (default: -1)",
+        help=f"{for_['--dim']}: the axis for every tensor (default: each weight's own, its output axis for"
+        " structured methods and its reduction axis for N:M patterns)",
     )
     p.add_argument("--nm", type=_pattern, default=None, metavar="N:M", help=f"{for_['--nm']}: N zeros in every M")
     p.add_argument("--block", type=_block, default=None, metavar="RxC", help=f"{for_['--block']}: block shape")
@@ -288,8 +295,6 @@ def _check_options(args: argparse.Namespace) -> None:
         raise CliError(f"--amount is required for {args.method}")
     if args.nm is None and "--nm" in flags:
         args.nm = (2, 4)
-    if args.dim is None:
-        args.dim = 0 if cls.PRUNING_TYPE == "structured" else -1
     if args.seed is not None and "--seed" not in flags and not args.verify:
         raise CliError(
             f"--seed does not apply to {args.method}, which is deterministic (it seeds random methods and --verify)"

@@ -12,17 +12,18 @@ import numpy as np
 import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
+from arrayprune.adapters.plan import PlanEntry, file_roles, format_plan, make_plan
 from arrayprune.adapters.trees import lookup
 
 from .errors import CliError, _error, _message, _optional
 from .options import METHODS, _check_options, method_arguments
 from .report import _totals, report_rows
-from .tensors import Target, _check_arrays, _name, _progress, _select, _size, _zeros, stream_seed
+from .tensors import _check_arrays, _name, _progress, _size, _zeros, stream_seed
 
 __all__ = ["run_prune"]
 
 
-def _global_arguments(targets: list[Target], args: argparse.Namespace) -> tuple[type, dict[str, Any]]:
+def _global_arguments(targets: list[PlanEntry], args: argparse.Namespace) -> tuple[type, dict[str, Any]]:
     """The method class and keyword arguments of a ``global_unstructured`` call."""
     kwargs: dict[str, Any] = {
         **method_arguments(args, stream_seed(args.seed)),
@@ -33,13 +34,13 @@ def _global_arguments(targets: list[Target], args: argparse.Namespace) -> tuple[
     return arrayprune.METHODS[args.method], kwargs
 
 
-def _prune_entry(params: Mapping, key: Any, name: str, args: argparse.Namespace) -> Mapping:
-    """`params` with `key` pruned by ``args.method``; seeds follow `name`."""
-    method = arrayprune.METHODS[args.method](**method_arguments(args, stream_seed(args.seed, name)))
-    return mp.prune(params, key, method)
+def _prune_entry(params: Mapping, key: Any, target: PlanEntry, args: argparse.Namespace) -> Mapping:
+    """`params` with `key` pruned by ``args.method`` along the target's axis; seeds follow its name."""
+    kwargs = method_arguments(args, stream_seed(args.seed, target.name), dim=target.dim)
+    return mp.prune(params, key, arrayprune.METHODS[args.method](**kwargs))
 
 
-def _prune_params(params: Mapping, targets: list[Target], args: argparse.Namespace, src: str) -> Mapping:
+def _prune_params(params: Mapping, targets: list[PlanEntry], args: argparse.Namespace, src: str) -> Mapping:
     """`params` with the targets pruned, as ``name_orig`` + ``name_mask`` entries.
 
     The other names of a tied tensor get its mask (their ``_orig`` entries stay the one
@@ -54,16 +55,17 @@ def _prune_params(params: Mapping, targets: list[Target], args: argparse.Namespa
     else:
         for target in _progress(targets, "pruning"):
             try:
-                params = _prune_entry(params, target.path, _name(target.path), args)
+                params = _prune_entry(params, target.path, target, args)
             except (ValueError, TypeError, IndexError, KeyError) as exc:
                 raise CliError(f"tensor {_name(target.path)!r}: {_message(exc)}", src) from None
-    for path, _, tied in targets:
-        for other in tied:
+    for target in targets:
+        path = target.path
+        for other in target.tied:
             params = mp.custom_from_mask(params, other, lookup(params, (*path[:-1], path[-1] + mp.MASK_SUFFIX)))
     return params
 
 
-def _prune_folded(params: Mapping, targets: list[Target], args: argparse.Namespace, src: str) -> Mapping:
+def _prune_folded(params: Mapping, targets: list[PlanEntry], args: argparse.Namespace, src: str) -> Mapping:
     """`params` with the targets pruned and folded, for inputs without masks.
 
     No mask outlives its tensor's folding: global pruning keeps the core's boolean masks
@@ -81,14 +83,52 @@ def _prune_folded(params: Mapping, targets: list[Target], args: argparse.Namespa
             folded[target.path] = target.value * masks[i]
             masks[i] = None
     else:
-        for path, x, _ in _progress(targets, "pruning"):
+        for target in _progress(targets, "pruning"):
+            path = target.path
             try:
-                folded[path] = mp.remove(_prune_entry({"t": x}, "t", _name(path), args), "t")["t"]
+                folded[path] = mp.remove(_prune_entry({"t": target.value}, "t", target, args), "t")["t"]
             except (ValueError, TypeError, IndexError, KeyError) as exc:
                 raise CliError(f"tensor {_name(path)!r}: {_message(exc)}", src) from None
     for target in targets:
         folded.update(dict.fromkeys(target.tied, folded[target.path]))
     return mp.replace(params, folded)
+
+
+def _check_method_options(args: argparse.Namespace) -> None:
+    if args.global_ and arrayprune.METHODS[args.method].PRUNING_TYPE != "unstructured":
+        unstructured = [m for m in METHODS if arrayprune.METHODS[m].PRUNING_TYPE == "unstructured"]
+        raise CliError(f"--global needs an unstructured method ({' or '.join(unstructured)}), not {args.method}")
+    if not args.global_ and (args.min_sparsity is not None or args.max_sparsity is not None or args.lamp):
+        raise CliError("--min-sparsity, --max-sparsity and --lamp shape global pruning: add --global")
+    if args.lamp and args.method != "l1_unstructured":
+        raise CliError("--lamp ranks magnitudes: use it with --method l1_unstructured")
+    _check_options(args)
+
+
+def _plan(wf: Any, args: argparse.Namespace) -> list[PlanEntry]:
+    try:
+        roles = file_roles(wf)
+    except ImportError as exc:  # the graph reader needs the onnx extra, as loading did
+        raise CliError(str(exc), wf.path) from None
+    return make_plan(
+        wf.params,
+        roles,
+        method=args.method,
+        include=args.include,
+        exclude=args.exclude,
+        min_size=args.min_size,
+        dim=args.dim,
+    )
+
+
+def _dry_run(args: argparse.Namespace) -> int:
+    """Print the plan and write nothing."""
+    _check_method_options(args)
+    wf = fmt.load(args.input)
+    _check_arrays(wf.params, args.input)
+    print(f"plan for {args.input} ({wf.format}), {args.method}; nothing is written (--dry-run)")
+    print(format_plan(_plan(wf, args)))
+    return 0
 
 
 def run_prune(args: argparse.Namespace) -> int:
@@ -97,6 +137,10 @@ def run_prune(args: argparse.Namespace) -> int:
         raise CliError("no such file", src)
     if os.path.isdir(src):
         raise CliError("is a directory", src)
+    if args.dry_run:
+        return _dry_run(args)
+    if dst is None:
+        raise CliError("the following arguments are required: -o/--output (or --dry-run)")
     if os.path.isdir(dst):
         raise CliError("is a directory", dst)
     if not os.path.isdir(os.path.dirname(os.path.abspath(dst))):
@@ -106,14 +150,7 @@ def run_prune(args: argparse.Namespace) -> int:
             raise CliError("is the input file; refusing to overwrite it without --force", dst)
         if not args.force:
             raise CliError("exists; use --force to overwrite it", dst)
-    if args.global_ and arrayprune.METHODS[args.method].PRUNING_TYPE != "unstructured":
-        unstructured = [m for m in METHODS if arrayprune.METHODS[m].PRUNING_TYPE == "unstructured"]
-        raise CliError(f"--global needs an unstructured method ({' or '.join(unstructured)}), not {args.method}")
-    if not args.global_ and (args.min_sparsity is not None or args.max_sparsity is not None or args.lamp):
-        raise CliError("--min-sparsity, --max-sparsity and --lamp shape global pruning: add --global")
-    if args.lamp and args.method != "l1_unstructured":
-        raise CliError("--lamp ranks magnitudes: use it with --method l1_unstructured")
-    _check_options(args)
+    _check_method_options(args)
 
     in_format = fmt.detect_format(src)
     out_format = fmt.format_from_suffix(dst) or in_format
@@ -131,7 +168,7 @@ def run_prune(args: argparse.Namespace) -> int:
     wf = fmt.load(src, in_format)
     _check_arrays(wf.params, src)
 
-    targets = _select(wf.params, args)
+    targets = [e for e in _plan(wf, args) if e.prune]
     if not targets:
         raise CliError("no tensor selected for pruning (see --include, --exclude, --min-size)", src)
     if args.keep_masks or mp.is_pruned(wf.params):

@@ -1,0 +1,248 @@
+"""The pruning plan of a model file: every tensor, its role, and what would be pruned.
+
+``arrayprune prune --dry-run`` prints this plan and writes nothing; ``prune`` follows
+it. From Python::
+
+    from arrayprune.adapters import formats, plan
+    wf = formats.load("model.onnx")
+    for entry in plan.make_plan(wf.params, plan.file_roles(wf), method="nm_structured"):
+        print(entry.name, entry.role.kind, entry.prune, entry.dim, entry.reason)
+
+Default selection: the layer weights (role ``weight``, see :mod:`arrayprune.adapters.roles`)
+only. ``include`` patterns replace that rule (every floating tensor whose name matches,
+whatever its role), ``exclude`` patterns remove tensors, ``min_size`` skips small ones.
+Methods that take a ``dim`` use each weight's own axis unless one is given: the output
+axis for structured methods (whole output channels), the reduction axis for N:M
+patterns (what sparse tensor cores need).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import arrayprune
+from arrayprune.adapters import mapping as mp
+from arrayprune.adapters.roles import Role
+from arrayprune.adapters.roles.names import tree_roles
+from arrayprune.registry import constructor_parameters
+
+__all__ = ["PlanEntry", "file_roles", "make_plan", "format_plan"]
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One tensor of the plan.
+
+    Attributes
+    ----------
+    path : tuple
+        Where the tensor is in the file's mapping (pruned tensors under their own name).
+    name : str
+        The path joined with ``/``.
+    shape : tuple of int
+    dtype : str
+    role : Role
+        What the tensor is, and its axes.
+    prune : bool
+        Whether the plan prunes it.
+    dim : int or None
+        The axis the method uses for it (structured and N:M methods), else None.
+    reason : str or None
+        Why it is left alone, if it is.
+    tied : tuple of tuple
+        Other paths of the same tensor (tied weights): pruned once, written under all.
+    value : array
+        The tensor itself (not shown).
+    """
+
+    path: tuple
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: Role
+    prune: bool
+    dim: int | None = None
+    reason: str | None = None
+    tied: tuple[tuple, ...] = ()
+    value: Any = field(default=None, repr=False, compare=False)
+
+
+def _name(path: tuple) -> str:
+    return "/".join(map(str, path))
+
+
+def _size(x: Any) -> int:
+    return math.prod(int(s) for s in x.shape)
+
+
+def _dtype_name(x: Any) -> str:
+    return str(x.dtype).replace("torch.", "")
+
+
+def _is_float(x: Any) -> bool:
+    name = _dtype_name(x)
+    return name.startswith(("float", "bfloat")) or name in ("half", "double")
+
+
+def alias_key(value: Any) -> Any:
+    """A key shared by the arrays that are one tensor under several names (tied weights).
+
+    Two names are one tensor when they view the same memory with the same shape, strides
+    and dtype, as ``torch.load`` returns tied parameters (``lm_head.weight`` and
+    ``embed_tokens.weight``, say).
+    """
+    if _size(value) == 0:
+        return ("distinct", id(value))
+    if type(value).__module__.split(".")[0] == "torch":
+        return ("torch", str(value.device), value.data_ptr(), tuple(value.shape), tuple(value.stride()), value.dtype)
+    if isinstance(value, np.ndarray):
+        return ("numpy", value.__array_interface__["data"][0], value.shape, value.strides, value.dtype.str)
+    return ("distinct", id(value))
+
+
+def _tensors(params: Mapping) -> list[tuple[tuple, Any, bool]]:
+    """Every tensor of a mapping by path, pruned ones under their own name (their original)."""
+    return [(p, v, m is not None) for p, v, m in mp.iter_entries(params) if hasattr(v, "shape") and hasattr(v, "dtype")]
+
+
+def file_roles(wf: Any) -> dict[tuple, Role]:
+    """The role of every tensor of a loaded weight file, by path.
+
+    ONNX models are read from their graph; other files from the layout of training
+    checkpoints and naming conventions (:mod:`arrayprune.adapters.roles.names`).
+
+    Parameters
+    ----------
+    wf : WeightFile
+        What :func:`arrayprune.adapters.formats.load` returned.
+
+    Returns
+    -------
+    dict
+        Path to :class:`~arrayprune.adapters.roles.Role`.
+    """
+    entries = [(p, v) for p, v, _ in _tensors(wf.params)]
+    if wf.format == "onnx":
+        try:
+            from arrayprune.adapters.roles.onnx_graph import onnx_roles
+        except ModuleNotFoundError as exc:  # TEMPORARY until the graph reader lands
+            if exc.name != "arrayprune.adapters.roles.onnx_graph":
+                raise
+            return tree_roles(wf.params, entries)
+
+        by_name = onnx_roles(wf.context["model"])
+        return {p: by_name.get(str(p[-1]), Role("other", why="not in the graph")) for p, _ in entries}
+    return tree_roles(wf.params, entries)
+
+
+def make_plan(
+    params: Mapping,
+    roles: Mapping[tuple, Role],
+    *,
+    method: str = "l1_unstructured",
+    include: Iterable[str] = (),
+    exclude: Iterable[str] = (),
+    min_size: int = 0,
+    dim: int | None = None,
+) -> list[PlanEntry]:
+    """The plan: every tensor of `params` in file order, with what would happen to it.
+
+    Parameters
+    ----------
+    params : mapping
+        The file's contents (possibly nested, possibly pruned before).
+    roles : mapping
+        Path to role, as :func:`file_roles` gives.
+    method : str, default "l1_unstructured"
+        A name of :data:`arrayprune.METHODS`; decides whether and which ``dim`` is needed.
+    include, exclude : iterable of str
+        fnmatch patterns on tensor names (see the module docs).
+    min_size : int, default 0
+        Tensors with fewer entries are left alone.
+    dim : int, optional
+        The axis for every tensor, overriding each weight's own.
+
+    Returns
+    -------
+    list of PlanEntry
+        One entry per tensor (tied names: one entry listing the others).
+    """
+    include, exclude = list(include), list(exclude)
+    takes_dim = "dim" in {p.name for p in constructor_parameters(arrayprune.METHODS[method])}
+    structured = arrayprune.METHODS[method].PRUNING_TYPE == "structured"
+    groups: dict[Any, list[tuple[tuple, Any]]] = {}
+    for path, value, pruned in _tensors(params):
+        key = ("pruned", path) if pruned else alias_key(value)
+        groups.setdefault(key, []).append((path, value))
+    plan = []
+    for members in groups.values():
+        path, value = members[0]
+        names = [_name(p) for p, _ in members]
+        role = roles.get(path, Role("other", why="unknown"))
+        reason = _leave_reason(value, role, names, include, exclude, min_size)
+        axis = None
+        if reason is None and takes_dim:
+            axis = dim if dim is not None else (role.output_axis if structured else role.reduction_axis)
+            if axis is None and len(value.shape) == 1:
+                axis = 0  # its only axis
+            if axis is None:
+                reason = f"its axes are unknown ({role.why}): pass --dim"
+        plan.append(
+            PlanEntry(
+                path=path,
+                name=names[0],
+                shape=tuple(int(s) for s in value.shape),
+                dtype=_dtype_name(value),
+                role=role,
+                prune=reason is None,
+                dim=axis,
+                reason=reason,
+                tied=tuple(p for p, _ in members[1:]),
+                value=value,
+            )
+        )
+    return plan
+
+
+def _leave_reason(
+    value: Any, role: Role, names: list[str], include: list[str], exclude: list[str], min_size: int
+) -> str | None:
+    """Why the plan leaves a tensor alone, or None if it prunes it."""
+    if not _is_float(value):
+        return f"{_dtype_name(value)}, not floating point"
+    if _size(value) < min_size:
+        return f"fewer than {min_size} entries (--min-size)"
+    if any(fnmatch.fnmatchcase(name, pat) for name in names for pat in exclude):
+        return "excluded (--exclude)"
+    if include:
+        if any(fnmatch.fnmatchcase(name, pat) for name in names for pat in include):
+            return None
+        return "not included (--include)"
+    if role.kind != "weight":
+        return f"{role.kind} ({role.why})" if role.why else role.kind
+    return None
+
+
+def format_plan(plan: list[PlanEntry]) -> str:
+    """The plan as a table for people: one line per tensor, then a count."""
+    rows = [("tensor", "role", "shape", "dtype", "plan")]
+    for e in plan:
+        if e.prune:
+            what = "prune" + (f", dim {e.dim}" if e.dim is not None else "")
+        else:
+            what = f"leave: {e.reason}"
+        shape = "x".join(map(str, e.shape)) or "scalar"
+        name = e.name + (f" (= {', '.join(map(_name, e.tied))})" if e.tied else "")
+        rows.append((name, e.role.kind, shape, e.dtype, what))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4] for r in rows]
+    chosen = [e for e in plan if e.prune]
+    n = sum(math.prod(e.shape) for e in chosen)
+    lines.append(f"{len(chosen)} of {len(plan)} tensors would be pruned ({n} entries)")
+    return "\n".join(lines)
