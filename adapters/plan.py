@@ -225,7 +225,7 @@ def _leave_reason(
             return None
         return "not included (--include)"
     if role.kind != "weight":
-        return f"{role.kind} ({role.why})" if role.why else role.kind
+        return f"not a layer weight ({role.why})" if role.why else "not a layer weight"
     return None
 
 

@@ -391,7 +391,10 @@ def test_report_json_values_are_exact(model, tmp_path):
         if r["name"].endswith("weight"):
             assert r["zeros"] == round(0.25 * a.size)
     assert [r["name"] for r in rep["tensors"] if r["prunable"]] == ["fc1.weight", "fc2.weight", "fc3.weight"]
-    assert {r["reason"] for r in rep["tensors"] if not r["prunable"]} == {"1-D"}
+    assert {r["reason"] for r in rep["tensors"] if not r["prunable"]} == {"not a layer weight (name ends in bias)"}
+    assert {r["name"]: r["role"] for r in rep["tensors"]} == {
+        f"fc{i}.{k}": k for i in (1, 2, 3) for k in ("weight", "bias")
+    }
     assert rep["prunable"]["tensors"] == 3 and rep["prunable"]["size"] == 84480 and rep["prunable"]["zeros"] == 21120
     assert set(rep["covers"]) == {"total", "prunable"}
     total = rep["total"]
@@ -413,9 +416,11 @@ def test_report_json_values_are_exact(model, tmp_path):
     assert text.returncode == 0
     lines = text.stdout.splitlines()
     assert lines[0] == f"{out} (safetensors)"
-    assert lines[1].split() == ["name", "shape", "dtype", "zeros", "sparsity", "2:4", "prunable"]
-    assert any(ln.split() == ["fc2.weight", "256x256", "float32", "16384/65536", "25.00%", "no", "yes"] for ln in lines)
-    assert any(ln.split() == ["fc2.bias", "256", "float32", "0/256", "0.00%", "no", "no:", "1-D"] for ln in lines)
+    assert lines[1].split() == ["name", "shape", "dtype", "role", "zeros", "sparsity", "2:4", "prunable"]
+    row = ["fc2.weight", "256x256", "float32", "weight", "16384/65536", "25.00%", "no", "yes"]
+    assert any(ln.split() == row for ln in lines)
+    row = ["fc2.bias", "256", "float32", "bias", "0/256", "0.00%", "no", "no:", "not", "a", "layer", "weight"]
+    assert any(ln.split()[: len(row)] == row for ln in lines)
     assert lines[-4].split() == ["prunable", "3", "tensors", "21120/84480", "25.00%"]
     assert lines[-3].split() == ["total", "6", "tensors", "21120/85002", "24.85%"]
     assert lines[-1].startswith("storage: dense 0.32 MiB, CSR 0.49 MiB")

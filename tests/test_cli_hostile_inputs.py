@@ -293,7 +293,7 @@ def test_report_shows_integer_tensors_and_what_totals_cover(tmp_path):
     after = json.loads(run("report", out, "--json").stdout)
     assert after["prunable"]["zeros"] == 6 and after["total"]["zeros"] == 11
     text = run("report", src).stdout
-    assert "no: int64, not floating point" in text and "no: 1-D" in text
+    assert "no: int64, not floating point" in text and "no: not a layer weight (1-D)" in text
 
 
 def test_meta_tensors_are_refused_naming_the_device(tmp_path):

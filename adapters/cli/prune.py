@@ -105,11 +105,7 @@ def _check_method_options(args: argparse.Namespace) -> None:
     _check_options(args)
 
 
-def _plan(wf: Any, args: argparse.Namespace) -> list[PlanEntry]:
-    try:
-        roles = file_roles(wf)
-    except ImportError as exc:  # the graph reader needs the onnx extra, as loading did
-        raise CliError(str(exc), wf.path) from None
+def _plan(wf: Any, roles: Mapping, args: argparse.Namespace) -> list[PlanEntry]:
     return make_plan(
         wf.params,
         roles,
@@ -127,7 +123,7 @@ def _dry_run(args: argparse.Namespace) -> int:
     wf = fmt.load(args.input)
     _check_arrays(wf.params, args.input)
     print(f"plan for {args.input} ({wf.format}), {args.method}; nothing is written (--dry-run)")
-    print(format_plan(_plan(wf, args)))
+    print(format_plan(_plan(wf, file_roles(wf), args)))
     return 0
 
 
@@ -168,7 +164,8 @@ def run_prune(args: argparse.Namespace) -> int:
     wf = fmt.load(src, in_format)
     _check_arrays(wf.params, src)
 
-    targets = [e for e in _plan(wf, args) if e.prune]
+    roles = file_roles(wf)
+    targets = [e for e in _plan(wf, roles, args) if e.prune]
     if not targets:
         raise CliError("no tensor selected for pruning (see --include, --exclude, --min-size)", src)
     if args.keep_masks or mp.is_pruned(wf.params):
@@ -186,7 +183,7 @@ def run_prune(args: argparse.Namespace) -> int:
         if path in selected:
             total += _size(value)
             zeros += _zeros(value)
-    everything = _totals(report_rows(folded, storage=False))
+    everything = _totals(report_rows(folded, storage=False, roles=roles))
     detail = f"amount {args.amount}" if args.amount is not None else f"{args.nm[0]}:{args.nm[1]}"
     how = f"{args.method}{', global' if args.global_ else ''}, {detail}"
     n_tied = sum(len(t.tied) for t in targets)

@@ -14,14 +14,19 @@ import numpy as np
 import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
+from arrayprune.adapters.plan import file_roles, make_plan
+from arrayprune.adapters.roles import Role
+from arrayprune.adapters.roles.names import tree_roles
 
 from .errors import CliError
-from .tensors import _alias_key, _check_arrays, _default_rule, _dtype_name, _is_float, _name, _size, _zeros
+from .tensors import _alias_key, _check_arrays, _dtype_name, _is_float, _name, _size, _zeros
 
 __all__ = ["TOTALS_COVER", "report_rows", "run_report"]
 
 
-def report_rows(params: Mapping, *, storage: bool = True) -> list[dict[str, Any]]:
+def report_rows(
+    params: Mapping, *, storage: bool = True, roles: Mapping[tuple, Role] | None = None
+) -> list[dict[str, Any]]:
     """Per-tensor statistics of every array of a mapping.
 
     Pruned tensors (``name_orig`` + ``name_mask``) appear once, as their effective array.
@@ -32,18 +37,25 @@ def report_rows(params: Mapping, *, storage: bool = True) -> list[dict[str, Any]
         Names to arrays (possibly nested).
     storage : bool, default True
         Whether to compute ``nm_2_4`` and ``bytes`` (a pass over each tensor).
+    roles : mapping, optional
+        Path to role (:func:`arrayprune.adapters.plan.file_roles`); from the names and
+        layout of `params` if omitted.
 
     Returns
     -------
     list of dict
         Per tensor: ``name``, ``shape``, ``dtype``, ``size``, ``zeros``, ``sparsity``,
-        ``masked``, ``prunable`` (whether ``prune`` selects it by default: floating
-        point with at least two dimensions), ``reason`` (why not, or None),
+        ``masked``, ``role`` (and ``output_axis``, ``reduction_axis`` of a weight),
+        ``prunable`` (whether ``prune`` selects it by default: a floating-point layer
+        weight), ``reason`` (why not, or None),
         ``tied_to`` (the first name of the same tensor stored under several names, or
         None), ``nm_2_4`` (whether the tensor is 2:4 sparse along its last axis) and
         ``bytes`` (the storage forms of :func:`arrayprune.sparse_nbytes`).
     """
     masked = set(mp.pruned_keys(params))
+    if roles is None:
+        roles = tree_roles(params, [(p, v) for p, v, _ in mp.iter_entries(params) if hasattr(v, "dtype")])
+    plan = {e.path: e for e in make_plan(params, roles)}
     first_name: dict[Any, str] = {}
     rows = []
     for path, value in mp.iter_arrays(params, effective=True):
@@ -53,7 +65,9 @@ def report_rows(params: Mapping, *, storage: bool = True) -> list[dict[str, Any]
         key = _alias_key(value)
         tied_to = first_name.setdefault(key, name)
         n, z = _size(value), _zeros(value)
-        reason = _default_rule(value)
+        entry = plan.get(path)
+        role = roles.get(path, Role("other", why="unknown"))
+        reason = entry.reason if entry is not None else "tied"
         row = {
             "name": name,
             "shape": [int(s) for s in value.shape],
@@ -62,6 +76,9 @@ def report_rows(params: Mapping, *, storage: bool = True) -> list[dict[str, Any]
             "zeros": z,
             "sparsity": z / n if n else 0.0,
             "masked": path in masked,
+            "role": role.kind,
+            "output_axis": role.output_axis,
+            "reduction_axis": role.reduction_axis,
             "prunable": reason is None,
             "reason": reason,
             "tied_to": None if tied_to == name else tied_to,
@@ -101,7 +118,7 @@ def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 TOTALS_COVER = {
     "total": "every tensor of the file, each counted once",
-    "prunable": "the tensors prune selects by default: floating point, at least 2 dimensions",
+    "prunable": "the tensors prune selects by default: the floating-point layer weights",
 }
 
 
@@ -111,7 +128,7 @@ def run_report(args: argparse.Namespace) -> int:
         raise CliError("no such file", path)
     wf = fmt.load(path)
     _check_arrays(wf.params, path)
-    rows = report_rows(wf.params)
+    rows = report_rows(wf.params, roles=file_roles(wf))
     total = _totals(rows)
     prunable = _totals([r for r in rows if r["prunable"]])
     if args.json:
@@ -119,7 +136,7 @@ def run_report(args: argparse.Namespace) -> int:
         json.dump({**out, "covers": TOTALS_COVER}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    table = [("name", "shape", "dtype", "zeros", "sparsity", "2:4", "prunable")]
+    table = [("name", "shape", "dtype", "role", "zeros", "sparsity", "2:4", "prunable")]
     for r in rows:
         name = r["name"] + (" (masked)" if r["masked"] else "")
         shape = "x".join(map(str, r["shape"])) or "scalar"
@@ -128,18 +145,18 @@ def run_report(args: argparse.Namespace) -> int:
             note = f"tied to {r['tied_to']}"
         else:
             note = "yes" if r["prunable"] else f"no: {r['reason']}"
-        table.append((name, shape, r["dtype"], f"{r['zeros']}/{r['size']}", f"{100 * r['sparsity']:.2f}%", nm, note))
+        zeros, sparsity = f"{r['zeros']}/{r['size']}", f"{100 * r['sparsity']:.2f}%"
+        table.append((name, shape, r["dtype"], r["role"], zeros, sparsity, nm, note))
     for label, t in (("prunable", prunable), ("total", total)):
-        table.append(
-            (label, f"{t['tensors']} tensors", "", f"{t['zeros']}/{t['size']}", f"{100 * t['sparsity']:.2f}%", "", "")
-        )
-    widths = [max(len(row[i]) for row in table) for i in range(7)]
+        zeros, sparsity = f"{t['zeros']}/{t['size']}", f"{100 * t['sparsity']:.2f}%"
+        table.append((label, f"{t['tensors']} tensors", "", "", zeros, sparsity, "", ""))
+    widths = [max(len(row[i]) for row in table) for i in range(8)]
     print(f"{path} ({wf.format})")
     for i, row in enumerate(table):
         if i == len(table) - 2:
             print("  ".join("-" * w for w in widths))
-        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]), row[2].ljust(widths[2])]
-        cells += [row[3].rjust(widths[3]), row[4].rjust(widths[4]), row[5].rjust(widths[5]), row[6]]
+        cells = [row[i].ljust(widths[i]) for i in range(4)]
+        cells += [row[i].rjust(widths[i]) for i in range(4, 7)] + [row[7]]
         print("  ".join(cells).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
