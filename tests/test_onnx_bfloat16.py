@@ -170,3 +170,14 @@ def test_command_line_prunes_a_bfloat16_weight(tmp_path):
     got = _stored_bits(_by_name(tmp_path / "nm.onnx")["W"])
     zero = (got == 0) | (got == 0x8000)
     assert (zero.reshape(2, 4, 16).sum(axis=1) == 2).all(), "2 zeros in every 4 along K, the reduction axis"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_scalar_initializers_keep_their_shape(tmp_path, dtype):
+    scale = numpy_helper.from_array(np.array(0.5, dtype), "scale")
+    onnx.save_model(_model(_bits((8, 16), 0), _bits((1, 16), 1), extra=[scale]), str(tmp_path / "m.onnx"))
+    wf = fmt.load(tmp_path / "m.onnx")
+    assert wf.params["scale"].shape == ()
+    fmt.save(tmp_path / "o.onnx", wf.params, like=wf)
+    out = _by_name(tmp_path / "o.onnx")["scale"]
+    assert list(out.dims) == [] and numpy_helper.to_array(out) == 0.5

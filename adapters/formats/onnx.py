@@ -301,7 +301,7 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
         if is_bfloat16:
             new = _bfloat16_tensor(onnx, tensor.name, arr)
         else:
-            new = numpy_helper.from_array(np.ascontiguousarray(arr), tensor.name)
+            new = numpy_helper.from_array(np.asarray(arr, order="C"), tensor.name)  # 0-d stays 0-d
         if doc:
             new.doc_string = doc
         tensor.CopyFrom(new)
