@@ -16,7 +16,8 @@ format                    ``params``
                           PyTorch tensors, read on access, when a dtype NumPy lacks
                           (bfloat16, float8) is present and PyTorch is installed.
 ``onnx``                  The float initializers (float16/32/64) of the main graph as
-                          NumPy arrays; external data is memory-mapped. Other
+                          NumPy arrays; external data is memory-mapped. bfloat16 ones
+                          as float32 (exact), written back as bfloat16. Other
                           initializers, nodes and attributes are kept as they are.
 ``torch``                 What ``torch.load(weights_only=True)`` returns: a state dict
                           (or a nested checkpoint dict) of CPU tensors.

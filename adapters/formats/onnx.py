@@ -1,5 +1,10 @@
 """ONNX models: float initializers as NumPy arrays; external data confined and replaced as a unit.
 
+bfloat16 initializers (which NumPy lacks) are read as float32, an exact widening, and
+written back as bfloat16: their names are kept in the context of the WeightFile
+(``context["bfloat16"]``). Rounding to the nearest bfloat16 (ties to even) gives back
+every value read bit for bit, and the zeros that pruning writes.
+
 External data must lie inside the model's folder (absolute paths, ``..`` and symlinks
 leading out are refused) and be a regular file. A model with external data is written
 as a unit: new data under a fresh name first, the model renamed into place last, then
@@ -26,6 +31,7 @@ from .files import _fsync_dir, _not_regular
 from .weightfile import WeightFile
 
 _ONNX_FLOAT_TYPES = (1, 10, 11)  # FLOAT, FLOAT16, DOUBLE
+_ONNX_BFLOAT16 = 16
 _EXTERNAL_THRESHOLD = 1024  # bytes: smaller tensors stay inside an ONNX model written with external data
 _PROTOBUF_LIMIT = 2**31 - 2**20
 
@@ -67,12 +73,16 @@ def _check_inside(path: str, location: str, what: str) -> str:
 
 
 def _read_external(path: str, tensor: Any) -> np.ndarray:
+    """The external data of `tensor`, memory-mapped (bfloat16: its bits, as uint16)."""
     helper = import_optional("onnx.helper", path, "reading ONNX models")
 
     info = {e.key: e.value for e in tensor.external_data}
     what = f"initializer {tensor.name!r}"
     real = _check_inside(path, info.get("location", ""), what)
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
+    if tensor.data_type == _ONNX_BFLOAT16:
+        dtype = np.dtype("<u2")
+    else:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
     shape = tuple(int(d) for d in tensor.dims)
     nbytes = math.prod(shape) * dtype.itemsize
     offset = int(info.get("offset", 0) or 0)
@@ -87,14 +97,55 @@ def _read_external(path: str, tensor: Any) -> np.ndarray:
     return np.asarray(mm).reshape(shape)
 
 
+def _bfloat16_bits(path: str, tensor: Any) -> np.ndarray:
+    """The bits of a bfloat16 initializer stored in the model, as uint16."""
+    shape = tuple(int(d) for d in tensor.dims)
+    if tensor.HasField("raw_data"):
+        bits = np.frombuffer(tensor.raw_data, dtype="<u2")
+    else:  # one value per int32, in its low 16 bits
+        bits = np.asarray(tensor.int32_data, dtype=np.int64).astype(np.uint16)
+    if bits.size != math.prod(shape):
+        raise FormatError(path, f"initializer {tensor.name!r}: {bits.size} bfloat16 values for shape {shape}")
+    return bits.reshape(shape)
+
+
+def _widen_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (uint16) as float32 values, exactly: bfloat16 is the top half of float32."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _narrow_bfloat16(x: np.ndarray) -> np.ndarray:
+    """float32 values as bfloat16 bits (uint16), rounded to the nearest, ties to even.
+
+    Values that are bfloat16 already (widened by :func:`_widen_bfloat16`, or zero) keep
+    their bits exactly, NaN payloads included; other NaNs stay NaN (quiet).
+    """
+    u = np.asarray(x, dtype=np.float32, order="C").view(np.uint32)
+    bits = (u >> 16).astype(np.uint16)
+    inexact = (u & 0xFFFF) != 0
+    if inexact.any():
+        v = u[inexact]
+        rounded = ((v + 0x7FFF + ((v >> 16) & 1)) >> 16).astype(np.uint16)
+        nan = np.isnan(v.view(np.float32))
+        rounded[nan] = bits[inexact][nan] | 0x0040
+        bits[inexact] = rounded
+    return bits
+
+
 def load(path: str) -> WeightFile:
-    """Read the float initializers of an ONNX model; external data confined to its folder."""
+    """Read the float initializers of an ONNX model; external data confined to its folder.
+
+    float16, float32 and float64 initializers are read as they are (external data
+    memory-mapped), bfloat16 ones as float32 (a widened copy), their names listed in
+    ``context["bfloat16"]`` so that :func:`save` writes them back as bfloat16.
+    """
     onnx = import_optional("onnx", path, "reading ONNX models")
     numpy_helper = import_optional("onnx.numpy_helper", path, "reading ONNX models")
 
     model = _parse_onnx(path)
     params: dict[str, np.ndarray] = {}
     external: dict[str, np.ndarray] = {}
+    bfloat16: set[str] = set()
     seen: set[str] = set()
     for tensor in model.graph.initializer:
         if tensor.name in seen:
@@ -108,11 +159,36 @@ def load(path: str) -> WeightFile:
             external[tensor.name] = arr
         elif tensor.data_type in _ONNX_FLOAT_TYPES:
             arr = numpy_helper.to_array(tensor)
+        elif tensor.data_type == _ONNX_BFLOAT16:
+            arr = _bfloat16_bits(path, tensor)
         else:
             continue
         if tensor.data_type in _ONNX_FLOAT_TYPES:
             params[tensor.name] = arr
-    return WeightFile(path, "onnx", params, {"model": model, "external": external})
+        elif tensor.data_type == _ONNX_BFLOAT16:
+            params[tensor.name] = _widen_bfloat16(arr)
+            bfloat16.add(tensor.name)
+    context = {"model": model, "external": external, "bfloat16": frozenset(bfloat16)}
+    return WeightFile(path, "onnx", params, context)
+
+
+def _bfloat16_tensor(onnx: Any, name: str, bits: np.ndarray) -> Any:
+    """A bfloat16 TensorProto holding `bits` (uint16) in its raw data."""
+    tensor = onnx.TensorProto()
+    tensor.name = name
+    tensor.data_type = _ONNX_BFLOAT16
+    tensor.dims.extend(int(d) for d in bits.shape)
+    tensor.raw_data = np.asarray(bits, dtype="<u2", order="C").tobytes()
+    return tensor
+
+
+def _as_bfloat16_bits(path: str, name: str, arr: np.ndarray) -> np.ndarray:
+    """The bits of the values given for bfloat16 initializer `name`: float32 or bfloat16."""
+    if arr.dtype == np.float32:
+        return _narrow_bfloat16(arr)
+    if arr.dtype.name == "bfloat16" and arr.dtype.itemsize == 2:  # ml_dtypes' bfloat16
+        return np.asarray(arr, order="C").view(np.uint16)
+    raise FormatError(path, f"initializer {name!r} is bfloat16 (read as float32), got {arr.dtype}")
 
 
 def _external_locations(model: Any) -> set[str]:
@@ -203,20 +279,29 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
             path, f"{unknown[0]!r} is not an initializer of the model (an ONNX model stores effective weights only)"
         )
     for tensor in model.graph.initializer:
+        is_bfloat16 = tensor.data_type == _ONNX_BFLOAT16
         if tensor.name in flat:
             arr = to_numpy(flat[tensor.name])
             want = tuple(int(d) for d in tensor.dims)
             if tuple(arr.shape) != want:
                 raise FormatError(path, f"initializer {tensor.name!r} has shape {want}, got {tuple(arr.shape)}")
-            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
-            if arr.dtype != dtype:
-                raise FormatError(path, f"initializer {tensor.name!r} has dtype {dtype}, got {arr.dtype}")
+            if is_bfloat16:
+                arr = _as_bfloat16_bits(path, tensor.name, arr)
+            else:
+                dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+                if arr.dtype != dtype:
+                    raise FormatError(path, f"initializer {tensor.name!r} has dtype {dtype}, got {arr.dtype}")
         elif tensor.name in external:
             arr = external[tensor.name]
+            if is_bfloat16 and arr.dtype != np.uint16:  # its bits, as load reads them, or bfloat16 values
+                arr = _as_bfloat16_bits(path, tensor.name, arr)
         else:
             continue
         doc = tensor.doc_string
-        new = numpy_helper.from_array(np.ascontiguousarray(arr), tensor.name)
+        if is_bfloat16:
+            new = _bfloat16_tensor(onnx, tensor.name, arr)
+        else:
+            new = numpy_helper.from_array(np.asarray(arr, order="C"), tensor.name)  # 0-d stays 0-d
         if doc:
             new.doc_string = doc
         tensor.CopyFrom(new)
