@@ -129,12 +129,7 @@ def file_roles(wf: Any) -> dict[tuple, Role]:
     """
     entries = [(p, v) for p, v, _ in _tensors(wf.params)]
     if wf.format == "onnx":
-        try:
-            from arrayprune.adapters.roles.onnx_graph import onnx_roles
-        except ModuleNotFoundError as exc:  # TEMPORARY until the graph reader lands
-            if exc.name != "arrayprune.adapters.roles.onnx_graph":
-                raise
-            return tree_roles(wf.params, entries)
+        from arrayprune.adapters.roles.onnx_graph import onnx_roles
 
         by_name = onnx_roles(wf.context["model"])
         return {p: by_name.get(str(p[-1]), Role("other", why="not in the graph")) for p, _ in entries}
