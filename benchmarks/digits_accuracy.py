@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         inits = initializers(model)
         rank_rule = [name for name, a in inits.items() if a.dtype.kind == "f" and a.ndim >= 2]
         dry = subprocess.run(
-            [sys.executable, "-m", "arrayprune", "prune", str(model), "--dry-run"], capture_output=True, text=True
+            [sys.executable, "-m", "arrayprune", "prune", str(model), "--dry-run", "--global", "--amount", "0.5"],
+            capture_output=True,
+            text=True,
         )
         rows = []
         for label, extra in (
@@ -115,7 +117,15 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|",
     ]
     lines += [f"| {s} | {a:.0%} | {acc:.4f} | {ch} | {z} |" for s, a, acc, ch, z in rows]
-    lines += ["", "The plan (`arrayprune prune digits.onnx --dry-run`):", "", "```text", dry.stdout.rstrip(), "```", ""]
+    lines += [
+        "",
+        "The plan (`arrayprune prune digits.onnx --dry-run --global --amount 0.5`):",
+        "",
+        "```text",
+        dry.stdout.rstrip(),
+        "```",
+        "",
+    ]
     text = "\n".join(lines)
     print(text)
     target = Path(args.out) / "digits-accuracy.md"

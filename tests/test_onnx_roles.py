@@ -17,6 +17,7 @@ from cli_helpers import run
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+import arrayprune as ap  # noqa: E402
 from arrayprune.adapters.roles import Role  # noqa: E402
 from arrayprune.adapters.roles.onnx_graph import onnx_roles  # noqa: E402
 
@@ -664,3 +665,42 @@ def test_roles_of_the_example_model():
         **{f"fc{i}.weight": ("weight", 0, 1) for i in (1, 2, 3)},
         **{f"fc{i}.bias": ("bias", None, None) for i in (1, 2, 3)},
     }
+
+
+def test_torch_export_pruned_by_the_command_line(tmp_path):
+    """2:4 along each weight's reduction axis; global L1 on the weights only, exact count."""
+    torch = pytest.importorskip("torch")
+    net, args = _torch_net()
+    src = tmp_path / "net.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, args, str(src), dynamo=False, do_constant_folding=False)
+    model = onnx.load(str(src))
+    roles = onnx_roles(model)
+    before = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    floats = {n for n, a in before.items() if a.dtype.kind == "f"}
+    weights = {n for n in floats if roles[n].kind == "weight"}
+    assert {"conv.weight", "fc.weight", "proj.weight", "w", "head.weight"} <= weights
+
+    out = tmp_path / "nm.onnx"
+    proc = run("prune", src, "-o", out, "--method", "nm_structured")
+    assert proc.returncode == 0, proc.stderr
+    after = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
+    for name in floats:
+        if name in weights:
+            k = roles[name].reduction_axis
+            assert ap.is_nm_sparse(after[name], 2, 4, dim=k), name
+            np.testing.assert_array_equal(after[name], before[name] * ap.nm_structured(before[name], dim=k))
+        else:
+            np.testing.assert_array_equal(after[name], before[name])
+
+    out = tmp_path / "g.onnx"
+    proc = run("prune", src, "-o", out, "--global", "--amount", "0.5")
+    assert proc.returncode == 0, proc.stderr
+    after = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
+    names = [t.name for t in model.graph.initializer if t.name in weights]
+    masks = ap.global_unstructured([before[n] for n in names], ap.L1Unstructured, amount=0.5)
+    for name, mask in zip(names, masks, strict=True):
+        np.testing.assert_array_equal(after[name], before[name] * mask)
+    assert sum(int((after[n] == 0).sum()) for n in names) == round(0.5 * sum(before[n].size for n in names))
+    assert all(np.array_equal(after[n], before[n]) for n in floats - weights)
