@@ -128,9 +128,10 @@ def make_verb(
     if signature is None:
         signature = verb_signature(cls, leading, scores, extra)
     own = {p.name for p in constructor_parameters(cls)}
+    bind = _binder(signature)
 
     def verb(*args: Any, **kwargs: Any) -> Any:
-        arguments = signature.bind(*args, **kwargs).arguments
+        arguments = bind(args, kwargs)
         method = cls(**{k: v for k, v in arguments.items() if k in own})
         return call(method, **{k: v for k, v in arguments.items() if k not in own})
 
@@ -139,6 +140,26 @@ def make_verb(
     verb.__signature__ = signature  # type: ignore[attr-defined]
     verb.__doc__ = doc.replace("{parameters}", parameters_doc(cls).rstrip("\n")).replace("{cls}", cls.__name__)
     return verb
+
+
+def _binder(signature: inspect.Signature) -> Callable[[tuple, dict], dict[str, Any]]:
+    """``signature.bind(*args, **kwargs).arguments``, a few times faster for valid calls."""
+    params = signature.parameters.values()
+    if any(p.kind not in (_P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY) for p in params):
+        return lambda args, kwargs: signature.bind(*args, **kwargs).arguments
+    positional = [p.name for p in params if p.kind is _P.POSITIONAL_OR_KEYWORD]
+    names = set(signature.parameters)
+    required = {p.name for p in params if p.default is _P.empty}
+
+    def bind(args: tuple, kwargs: dict) -> dict[str, Any]:
+        if len(args) <= len(positional):
+            arguments = dict(zip(positional, args, strict=False))
+            arguments.update(kwargs)
+            if len(arguments) == len(args) + len(kwargs) and names >= arguments.keys() >= required:
+                return arguments
+        return signature.bind(*args, **kwargs).arguments  # raises Python's TypeError
+
+    return bind
 
 
 def verb_signature(
