@@ -8,15 +8,14 @@ from typing import Any
 import torch
 
 import arrayprune.global_pruning as _global
-from arrayprune._masks import apply_keep as _apply_keep
-from arrayprune._masks import eligible as _eligible
+from arrayprune._masks import apply_keep, eligible
+from arrayprune.methods import UnstructuredPruningMethod
 
-from ._methods import CustomFromMask
-from ._reparam import _apply, _native_core_method
-from ._rollback import _Transaction
-from ._streams import _pytorch_random_keep, _PyTorchStreamRandomUnstructured
-from ._tensors import _check_scores
-from ._verbs import custom_from_mask
+from ._apply import apply_method
+from ._base import core_of
+from ._methods import CLASSES
+from ._rollback import Transaction
+from ._tensors import check_shape
 
 
 def global_unstructured(
@@ -31,50 +30,32 @@ def global_unstructured(
 ) -> None:
     """Prune many parameters together, ranking all their entries against each other.
 
-    The result is that of pruning the concatenation of all parameters with one method,
-    as :func:`torch.nn.utils.prune.global_unstructured` does, but the built-in methods
-    never build that concatenation (:func:`arrayprune.global_unstructured`). Existing
-    masks are respected: only the entries they keep are candidates, and a float amount
-    is a fraction of those. Each parameter is then pruned with its share of the mask by
-    :func:`custom_from_mask`. If anything fails, all modules are left as they were.
+    The masks of :func:`torch.nn.utils.prune.global_unstructured` (pruning the
+    concatenation with one method), without concatenating for core-backed methods.
+    Only entries that existing masks keep are candidates (a float amount is a fraction
+    of those); each parameter then gets its share by :class:`CustomFromMask`. On any
+    failure every module is left as it was.
 
     Parameters
     ----------
     parameters : iterable of (torch.nn.Module, str)
-        The parameters to prune, as pairs of a module and a parameter name.
+        The parameters to prune.
     pruning_method : type
-        A pruning method class of ``PRUNING_TYPE`` ``'unstructured'``, such as
-        :class:`L1Unstructured`; it is instantiated with `kwargs`. PyTorch's own and
-        user-written classes work too (their masks are computed on the concatenation).
+        A method class of ``PRUNING_TYPE`` ``'unstructured'``, instantiated with
+        `kwargs` (``amount``, ...); those not backed by the core see the concatenation.
     importance_scores : dict, optional
-        Scores per parameter, keyed by the ``(module, name)`` pairs; a parameter without
-        an entry is ranked by its own (current, pruned) values.
-    min_sparsity, max_sparsity : float, or sequence of floats, optional
-        Not in PyTorch: bounds on each parameter's final sparsity (one value for all, or
-        one per pair), so that no layer is wiped out; see
-        :func:`arrayprune.global_unstructured`.
-    normalization : {None, 'lamp'}, optional
-        Not in PyTorch: ``'lamp'`` ranks by layer-adaptive magnitude scores.
-    **kwargs
-        Arguments of `pruning_method`, such as ``amount``.
-
-    Raises
-    ------
-    TypeError
-        If `parameters` is not iterable, `importance_scores` is not a dict, or the method
-        is not of ``PRUNING_TYPE`` ``'unstructured'``.
-    ValueError
-        If an importance score has another shape than its parameter, or the amount is
-        too large.
+        Scores by ``(module, name)``; a parameter without one is ranked by itself.
+    min_sparsity, max_sparsity, normalization : optional
+        Not in PyTorch: bounds on each parameter's final sparsity, and ``'lamp'``
+        scores, as in :func:`arrayprune.global_unstructured`.
 
     Examples
     --------
-    >>> import torch, torch.nn as nn
+    >>> import torch.nn as nn
     >>> import arrayprune.adapters.torch as prune
     >>> net = nn.Sequential(nn.Linear(10, 4), nn.Linear(4, 1))
-    >>> prune.global_unstructured(
-    ...     [(net[0], "weight"), (net[1], "weight")], pruning_method=prune.L1Unstructured, amount=10
-    ... )
+    >>> pairs = [(net[0], "weight"), (net[1], "weight")]
+    >>> prune.global_unstructured(pairs, pruning_method=prune.L1Unstructured, amount=10)
     >>> int(sum((b == 0).sum() for b in net.buffers()))
     10
     """
@@ -84,11 +65,13 @@ def global_unstructured(
     if not isinstance(importance_scores, dict):
         raise TypeError("global_unstructured(): importance_scores must be of type dict")
     pairs = [(module, name) for module, name in parameters]
-    tensors = [getattr(module, name) for module, name in pairs]
+    tensors = [getattr(module, name).detach() for module, name in pairs]
     scores = [importance_scores.get(pair, t) for pair, t in zip(pairs, tensors, strict=True)]
     for (_, name), t, s in zip(pairs, tensors, scores, strict=True):
-        _check_scores(t, s, name)
+        check_shape(t, s, f"importance_scores of parameter {name}")
+    scores = [s.detach() for s in scores]
     old_masks = [getattr(module, name + "_mask", None) for module, name in pairs]
+    old_masks = [None if m is None else m.detach() for m in old_masks]
 
     method = pruning_method(**kwargs)
     if method.PRUNING_TYPE != "unstructured":
@@ -99,44 +82,27 @@ def global_unstructured(
     if not pairs:
         return
     method._tensor_name = "temp"
-    core_method = _native_core_method(method)
+    core = core_of(method)
+    plain = all(x is None for x in (min_sparsity, max_sparsity, normalization))
     with torch.no_grad():
-        if core_method is not None:
-            defaults = [None if m is None else m.detach() for m in old_masks]
-            chosen = core_method
+        if isinstance(core, UnstructuredPruningMethod) and plain:
+            keeps = core.keep_masks(scores, [None if m is None else eligible(m) for m in old_masks])
+            masks = [keep if m is None else apply_keep(m, keep) for m, keep in zip(old_masks, keeps, strict=True)]
         else:
-            # An unknown method: its compute_mask sees the concatenation, as in PyTorch.
-            defaults = [
-                torch.ones_like(t) if m is None else m.detach() for t, m in zip(tensors, old_masks, strict=True)
-            ]
-            chosen = method
-        if isinstance(core_method, _PyTorchStreamRandomUnstructured) and (
-            min_sparsity is None and max_sparsity is None and normalization is None
-        ):
-            # Unseeded random pruning: PyTorch's draw over the remaining entries.
-            eligible = [None if m is None else _eligible(m) for m in defaults]
-            keeps = _pytorch_random_keep([s.detach() for s in scores], eligible, core_method.count)
-            masks = [keep if m is None else _apply_keep(m, keep) for m, keep in zip(defaults, keeps, strict=True)]
-        else:
+            if core is None:  # a foreign method: its compute_mask sees the concatenation
+                old_masks = [torch.ones_like(t) if m is None else m for t, m in zip(tensors, old_masks, strict=True)]
             masks = _global.global_unstructured(
-                [t.detach() for t in tensors],
-                lambda: chosen,
-                importance_scores=[s.detach() for s in scores],
-                default_masks=defaults,
+                tensors,
+                lambda: method if core is None else core,
+                importance_scores=scores,
+                default_masks=old_masks,
                 min_sparsity=min_sparsity,
                 max_sparsity=max_sparsity,
                 normalization=normalization,
             )
-    # Each mask already holds the earlier pruning (it is what custom_from_mask would
-    # compute on top of the old mask), so it is installed as it is, in the parameter's
-    # dtype: one tensor serves as the buffer and as the hook's mask.
-    # A patched or overridden CustomFromMask.compute_mask is honoured: then each mask
-    # goes through custom_from_mask, as in PyTorch.
-    with _Transaction(module for module, _ in pairs):
+    # Each mask holds the earlier pruning: installed as it is, in the parameter's dtype
+    # (unless CustomFromMask.compute_mask was patched).
+    with Transaction(module for module, _ in pairs):
         for (module, name), mask, t in zip(pairs, masks, tensors, strict=True):
-            mask = mask.to(dtype=t.dtype)
-            hook = CustomFromMask(mask)
-            if _native_core_method(hook) is None:
-                custom_from_mask(module, name, mask=mask)
-            else:
-                _apply(module, name, hook, None, precomputed=mask)
+            hook = CLASSES["custom_from_mask"](mask.to(dtype=t.dtype))
+            apply_method(module, name, hook, None, precomputed=hook.mask if core_of(hook) is not None else None)

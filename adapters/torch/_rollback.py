@@ -3,72 +3,56 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch.nn.utils import prune as _tprune
 
-_STATE_DICTS = ("_parameters", "_buffers", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
+_DICTS = ("_parameters", "_buffers", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
 
 
-class _ModuleState:
-    """What pruning may change in a module, recorded so that it can be put back.
+def _record(module: torch.nn.Module) -> list[tuple[Any, Any]]:
+    """What pruning may change in `module`, as (object, contents) pairs to put back.
 
-    Covers the plain attributes (``module.<name>``), the parameter, buffer and
-    forward-pre-hook dictionaries (restored in place, keeping their order and identity,
-    so hook handles stay valid), the non-persistent buffer names, an RNN's
-    ``_flat_weights`` list, and the method tuples of pruning containers among the hooks.
+    The module's attributes, its parameter, buffer and hook dictionaries (restored in
+    place, so hook handles stay valid), the non-persistent buffer names, an RNN's
+    ``_flat_weights`` and the method tuples of pruning containers among the hooks.
     """
+    d = module.__dict__
+    saved: list[tuple[Any, Any]] = [(d, dict(d))]
+    saved += [(d[k], dict(d[k])) for k in _DICTS if isinstance(d.get(k), dict)]
+    for key, kind in (("_non_persistent_buffers_set", set), ("_flat_weights", list)):
+        if isinstance(d.get(key), kind):
+            saved.append((d[key], kind(d[key])))
+    hooks = d.get("_forward_pre_hooks", {}).values()
+    saved += [(h, h.__dict__.get("_pruning_methods")) for h in hooks if isinstance(h, _tprune.PruningContainer)]
+    return saved
 
-    def __init__(self, module: torch.nn.Module):
-        self.module = module
-        d = module.__dict__
-        self.attrs = dict(d)
-        self.dicts = [(d[k], list(d[k].items())) for k in _STATE_DICTS if isinstance(d.get(k), dict)]
-        nonpersistent = d.get("_non_persistent_buffers_set")
-        self.nonpersistent = (nonpersistent, set(nonpersistent)) if isinstance(nonpersistent, set) else None
-        flat = d.get("_flat_weights")
-        self.flat = (flat, list(flat)) if isinstance(flat, list) else None
-        hooks = d.get("_forward_pre_hooks", {})
-        self.containers = [
-            (h, h.__dict__.get("_pruning_methods"))
-            for h in hooks.values()
-            if isinstance(h, _tprune.PruningContainer)
-        ]
 
-    def restore(self) -> None:
-        d = self.module.__dict__
-        for key in [k for k in d if k not in self.attrs]:
-            del d[key]
-        d.update(self.attrs)
-        for obj, items in self.dicts:
+def _restore(saved: list[tuple[Any, Any]]) -> None:
+    for obj, contents in saved:
+        if isinstance(obj, _tprune.PruningContainer):
+            obj.__dict__.pop("_pruning_methods", None)
+            if contents is not None:
+                obj._pruning_methods = contents
+        elif isinstance(obj, list):
+            obj[:] = contents
+        else:  # a dict or a set, in place
             obj.clear()
-            obj.update(items)
-        if self.nonpersistent is not None:
-            obj, items = self.nonpersistent
-            obj.clear()
-            obj.update(items)
-        if self.flat is not None:
-            obj, items = self.flat
-            obj[:] = items
-        for container, methods in self.containers:
-            if methods is None:
-                container.__dict__.pop("_pruning_methods", None)
-            else:
-                container._pruning_methods = methods
+            obj.update(contents)
 
 
-class _Transaction:
+class Transaction:
     """Context manager: restore the given modules if the block raises."""
 
     def __init__(self, modules: Iterable[torch.nn.Module]):
-        unique = {id(m): m for m in modules}
-        self.states = [_ModuleState(m) for m in unique.values()]
+        self.saved = [_record(m) for m in {id(m): m for m in modules}.values()]
 
-    def __enter__(self) -> _Transaction:
+    def __enter__(self) -> Transaction:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         if exc_type is not None:
-            for state in reversed(self.states):
-                state.restore()
+            for saved in reversed(self.saved):
+                _restore(saved)
         return False

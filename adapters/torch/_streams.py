@@ -1,13 +1,11 @@
 """PyTorch's random streams, for the random methods without ``seed`` or ``generator``.
 
-Without ``seed`` or ``generator``, RandomUnstructured and RandomStructured make exactly
-the calls torch.nn.utils.prune makes on the global generator, in the same order and
-with the same numbers, shapes, dtypes and devices, and select with the same torch
-operations (``torch.topk``, ``torch.kthvalue``), whose choice among tied draws is
-their own: masks are PyTorch's bit for bit and the generator ends in the same state.
-Every check that can fail runs before the draw, and nothing is drawn when nothing is
-pruned. With a seed or a generator the core's own streams apply (arrayprune.rng).
-This module is the only place where the adapter follows PyTorch's streams.
+The variants below make exactly the calls :mod:`torch.nn.utils.prune` makes on the
+global generator (same numbers, shapes, dtypes, devices, order) and select with the
+same operations (``torch.topk``, ``torch.kthvalue``), so masks are PyTorch's bit for
+bit and the generator ends in the same state. Checks that can fail run before the
+draw; nothing is drawn when nothing is pruned. This is the only place where the
+adapter follows PyTorch's streams; with a seed or a generator the core's own apply.
 """
 
 from __future__ import annotations
@@ -20,48 +18,30 @@ import arrayprune.methods as _core
 from arrayprune._masks import check_same_shape as _check_same_shape
 
 
-def _pytorch_random_keep(
-    scores: list[torch.Tensor], eligible_masks: list[torch.Tensor | None], count: Any
-) -> list[torch.Tensor]:
+def _pytorch_random_keep(scores: list[torch.Tensor], eligible: list[torch.Tensor | None], count: Any) -> list[Any]:
     """Keep masks of PyTorch's ``RandomUnstructured`` over one or several tensors.
 
-    PyTorch scores the entries still in play, as one flat vector in row-major order
-    (tensor after tensor in global pruning, whose concatenation has the promoted dtype),
-    by ``torch.rand_like`` of that vector, and prunes the ``k`` largest draws
-    (``torch.topk``). The same draw is made here from the count, dtype and device alone,
-    and the positions chosen are scattered back tensor by tensor; the scores themselves
-    are never concatenated.
-
-    Parameters
-    ----------
-    scores : list of torch.Tensor
-        Importance scores, all on one device (only shapes, dtypes and device matter).
-    eligible_masks : list of (boolean torch.Tensor or None)
-        Per tensor, the entries in play (``None``: all of them).
-    count : callable
-        ``count(available)``: the validated number of entries to prune.
-
-    Returns
-    -------
-    list of torch.Tensor
-        Boolean masks shaped like `scores`, False at the pruned entries (True outside
-        the eligible entries).
+    PyTorch draws ``torch.rand_like`` of the entries in play as one flat row-major
+    vector (tensor after tensor in global pruning, in the dtype their concatenation
+    would have) and prunes the ``count(available)`` largest draws (``torch.topk``). The
+    same draw is made from the count, dtype and device alone and scattered back tensor
+    by tensor: the scores are never concatenated. ``None`` in `eligible` means every
+    entry; the masks are boolean, False at the pruned entries.
     """
-    sizes = [s.numel() if e is None else int(e.sum()) for s, e in zip(scores, eligible_masks, strict=True)]
-    total = sum(sizes)
-    k = count(total)  # validation errors come before any draw
-    device = scores[0].device
+    sizes = [s.numel() if e is None else int(e.sum()) for s, e in zip(scores, eligible, strict=True)]
+    k = count(sum(sizes))  # validation errors come before any draw
     keeps = [torch.ones(s.shape, dtype=torch.bool, device=s.device) for s in scores]
-    if k == 0:  # PyTorch draws nothing then (topk is never called)
+    if k == 0:  # PyTorch draws nothing then
         return keeps
     dtype = scores[0].dtype
     for s in scores[1:]:
         dtype = torch.promote_types(dtype, s.dtype)  # the dtype of torch.cat
-    prob = torch.rand(total, dtype=dtype, device=device)  # == rand_like(<remaining entries>)
-    dropped = torch.zeros(total, dtype=torch.bool, device=device)
+    device = scores[0].device
+    prob = torch.rand(sum(sizes), dtype=dtype, device=device)  # == rand_like(<entries in play>)
+    dropped = torch.zeros(sum(sizes), dtype=torch.bool, device=device)
     dropped[torch.topk(prob, k=k).indices] = True
     offset = 0
-    for keep, e, n in zip(keeps, eligible_masks, sizes, strict=True):
+    for keep, e, n in zip(keeps, eligible, sizes, strict=True):
         part = ~dropped[offset : offset + n].to(device=keep.device)
         if e is None:
             keep.view(-1).copy_(part)
@@ -71,44 +51,28 @@ def _pytorch_random_keep(
     return keeps
 
 
-def _pytorch_channel_keep(nchannels: int, k: int) -> torch.Tensor:
-    """PyTorch's ``RandomStructured`` choice among `nchannels` channels, pruning `k` > 0.
-
-    ``torch.rand(nchannels)`` (CPU, default dtype), then the channels whose draw exceeds
-    the `k`-th smallest (``torch.kthvalue``) are kept: tied draws at the threshold are
-    all pruned, as in PyTorch.
-    """
-    prob = torch.rand(nchannels)
-    threshold = torch.kthvalue(prob, k=k).values
-    return prob > threshold
-
-
-class _PyTorchStreamRandomUnstructured(_core.RandomUnstructured):
+class PyTorchStreamRandomUnstructured(_core.RandomUnstructured):
     """The core's ``RandomUnstructured``, drawing and selecting as PyTorch does."""
-
-    def __init__(self, amount: Any):
-        super().__init__(amount)
 
     def keep_masks(self, scores: list[Any], eligible_masks: list[Any]) -> list[Any]:
         return _pytorch_random_keep(list(scores), list(eligible_masks), self.count)
 
 
-class _PyTorchStreamRandomStructured(_core.RandomStructured):
-    """The core's ``RandomStructured``, drawing and selecting as PyTorch does."""
+class PyTorchStreamRandomStructured(_core.RandomStructured):
+    """The core's ``RandomStructured``, drawing and selecting as PyTorch does.
 
-    def __init__(self, amount: Any, dim: int = -1):
-        super().__init__(amount, dim)
+    PyTorch draws ``torch.rand(nchannels)`` (CPU, default dtype) for the channels in
+    play and keeps those whose draw exceeds the ``k``-th smallest (``torch.kthvalue``):
+    tied draws at the threshold are all pruned.
+    """
 
     def compute_mask(self, t: Any, default_mask: Any) -> Any:
-        """Prune ``amount`` of all channels of `t` (``RandomStructured.compute_mask``)."""
         if default_mask is None:
             default_mask = torch.ones(t.shape, dtype=torch.bool, device=t.device)
         _check_same_shape(t, default_mask, "default_mask")
-        dim = self.checked_dim(t)
-        return self._prune_channels(default_mask, dim, None)
+        return self._prune_channels(default_mask, self.checked_dim(t), None)
 
     def remaining_mask(self, t: Any, mask: Any) -> Any:
-        """Prune ``amount`` of the remaining channels (a container's ``_combine_masks``)."""
         dim = self.checked_dim(t)
         return self._prune_channels(mask, dim, _core.remaining_channels(mask, dim))
 
@@ -117,10 +81,16 @@ class _PyTorchStreamRandomStructured(_core.RandomStructured):
         k = self.count(nchannels)
         if k == 0:
             return mask
-        chosen = _pytorch_channel_keep(nchannels, k).to(device=mask.device)
-        if remaining is None:
-            keep = chosen
-        else:
-            keep = torch.ones(mask.shape[dim], dtype=torch.bool, device=mask.device)
+        prob = torch.rand(nchannels)
+        keep = (prob > torch.kthvalue(prob, k=k).values).to(device=mask.device)
+        if remaining is not None:
+            chosen, keep = keep, torch.ones(mask.shape[dim], dtype=torch.bool, device=mask.device)
             keep[remaining] = chosen
         return _core.channel_keep_to_mask(mask, keep, dim)
+
+
+#: Core random method classes and their PyTorch-stream variants, used without a seed.
+STREAMS: dict[type, type] = {
+    _core.RandomUnstructured: PyTorchStreamRandomUnstructured,
+    _core.RandomStructured: PyTorchStreamRandomStructured,
+}

@@ -1,0 +1,110 @@
+"""Installing a method on ``module.<name>``: the reparametrization, all or nothing.
+
+One path, inside a :class:`Transaction` that restores the module on any failure, and one
+fast path behind :func:`fast_path`, which computes the mask before touching the module
+and writes its dictionaries directly (see :mod:`._tensors`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn.utils import prune as _tprune
+
+from ._base import BasePruningMethod, PruningContainer, core_mask, core_of
+from ._rollback import Transaction
+from ._tensors import detached, free_name, plain_module, scores_for, to_dtype
+
+
+def pruning_hooks(module: torch.nn.Module, name: str) -> list[tuple[Any, Any]]:
+    hooks = [(k, h) for k, h in module._forward_pre_hooks.items() if isinstance(h, _tprune.BasePruningMethod)]
+    return [(k, h) for k, h in hooks if getattr(h, "_tensor_name", None) == name]
+
+
+def fast_path(module: torch.nn.Module, name: str, method: Any) -> bool:
+    """Whether a CoreMethod (unpatched, not given a tensor, which is multiplied in as is)
+    prunes a parameter of a plain module for the first time, ``<name>_orig`` and
+    ``<name>_mask`` being free."""
+    d = module.__dict__
+    params = d.get("_parameters")
+    return (
+        isinstance(params, dict)
+        and type(params.get(name)) is torch.nn.Parameter
+        and core_of(method) is not None
+        and not method._SHAPED
+        and plain_module(module)
+        and name not in d
+        and free_name(module, name + "_orig")
+        and free_name(module, name + "_mask")
+        and not pruning_hooks(module, name)
+    )
+
+
+def apply_method(module: torch.nn.Module, name: str, method: Any, scores: Any, precomputed: Any = None) -> Any:
+    """Install `method` on ``module.<name>`` and return the hook (see BasePruningMethod.apply).
+
+    `precomputed`: the mask the hook would compute, already known (global pruning).
+    """
+    method._tensor_name = name
+    if precomputed is None and fast_path(module, name, method):
+        d = module.__dict__
+        params = d["_parameters"]
+        orig = params[name]
+        mask = to_dtype(core_mask(method, scores_for(orig, scores, name), None), orig.dtype)
+        params[name + "_orig"] = params.pop(name)
+        d["_buffers"][name + "_mask"] = mask
+        d["_non_persistent_buffers_set"].discard(name + "_mask")
+        d[name] = mask * orig
+        module.register_forward_pre_hook(method)
+        method._remember(module)
+        return method
+
+    with Transaction([module]):
+        found = pruning_hooks(module, name)
+        if len(found) > 1:
+            raise AssertionError(
+                f"Avoid adding multiple pruning hooks to the same tensor {name} of module {module}. "
+                "Use a PruningContainer."
+            )
+        for key, _ in found:
+            del module._forward_pre_hooks[key]
+        hook = old = found[0][1] if found else None
+        if old is None:
+            hook = method
+        elif isinstance(old, PruningContainer):
+            old.add_pruning_method(method)
+        else:  # a lone method, or PyTorch's container: its methods move into one of ours
+            hook = PruningContainer(*(old if isinstance(old, _tprune.PruningContainer) else [old]), method)
+        orig = getattr(module, name)
+        scores = scores_for(orig, scores, name)
+        if old is None:
+            module.register_parameter(name + "_orig", orig)
+            del module._parameters[name]
+        mask = precomputed
+        if mask is None:
+            old_mask = None if old is None else getattr(module, name + "_mask").detach()
+            if old_mask is None:
+                default_mask = torch.ones_like(orig)
+            elif core_of(hook[-1]) is None:  # foreign code may write into its default mask
+                default_mask = old_mask.clone(memory_format=torch.contiguous_format)
+            else:
+                default_mask = old_mask
+            with torch.no_grad():
+                mask = hook.compute_mask(detached(scores), default_mask=default_mask)
+            if isinstance(mask, torch.Tensor):
+                mask = mask.detach() if mask.requires_grad else mask
+                if old_mask is not None and _shares_memory(mask, old_mask):
+                    mask = mask.clone(memory_format=torch.contiguous_format)
+        module.register_buffer(name + "_mask", mask)
+        setattr(module, name, hook.apply_mask(module))
+        module.register_forward_pre_hook(hook)
+    if isinstance(hook, BasePruningMethod):
+        hook._remember(module)
+    return hook
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()

@@ -1,0 +1,225 @@
+"""The base classes: methods as forward pre-hooks, core-backed methods, the container."""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+from torch.nn.utils import prune as _tprune
+
+from arrayprune.methods import combine_masks
+
+from ._tensors import check_shape, detached, free_name, plain_module
+
+
+class BasePruningMethod(_tprune.BasePruningMethod):
+    """Abstract base of pruning methods acting on tensors of PyTorch modules.
+
+    A subclass of :class:`torch.nn.utils.prune.BasePruningMethod`: set ``PRUNING_TYPE``
+    (``'unstructured'``, ``'structured'`` with a ``dim`` attribute, or ``'global'``)
+    and implement ``compute_mask(t, default_mask)``. Installed on a module, an instance
+    is its forward pre-hook, recomputing ``module.<name>`` as ``<name>_mask *
+    <name>_orig``; pruned modules can be deep-copied.
+    """
+
+    _tensor_name: str | None = None
+
+    def __call__(self, module: torch.nn.Module, inputs: Any) -> None:
+        self._remember(module)
+        setattr(module, self._tensor_name, self.apply_mask(module))
+
+    @classmethod
+    def apply(cls, module: torch.nn.Module, name: str, *args: Any, importance_scores: Any = None, **kwargs: Any):
+        """Prune ``module.<name>`` with ``cls(*args, **kwargs)``; return the hook installed.
+
+        The parameter moves to ``<name>_orig``, the mask becomes the buffer
+        ``<name>_mask``, the method a forward pre-hook (on a pruned tensor, it joins a
+        :class:`PruningContainer` and prunes what remains). On any failure the module is
+        left as it was. Wrongly shaped `importance_scores` raise ValueError (an
+        AssertionError too); TypeError if ``module.<name>`` is not a parameter.
+        """
+        from ._apply import apply_method
+
+        return apply_method(module, name, cls(*args, **kwargs), importance_scores)
+
+    def remove(self, module: torch.nn.Module) -> None:
+        """Write ``mask * orig`` into ``<name>_orig``, which becomes ``module.<name>`` again."""
+        name = self._tensor_name
+        params, buffers = module._parameters, module._buffers
+        if name is None or name + "_orig" not in params or name + "_mask" not in buffers:
+            return super().remove(module)  # PyTorch's own checks and messages
+        orig, mask = params[name + "_orig"], buffers[name + "_mask"].detach()
+        weight = (mask if mask.dtype == orig.dtype else mask.to(dtype=orig.dtype)) * orig.detach()
+        module.__dict__.pop(name, None)
+        orig.data = weight
+        del params[name + "_orig"], buffers[name + "_mask"]
+        if plain_module(module) and free_name(module, name):
+            params[name] = orig  # what Module.__setattr__ does, after its checks
+        else:
+            setattr(module, name, orig)  # e.g. RNNs, which refresh their flat weights
+
+    def _remember(self, module: torch.nn.Module) -> None:
+        """Keep a weak reference to the module this hook is installed on (for deepcopy)."""
+        ref = self.__dict__.get("_module_ref")
+        if ref is None or ref() is not module:
+            self.__dict__["_module_ref"] = weakref.ref(module)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_module_ref"}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> BasePruningMethod:
+        # ``module.<name>`` is no leaf of the autograd graph, which deepcopy refuses. The
+        # hook comes first in the module's __dict__: it puts that tensor's copy in `memo`.
+        new = memo[id(self)] = type(self).__new__(type(self))
+        ref = self.__dict__.get("_module_ref")
+        module = ref() if ref is not None else None
+        new_module = memo.get(id(module)) if module is not None else None
+        if new_module is not None:
+            _memoize_pruned_tensor(module, self._tensor_name, memo)
+        new.__dict__.update(copy.deepcopy(self.__getstate__(), memo))
+        if new_module is not None:
+            new.__dict__["_module_ref"] = weakref.ref(new_module)
+        return new
+
+    def __repr__(self) -> str:
+        names = getattr(self, "_PARAMS", None) or [k for k in vars(self) if not k.startswith("_")]
+        values = [getattr(self, k, None) for k in names]
+        shown = [f"<tensor {tuple(v.shape)} {v.dtype}>" if isinstance(v, torch.Tensor) else repr(v) for v in values]
+        return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in zip(names, shown, strict=True))})"
+
+
+def _memoize_pruned_tensor(module: torch.nn.Module, name: str | None, memo: dict[int, Any]) -> None:
+    current = module.__dict__.get(name) if name is not None else None
+    if not isinstance(current, torch.Tensor) or current.is_leaf or id(current) in memo:
+        return
+    orig, mask = module._parameters.get(name + "_orig"), module._buffers.get(name + "_mask")
+    if orig is None or mask is None:
+        return
+    new_orig, new_mask = copy.deepcopy(orig, memo), copy.deepcopy(mask, memo)
+    with torch.set_grad_enabled(current.requires_grad):
+        memo[id(current)] = new_mask.to(dtype=new_orig.dtype) * new_orig
+    memo.setdefault(id(memo), []).append(current)  # keep the id taken while memo lives
+
+
+class CoreMethod(BasePruningMethod):
+    """A method whose masks the arrayprune core computes, with its core method ``_core``.
+
+    ``_core`` is built once from the constructor's arguments (of ``_STREAM``, the
+    PyTorch-stream variant, for unseeded random methods); the constructor's parameters
+    are properties reading it, and assigning one rebuilds it.
+    """
+
+    _CORE: ClassVar[type]
+    _STREAM: ClassVar[type | None] = None
+    _PARAMS: ClassVar[tuple[str, ...]] = ()
+    _SHAPED: ClassVar[tuple[str, ...]] = ()  # parameters that are tensors shaped like the pruned one
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self._core = make_core(type(self), args, kwargs)
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        """`default_mask` with this method's pruning of scores `t`, as PyTorch's."""
+        return core_mask(self, t, default_mask)
+
+
+def make_core(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    stream = cls._STREAM is not None and kwargs.get("seed") is None and kwargs.get("generator") is None
+    core = (cls._STREAM if stream else cls._CORE)(*args, **kwargs)
+    for key in cls._SHAPED:
+        value = torch.as_tensor(getattr(core, key))
+        setattr(core, key, value.detach() if value.requires_grad else value)
+    return core
+
+
+def core_parameter(key: str) -> property:
+    """Constructor parameter `key` of a CoreMethod: the core's attribute; setting it rebuilds the core."""
+
+    def set_(self: Any, value: Any) -> None:
+        params = {k: getattr(self._core, k) for k in self._PARAMS if hasattr(self._core, k)}
+        self._core = make_core(type(self), (), {**params, key: value})
+
+    return property(lambda self: getattr(self._core, key), set_)
+
+
+def core_of(method: Any) -> Any:
+    """`method`'s core method if the core computes its masks, else None (foreign or patched)."""
+    if type(method).compute_mask is not CoreMethod.compute_mask or "compute_mask" in method.__dict__:
+        return None
+    return method._core
+
+
+def core_mask(method: Any, t: torch.Tensor, default_mask: Any, combine: bool = False) -> Any:
+    """The mask of CoreMethod `method` on scores `t`, as PyTorch's method gives it.
+
+    With `combine`, only what `default_mask` leaves is pruned (:func:`arrayprune.combine_masks`);
+    without a `default_mask`, the core's boolean keep mask. Meta tensors get a meta mask.
+    A structured method returns `default_mask` itself if it prunes nothing, else a new
+    mask of the dtype of `t`.
+    """
+    for key in method._SHAPED:
+        check_shape(t, getattr(method, key), key)
+    if t.is_meta or (default_mask is not None and default_mask.is_meta):
+        return torch.empty(t.shape, dtype=torch.bool if default_mask is None else default_mask.dtype, device="meta")
+    given = detached(default_mask)
+    if combine:
+        return combine_masks(method._core, detached(t), given)
+    mask = method._core.compute_mask(detached(t), given)
+    if mask is given:
+        return default_mask
+    if method.PRUNING_TYPE == "structured" and given is not None and mask.dtype != t.dtype:
+        return mask.to(dtype=t.dtype)
+    return mask
+
+
+class PruningContainer(BasePruningMethod, _tprune.PruningContainer):
+    """Pruning methods applied one after the other to the same tensor.
+
+    A subclass of :class:`torch.nn.utils.prune.PruningContainer`, holding any methods
+    (PyTorch's and users' too): the newest prunes what the earlier ones left, combined
+    by :func:`arrayprune.combine_masks`.
+
+    Parameters
+    ----------
+    *args : BasePruningMethod
+        Methods already applied, oldest first, or one iterable of them (``None`` is
+        ignored). The container acts on the tensor of the first one.
+    """
+
+    def __init__(self, *args: Any):
+        self._pruning_methods: tuple[Any, ...] = ()
+        if len(args) == 1 and not isinstance(args[0], _tprune.BasePruningMethod) and isinstance(args[0], Iterable):
+            args = tuple(args[0])
+        if args and isinstance(args[0], _tprune.BasePruningMethod):
+            self._tensor_name = getattr(args[0], "_tensor_name", None)
+        for method in args:
+            self.add_pruning_method(method)
+
+    def add_pruning_method(self, method: Any) -> None:
+        """Append `method`: TypeError if not a method, ValueError if of another tensor."""
+        if method is None:
+            return
+        if not isinstance(method, _tprune.BasePruningMethod):
+            raise TypeError(f"{type(method)} is not a BasePruningMethod subclass")
+        if self._tensor_name != getattr(method, "_tensor_name", None):
+            raise ValueError(
+                f"Can only add pruning methods acting on the parameter named '{self._tensor_name}' "
+                f"to PruningContainer {self}. Found '{getattr(method, '_tensor_name', None)}'"
+            )
+        self._pruning_methods += (method,)
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        """The newest method on what `default_mask` leaves, in the dtype of `t` (IndexError if empty)."""
+        if not self._pruning_methods:
+            raise IndexError("PruningContainer holds no pruning method")
+        method = self._pruning_methods[-1]
+        with torch.no_grad():
+            mask = detached(default_mask).to(dtype=t.dtype)
+            if core_of(method) is not None:
+                return core_mask(method, t, mask, combine=True)
+            return combine_masks(method, detached(t), mask)
+
+    def __repr__(self) -> str:
+        return f"PruningContainer{self._pruning_methods!r}"
