@@ -1,9 +1,5 @@
-"""Installing a method on ``module.<name>``: the reparametrization, all or nothing.
-
-One path, inside a :class:`Transaction` that restores the module on any failure, and one
-fast path behind :func:`fast_path`, which computes the mask before touching the module
-and writes its dictionaries directly (see :mod:`._tensors`).
-"""
+"""Installing a method on ``module.<name>``: one path, restoring the module on any failure,
+and one fast path (the mask first, then direct writes: nothing to restore)."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ import torch
 from torch.nn.utils import prune as _tprune
 
 from ._base import BasePruningMethod, PruningContainer, core_mask, core_of
-from ._rollback import Transaction
+from ._rollback import transaction
 from ._tensors import detached, free_name, plain_module, scores_for, to_dtype
 
 
@@ -23,9 +19,8 @@ def pruning_hooks(module: torch.nn.Module, name: str) -> list[tuple[Any, Any]]:
 
 
 def fast_path(module: torch.nn.Module, name: str, method: Any) -> bool:
-    """Whether a CoreMethod (unpatched, not given a tensor, which is multiplied in as is)
-    prunes a parameter of a plain module for the first time, ``<name>_orig`` and
-    ``<name>_mask`` being free."""
+    """Whether an unpatched CoreMethod given no tensor (multiplied in as it is) prunes a
+    parameter of a plain module for the first time, ``<name>_orig``/``_mask`` being free."""
     d = module.__dict__
     params = d.get("_parameters")
     return (
@@ -42,10 +37,7 @@ def fast_path(module: torch.nn.Module, name: str, method: Any) -> bool:
 
 
 def apply_method(module: torch.nn.Module, name: str, method: Any, scores: Any, precomputed: Any = None) -> Any:
-    """Install `method` on ``module.<name>`` and return the hook (see BasePruningMethod.apply).
-
-    `precomputed`: the mask the hook would compute, already known (global pruning).
-    """
+    """Install `method` on ``module.<name>``; return the hook. `precomputed`: its known mask."""
     method._tensor_name = name
     if precomputed is None and fast_path(module, name, method):
         d = module.__dict__
@@ -60,7 +52,7 @@ def apply_method(module: torch.nn.Module, name: str, method: Any, scores: Any, p
         method._remember(module)
         return method
 
-    with Transaction([module]):
+    with transaction([module]):
         found = pruning_hooks(module, name)
         if len(found) > 1:
             raise AssertionError(

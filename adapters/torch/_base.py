@@ -16,13 +16,11 @@ from ._tensors import check_shape, detached, free_name, plain_module
 
 
 class BasePruningMethod(_tprune.BasePruningMethod):
-    """Abstract base of pruning methods acting on tensors of PyTorch modules.
+    """Abstract base of pruning methods: a :class:`torch.nn.utils.prune.BasePruningMethod`.
 
-    A subclass of :class:`torch.nn.utils.prune.BasePruningMethod`: set ``PRUNING_TYPE``
-    (``'unstructured'``, ``'structured'`` with a ``dim`` attribute, or ``'global'``)
-    and implement ``compute_mask(t, default_mask)``. Installed on a module, an instance
-    is its forward pre-hook, recomputing ``module.<name>`` as ``<name>_mask *
-    <name>_orig``; pruned modules can be deep-copied.
+    Set ``PRUNING_TYPE`` (``'unstructured'``, ``'structured'`` with a ``dim``, or
+    ``'global'``) and implement ``compute_mask(t, default_mask)``. Installed, an instance
+    is the module's forward pre-hook; pruned modules can be deep-copied.
     """
 
     _tensor_name: str | None = None
@@ -35,11 +33,8 @@ class BasePruningMethod(_tprune.BasePruningMethod):
     def apply(cls, module: torch.nn.Module, name: str, *args: Any, importance_scores: Any = None, **kwargs: Any):
         """Prune ``module.<name>`` with ``cls(*args, **kwargs)``; return the hook installed.
 
-        The parameter moves to ``<name>_orig``, the mask becomes the buffer
-        ``<name>_mask``, the method a forward pre-hook (on a pruned tensor, it joins a
-        :class:`PruningContainer` and prunes what remains). On any failure the module is
-        left as it was. Wrongly shaped `importance_scores` raise ValueError (an
-        AssertionError too); TypeError if ``module.<name>`` is not a parameter.
+        On a pruned tensor the method joins a :class:`PruningContainer`; on any failure
+        the module is left as it was.
         """
         from ._apply import apply_method
 
@@ -62,26 +57,21 @@ class BasePruningMethod(_tprune.BasePruningMethod):
             setattr(module, name, orig)  # e.g. RNNs, which refresh their flat weights
 
     def _remember(self, module: torch.nn.Module) -> None:
-        """Keep a weak reference to the module this hook is installed on (for deepcopy)."""
-        ref = self.__dict__.get("_module_ref")
-        if ref is None or ref() is not module:
-            self.__dict__["_module_ref"] = weakref.ref(module)
+        self.__dict__["_module_ref"] = weakref.ref(module)  # the module this hook is on, for deepcopy
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_module_ref"}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> BasePruningMethod:
-        # ``module.<name>`` is no leaf of the autograd graph, which deepcopy refuses. The
-        # hook comes first in the module's __dict__: it puts that tensor's copy in `memo`.
+        # ``module.<name>`` is no leaf of the autograd graph, which deepcopy refuses. The hook
+        # comes first in the module's __dict__: copied with it, it puts that tensor's copy in memo.
         new = memo[id(self)] = type(self).__new__(type(self))
         ref = self.__dict__.get("_module_ref")
         module = ref() if ref is not None else None
-        new_module = memo.get(id(module)) if module is not None else None
-        if new_module is not None:
+        if module is not None and id(module) in memo:
             _memoize_pruned_tensor(module, self._tensor_name, memo)
+            new.__dict__["_module_ref"] = weakref.ref(memo[id(module)])
         new.__dict__.update(copy.deepcopy(self.__getstate__(), memo))
-        if new_module is not None:
-            new.__dict__["_module_ref"] = weakref.ref(new_module)
         return new
 
     def __repr__(self) -> str:
@@ -105,12 +95,9 @@ def _memoize_pruned_tensor(module: torch.nn.Module, name: str | None, memo: dict
 
 
 class CoreMethod(BasePruningMethod):
-    """A method whose masks the arrayprune core computes, with its core method ``_core``.
-
-    ``_core`` is built once from the constructor's arguments (of ``_STREAM``, the
-    PyTorch-stream variant, for unseeded random methods); the constructor's parameters
-    are properties reading it, and assigning one rebuilds it.
-    """
+    """A method whose masks its core method ``_core`` computes, built once from the
+    constructor's arguments (``_STREAM``, the PyTorch-stream variant, if unseeded). The
+    constructor's parameters are properties reading it; assigning one rebuilds it."""
 
     _CORE: ClassVar[type]
     _STREAM: ClassVar[type | None] = None
@@ -154,10 +141,8 @@ def core_of(method: Any) -> Any:
 def core_mask(method: Any, t: torch.Tensor, default_mask: Any, combine: bool = False) -> Any:
     """The mask of CoreMethod `method` on scores `t`, as PyTorch's method gives it.
 
-    With `combine`, only what `default_mask` leaves is pruned (:func:`arrayprune.combine_masks`);
-    without a `default_mask`, the core's boolean keep mask. Meta tensors get a meta mask.
-    A structured method returns `default_mask` itself if it prunes nothing, else a new
-    mask of the dtype of `t`.
+    `combine`: prune what `default_mask` leaves (:func:`arrayprune.combine_masks`); no
+    `default_mask`: the core's boolean keep mask. Meta tensors get a meta mask.
     """
     for key in method._SHAPED:
         check_shape(t, getattr(method, key), key)
@@ -175,25 +160,21 @@ def core_mask(method: Any, t: torch.Tensor, default_mask: Any, combine: bool = F
 
 
 class PruningContainer(BasePruningMethod, _tprune.PruningContainer):
-    """Pruning methods applied one after the other to the same tensor.
+    """Methods applied one after the other to a tensor: a :class:`torch.nn.utils.prune.PruningContainer`.
 
-    A subclass of :class:`torch.nn.utils.prune.PruningContainer`, holding any methods
-    (PyTorch's and users' too): the newest prunes what the earlier ones left, combined
-    by :func:`arrayprune.combine_masks`.
+    The newest prunes what the earlier ones left (:func:`arrayprune.combine_masks`).
 
     Parameters
     ----------
     *args : BasePruningMethod
-        Methods already applied, oldest first, or one iterable of them (``None`` is
-        ignored). The container acts on the tensor of the first one.
+        Methods applied, oldest first, or one iterable of them (``None`` is ignored).
     """
 
     def __init__(self, *args: Any):
-        self._pruning_methods: tuple[Any, ...] = ()
         if len(args) == 1 and not isinstance(args[0], _tprune.BasePruningMethod) and isinstance(args[0], Iterable):
             args = tuple(args[0])
-        if args and isinstance(args[0], _tprune.BasePruningMethod):
-            self._tensor_name = getattr(args[0], "_tensor_name", None)
+        self._pruning_methods: tuple[Any, ...] = ()
+        self._tensor_name = getattr(args[0], "_tensor_name", None) if args else None
         for method in args:
             self.add_pruning_method(method)
 

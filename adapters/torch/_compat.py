@@ -9,15 +9,6 @@ import torch
 from arrayprune import amount as _amount
 from arrayprune.norms import channel_norms as _channel_norms
 
-__all__ = [
-    "_validate_pruning_amount_init",
-    "_validate_pruning_amount",
-    "_compute_nparams_toprune",
-    "_validate_structured_pruning",
-    "_validate_pruning_dim",
-    "_compute_norm",
-]
-
 
 def _validate_pruning_amount_init(amount: Any) -> None:
     """Check an amount before the tensor is known: a float in ``[0, 1]`` or an int >= 0."""
@@ -45,5 +36,8 @@ def _validate_pruning_dim(t: torch.Tensor, dim: int) -> None:
 
 
 def _compute_norm(t: torch.Tensor, n: Any, dim: int) -> torch.Tensor:
-    """L\\ `n` norm (``p`` of :func:`torch.norm`) of each channel of `t` along `dim`: shape ``(t.shape[dim],)``."""
+    """L\\ `n` norm (``p`` of :func:`torch.norm`) of each channel of `t` along `dim`."""
     return _channel_norms(t, n, _amount.normalize_dim(tuple(t.shape), dim))
+
+
+__all__ = [name for name in list(globals()) if name.startswith(("_validate_", "_compute_"))]

@@ -14,7 +14,7 @@ from arrayprune.methods import UnstructuredPruningMethod
 from ._apply import apply_method
 from ._base import core_of
 from ._methods import CLASSES
-from ._rollback import Transaction
+from ._rollback import transaction
 from ._tensors import check_shape
 
 
@@ -30,24 +30,21 @@ def global_unstructured(
 ) -> None:
     """Prune many parameters together, ranking all their entries against each other.
 
-    The masks of :func:`torch.nn.utils.prune.global_unstructured` (pruning the
-    concatenation with one method), without concatenating for core-backed methods.
-    Only entries that existing masks keep are candidates (a float amount is a fraction
-    of those); each parameter then gets its share by :class:`CustomFromMask`. On any
-    failure every module is left as it was.
+    The masks of :func:`torch.nn.utils.prune.global_unstructured`, without concatenating
+    the parameters for core-backed methods. Entries that existing masks prune are not
+    candidates; each parameter gets its share by :class:`CustomFromMask`. On any failure
+    every module is left as it was.
 
     Parameters
     ----------
     parameters : iterable of (torch.nn.Module, str)
         The parameters to prune.
     pruning_method : type
-        A method class of ``PRUNING_TYPE`` ``'unstructured'``, instantiated with
-        `kwargs` (``amount``, ...); those not backed by the core see the concatenation.
+        A method class of ``PRUNING_TYPE`` ``'unstructured'``, built with `kwargs`.
     importance_scores : dict, optional
-        Scores by ``(module, name)``; a parameter without one is ranked by itself.
+        Scores by ``(module, name)``; a parameter without any is ranked by itself.
     min_sparsity, max_sparsity, normalization : optional
-        Not in PyTorch: bounds on each parameter's final sparsity, and ``'lamp'``
-        scores, as in :func:`arrayprune.global_unstructured`.
+        Not in PyTorch: as in :func:`arrayprune.global_unstructured`.
 
     Examples
     --------
@@ -100,9 +97,8 @@ def global_unstructured(
                 max_sparsity=max_sparsity,
                 normalization=normalization,
             )
-    # Each mask holds the earlier pruning: installed as it is, in the parameter's dtype
-    # (unless CustomFromMask.compute_mask was patched).
-    with Transaction(module for module, _ in pairs):
+    # Each mask holds the earlier pruning: installed as it is (unless compute_mask is patched).
+    with transaction(module for module, _ in pairs):
         for (module, name), mask, t in zip(pairs, masks, tensors, strict=True):
             hook = CLASSES["custom_from_mask"](mask.to(dtype=t.dtype))
             apply_method(module, name, hook, None, precomputed=hook.mask if core_of(hook) is not None else None)

@@ -1,9 +1,4 @@
-"""The method classes: one per entry of :data:`arrayprune.METHODS`, made from it.
-
-A class derives from PyTorch's class of the same name where there is one, keeping its
-signatures (extended with the core class's keyword-only parameters), else from
-:class:`BasePruningMethod`, with the core class's signatures.
-"""
+"""The method classes: one per entry of :data:`arrayprune.METHODS`, made from it."""
 
 from __future__ import annotations
 
@@ -40,7 +35,8 @@ def extended(signature: inspect.Signature, core_class: type) -> inspect.Signatur
 
 
 def method_class(core_class: type) -> type:
-    """The adapter class of core method class `core_class`."""
+    """The adapter class of `core_class`: a subclass of PyTorch's class of that name, with its
+    signatures extended by the core's keyword-only parameters, if there is one."""
     name, own = core_class.__name__, [p.name for p in constructor_parameters(core_class)]
     theirs = torch_counterpart(name)
     if isinstance(theirs, type) and issubclass(theirs, _tprune.BasePruningMethod):
@@ -53,6 +49,18 @@ def method_class(core_class: type) -> type:
     summary = inspect.cleandoc(core_class.__doc__ or name).split("\n\n")[0]
     stream = _STREAM if core_class in STREAMS else ""
     doc = _DOC.format(summary=summary, origin=origin, cls=name, stream=stream) + parameters_doc(core_class)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        self._core = make_core(type(self), args, kwargs)
+
+    def apply_(cls: type, *args: Any, **kwargs: Any) -> Any:
+        arguments = apply.bind(*args, **kwargs).arguments
+        module, name, scores = arguments.pop("module"), arguments.pop("name"), arguments.pop("importance_scores", None)
+        return apply_method(module, name, cls(**arguments), scores)
+
+    __init__.__signature__ = init  # type: ignore[attr-defined]
+    apply_.__signature__ = apply.replace(parameters=[_P("cls", _P.POSITIONAL_OR_KEYWORD), *apply.parameters.values()])  # type: ignore[attr-defined]
+    apply_.__name__ = apply_.__qualname__ = "apply"
+    apply_.__doc__ = f"Prune ``module.<name>`` as :func:`{method_name(core_class)}`; return the hook installed."
     namespace = {
         "__module__": PACKAGE,
         "__doc__": doc if own else doc.split("\n\nParameters")[0],
@@ -61,31 +69,11 @@ def method_class(core_class: type) -> type:
         "_STREAM": STREAMS.get(core_class),
         "_PARAMS": tuple(own),
         "_SHAPED": tuple(p for p in SHAPED if p in own),
-        "__init__": _init(init),
-        "apply": classmethod(_apply(apply, method_name(core_class))),
+        "__init__": __init__,
+        "apply": classmethod(apply_),
         **{key: core_parameter(key) for key in own},
     }
     return type(name, bases, namespace)
-
-
-def _init(signature: inspect.Signature) -> Any:
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        self._core = make_core(type(self), args, kwargs)
-
-    __init__.__signature__ = signature  # type: ignore[attr-defined]
-    return __init__
-
-
-def _apply(signature: inspect.Signature, verb: str) -> Any:
-    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
-        arguments = signature.bind(*args, **kwargs).arguments
-        module, name, scores = arguments.pop("module"), arguments.pop("name"), arguments.pop("importance_scores", None)
-        return apply_method(module, name, cls(**arguments), scores)
-
-    cls_parameter = _P("cls", _P.POSITIONAL_OR_KEYWORD)
-    apply.__signature__ = signature.replace(parameters=[cls_parameter, *signature.parameters.values()])  # type: ignore[attr-defined]
-    apply.__doc__ = f"Prune ``module.<name>`` with a new instance (arguments as in :func:`{verb}`); return the hook."
-    return apply
 
 
 CLASSES: dict[str, type] = {name: method_class(core) for name, core in METHODS.items()}

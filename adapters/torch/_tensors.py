@@ -1,10 +1,8 @@
-"""Tensor checks and conversions, and the direct writes to plain modules.
+"""Tensor checks and conversions, and the checks for direct writes to plain modules.
 
-``register_parameter``, ``register_buffer`` and ``Module.__setattr__`` cost about 2 us
-each (mostly a ``hasattr`` raising AttributeError through ``Module.__getattr__``), as
-much as the mask of a small tensor. On a module whose attribute protocol is nn.Module's
-own, with no global registration hook installed, the adapter makes the same checks and
-writes the dictionaries itself, which is all those methods do once their checks pass.
+``register_parameter``, ``register_buffer`` and ``setattr`` cost ~2 us each, as much as a
+small mask. On modules with nn.Module's attribute protocol and no global registration
+hook the adapter makes their checks and writes the dictionaries itself, as they would.
 """
 
 from __future__ import annotations
@@ -20,8 +18,8 @@ _NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64, torch.flo
 
 
 class ShapeMismatchError(ValueError, AssertionError):
-    """A tensor lacks the shape of the tensor it goes with: a ValueError (as in the core)
-    and an AssertionError (as in :mod:`torch.nn.utils.prune`)."""
+    """A tensor lacks the shape of the tensor to prune: a ValueError, as in the core, and an
+    AssertionError, as in :mod:`torch.nn.utils.prune`."""
 
 
 def check_shape(t: torch.Tensor, other: Any, what: str) -> None:
@@ -34,10 +32,9 @@ def check_shape(t: torch.Tensor, other: Any, what: str) -> None:
 
 def scores_for(param: torch.Tensor, importance_scores: Any, name: str) -> Any:
     """The scores ranking parameter `name`: the given ones (checked), or the parameter."""
-    if importance_scores is None:
-        return param
-    check_shape(param, importance_scores, f"importance_scores of parameter {name}")
-    return importance_scores
+    if importance_scores is not None:
+        check_shape(param, importance_scores, f"importance_scores of parameter {name}")
+    return param if importance_scores is None else importance_scores
 
 
 def detached(t: Any) -> Any:
@@ -46,12 +43,10 @@ def detached(t: Any) -> Any:
 
 def to_dtype(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A fresh boolean `mask` in `dtype` (through NumPy on the CPU: 3x faster when small)."""
-    if mask.dtype == dtype:
-        return mask
-    np_dtype = _NUMPY_FLOATS.get(dtype)
-    if np_dtype is not None and mask.is_cpu:
+    np_dtype = _NUMPY_FLOATS.get(dtype) if mask.dtype != dtype and mask.is_cpu else None
+    if np_dtype is not None:
         return torch.from_numpy(mask.numpy().astype(np_dtype))
-    return mask.to(dtype=dtype)
+    return mask if mask.dtype == dtype else mask.to(dtype=dtype)
 
 
 def plain_module(module: torch.nn.Module) -> bool:

@@ -14,10 +14,10 @@ from arrayprune.registry import make_verb
 from ._apply import apply_method, pruning_hooks
 from ._methods import CLASSES, LEADING, PACKAGE, extended, torch_counterpart
 
-_DOC = """Prune ``module.<name>`` with :class:`{cls}`, adding the reparametrization.
+_DOC = """Prune ``module.<name>`` with :class:`{cls}`; return `module`, modified in place.
 
-{origin}On a pruned tensor only what remains is pruned (see :class:`PruningContainer`);
-on any failure the module is left as it was.
+{origin}On a pruned tensor, only what remains is pruned; on any failure, the module is
+left as it was.
 
 Parameters
 ----------
@@ -29,12 +29,6 @@ name : str
 """
 _SCORES = """importance_scores : torch.Tensor, optional
     Scores ranking the entries instead of the parameter, same shape.
-"""
-_RETURNS = """
-Returns
--------
-torch.nn.Module
-    `module`, modified in place.
 """
 
 
@@ -48,7 +42,7 @@ def method_verb(name: str, cls: type) -> Any:
     theirs = torch_counterpart(name)
     signature = extended(inspect.signature(theirs), cls._CORE) if callable(theirs) else None
     doc = _DOC.replace("{origin}", "" if signature else "Not in :mod:`torch.nn.utils.prune`. ")
-    doc += (_SCORES if cls._CORE.USES_SCORES else "") + _RETURNS
+    doc += _SCORES if cls._CORE.USES_SCORES else ""
     kwargs = {"leading": LEADING, "scores": "positional", "doc": doc, "module": PACKAGE, "signature": signature}
     return make_verb(cls, name, _call, **kwargs)
 
@@ -66,11 +60,10 @@ def prune_to_sparsity(
 ) -> torch.nn.Module:
     """Prune just enough more of ``module.<name>`` that a fraction `sparsity` is pruned.
 
-    Not in :mod:`torch.nn.utils.prune`: the step of gradual pruning, called with
-    ``schedule(step)`` (:class:`arrayprune.PolynomialDecay`, ...). Units (entries, or
-    channels of structured methods) already pruned count and stay pruned; the method
-    `pruning_method` (of an amount) is applied with an integer amount, the
-    `importance_scores` and `kwargs` (``n``, ``dim``, ...). Returns `module`.
+    Not in :mod:`torch.nn.utils.prune`: a step of gradual pruning, with
+    ``schedule(step)`` (:class:`arrayprune.PolynomialDecay`, ...). Units already pruned
+    count and stay pruned; `pruning_method` (of an amount) is applied with an integer
+    amount, `importance_scores` and `kwargs` (``n``, ``dim``, ...). Returns `module`.
 
     Examples
     --------
@@ -90,10 +83,9 @@ def prune_to_sparsity(
 
 
 def remove(module: torch.nn.Module, name: str) -> torch.nn.Module:
-    """Make the pruning of ``module.<name>`` permanent (of either library); return `module`.
+    """Make the pruning of ``module.<name>`` permanent (ValueError if not pruned); return `module`.
 
-    The pruned values go into the original parameter, which becomes ``module.<name>``
-    again. Raises ValueError if ``module.<name>`` is not pruned.
+    The pruned values go into the original parameter, which becomes ``module.<name>`` again.
     """
     for key, hook in pruning_hooks(module, name):
         hook.remove(module)
