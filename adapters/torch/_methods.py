@@ -7,7 +7,7 @@ from typing import Any
 
 from torch.nn.utils import prune as _tprune
 
-from arrayprune.registry import METHODS, constructor_parameters, method_name, parameters_doc, verb_signature
+from arrayprune.registry import METHODS, constructor_parameters, parameters_doc, verb_signature
 
 from ._apply import apply_method
 from ._base import CoreMethod, core_parameter, make_core
@@ -34,9 +34,9 @@ def extended(signature: inspect.Signature, core_class: type) -> inspect.Signatur
     return signature.replace(parameters=[*params[:at], *extra, *params[at:]])
 
 
-def method_class(core_class: type) -> type:
-    """The adapter class of `core_class`: a subclass of PyTorch's class of that name, with its
-    signatures extended by the core's keyword-only parameters, if there is one."""
+def method_class(verb: str, core_class: type) -> type:
+    """The adapter class of `core_class` (of verb `verb`): a subclass of PyTorch's class of
+    that name, with its signatures extended by the core's keyword-only parameters, if any."""
     name, own = core_class.__name__, [p.name for p in constructor_parameters(core_class)]
     theirs = torch_counterpart(name)
     if isinstance(theirs, type) and issubclass(theirs, _tprune.BasePruningMethod):
@@ -60,7 +60,7 @@ def method_class(core_class: type) -> type:
     __init__.__signature__ = init  # type: ignore[attr-defined]
     apply_.__signature__ = apply.replace(parameters=[_P("cls", _P.POSITIONAL_OR_KEYWORD), *apply.parameters.values()])  # type: ignore[attr-defined]
     apply_.__name__ = apply_.__qualname__ = "apply"
-    apply_.__doc__ = f"Prune ``module.<name>`` as :func:`{method_name(core_class)}`; return the hook installed."
+    apply_.__doc__ = f"Prune ``module.<name>`` as :func:`{verb}`; return the hook installed."
     namespace = {
         "__module__": PACKAGE,
         "__doc__": doc if own else doc.split("\n\nParameters")[0],
@@ -76,4 +76,4 @@ def method_class(core_class: type) -> type:
     return type(name, bases, namespace)
 
 
-CLASSES: dict[str, type] = {name: method_class(core) for name, core in METHODS.items()}
+CLASSES: dict[str, type] = {name: method_class(name, core) for name, core in METHODS.items()}
