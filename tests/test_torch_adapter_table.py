@@ -12,7 +12,7 @@ tprune = pytest.importorskip("torch.nn.utils.prune")
 
 import arrayprune as ap  # noqa: E402
 import arrayprune.adapters.torch as prune  # noqa: E402
-from arrayprune.adapters.torch import _methods, _verbs  # noqa: E402
+from arrayprune.adapters.torch import _methods  # noqa: E402
 from arrayprune.registry import constructor_parameters  # noqa: E402
 
 P = inspect.Parameter
@@ -71,7 +71,7 @@ class LargestFirst(ap.UnstructuredPruningMethod):
 
 def test_a_new_table_entry_needs_no_edit_of_the_adapter():
     cls = _methods.method_class("largest_first", LargestFirst)
-    verb = _verbs.method_verb("largest_first", cls)
+    verb = _methods.method_verb("largest_first", cls)
     assert issubclass(cls, prune.BasePruningMethod) and not issubclass(cls, tprune.L1Unstructured)
     assert list(inspect.signature(verb).parameters) == ["module", "name", "amount", "importance_scores", "seed"]
     assert "amount : int or float" in verb.__doc__ and "amount : int or float" in cls.__doc__

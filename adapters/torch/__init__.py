@@ -31,10 +31,9 @@ from arrayprune.registry import METHODS as _METHODS
 from . import _compat
 from ._base import BasePruningMethod, PruningContainer
 from ._compat import *  # noqa: F403 (PyTorch's private helpers)
-from ._global import global_unstructured
 from ._methods import CLASSES as _CLASSES
-from ._verbs import VERBS as _VERBS
-from ._verbs import is_pruned, prune_to_sparsity, remove
+from ._methods import VERBS as _VERBS
+from ._verbs import global_unstructured, is_pruned, prune_to_sparsity, remove
 
 globals().update({cls.__name__: cls for cls in _CLASSES.values()}, **_VERBS)
 

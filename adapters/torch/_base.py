@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import operator
 import weakref
 from collections.abc import Iterable
 from typing import Any, ClassVar
@@ -104,9 +105,6 @@ class CoreMethod(BasePruningMethod):
     _PARAMS: ClassVar[tuple[str, ...]] = ()
     _SHAPED: ClassVar[tuple[str, ...]] = ()  # parameters that are tensors shaped like the pruned one
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        self._core = make_core(type(self), args, kwargs)
-
     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """`default_mask` with this method's pruning of scores `t`, as PyTorch's."""
         return core_mask(self, t, default_mask)
@@ -122,13 +120,11 @@ def make_core(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def core_parameter(key: str) -> property:
-    """Constructor parameter `key` of a CoreMethod: the core's attribute; setting it rebuilds the core."""
-
-    def set_(self: Any, value: Any) -> None:
+    def set_(self: Any, value: Any) -> None:  # a new core method, with the new value
         params = {k: getattr(self._core, k) for k in self._PARAMS if hasattr(self._core, k)}
         self._core = make_core(type(self), (), {**params, key: value})
 
-    return property(lambda self: getattr(self._core, key), set_)
+    return property(operator.attrgetter("_core." + key), set_)
 
 
 def core_of(method: Any) -> Any:

@@ -1,13 +1,14 @@
-"""The method classes: one per entry of :data:`arrayprune.METHODS`, made from it."""
+"""The method classes and their verbs: one of each per entry of :data:`arrayprune.METHODS`."""
 
 from __future__ import annotations
 
 import inspect
 from typing import Any
 
+import torch
 from torch.nn.utils import prune as _tprune
 
-from arrayprune.registry import METHODS, constructor_parameters, parameters_doc, verb_signature
+from arrayprune.registry import METHODS, constructor_parameters, make_verb, parameters_doc, verb_signature
 
 from ._apply import apply_method
 from ._base import CoreMethod, core_parameter, make_core
@@ -77,3 +78,39 @@ def method_class(verb: str, core_class: type) -> type:
 
 
 CLASSES: dict[str, type] = {name: method_class(name, core) for name, core in METHODS.items()}
+
+
+_VERB_DOC = """Prune ``module.<name>`` with :class:`{cls}`; return `module`, modified in place.
+
+{origin}On a pruned tensor, only what remains is pruned; on any failure, the module is
+left as it was.
+
+Parameters
+----------
+module : torch.nn.Module
+    Module holding the tensor.
+name : str
+    Name of the parameter within `module`.
+{parameters}
+"""
+_SCORES = """importance_scores : torch.Tensor, optional
+    Scores ranking the entries instead of the parameter, same shape.
+"""
+
+
+def _call(method: Any, module: torch.nn.Module, name: str, importance_scores: Any = None) -> torch.nn.Module:
+    apply_method(module, name, method, importance_scores)
+    return module
+
+
+def method_verb(name: str, cls: type) -> Any:
+    """The verb `name` of adapter class `cls`, with PyTorch's signature (extended) if PyTorch has it."""
+    theirs = torch_counterpart(name)
+    signature = extended(inspect.signature(theirs), cls._CORE) if callable(theirs) else None
+    doc = _VERB_DOC.replace("{origin}", "" if signature else "Not in :mod:`torch.nn.utils.prune`. ")
+    doc += _SCORES if cls._CORE.USES_SCORES else ""
+    kwargs = {"leading": LEADING, "scores": "positional", "doc": doc, "module": PACKAGE, "signature": signature}
+    return make_verb(cls, name, _call, **kwargs)
+
+
+VERBS: dict[str, Any] = {name: method_verb(name, cls) for name, cls in CLASSES.items()}

@@ -1,53 +1,23 @@
-"""The functional interface: one verb per method of :data:`arrayprune.METHODS`, and the others."""
+"""The verbs not made from the method table: global pruning, schedules, ``remove``, ``is_pruned``."""
 
 from __future__ import annotations
 
-import inspect
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch.nn.utils import prune as _tprune
 
+import arrayprune.global_pruning as _global
 import arrayprune.schedules as _schedules
-from arrayprune.registry import make_verb
+from arrayprune._masks import apply_keep, eligible
+from arrayprune.methods import UnstructuredPruningMethod
 
 from ._apply import apply_method, pruning_hooks
-from ._methods import CLASSES, LEADING, PACKAGE, extended, torch_counterpart
-
-_DOC = """Prune ``module.<name>`` with :class:`{cls}`; return `module`, modified in place.
-
-{origin}On a pruned tensor, only what remains is pruned; on any failure, the module is
-left as it was.
-
-Parameters
-----------
-module : torch.nn.Module
-    Module holding the tensor.
-name : str
-    Name of the parameter within `module`.
-{parameters}
-"""
-_SCORES = """importance_scores : torch.Tensor, optional
-    Scores ranking the entries instead of the parameter, same shape.
-"""
-
-
-def _call(method: Any, module: torch.nn.Module, name: str, importance_scores: Any = None) -> torch.nn.Module:
-    apply_method(module, name, method, importance_scores)
-    return module
-
-
-def method_verb(name: str, cls: type) -> Any:
-    """The verb `name` of adapter class `cls`, with PyTorch's signature (extended) if PyTorch has it."""
-    theirs = torch_counterpart(name)
-    signature = extended(inspect.signature(theirs), cls._CORE) if callable(theirs) else None
-    doc = _DOC.replace("{origin}", "" if signature else "Not in :mod:`torch.nn.utils.prune`. ")
-    doc += _SCORES if cls._CORE.USES_SCORES else ""
-    kwargs = {"leading": LEADING, "scores": "positional", "doc": doc, "module": PACKAGE, "signature": signature}
-    return make_verb(cls, name, _call, **kwargs)
-
-
-VERBS: dict[str, Any] = {name: method_verb(name, cls) for name, cls in CLASSES.items()}
+from ._base import core_of
+from ._methods import CLASSES
+from ._rollback import transaction
+from ._tensors import check_shape, detached
 
 
 def prune_to_sparsity(
@@ -98,3 +68,80 @@ def is_pruned(module: torch.nn.Module) -> bool:
     """Whether `module` or a submodule has a pruning hook (of either library)."""
     hooks = (hook for submodule in module.modules() for hook in submodule._forward_pre_hooks.values())
     return any(isinstance(hook, _tprune.BasePruningMethod) for hook in hooks)
+
+
+def global_unstructured(
+    parameters: Iterable[tuple[torch.nn.Module, str]],
+    pruning_method: type,
+    importance_scores: dict | None = None,
+    *,
+    min_sparsity: Any = None,
+    max_sparsity: Any = None,
+    normalization: str | None = None,
+    **kwargs: Any,
+) -> None:
+    """Prune many parameters together, ranking all their entries against each other.
+
+    The masks of :func:`torch.nn.utils.prune.global_unstructured`, without concatenating
+    the parameters for core-backed methods. Entries that existing masks prune are not
+    candidates; each parameter gets its share by :class:`CustomFromMask`. On any failure
+    every module is left as it was.
+
+    Parameters
+    ----------
+    parameters : iterable of (torch.nn.Module, str)
+        The parameters to prune.
+    pruning_method : type
+        A method class of ``PRUNING_TYPE`` ``'unstructured'``, built with `kwargs`.
+    importance_scores : dict, optional
+        Scores by ``(module, name)``; a parameter without any is ranked by itself.
+    min_sparsity, max_sparsity, normalization : optional
+        Not in PyTorch: as in :func:`arrayprune.global_unstructured`.
+
+    Examples
+    --------
+    >>> import torch.nn as nn
+    >>> import arrayprune.adapters.torch as prune
+    >>> net = nn.Sequential(nn.Linear(10, 4), nn.Linear(4, 1))
+    >>> pairs = [(net[0], "weight"), (net[1], "weight")]
+    >>> prune.global_unstructured(pairs, pruning_method=prune.L1Unstructured, amount=10)
+    >>> int(sum((b == 0).sum() for b in net.buffers()))
+    10
+    """
+    if not isinstance(parameters, Iterable):
+        raise TypeError("global_unstructured(): parameters is not an Iterable")
+    importance_scores = importance_scores if importance_scores is not None else {}
+    if not isinstance(importance_scores, dict):
+        raise TypeError("global_unstructured(): importance_scores must be of type dict")
+    pairs = [(module, name) for module, name in parameters]
+    tensors = [getattr(module, name).detach() for module, name in pairs]
+    scores = [importance_scores.get(pair, t).detach() for pair, t in zip(pairs, tensors, strict=True)]
+    for (_, name), t, s in zip(pairs, tensors, scores, strict=True):
+        check_shape(t, s, f"importance_scores of parameter {name}")
+    old_masks = [detached(getattr(module, name + "_mask", None)) for module, name in pairs]
+
+    method = pruning_method(**kwargs)
+    if method.PRUNING_TYPE != "unstructured":
+        raise TypeError(
+            'Only "unstructured" PRUNING_TYPE supported for the `pruning_method`. '
+            f"Found method {pruning_method} of type {method.PRUNING_TYPE}"
+        )
+    if not pairs:
+        return
+    method._tensor_name = "temp"
+    core = core_of(method)
+    bounds = {"min_sparsity": min_sparsity, "max_sparsity": max_sparsity, "normalization": normalization}
+    with torch.no_grad():
+        if isinstance(core, UnstructuredPruningMethod) and all(v is None for v in bounds.values()):
+            keeps = core.keep_masks(scores, [None if m is None else eligible(m) for m in old_masks])
+            masks = [keep if m is None else apply_keep(m, keep) for m, keep in zip(old_masks, keeps, strict=True)]
+        else:
+            if core is None:  # a foreign method: its compute_mask sees the concatenation
+                old_masks = [torch.ones_like(t) if m is None else m for t, m in zip(tensors, old_masks, strict=True)]
+            chosen = method if core is None else core
+            masks = _global.global_unstructured(tensors, lambda: chosen, scores, default_masks=old_masks, **bounds)
+    # Each mask holds the earlier pruning: installed as it is (unless compute_mask is patched).
+    with transaction(module for module, _ in pairs):
+        for (module, name), mask, t in zip(pairs, masks, tensors, strict=True):
+            hook = CLASSES["custom_from_mask"](mask.to(dtype=t.dtype))
+            apply_method(module, name, hook, None, precomputed=hook.mask if core_of(hook) is not None else None)
