@@ -1,17 +1,11 @@
 """Drop-in replacement for :mod:`torch.nn.utils.prune`, with masks computed by arrayprune.
 
-Replace ``import torch.nn.utils.prune as prune`` with
-``import arrayprune.adapters.torch as prune``: every public name exists with the same
-signature (random methods also take a keyword-only ``seed`` or ``generator``) and the
-same effect on modules, with masks computed by the arrayprune core on the module's own
-tensors, on their device. The reparametrization is PyTorch's, object for object
-(``<name>_orig``, the buffer ``<name>_mask``, a forward pre-hook, a
-:class:`PruningContainer` when pruning again, :func:`remove`), and the classes derive
-from PyTorch's, so either library's ``is_pruned`` and ``remove`` work on modules
-pruned by the other. Unseeded random methods draw exactly as PyTorch does.
-
-One class and one verb exist for every method of :data:`arrayprune.METHODS`, made from
-that table. The differences from PyTorch are listed in ``docs/torch-dropin.md``.
+``import arrayprune.adapters.torch as prune`` instead of ``import torch.nn.utils.prune as
+prune``: the same names, signatures (random methods also take a keyword-only ``seed`` or
+``generator``), reparametrization and masks, computed by the arrayprune core on the
+module's tensors, on their device; the classes derive from PyTorch's. There is one class
+and one verb per method of :data:`arrayprune.METHODS`, made from that table. How, and
+the differences from PyTorch: ``docs/torch-dropin.md``.
 
 Examples
 --------

@@ -17,12 +17,8 @@ from ._tensors import check_shape, detached, free_name, plain_module
 
 
 class BasePruningMethod(_tprune.BasePruningMethod):
-    """Abstract base of pruning methods: a :class:`torch.nn.utils.prune.BasePruningMethod`.
-
-    Set ``PRUNING_TYPE`` (``'unstructured'``, ``'structured'`` with a ``dim``, or
-    ``'global'``) and implement ``compute_mask(t, default_mask)``. Installed, an instance
-    is the module's forward pre-hook; pruned modules can be deep-copied.
-    """
+    """Abstract base of pruning methods, a :class:`torch.nn.utils.prune.BasePruningMethod`: set
+    ``PRUNING_TYPE``, implement ``compute_mask(t, default_mask)``. An instance is its hook."""
 
     _tensor_name: str | None = None
 
@@ -32,11 +28,7 @@ class BasePruningMethod(_tprune.BasePruningMethod):
 
     @classmethod
     def apply(cls, module: torch.nn.Module, name: str, *args: Any, importance_scores: Any = None, **kwargs: Any):
-        """Prune ``module.<name>`` with ``cls(*args, **kwargs)``; return the hook installed.
-
-        On a pruned tensor the method joins a :class:`PruningContainer`; on any failure
-        the module is left as it was.
-        """
+        """Prune ``module.<name>`` with ``cls(*args, **kwargs)``; return the hook installed."""
         from ._apply import apply_method
 
         return apply_method(module, name, cls(*args, **kwargs), importance_scores)
@@ -129,17 +121,13 @@ def core_parameter(key: str) -> property:
 
 def core_of(method: Any) -> Any:
     """`method`'s core method if the core computes its masks, else None (foreign or patched)."""
-    if type(method).compute_mask is not CoreMethod.compute_mask or "compute_mask" in method.__dict__:
-        return None
-    return method._core
+    native = type(method).compute_mask is CoreMethod.compute_mask and "compute_mask" not in method.__dict__
+    return method._core if native else None
 
 
 def core_mask(method: Any, t: torch.Tensor, default_mask: Any, combine: bool = False) -> Any:
-    """The mask of CoreMethod `method` on scores `t`, as PyTorch's method gives it.
-
-    `combine`: prune what `default_mask` leaves (:func:`arrayprune.combine_masks`); no
-    `default_mask`: the core's boolean keep mask. Meta tensors get a meta mask.
-    """
+    """The mask of CoreMethod `method` on scores `t` as PyTorch's (`combine`: as a container's;
+    no `default_mask`: the core's boolean keep mask; meta tensors: a meta mask)."""
     for key in method._SHAPED:
         check_shape(t, getattr(method, key), key)
     if t.is_meta or (default_mask is not None and default_mask.is_meta):
@@ -156,9 +144,8 @@ def core_mask(method: Any, t: torch.Tensor, default_mask: Any, combine: bool = F
 
 
 class PruningContainer(BasePruningMethod, _tprune.PruningContainer):
-    """Methods applied one after the other to a tensor: a :class:`torch.nn.utils.prune.PruningContainer`.
-
-    The newest prunes what the earlier ones left (:func:`arrayprune.combine_masks`).
+    """Methods applied in turn to a tensor, the newest to what the others left: a
+    :class:`torch.nn.utils.prune.PruningContainer` combining by :func:`arrayprune.combine_masks`.
 
     Parameters
     ----------
@@ -180,11 +167,9 @@ class PruningContainer(BasePruningMethod, _tprune.PruningContainer):
             return
         if not isinstance(method, _tprune.BasePruningMethod):
             raise TypeError(f"{type(method)} is not a BasePruningMethod subclass")
-        if self._tensor_name != getattr(method, "_tensor_name", None):
-            raise ValueError(
-                f"Can only add pruning methods acting on the parameter named '{self._tensor_name}' "
-                f"to PruningContainer {self}. Found '{getattr(method, '_tensor_name', None)}'"
-            )
+        if self._tensor_name != (found := getattr(method, "_tensor_name", None)):
+            msg = f"Can only add pruning methods acting on the parameter named '{self._tensor_name}' "
+            raise ValueError(msg + f"to PruningContainer {self}. Found '{found}'")
         self._pruning_methods += (method,)
 
     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:

@@ -22,11 +22,6 @@ _DOC = "{summary}\n\n{origin}; masks computed by :class:`arrayprune.{cls}`.{stre
 _STREAM = " Without `seed` or `generator`,\ndraws from PyTorch's global generator exactly as PyTorch does."
 
 
-def torch_counterpart(name: str) -> Any:
-    """The class or function `name` of :mod:`torch.nn.utils.prune`, or None."""
-    return None if name.startswith("_") else getattr(_tprune, name, None)
-
-
 def extended(signature: inspect.Signature, core_class: type) -> inspect.Signature:
     """`signature` with `core_class`'s keyword-only parameters added (before any ``**kwargs``)."""
     params, kw_only = list(signature.parameters.values()), _P.KEYWORD_ONLY
@@ -36,10 +31,9 @@ def extended(signature: inspect.Signature, core_class: type) -> inspect.Signatur
 
 
 def method_class(verb: str, core_class: type) -> type:
-    """The adapter class of `core_class` (of verb `verb`): a subclass of PyTorch's class of
-    that name, with its signatures extended by the core's keyword-only parameters, if any."""
+    """The adapter class of `core_class` (of verb `verb`), PyTorch's class of that name extended."""
     name, own = core_class.__name__, [p.name for p in constructor_parameters(core_class)]
-    theirs = torch_counterpart(name)
+    theirs = getattr(_tprune, name, None)  # PyTorch's class of that name
     if isinstance(theirs, type) and issubclass(theirs, _tprune.BasePruningMethod):
         bases: tuple[type, ...] = (CoreMethod, theirs)
         init, apply = (extended(inspect.signature(f), core_class) for f in (theirs.__init__, theirs.apply))
@@ -50,6 +44,7 @@ def method_class(verb: str, core_class: type) -> type:
     summary = inspect.cleandoc(core_class.__doc__ or name).split("\n\n")[0]
     stream = _STREAM if core_class in STREAMS else ""
     doc = _DOC.format(summary=summary, origin=origin, cls=name, stream=stream) + parameters_doc(core_class)
+
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         self._core = make_core(type(self), args, kwargs)
 
@@ -80,12 +75,9 @@ def method_class(verb: str, core_class: type) -> type:
 CLASSES: dict[str, type] = {name: method_class(name, core) for name, core in METHODS.items()}
 
 
-_VERB_DOC = """Prune ``module.<name>`` with :class:`{cls}`; return `module`, modified in place.
+_VERB_DOC = """Prune ``module.<name>`` with :class:`{cls}` (what remains of it); return `module`.
 
-{origin}On a pruned tensor, only what remains is pruned; on any failure, the module is
-left as it was.
-
-Parameters
+{origin}Parameters
 ----------
 module : torch.nn.Module
     Module holding the tensor.
@@ -105,9 +97,9 @@ def _call(method: Any, module: torch.nn.Module, name: str, importance_scores: An
 
 def method_verb(name: str, cls: type) -> Any:
     """The verb `name` of adapter class `cls`, with PyTorch's signature (extended) if PyTorch has it."""
-    theirs = torch_counterpart(name)
+    theirs = getattr(_tprune, name, None)  # PyTorch's verb of that name
     signature = extended(inspect.signature(theirs), cls._CORE) if callable(theirs) else None
-    doc = _VERB_DOC.replace("{origin}", "" if signature else "Not in :mod:`torch.nn.utils.prune`. ")
+    doc = _VERB_DOC.replace("{origin}", "" if signature else "Not in :mod:`torch.nn.utils.prune`.\n\n")
     doc += _SCORES if cls._CORE.USES_SCORES else ""
     kwargs = {"leading": LEADING, "scores": "positional", "doc": doc, "module": PACKAGE, "signature": signature}
     return make_verb(cls, name, _call, **kwargs)

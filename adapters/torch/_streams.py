@@ -13,13 +13,9 @@ from arrayprune._masks import check_same_shape
 
 
 def pytorch_random_keep(scores: list[torch.Tensor], eligible: list[Any], count: Any) -> list[torch.Tensor]:
-    """Boolean keep masks of PyTorch's ``RandomUnstructured`` over one or several tensors.
-
-    PyTorch draws ``torch.rand_like`` of the entries in play (``eligible``, None for all)
-    as one row-major vector in the dtype of their concatenation, and prunes the
-    ``count(available)`` largest draws; here the draw is made from the sizes alone and
-    scattered back tensor by tensor, never concatenating the scores.
-    """
+    """Keep masks of PyTorch's ``RandomUnstructured`` over the `eligible` entries (None: all) of
+    several tensors: ``torch.rand_like`` of their concatenation, whose ``count`` largest draws are
+    pruned, is drawn from the sizes alone and scattered back, never concatenating anything."""
     sizes = [s.numel() if e is None else int(e.sum()) for s, e in zip(scores, eligible, strict=True)]
     k = count(sum(sizes))  # validation errors come before any draw
     keeps = [torch.ones(s.shape, dtype=torch.bool, device=s.device) for s in scores]
@@ -49,8 +45,7 @@ class PyTorchStreamRandomStructured(_core.RandomStructured):
     for the channels in play and keeping those above the ``k``-th smallest draw, as PyTorch."""
 
     def compute_mask(self, t: Any, default_mask: Any) -> Any:
-        if default_mask is None:
-            default_mask = torch.ones(t.shape, dtype=torch.bool, device=t.device)
+        default_mask = torch.ones(t.shape, dtype=torch.bool, device=t.device) if default_mask is None else default_mask
         check_same_shape(t, default_mask, "default_mask")
         return self._prune_channels(default_mask, self.checked_dim(t), None)
 
@@ -70,8 +65,6 @@ class PyTorchStreamRandomStructured(_core.RandomStructured):
         return _core.channel_keep_to_mask(mask, keep, dim)
 
 
-#: Core random method classes and their PyTorch-stream variants, used without a seed.
-STREAMS: dict[type, type] = {
-    _core.RandomUnstructured: PyTorchStreamRandomUnstructured,
-    _core.RandomStructured: PyTorchStreamRandomStructured,
+STREAMS = {  # the variants of core classes, for unseeded methods
+    _core.RandomUnstructured: PyTorchStreamRandomUnstructured, _core.RandomStructured: PyTorchStreamRandomStructured
 }

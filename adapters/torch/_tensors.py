@@ -1,9 +1,5 @@
-"""Tensor checks and conversions, and the checks for direct writes to plain modules.
-
-``register_parameter``, ``register_buffer`` and ``setattr`` cost ~2 us each, as much as a
-small mask. On modules with nn.Module's attribute protocol and no global registration
-hook the adapter makes their checks and writes the dictionaries itself, as they would.
-"""
+"""Tensor checks and conversions, and the checks of direct writes to plain modules (where
+``register_parameter``, ``register_buffer``, ``setattr`` would do just that, at ~2 us each)."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ _NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64, torch.flo
 
 
 class ShapeMismatchError(ValueError, AssertionError):
-    """A tensor lacks the shape of the tensor to prune: a ValueError, as in the core, and an
-    AssertionError, as in :mod:`torch.nn.utils.prune`."""
+    """A tensor lacks the pruned one's shape: a ValueError (the core's) and an AssertionError (PyTorch's)."""
 
 
 def check_shape(t: torch.Tensor, other: Any, what: str) -> None:

@@ -13,10 +13,9 @@ import arrayprune.schedules as _schedules
 from arrayprune._masks import apply_keep, eligible
 from arrayprune.methods import UnstructuredPruningMethod
 
-from ._apply import apply_method, pruning_hooks
+from ._apply import apply_method, pruning_hooks, transaction
 from ._base import core_of
 from ._methods import CLASSES
-from ._rollback import transaction
 from ._tensors import check_shape, detached
 
 
@@ -30,10 +29,8 @@ def prune_to_sparsity(
 ) -> torch.nn.Module:
     """Prune just enough more of ``module.<name>`` that a fraction `sparsity` is pruned.
 
-    Not in :mod:`torch.nn.utils.prune`: a step of gradual pruning, with
-    ``schedule(step)`` (:class:`arrayprune.PolynomialDecay`, ...). Units already pruned
-    count and stay pruned; `pruning_method` (of an amount) is applied with an integer
-    amount, `importance_scores` and `kwargs` (``n``, ``dim``, ...). Returns `module`.
+    Not in PyTorch: a step of gradual pruning, with ``schedule(step)``. Units pruned count;
+    `pruning_method` gets an integer amount, `importance_scores` and `kwargs`. Returns `module`.
 
     Examples
     --------
@@ -53,10 +50,7 @@ def prune_to_sparsity(
 
 
 def remove(module: torch.nn.Module, name: str) -> torch.nn.Module:
-    """Make the pruning of ``module.<name>`` permanent (ValueError if not pruned); return `module`.
-
-    The pruned values go into the original parameter, which becomes ``module.<name>`` again.
-    """
+    """Make the pruning of ``module.<name>`` permanent (ValueError if not pruned); return `module`."""
     for key, hook in pruning_hooks(module, name):
         hook.remove(module)
         del module._forward_pre_hooks[key]
@@ -82,17 +76,13 @@ def global_unstructured(
 ) -> None:
     """Prune many parameters together, ranking all their entries against each other.
 
-    The masks of :func:`torch.nn.utils.prune.global_unstructured`, without concatenating
-    the parameters for core-backed methods. Entries that existing masks prune are not
-    candidates; each parameter gets its share by :class:`CustomFromMask`. On any failure
-    every module is left as it was.
+    PyTorch's masks, without concatenating the parameters for core-backed methods; each
+    parameter gets its share by :class:`CustomFromMask`, or on failure is left as it was.
 
     Parameters
     ----------
     parameters : iterable of (torch.nn.Module, str)
-        The parameters to prune.
-    pruning_method : type
-        A method class of ``PRUNING_TYPE`` ``'unstructured'``, built with `kwargs`.
+        The parameters to prune, by an ``'unstructured'`` `pruning_method` built with `kwargs`.
     importance_scores : dict, optional
         Scores by ``(module, name)``; a parameter without any is ranked by itself.
     min_sparsity, max_sparsity, normalization : optional
