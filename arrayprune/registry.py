@@ -127,13 +127,13 @@ def make_verb(
     """
     if signature is None:
         signature = verb_signature(cls, leading, scores, extra)
-    own = {p.name for p in constructor_parameters(cls)}
+    own = [p.name for p in constructor_parameters(cls)]
     bind = _binder(signature)
 
     def verb(*args: Any, **kwargs: Any) -> Any:
-        arguments = bind(args, kwargs)
-        method = cls(**{k: v for k, v in arguments.items() if k in own})
-        return call(method, **{k: v for k, v in arguments.items() if k not in own})
+        arguments = bind(args, kwargs)  # a new dict: the constructor's arguments leave it
+        method = cls(**{k: arguments.pop(k) for k in own if k in arguments})
+        return call(method, **arguments)
 
     verb.__name__ = verb.__qualname__ = name
     verb.__module__ = module
