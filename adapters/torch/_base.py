@@ -103,6 +103,8 @@ class CoreMethod(BasePruningMethod):
 
 
 def make_core(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if cls._STREAM is None and not cls._SHAPED:
+        return cls._CORE(*args, **kwargs)
     stream = cls._STREAM is not None and kwargs.get("seed") is None and kwargs.get("generator") is None
     core = (cls._STREAM if stream else cls._CORE)(*args, **kwargs)
     for key in cls._SHAPED:
@@ -132,13 +134,15 @@ def core_mask(method: Any, t: torch.Tensor, default_mask: Any, combine: bool = F
         check_shape(t, getattr(method, key), key)
     if t.is_meta or (default_mask is not None and default_mask.is_meta):
         return torch.empty(t.shape, dtype=torch.bool if default_mask is None else default_mask.dtype, device="meta")
+    if default_mask is None:
+        return method._core.compute_mask(t.detach(), None)
     given = detached(default_mask)
     if combine:
         return combine_masks(method._core, detached(t), given)
     mask = method._core.compute_mask(detached(t), given)
     if mask is given:
         return default_mask
-    if method.PRUNING_TYPE == "structured" and given is not None and mask.dtype != t.dtype:
+    if method.PRUNING_TYPE == "structured" and mask.dtype != t.dtype:
         return mask.to(dtype=t.dtype)
     return mask
 
