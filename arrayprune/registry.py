@@ -127,13 +127,14 @@ def make_verb(
     """
     if signature is None:
         signature = verb_signature(cls, leading, scores, extra)
-    own = [p.name for p in constructor_parameters(cls)]
-    bind = _binder(signature)
+    own = {p.name for p in constructor_parameters(cls)}
+    verb = _compiled(signature, own, cls, call)
+    if verb is None:  # positional-only or variadic parameters: bind them with the signature
 
-    def verb(*args: Any, **kwargs: Any) -> Any:
-        arguments = bind(args, kwargs)  # a new dict: the constructor's arguments leave it
-        method = cls(**{k: arguments.pop(k) for k in own if k in arguments})
-        return call(method, **arguments)
+        def verb(*args: Any, **kwargs: Any) -> Any:
+            arguments = signature.bind(*args, **kwargs).arguments
+            method = cls(**{k: v for k, v in arguments.items() if k in own})
+            return call(method, **{k: v for k, v in arguments.items() if k not in own})
 
     verb.__name__ = verb.__qualname__ = name
     verb.__module__ = module
@@ -142,24 +143,33 @@ def make_verb(
     return verb
 
 
-def _binder(signature: inspect.Signature) -> Callable[[tuple, dict], dict[str, Any]]:
-    """``signature.bind(*args, **kwargs).arguments``, a few times faster for valid calls."""
-    params = signature.parameters.values()
-    if any(p.kind not in (_P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY) for p in params):
-        return lambda args, kwargs: signature.bind(*args, **kwargs).arguments
-    positional = [p.name for p in params if p.kind is _P.POSITIONAL_OR_KEYWORD]
-    names = set(signature.parameters)
-    required = {p.name for p in params if p.default is _P.empty}
+_UNSET = object()
 
-    def bind(args: tuple, kwargs: dict) -> dict[str, Any]:
-        if len(args) <= len(positional):
-            arguments = dict(zip(positional, args, strict=False))
-            arguments.update(kwargs)
-            if len(arguments) == len(args) + len(kwargs) and names >= arguments.keys() >= required:
-                return arguments
-        return signature.bind(*args, **kwargs).arguments  # raises Python's TypeError
 
-    return bind
+def _compiled(signature: inspect.Signature, own: set[str], cls: type, call: Callable[..., Any]) -> Any:
+    """The verb as Python code, ``call(cls(<own arguments>), <the others>)``, so that the
+    interpreter binds its arguments (an argument not given is not passed on); None if the
+    signature has positional-only or variadic parameters."""
+    params = list(signature.parameters.values())
+    if any(p.kind not in (_P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY) or not p.name.isidentifier() for p in params):
+        return None
+    head, lines, passed = [], [], {True: [], False: []}
+    for p in params:
+        if p.kind is _P.KEYWORD_ONLY and "*" not in head:
+            head.append("*")
+        if p.default is _P.empty:
+            head.append(p.name)
+            passed[p.name in own].append(f"{p.name}={p.name}")
+        else:
+            head.append(f"{p.name}=_unset")
+            target = "_own" if p.name in own else "_rest"
+            lines.append(f"    if {p.name} is not _unset: {target}[{p.name!r}] = {p.name}")
+    body = "\n".join(["    _own, _rest = {}, {}", *lines])
+    own_args, rest_args = (", ".join([*passed[k], f"**{d}"]) for k, d in ((True, "_own"), (False, "_rest")))
+    source = f"def verb({', '.join(head)}):\n{body}\n    return _call(_cls({own_args}), {rest_args})\n"
+    namespace = {"_unset": _UNSET, "_cls": cls, "_call": call}
+    exec(source, namespace)  # names and structure from a signature; values stay in the namespace
+    return namespace["verb"]
 
 
 def verb_signature(
