@@ -63,8 +63,7 @@ def fast_path(module: torch.nn.Module, name: str, method: Any) -> bool:
         and not method._SHAPED
         and plain_module(module)
         and name not in d
-        and free_name(module, name + "_orig")
-        and free_name(module, name + "_mask")
+        and free_name(module, name + "_orig", name + "_mask")
         and not pruning_hooks(module, name)
     )
 

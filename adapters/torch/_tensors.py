@@ -59,12 +59,13 @@ def plain_module(module: torch.nn.Module) -> bool:
     )
 
 
-def free_name(module: torch.nn.Module, name: str) -> bool:
-    """``not hasattr(module, name)`` for a plain module, without raising AttributeError."""
+def free_name(module: torch.nn.Module, *names: str) -> bool:
+    """``not hasattr(module, name)`` for each name, on a plain module, without raising AttributeError."""
     d = module.__dict__
-    if name in d or name in d["_parameters"] or name in d["_buffers"] or name in d["_modules"]:
-        return False
+    for name in names:
+        if name in d or name in d["_parameters"] or name in d["_buffers"] or name in d["_modules"]:
+            return False
     for cls in type(module).__mro__:
-        if name in cls.__dict__:
+        if not cls.__dict__.keys().isdisjoint(names):
             return False
     return True
