@@ -153,20 +153,21 @@ def _compiled(signature: inspect.Signature, own: set[str], cls: type, call: Call
     params = list(signature.parameters.values())
     if any(p.kind not in (_P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY) or not p.name.isidentifier() for p in params):
         return None
-    head, lines, passed = [], [], {True: [], False: []}
+    head: list[str] = []
+    given: dict[tuple[bool, bool], list[str]] = {(o, r): [] for o in (True, False) for r in (True, False)}
     for p in params:
         if p.kind is _P.KEYWORD_ONLY and "*" not in head:
             head.append("*")
-        if p.default is _P.empty:
-            head.append(p.name)
-            passed[p.name in own].append(f"{p.name}={p.name}")
-        else:
-            head.append(f"{p.name}=_unset")
-            target = "_own" if p.name in own else "_rest"
-            lines.append(f"    if {p.name} is not _unset: {target}[{p.name!r}] = {p.name}")
-    body = "\n".join(["    _own, _rest = {}, {}", *lines])
-    own_args, rest_args = (", ".join([*passed[k], f"**{d}"]) for k, d in ((True, "_own"), (False, "_rest")))
-    source = f"def verb({', '.join(head)}):\n{body}\n    return _call(_cls({own_args}), {rest_args})\n"
+        head.append(p.name if p.default is _P.empty else f"{p.name}=_unset")
+        given[p.name in own, p.default is _P.empty].append(p.name)
+    lines, args = [], {}
+    for mine, d in ((True, "_own"), (False, "_rest")):  # (the constructor's, the others)
+        args[mine] = [f"{n}={n}" for n in given[mine, True]]
+        if given[mine, False]:
+            lines += [f"    {d} = {{}}", *(f"    if {n} is not _unset: {d}[{n!r}] = {n}" for n in given[mine, False])]
+            args[mine].append(f"**{d}")
+    call_line = f"    return _call(_cls({', '.join(args[True])}), {', '.join(args[False])})"
+    source = f"def verb({', '.join(head)}):\n" + "\n".join([*lines, call_line]) + "\n"
     namespace = {"_unset": _UNSET, "_cls": cls, "_call": call}
     exec(source, namespace)  # names and structure from a signature; values stay in the namespace
     return namespace["verb"]
