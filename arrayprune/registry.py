@@ -149,9 +149,9 @@ _UNSET = object()
 def _compiled(signature: inspect.Signature, own: set[str], cls: type, call: Callable[..., Any]) -> Any:
     """The verb as Python code, ``call(cls(<own arguments>), <the others>)``, so that the
     interpreter binds its arguments (an argument not given is not passed on); None if the
-    signature has positional-only or variadic parameters."""
+    signature has positional-only or variadic parameters (or names clashing with the code's)."""
     params = list(signature.parameters.values())
-    if any(p.kind not in (_P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY) or not p.name.isidentifier() for p in params):
+    if any(p.kind not in (_P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY) or p.name.startswith("_") for p in params):
         return None
     head: list[str] = []
     given: dict[tuple[bool, bool], list[str]] = {(o, r): [] for o in (True, False) for r in (True, False)}
