@@ -128,17 +128,49 @@ def make_verb(
     if signature is None:
         signature = verb_signature(cls, leading, scores, extra)
     own = {p.name for p in constructor_parameters(cls)}
+    verb = _compiled(signature, own, cls, call)
+    if verb is None:  # positional-only or variadic parameters: bind them with the signature
 
-    def verb(*args: Any, **kwargs: Any) -> Any:
-        arguments = signature.bind(*args, **kwargs).arguments
-        method = cls(**{k: v for k, v in arguments.items() if k in own})
-        return call(method, **{k: v for k, v in arguments.items() if k not in own})
+        def verb(*args: Any, **kwargs: Any) -> Any:
+            arguments = signature.bind(*args, **kwargs).arguments
+            method = cls(**{k: v for k, v in arguments.items() if k in own})
+            return call(method, **{k: v for k, v in arguments.items() if k not in own})
 
     verb.__name__ = verb.__qualname__ = name
     verb.__module__ = module
     verb.__signature__ = signature  # type: ignore[attr-defined]
     verb.__doc__ = doc.replace("{parameters}", parameters_doc(cls).rstrip("\n")).replace("{cls}", cls.__name__)
     return verb
+
+
+_UNSET = object()
+
+
+def _compiled(signature: inspect.Signature, own: set[str], cls: type, call: Callable[..., Any]) -> Any:
+    """The verb as Python code, ``call(cls(<own arguments>), <the others>)``, so that the
+    interpreter binds its arguments (an argument not given is not passed on); None if the
+    signature has positional-only or variadic parameters (or names clashing with the code's)."""
+    params = list(signature.parameters.values())
+    if any(p.kind not in (_P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY) or p.name.startswith("_") for p in params):
+        return None
+    head: list[str] = []
+    given: dict[tuple[bool, bool], list[str]] = {(o, r): [] for o in (True, False) for r in (True, False)}
+    for p in params:
+        if p.kind is _P.KEYWORD_ONLY and "*" not in head:
+            head.append("*")
+        head.append(p.name if p.default is _P.empty else f"{p.name}=_unset")
+        given[p.name in own, p.default is _P.empty].append(p.name)
+    lines, args = [], {}
+    for mine, d in ((True, "_own"), (False, "_rest")):  # (the constructor's, the others)
+        args[mine] = [f"{n}={n}" for n in given[mine, True]]
+        if given[mine, False]:
+            lines += [f"    {d} = {{}}", *(f"    if {n} is not _unset: {d}[{n!r}] = {n}" for n in given[mine, False])]
+            args[mine].append(f"**{d}")
+    call_line = f"    return _call(_cls({', '.join(args[True])}), {', '.join(args[False])})"
+    source = f"def verb({', '.join(head)}):\n" + "\n".join([*lines, call_line]) + "\n"
+    namespace = {"_unset": _UNSET, "_cls": cls, "_call": call}
+    exec(source, namespace)  # names and structure from a signature; values stay in the namespace
+    return namespace["verb"]
 
 
 def verb_signature(

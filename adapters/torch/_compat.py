@@ -1,4 +1,4 @@
-"""Private helpers of :mod:`torch.nn.utils.prune`, with the same names, signatures and meaning."""
+"""PyTorch's private helpers of :mod:`torch.nn.utils.prune`: same names, signatures, meaning."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from arrayprune.norms import channel_norms as _channel_norms
 
 
 def _validate_pruning_amount_init(amount: Any) -> None:
-    """Check an amount before the tensor is known (see arrayprune.validate_pruning_amount_init)."""
+    """Check an amount before the tensor is known: a float in ``[0, 1]`` or an int >= 0."""
     _amount.validate_pruning_amount_init(amount)
 
 
@@ -21,7 +21,7 @@ def _validate_pruning_amount(amount: Any, tensor_size: int) -> None:
 
 
 def _compute_nparams_toprune(amount: Any, tensor_size: int) -> int:
-    """Number of units to prune: an integer amount as is, a float as ``round(amount * tensor_size)``."""
+    """Units to prune: an integer amount as is, a float as ``round(amount * tensor_size)``."""
     return _amount.compute_nparams_toprune(amount, tensor_size)
 
 
@@ -36,20 +36,8 @@ def _validate_pruning_dim(t: torch.Tensor, dim: int) -> None:
 
 
 def _compute_norm(t: torch.Tensor, n: Any, dim: int) -> torch.Tensor:
-    """L\\ `n` norm of every channel of `t` along `dim`, over all other dimensions.
-
-    Parameters
-    ----------
-    t : torch.Tensor
-        Tensor with at least two dimensions.
-    n : int, float, inf, -inf, 'fro' or 'nuc'
-        Order of the norm, as ``p`` in :func:`torch.norm`.
-    dim : int
-        Channel dimension (negative values count from the end).
-
-    Returns
-    -------
-    torch.Tensor
-        One norm per channel, shape ``(t.shape[dim],)``.
-    """
+    """L\\ `n` norm (``p`` of :func:`torch.norm`) of each channel of `t` along `dim`."""
     return _channel_norms(t, n, _amount.normalize_dim(tuple(t.shape), dim))
+
+
+__all__ = [name for name in list(globals()) if name.startswith(("_validate_", "_compute_"))]

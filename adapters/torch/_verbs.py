@@ -1,358 +1,36 @@
-"""The functional interface: one verb per method, and :func:`remove` / :func:`is_pruned`."""
+"""The verbs not made from the method table: global pruning, schedules, ``remove``, ``is_pruned``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch.nn.utils import prune as _tprune
 
+import arrayprune.global_pruning as _global
 import arrayprune.schedules as _schedules
+from arrayprune._masks import apply_keep, eligible
+from arrayprune.methods import UnstructuredPruningMethod
 
-from ._methods import (
-    BlockUnstructured,
-    CustomFromMask,
-    Identity,
-    L1Unstructured,
-    LnStructured,
-    NMStructured,
-    RandomStructured,
-    RandomUnstructured,
-)
-from ._reparam import _pruning_hooks
-
-
-def identity(module: torch.nn.Module, name: str) -> torch.nn.Module:
-    """Add the pruning reparametrization to ``module.<name>`` without pruning anything.
-
-    The mask ``<name>_mask`` is all ones.
-
-    Parameters
-    ----------
-    module : torch.nn.Module
-        Module holding the tensor.
-    name : str
-        Name of the parameter within `module`.
-
-    Returns
-    -------
-    torch.nn.Module
-        `module`, modified in place.
-
-    Examples
-    --------
-    >>> import torch.nn as nn
-    >>> import arrayprune.adapters.torch as prune
-    >>> prune.identity(nn.Linear(2, 3), "bias").bias_mask
-    tensor([1., 1., 1.])
-    """
-    Identity.apply(module, name)
-    return module
-
-
-def random_unstructured(
-    module: torch.nn.Module,
-    name: str,
-    amount: int | float,
-    *,
-    seed: int | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.nn.Module:
-    """Prune ``amount`` of the (currently unpruned) entries of ``module.<name>`` at random.
-
-    Parameters
-    ----------
-    module : torch.nn.Module
-        Module holding the tensor.
-    name : str
-        Name of the parameter within `module`.
-    amount : int or float
-        Fraction in ``[0, 1]`` of the remaining entries, or their number.
-    seed : int, optional
-        Seed for a reproducible mask (not in PyTorch).
-    generator : torch.Generator, optional
-        Generator to draw from (not in PyTorch). With neither, PyTorch's own draws and mask.
-
-    Returns
-    -------
-    torch.nn.Module
-        `module`, modified in place.
-
-    Examples
-    --------
-    >>> import torch, torch.nn as nn
-    >>> import arrayprune.adapters.torch as prune
-    >>> m = prune.random_unstructured(nn.Linear(2, 3), "weight", amount=1)
-    >>> int(torch.sum(m.weight_mask == 0))
-    1
-    """
-    RandomUnstructured.apply(module, name, amount, seed=seed, generator=generator)
-    return module
-
-
-def l1_unstructured(
-    module: torch.nn.Module,
-    name: str,
-    amount: int | float,
-    importance_scores: torch.Tensor | None = None,
-) -> torch.nn.Module:
-    """Prune ``amount`` of the (currently unpruned) entries of smallest magnitude.
-
-    Parameters
-    ----------
-    module : torch.nn.Module
-        Module holding the tensor.
-    name : str
-        Name of the parameter within `module`.
-    amount : int or float
-        Fraction in ``[0, 1]`` of the remaining entries, or their number.
-    importance_scores : torch.Tensor, optional
-        Scores ranking the entries instead of the parameter, same shape.
-
-    Returns
-    -------
-    torch.nn.Module
-        `module`, modified in place.
-
-    Examples
-    --------
-    >>> import torch.nn as nn
-    >>> import arrayprune.adapters.torch as prune
-    >>> m = prune.l1_unstructured(nn.Linear(2, 3), "weight", amount=0.2)
-    >>> sorted(m.state_dict())
-    ['bias', 'weight_mask', 'weight_orig']
-    """
-    L1Unstructured.apply(module, name, amount=amount, importance_scores=importance_scores)
-    return module
-
-
-def random_structured(
-    module: torch.nn.Module,
-    name: str,
-    amount: int | float,
-    dim: int,
-    *,
-    seed: int | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.nn.Module:
-    """Prune ``amount`` of the (currently unpruned) channels along `dim` at random.
-
-    Parameters
-    ----------
-    module : torch.nn.Module
-        Module holding the tensor.
-    name : str
-        Name of the parameter within `module`.
-    amount : int or float
-        Fraction in ``[0, 1]`` of the remaining channels, or their number.
-    dim : int
-        Dimension along which channels are defined.
-    seed : int, optional
-        Seed for a reproducible mask (not in PyTorch).
-    generator : torch.Generator, optional
-        Generator to draw from (not in PyTorch). With neither, PyTorch's own draws and mask.
-
-    Returns
-    -------
-    torch.nn.Module
-        `module`, modified in place.
-
-    Examples
-    --------
-    >>> import torch, torch.nn as nn
-    >>> import arrayprune.adapters.torch as prune
-    >>> m = prune.random_structured(nn.Linear(5, 3), "weight", amount=3, dim=1)
-    >>> int(torch.sum(m.weight_mask.sum(dim=0) == 0))
-    3
-    """
-    RandomStructured.apply(module, name, amount, dim, seed=seed, generator=generator)
-    return module
-
-
-def ln_structured(
-    module: torch.nn.Module,
-    name: str,
-    amount: int | float,
-    n: Any,
-    dim: int,
-    importance_scores: torch.Tensor | None = None,
-) -> torch.nn.Module:
-    """Prune ``amount`` of the (currently unpruned) channels of smallest L\\ `n` norm.
-
-    Parameters
-    ----------
-    module : torch.nn.Module
-        Module holding the tensor.
-    name : str
-        Name of the parameter within `module`.
-    amount : int or float
-        Fraction in ``[0, 1]`` of the remaining channels, or their number.
-    n : int, float, inf, -inf, 'fro' or 'nuc'
-        Order of the norm, as ``p`` in :func:`torch.norm`.
-    dim : int
-        Dimension along which channels are defined.
-    importance_scores : torch.Tensor, optional
-        Scores to take norms of instead of the parameter, same shape.
-
-    Returns
-    -------
-    torch.nn.Module
-        `module`, modified in place.
-
-    Examples
-    --------
-    >>> import torch.nn as nn
-    >>> import arrayprune.adapters.torch as prune
-    >>> m = prune.ln_structured(nn.Conv2d(5, 3, 2), "weight", amount=0.3, n=float("-inf"), dim=1)
-    >>> int((m.weight_mask.sum(dim=(0, 2, 3)) == 0).sum())
-    2
-    """
-    LnStructured.apply(module, name, amount, n, dim, importance_scores=importance_scores)
-    return module
-
-
-def custom_from_mask(module: torch.nn.Module, name: str, mask: Any) -> torch.nn.Module:
-    """Prune ``module.<name>`` with the precomputed `mask`.
-
-    Parameters
-    ----------
-    module : torch.nn.Module
-        Module holding the tensor.
-    name : str
-        Name of the parameter within `module`.
-    mask : torch.Tensor
-        Mask of the shape of the parameter; non-zero entries are kept.
-
-    Returns
-    -------
-    torch.nn.Module
-        `module`, modified in place.
-
-    Examples
-    --------
-    >>> import torch, torch.nn as nn
-    >>> import arrayprune.adapters.torch as prune
-    >>> prune.custom_from_mask(nn.Linear(5, 3), name="bias", mask=torch.tensor([0, 1, 0])).bias_mask
-    tensor([0., 1., 0.])
-    """
-    CustomFromMask.apply(module, name, mask)
-    return module
-
-
-def nm_structured(
-    module: torch.nn.Module,
-    name: str,
-    n: int = 2,
-    m: int = 4,
-    dim: int = -1,
-    importance_scores: torch.Tensor | None = None,
-) -> torch.nn.Module:
-    """Impose `n`:`m` sparsity (2:4 by default) on ``module.<name>`` along `dim`.
-
-    Not in :mod:`torch.nn.utils.prune`; the reparametrization is the same as for the
-    other verbs, and it combines with them in a :class:`PruningContainer`.
-
-    Parameters
-    ----------
-    module : torch.nn.Module
-        Module holding the tensor.
-    name : str
-        Name of the parameter within `module`.
-    n, m : int
-        The pattern: `n` zeros in every `m` consecutive entries.
-    dim : int, default -1
-        Axis along which groups run.
-    importance_scores : torch.Tensor, optional
-        Scores ranking the entries instead of the parameter, same shape.
-
-    Returns
-    -------
-    torch.nn.Module
-        `module`, modified in place.
-
-    Examples
-    --------
-    >>> import torch.nn as nn
-    >>> import arrayprune, arrayprune.adapters.torch as prune
-    >>> m = prune.nm_structured(nn.Linear(8, 4), "weight")
-    >>> arrayprune.is_nm_sparse(m.weight, 2, 4)
-    True
-    """
-    NMStructured.apply(module, name, n=n, m=m, dim=dim, importance_scores=importance_scores)
-    return module
-
-
-def block_unstructured(
-    module: torch.nn.Module,
-    name: str,
-    amount: int | float,
-    block_shape: tuple[int, ...],
-    n: float = 1,
-    importance_scores: torch.Tensor | None = None,
-) -> torch.nn.Module:
-    """Prune ``amount`` of the (remaining) blocks of ``module.<name>``, weakest first.
-
-    Not in :mod:`torch.nn.utils.prune`; see :class:`BlockUnstructured`.
-
-    Parameters
-    ----------
-    module : torch.nn.Module
-        Module holding the tensor.
-    name : str
-        Name of the parameter within `module`.
-    amount : int or float
-        Fraction in ``[0, 1]`` of the remaining blocks, or their number.
-    block_shape : tuple of int
-        Block shape, aligned to the trailing dimensions.
-    n : float, default 1
-        Order of the power mean scoring a block.
-    importance_scores : torch.Tensor, optional
-        Scores ranking the entries instead of the parameter, same shape.
-
-    Returns
-    -------
-    torch.nn.Module
-        `module`, modified in place.
-    """
-    BlockUnstructured.apply(module, name, amount, block_shape, n=n, importance_scores=importance_scores)
-    return module
+from ._apply import apply_method, pruning_hooks, transaction
+from ._base import core_of
+from ._methods import CLASSES
+from ._tensors import check_shape, detached
 
 
 def prune_to_sparsity(
     module: torch.nn.Module,
     name: str,
     sparsity: float,
-    pruning_method: type = L1Unstructured,
+    pruning_method: type = CLASSES["l1_unstructured"],
     importance_scores: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> torch.nn.Module:
     """Prune just enough more of ``module.<name>`` that a fraction `sparsity` is pruned.
 
-    Not in :mod:`torch.nn.utils.prune`: the step of gradual pruning. Call it at each
-    training step with ``schedule(step)`` (:class:`arrayprune.PolynomialDecay`, ...):
-    units already pruned count towards the target and stay pruned, and the new method
-    joins the others in the :class:`PruningContainer`.
-
-    Parameters
-    ----------
-    module : torch.nn.Module
-        Module holding the tensor.
-    name : str
-        Name of the parameter within `module`.
-    sparsity : float
-        Target fraction of pruned units (entries, or channels for structured methods).
-    pruning_method : type, default L1Unstructured
-        Unstructured or structured method class, applied with an integer amount.
-    importance_scores : torch.Tensor, optional
-        Scores ranking the entries (for methods that take them).
-    **kwargs
-        Further arguments of the method's ``apply`` (``n``, ``dim``, ...).
-
-    Returns
-    -------
-    torch.nn.Module
-        `module`, modified in place (nothing is pruned if the target is already met,
-        but the reparametrization is added, as with an amount of 0).
+    Not in PyTorch: a step of gradual pruning, with ``schedule(step)``. Units pruned count;
+    `pruning_method` gets an integer amount, `importance_scores` and `kwargs`. Returns `module`.
 
     Examples
     --------
@@ -364,41 +42,16 @@ def prune_to_sparsity(
     >>> int((m.weight_mask == 0).sum())
     90
     """
-    t = getattr(module, name)
+    probe = pruning_method(0, **kwargs)
     mask = getattr(module, name + "_mask", None)
-    probe = pruning_method(0, **kwargs)._core_method()
-    extra = _schedules.units_to_prune(t.detach(), sparsity, mask, probe)
-    if importance_scores is not None:
-        kwargs["importance_scores"] = importance_scores
-    pruning_method.apply(module, name, amount=extra, **kwargs)
+    extra = _schedules.units_to_prune(getattr(module, name).detach(), sparsity, mask, getattr(probe, "_core", probe))
+    apply_method(module, name, pruning_method(amount=extra, **kwargs), importance_scores)
     return module
 
 
 def remove(module: torch.nn.Module, name: str) -> torch.nn.Module:
-    """Make the pruning of ``module.<name>`` permanent and remove its reparametrization.
-
-    The pruned values are written into the original parameter object, which becomes
-    ``module.<name>`` again; ``<name>_orig``, ``<name>_mask`` and the hook are removed.
-    Works on tensors pruned by PyTorch as well.
-
-    Parameters
-    ----------
-    module : torch.nn.Module
-        Module holding the tensor.
-    name : str
-        Name of the pruned parameter.
-
-    Returns
-    -------
-    torch.nn.Module
-        `module`, modified in place.
-
-    Raises
-    ------
-    ValueError
-        If ``module.<name>`` is not pruned.
-    """
-    for key, hook in _pruning_hooks(module, name):
+    """Make the pruning of ``module.<name>`` permanent (ValueError if not pruned); return `module`."""
+    for key, hook in pruning_hooks(module, name):
         hook.remove(module)
         del module._forward_pre_hooks[key]
         return module
@@ -406,20 +59,79 @@ def remove(module: torch.nn.Module, name: str) -> torch.nn.Module:
 
 
 def is_pruned(module: torch.nn.Module) -> bool:
-    """Whether `module` or one of its submodules has a pruning hook (from either library).
+    """Whether `module` or a submodule has a pruning hook (of either library)."""
+    hooks = (hook for submodule in module.modules() for hook in submodule._forward_pre_hooks.values())
+    return any(isinstance(hook, _tprune.BasePruningMethod) for hook in hooks)
+
+
+def global_unstructured(
+    parameters: Iterable[tuple[torch.nn.Module, str]],
+    pruning_method: type,
+    importance_scores: dict | None = None,
+    *,
+    min_sparsity: Any = None,
+    max_sparsity: Any = None,
+    normalization: str | None = None,
+    **kwargs: Any,
+) -> None:
+    """Prune many parameters together, ranking all their entries against each other.
+
+    PyTorch's masks, without concatenating the parameters for core-backed methods; each
+    parameter gets its share by :class:`CustomFromMask`, or on failure is left as it was.
 
     Parameters
     ----------
-    module : torch.nn.Module
-        The module to inspect.
+    parameters : iterable of (torch.nn.Module, str)
+        The parameters to prune, by an ``'unstructured'`` `pruning_method` built with `kwargs`.
+    importance_scores : dict, optional
+        Scores by ``(module, name)``; a parameter without any is ranked by itself.
+    min_sparsity, max_sparsity, normalization : optional
+        Not in PyTorch: as in :func:`arrayprune.global_unstructured`.
 
-    Returns
-    -------
-    bool
-        True if some forward pre-hook is a pruning method.
+    Examples
+    --------
+    >>> import torch.nn as nn
+    >>> import arrayprune.adapters.torch as prune
+    >>> net = nn.Sequential(nn.Linear(10, 4), nn.Linear(4, 1))
+    >>> pairs = [(net[0], "weight"), (net[1], "weight")]
+    >>> prune.global_unstructured(pairs, pruning_method=prune.L1Unstructured, amount=10)
+    >>> int(sum((b == 0).sum() for b in net.buffers()))
+    10
     """
-    for _, submodule in module.named_modules():
-        for hook in submodule._forward_pre_hooks.values():
-            if isinstance(hook, _tprune.BasePruningMethod):
-                return True
-    return False
+    if not isinstance(parameters, Iterable):
+        raise TypeError("global_unstructured(): parameters is not an Iterable")
+    importance_scores = importance_scores if importance_scores is not None else {}
+    if not isinstance(importance_scores, dict):
+        raise TypeError("global_unstructured(): importance_scores must be of type dict")
+    pairs = [(module, name) for module, name in parameters]
+    tensors = [getattr(module, name).detach() for module, name in pairs]
+    scores = [importance_scores.get(pair, t).detach() for pair, t in zip(pairs, tensors, strict=True)]
+    for (_, name), t, s in zip(pairs, tensors, scores, strict=True):
+        check_shape(t, s, f"importance_scores of parameter {name}")
+    old_masks = [detached(getattr(module, name + "_mask", None)) for module, name in pairs]
+
+    method = pruning_method(**kwargs)
+    if method.PRUNING_TYPE != "unstructured":
+        raise TypeError(
+            'Only "unstructured" PRUNING_TYPE supported for the `pruning_method`. '
+            f"Found method {pruning_method} of type {method.PRUNING_TYPE}"
+        )
+    if not pairs:
+        return
+    method._tensor_name = "temp"
+    core = core_of(method)
+    bounds = {"min_sparsity": min_sparsity, "max_sparsity": max_sparsity, "normalization": normalization}
+    with torch.no_grad():
+        if isinstance(core, UnstructuredPruningMethod) and all(v is None for v in bounds.values()):
+            keeps = core.keep_masks(scores, [None if m is None else eligible(m) for m in old_masks])
+            masks = [keep if m is None else apply_keep(m, keep) for m, keep in zip(old_masks, keeps, strict=True)]
+        else:
+            if core is None:  # a foreign method: its compute_mask sees the concatenation
+                old_masks = [torch.ones_like(t) if m is None else m for t, m in zip(tensors, old_masks, strict=True)]
+            chosen = method if core is None else core
+            masks = _global.global_unstructured(tensors, lambda: chosen, scores, default_masks=old_masks, **bounds)
+    # Each mask holds the earlier pruning: installed as it is (unless compute_mask is patched).
+    with transaction(module for module, _ in pairs):
+        for (module, name), mask, t in zip(pairs, masks, tensors, strict=True):
+            hook = CLASSES["custom_from_mask"](mask.to(dtype=t.dtype))
+            apply_method(module, name, hook, None, precomputed=hook.mask if core_of(hook) is not None else None)

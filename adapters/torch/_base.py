@@ -1,0 +1,191 @@
+"""The base classes: methods as forward pre-hooks, core-backed methods, the container."""
+
+from __future__ import annotations
+
+import copy
+import operator
+import weakref
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+from torch.nn.utils import prune as _tprune
+
+from arrayprune.methods import combine_masks
+
+from ._tensors import check_shape, detached, free_name, plain_module
+
+
+class BasePruningMethod(_tprune.BasePruningMethod):
+    """Abstract base of pruning methods, a :class:`torch.nn.utils.prune.BasePruningMethod`: set
+    ``PRUNING_TYPE``, implement ``compute_mask(t, default_mask)``. An instance is its hook."""
+
+    _tensor_name: str | None = None
+
+    def __call__(self, module: torch.nn.Module, inputs: Any) -> None:
+        self._remember(module)
+        setattr(module, self._tensor_name, self.apply_mask(module))
+
+    @classmethod
+    def apply(cls, module: torch.nn.Module, name: str, *args: Any, importance_scores: Any = None, **kwargs: Any):
+        """Prune ``module.<name>`` with ``cls(*args, **kwargs)``; return the hook installed."""
+        from ._apply import apply_method
+
+        return apply_method(module, name, cls(*args, **kwargs), importance_scores)
+
+    def remove(self, module: torch.nn.Module) -> None:
+        """Write ``mask * orig`` into ``<name>_orig``, which becomes ``module.<name>`` again."""
+        name = self._tensor_name
+        params, buffers = module._parameters, module._buffers
+        if name is None or name + "_orig" not in params or name + "_mask" not in buffers:
+            return super().remove(module)  # PyTorch's own checks and messages
+        orig, mask = params[name + "_orig"], buffers[name + "_mask"].detach()
+        weight = (mask if mask.dtype == orig.dtype else mask.to(dtype=orig.dtype)) * orig.detach()
+        module.__dict__.pop(name, None)
+        orig.data = weight
+        del params[name + "_orig"], buffers[name + "_mask"]
+        if plain_module(module) and free_name(module, name):
+            params[name] = orig  # what Module.__setattr__ does, after its checks
+        else:
+            setattr(module, name, orig)  # e.g. RNNs, which refresh their flat weights
+
+    def _remember(self, module: torch.nn.Module) -> None:
+        self.__dict__["_module_ref"] = weakref.ref(module)  # the module this hook is on, for deepcopy
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_module_ref"}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> BasePruningMethod:
+        # ``module.<name>`` is no leaf of the autograd graph, which deepcopy refuses. The hook
+        # comes first in the module's __dict__: copied with it, it puts that tensor's copy in memo.
+        new = memo[id(self)] = type(self).__new__(type(self))
+        ref = self.__dict__.get("_module_ref")
+        module = ref() if ref is not None else None
+        if module is not None and id(module) in memo:
+            _memoize_pruned_tensor(module, self._tensor_name, memo)
+            new.__dict__["_module_ref"] = weakref.ref(memo[id(module)])
+        new.__dict__.update(copy.deepcopy(self.__getstate__(), memo))
+        return new
+
+    def __repr__(self) -> str:
+        names = getattr(self, "_PARAMS", None) or [k for k in vars(self) if not k.startswith("_")]
+        values = [getattr(self, k, None) for k in names]
+        shown = [f"<tensor {tuple(v.shape)} {v.dtype}>" if isinstance(v, torch.Tensor) else repr(v) for v in values]
+        return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in zip(names, shown, strict=True))})"
+
+
+def _memoize_pruned_tensor(module: torch.nn.Module, name: str | None, memo: dict[int, Any]) -> None:
+    current = module.__dict__.get(name) if name is not None else None
+    if not isinstance(current, torch.Tensor) or current.is_leaf or id(current) in memo:
+        return
+    orig, mask = module._parameters.get(name + "_orig"), module._buffers.get(name + "_mask")
+    if orig is None or mask is None:
+        return
+    new_orig, new_mask = copy.deepcopy(orig, memo), copy.deepcopy(mask, memo)
+    with torch.set_grad_enabled(current.requires_grad):
+        memo[id(current)] = new_mask.to(dtype=new_orig.dtype) * new_orig
+    memo.setdefault(id(memo), []).append(current)  # keep the id taken while memo lives
+
+
+class CoreMethod(BasePruningMethod):
+    """A method whose masks its core method ``_core`` computes, built once from the
+    constructor's arguments (``_STREAM``, the PyTorch-stream variant, if unseeded). The
+    constructor's parameters are properties reading it; assigning one rebuilds it."""
+
+    _CORE: ClassVar[type]
+    _STREAM: ClassVar[type | None] = None
+    _PARAMS: ClassVar[tuple[str, ...]] = ()
+    _SHAPED: ClassVar[tuple[str, ...]] = ()  # parameters that are tensors shaped like the pruned one
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        """`default_mask` with this method's pruning of scores `t`, as PyTorch's."""
+        return core_mask(self, t, default_mask)
+
+
+def make_core(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if cls._STREAM is None and not cls._SHAPED:
+        return cls._CORE(*args, **kwargs)
+    stream = cls._STREAM is not None and kwargs.get("seed") is None and kwargs.get("generator") is None
+    core = (cls._STREAM if stream else cls._CORE)(*args, **kwargs)
+    for key in cls._SHAPED:
+        value = torch.as_tensor(getattr(core, key))
+        setattr(core, key, value.detach() if value.requires_grad else value)
+    return core
+
+
+def core_parameter(key: str) -> property:
+    def set_(self: Any, value: Any) -> None:  # a new core method, with the new value
+        params = {k: getattr(self._core, k) for k in self._PARAMS if hasattr(self._core, k)}
+        self._core = make_core(type(self), (), {**params, key: value})
+
+    return property(operator.attrgetter("_core." + key), set_)
+
+
+def core_of(method: Any) -> Any:
+    """`method`'s core method if the core computes its masks, else None (foreign or patched)."""
+    native = type(method).compute_mask is CoreMethod.compute_mask and "compute_mask" not in method.__dict__
+    return method._core if native else None
+
+
+def core_mask(method: Any, t: torch.Tensor, default_mask: Any, combine: bool = False) -> Any:
+    """The mask of CoreMethod `method` on scores `t` as PyTorch's (`combine`: as a container's;
+    no `default_mask`: the core's boolean keep mask; meta tensors: a meta mask)."""
+    for key in method._SHAPED:
+        check_shape(t, getattr(method, key), key)
+    if t.is_meta or (default_mask is not None and default_mask.is_meta):
+        return torch.empty(t.shape, dtype=torch.bool if default_mask is None else default_mask.dtype, device="meta")
+    if default_mask is None:
+        return method._core.compute_mask(t.detach(), None)
+    given = detached(default_mask)
+    if combine:
+        return combine_masks(method._core, detached(t), given)
+    mask = method._core.compute_mask(detached(t), given)
+    if mask is given:
+        return default_mask
+    if method.PRUNING_TYPE == "structured" and mask.dtype != t.dtype:
+        return mask.to(dtype=t.dtype)
+    return mask
+
+
+class PruningContainer(BasePruningMethod, _tprune.PruningContainer):
+    """Methods applied in turn to a tensor, the newest to what the others left: a
+    :class:`torch.nn.utils.prune.PruningContainer` combining by :func:`arrayprune.combine_masks`.
+
+    Parameters
+    ----------
+    *args : BasePruningMethod
+        Methods applied, oldest first, or one iterable of them (``None`` is ignored).
+    """
+
+    def __init__(self, *args: Any):
+        if len(args) == 1 and not isinstance(args[0], _tprune.BasePruningMethod) and isinstance(args[0], Iterable):
+            args = tuple(args[0])
+        self._pruning_methods: tuple[Any, ...] = ()
+        self._tensor_name = getattr(args[0], "_tensor_name", None) if args else None
+        for method in args:
+            self.add_pruning_method(method)
+
+    def add_pruning_method(self, method: Any) -> None:
+        """Append `method`: TypeError if not a method, ValueError if of another tensor."""
+        if method is None:
+            return
+        if not isinstance(method, _tprune.BasePruningMethod):
+            raise TypeError(f"{type(method)} is not a BasePruningMethod subclass")
+        if self._tensor_name != (found := getattr(method, "_tensor_name", None)):
+            msg = f"Can only add pruning methods acting on the parameter named '{self._tensor_name}' "
+            raise ValueError(msg + f"to PruningContainer {self}. Found '{found}'")
+        self._pruning_methods += (method,)
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        """The newest method on what `default_mask` leaves, in the dtype of `t` (IndexError if empty)."""
+        if not self._pruning_methods:
+            raise IndexError("PruningContainer holds no pruning method")
+        method = self._pruning_methods[-1]
+        with torch.no_grad():
+            mask = detached(default_mask).to(dtype=t.dtype)
+            if core_of(method) is not None:
+                return core_mask(method, t, mask, combine=True)
+            return combine_masks(method, detached(t), mask)
+
+    def __repr__(self) -> str:
+        return f"PruningContainer{self._pruning_methods!r}"
