@@ -32,7 +32,7 @@ from arrayprune.adapters.roles import Role
 from arrayprune.adapters.roles.names import tree_roles
 from arrayprune.registry import constructor_parameters
 
-__all__ = ["PlanEntry", "file_roles", "make_plan", "format_plan"]
+__all__ = ["PlanEntry", "alias_key", "file_roles", "make_plan", "format_plan"]
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,13 @@ import numpy as np
 import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
-from arrayprune.adapters.plan import PlanEntry, file_roles, format_plan, make_plan
+from arrayprune.adapters.plan import PlanEntry, _name, _size, file_roles, format_plan, make_plan
 from arrayprune.adapters.trees import lookup
 
 from .errors import CliError, _error, _message, _optional
 from .options import METHODS, _check_options, method_arguments
 from .report import _totals, report_rows
-from .tensors import _check_arrays, _name, _progress, _size, _zeros, stream_seed
+from .tensors import _check_arrays, _progress, _zeros, stream_seed
 
 __all__ = ["run_prune"]
 

@@ -14,12 +14,12 @@ import numpy as np
 import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
-from arrayprune.adapters.plan import file_roles, make_plan
+from arrayprune.adapters.plan import _dtype_name, _is_float, _name, _size, alias_key, file_roles, make_plan
 from arrayprune.adapters.roles import Role
 from arrayprune.adapters.roles.names import tree_roles
 
 from .errors import CliError
-from .tensors import _alias_key, _check_arrays, _dtype_name, _is_float, _name, _size, _zeros
+from .tensors import _check_arrays, _zeros
 
 __all__ = ["TOTALS_COVER", "report_rows", "run_report"]
 
@@ -62,7 +62,7 @@ def report_rows(
         if not (hasattr(value, "shape") and hasattr(value, "dtype")):
             continue  # plain numbers and strings of a checkpoint: not tensors
         name = _name(path)
-        key = _alias_key(value)
+        key = alias_key(value)
         tied_to = first_name.setdefault(key, name)
         n, z = _size(value), _zeros(value)
         entry = plan.get(path)

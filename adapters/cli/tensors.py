@@ -1,40 +1,23 @@
-"""The tensors of a file as the command line sees them: which to prune, tied names, seeds."""
+"""The tensors of a file as the command line sees them: checks, counts, seeds, progress.
+
+Which tensors are pruned is the plan's business (:mod:`arrayprune.adapters.plan`).
+"""
 
 from __future__ import annotations
 
-import argparse
-import fnmatch
-import math
 import sys
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from arrayprune.adapters import mapping as mp
+from arrayprune.adapters.plan import _name
 
 from .errors import CliError
 
-__all__ = ["Target", "stream_seed"]
-
-
-def _name(path: tuple) -> str:
-    return "/".join(map(str, path))
-
-
-def _is_float(x: Any) -> bool:
-    try:
-        import array_api_compat as apc
-
-        xp = apc.array_namespace(x)
-        return bool(xp.isdtype(x.dtype, "real floating"))
-    except Exception:
-        return False
-
-
-def _size(x: Any) -> int:
-    return math.prod(int(s) for s in x.shape)
+__all__ = ["stream_seed"]
 
 
 def _zeros(x: Any) -> int:
@@ -42,35 +25,6 @@ def _zeros(x: Any) -> int:
 
     xp = apc.array_namespace(x)
     return int(xp.count_nonzero(x == 0))
-
-
-def _dtype_name(x: Any) -> str:
-    return str(x.dtype).replace("torch.", "")
-
-
-def _default_rule(value: Any) -> str | None:
-    """Why the default selection leaves `value`, or None if it prunes it."""
-    if not _is_float(value):
-        return f"{_dtype_name(value)}, not floating point"
-    if len(value.shape) < 2:
-        return f"{len(value.shape)}-D"
-    return None
-
-
-def _alias_key(value: Any) -> Any:
-    """A key shared by the arrays that are one tensor under several names (tied weights).
-
-    Two names are one tensor when they view the same memory with the same shape, strides
-    and dtype, as ``torch.load`` returns tied parameters (``lm_head.weight`` and
-    ``embed_tokens.weight``, say).
-    """
-    if _size(value) == 0:
-        return ("distinct", id(value))
-    if type(value).__module__.split(".")[0] == "torch":
-        return ("torch", str(value.device), value.data_ptr(), tuple(value.shape), tuple(value.stride()), value.dtype)
-    if isinstance(value, np.ndarray):
-        return ("numpy", value.__array_interface__["data"][0], value.shape, value.strides, value.dtype.str)
-    return ("distinct", id(value))
 
 
 def _check_arrays(params: Mapping, src: str) -> None:
@@ -81,44 +35,6 @@ def _check_arrays(params: Mapping, src: str) -> None:
                 raise CliError(f"tensor {_name(path)!r} is on the meta device: it holds no values to prune", src)
     except mp.TreeError as exc:
         raise CliError(f"cannot walk the file's contents: {exc}", src) from None
-
-
-class Target(NamedTuple):
-    """A tensor to prune: its path, its (original) array, and its other names if tied."""
-
-    path: tuple
-    value: Any
-    tied: tuple[tuple, ...] = ()
-
-
-def _select(params: Mapping, args: argparse.Namespace) -> list[Target]:
-    """The tensors to prune, in the order of the file.
-
-    Pruned entries (``name_orig`` + ``name_mask``) are candidates under their own name.
-    A tensor stored under several names is one target, pruned once and written under all
-    of them so that the names stay tied; it is selected if one of its names is, unless
-    ``--exclude`` matches one of them.
-    """
-    groups: dict[Any, list[tuple[tuple, Any]]] = {}
-    for path, value, mask in mp.iter_entries(params):
-        if hasattr(value, "shape") and hasattr(value, "dtype"):
-            key = ("pruned", path) if mask is not None else _alias_key(value)
-            groups.setdefault(key, []).append((path, value))
-    chosen = []
-    for members in groups.values():
-        names = [_name(path) for path, _ in members]
-        value = members[0][1]
-        if not _is_float(value) or _size(value) < args.min_size:
-            continue
-        if any(fnmatch.fnmatchcase(name, pat) for name in names for pat in args.exclude):
-            continue
-        if args.include:
-            if not any(fnmatch.fnmatchcase(name, pat) for name in names for pat in args.include):
-                continue
-        elif _default_rule(value) is not None:
-            continue
-        chosen.append(Target(members[0][0], value, tuple(path for path, _ in members[1:])))
-    return chosen
 
 
 def stream_seed(seed: int | None, name: str = "") -> int | None:
