@@ -230,6 +230,7 @@ def format_plan(plan: list[PlanEntry]) -> str:
     for e in plan:
         if e.prune:
             what = "prune" + (f", dim {e.dim}" if e.dim is not None else "")
+            what += f" ({e.role.why})" if e.role.why else ""
         else:
             what = f"leave: {e.reason}"
         shape = "x".join(map(str, e.shape)) or "scalar"
