@@ -39,7 +39,7 @@ import array_api_compat as apc
 import array_api_extra as xpx
 import numpy as np
 
-from ._namespace import namespace
+from ._namespace import namespace, widest_float
 
 __all__ = ["kth_smallest", "smallest_magnitude_keep"]
 
@@ -465,7 +465,7 @@ class _PortableSelect(_BracketSelect):
         if all(xp.isdtype(d, "real floating") for d in dtypes):
             self.dtype = xp.result_type(*dtypes)
         else:
-            self.dtype = xp.float64 if _has_float64(xp, self.device) else xp.float32
+            self.dtype = widest_float(xp, self.device)
         self.eligible = [None if e is None else xp.reshape(e, (-1,)) for e in eligible]
         self.keys = [self._keys(s, e) for s, e in zip(scores, self.eligible, strict=True)]
         self.sizes = [k.shape[0] for k in self.keys]
@@ -594,13 +594,6 @@ class _PortableSelect(_BracketSelect):
         counter = xp.int32 if keys.shape[0] < 2**31 else xp.int64
         order = xp.cumulative_sum(xp.astype(at_v, counter))
         return ~(below | (at_v & (order <= need)))
-
-
-def _has_float64(xp: Any, device: Any) -> bool:
-    try:
-        return xp.float64 in xp.__array_namespace_info__().dtypes(device=device).values()
-    except AttributeError:  # pragma: no cover - libraries predating the inspection API
-        return True
 
 
 # --------------------------------------------------------------------------------------
