@@ -13,16 +13,14 @@ that operation, once; this module only chooses the route:
 Both run the sample-bracket select of :mod:`.bracket` on large inputs and an exact
 selection (partition or sort) on small ones. Order is total and identical on every
 route: magnitudes ascending, NaN above +inf, ties by position (over several arrays,
-earlier array first, then lowest flat index).
+earlier array first, then lowest flat index). `kth_smallest` takes the same routes
+with signed values ascending, NaN above +inf.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
-
-import array_api_compat as apc
 
 from .._namespace import namespace
 from . import host, portable
@@ -52,23 +50,10 @@ def kth_smallest(x: Array, k: int, /) -> Array:
     ValueError
         If `k` is out of range.
     """
-    xp = namespace(x)
-    flat = xp.reshape(x, (-1,))
-    n = flat.shape[0]
-    if not 1 <= k <= n:
-        raise ValueError(f"k={k} is out of range for an array of {n} entries")
-    if apc.is_numpy_array(flat) or apc.is_cupy_array(flat):
-        native = sys.modules[type(flat).__module__.split(".")[0]]
-        return native.partition(flat, k - 1)[k - 1]
-    if apc.is_torch_array(flat):
-        return sys.modules["torch"].kthvalue(flat, k).values
-    if xp.isdtype(flat.dtype, "real floating"):
-        nan = xp.isnan(flat)
-        n_nan = int(xp.count_nonzero(nan))
-        if k > n - n_nan:
-            return xp.asarray(xp.nan, dtype=flat.dtype, device=apc.device(flat))
-        flat = xp.where(nan, xp.asarray(xp.inf, dtype=flat.dtype), flat)
-    return xp.sort(flat)[k - 1]
+    value = host.kth_smallest(x, k)
+    if value is None:
+        value = portable.kth_smallest(namespace(x), x, k)
+    return value
 
 
 def smallest_magnitude_keep(

@@ -16,7 +16,7 @@ call time, so tests shrink them with ``monkeypatch`` to reach every path on smal
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Below this many entries in total, select exactly without a bracket. NumPy's SIMD
 #: partition wins while the data stays in the last-level cache.
@@ -32,15 +32,33 @@ SAMPLE_BOUNDS = (1 << 12, 1 << 17)
 BRACKET_SIGMAS = 5.0
 
 
+class _Tie(NamedTuple):
+    """The kk-th key is `value`; of the keys equal to it, the first `need` are dropped."""
+
+    masks: list[Any]  # kept = key > value, ineligible entries kept
+    value: Any
+    need: int
+    ties: list[int]  # keys equal to value, per chunk of the scan
+
+
+class _Candidates(NamedTuple):
+    """The kk-th key is the `rank`-th smallest of the candidate `keys`."""
+
+    masks: list[Any]  # kept = key > hi, ineligible entries kept
+    keys: Any
+    where: list[Any]  # where the candidates sit, per array
+    rank: int
+
+
 class _BracketSelect:
     """Sample-bracket selection over several flat arrays of ordered keys.
 
-    Subclasses say how keys are read (`sample`, `scan`, `scan_tie`, `exact`) and how
-    results are written back (`write_candidates`, `resolve_tie`), and give the helpers
-    on keys the bracket needs (`count`, `at`, `run`, `after`, `before`, `min_key`,
-    `max_key`). Ineligible entries get a key below every eligible one, so selecting
-    ``k + n_ineligible`` smallest keys drops them all plus the `k` wanted; `scan` and
-    `exact` then report them as kept.
+    Subclasses say how keys are read (`sample`, `scan`, `scan_tie`, `exact`,
+    `exact_kth`) and how results are written back (`write_candidates`,
+    `resolve_tie`), and give the helpers on keys the bracket needs (`count`, `at`,
+    `run`, `after`, `before`, `nth`, `min_key`, `max_key`). Ineligible entries get a
+    key below every eligible one, so selecting ``k + n_ineligible`` smallest keys drops
+    them all plus the `k` wanted; `scan` and `exact` then report them as kept.
     """
 
     sizes: list[int]
@@ -56,28 +74,44 @@ class _BracketSelect:
             raise ValueError(f"cannot drop {k} of {total - self.n_ineligible} entries")
         if k == 0:
             return self.all_kept()
-        if total <= SMALL_SIZE:
+        found = None if total <= SMALL_SIZE else self._locate(kk, total)
+        if found is None:
             return self.exact(kk)
+        if isinstance(found, _Tie):
+            self.resolve_tie(found.masks, found.value, found.need, found.ties)
+        else:
+            self.write_candidates(found.masks, found.keys, found.where, found.rank)
+        return found.masks
+
+    def kth(self, k: int) -> Any:
+        """The `k`-th smallest key (1-based), with the same passes as `keep`."""
+        total = sum(self.sizes)
+        if not 1 <= k <= total:
+            raise ValueError(f"k={k} is out of range for an array of {total} entries")
+        found = None if total <= SMALL_SIZE else self._locate(k, total)
+        if found is None:
+            return self.exact_kth(k)
+        return found.value if isinstance(found, _Tie) else self.nth(found.keys, found.rank)
+
+    def _locate(self, kk: int, total: int) -> _Tie | _Candidates | None:
+        """Scan until the kk-th key is pinned down; None if three brackets missed."""
         lo, hi, tie = self.bracket(kk, total)
         if tie is not None:
             # The k-th key is probably one heavily repeated value (exact zeros of
             # weights pruned before, quantized weights): count instead of gathering.
             masks, below, ties = self.scan_tie(tie)
             if below < kk <= below + sum(ties):
-                self.resolve_tie(masks, tie, kk - below, ties)
-                return masks
+                return _Tie(masks, tie, kk - below, ties)
             lo, hi = (self.after(tie), self.max_key) if kk > below + sum(ties) else (self.min_key, self.before(tie))
         for _ in range(3):
             masks, below, cand_keys, cand_where = self.scan(lo, hi)
             rank = kk - below
-            n_cand = self.count(cand_keys)
-            if 1 <= rank <= n_cand:
-                self.write_candidates(masks, cand_keys, cand_where, rank)
-                return masks
+            if 1 <= rank <= self.count(cand_keys):
+                return _Candidates(masks, cand_keys, cand_where, rank)
             # The bracket missed: the k-th key lies on one side of it. Extend that side
             # to the end of the key range, which cannot miss.
             lo, hi = (self.min_key, lo) if rank < 1 else (hi, self.max_key)
-        return self.exact(kk)  # only reached for NaN thresholds on the portable path
+        return None  # only reached for NaN thresholds on the portable path
 
     def bracket(self, kk: int, total: int) -> tuple[Any, Any, Any]:
         """Bounds ``lo``, ``hi`` likely to enclose the kk-th key, or a likely tie value."""

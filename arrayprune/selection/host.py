@@ -1,7 +1,15 @@
 """Selection on host memory: NumPy arrays, and CPU tensors through zero-copy views.
 
-Clearing the sign bit of an IEEE float's bit pattern gives an unsigned integer that
-orders like ``|x|``, with every NaN above +inf: the ranking is exact, total and cheap.
+Keys are unsigned integers made from the bit patterns of the values, so that integer
+order is the wanted order, exact and total:
+
+* by magnitude (`smallest_magnitude_keep`): a float's bits with the sign bit cleared
+  order like ``|x|``, with every NaN above +inf;
+* by value (`kth_smallest`): a float's bits with the sign bit set, or all bits flipped
+  for negatives, order like ``x``; a NaN of either sign keeps its sign bit set and so
+  ranks above +inf. Integers flip their sign bit; unsigned integers and booleans are
+  their own keys.
+
 Small inputs are selected exactly with NumPy's partition; larger ones with the bracket
 of :mod:`.bracket`, streamed over the data in cache-sized chunks. PyTorch is never
 imported: CPU tensors are recognised through ``sys.modules``.
@@ -20,9 +28,13 @@ from .bracket import _BracketSelect, _sample_slice
 
 Array = Any
 
-_UINT_FOR_SIZE = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+_UINT_FOR_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_INT_FOR_SIZE = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 _MAGNITUDE = {n: t((1 << (8 * n - 1)) - 1) for n, t in _UINT_FOR_SIZE.items()}
 _NATIVE_FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+#: Bits of +inf: IEEE half, single and double by width, and bfloat16 (a float16's width).
+_INF_BITS = {2: 0x7C00, 4: 0x7F80_0000, 8: 0x7FF0_0000_0000_0000}
+_BFLOAT16_INF_BITS = 0x7F80
 
 
 def keep_one(x: Array, k: int) -> Array | None:
@@ -55,15 +67,38 @@ def keep_masks(scores: list[Array], eligible: list[Array | None], k: int) -> lis
     return [_from_host(m, s) for m, s in zip(keep, scores, strict=True)]
 
 
-class _NumpyBitsSelect(_BracketSelect):
-    """Selection on the bit patterns of IEEE floats, held as unsigned NumPy integers.
+def kth_smallest(x: Array, k: int) -> Array | None:
+    """The `k`-th smallest value of a real or boolean host array, or None if `x` is not one.
 
-    Clearing the sign bit of a float's bit pattern gives an integer that orders like
-    ``|x|``, with every NaN above +inf: the ranking is exact, total and cheap. With
-    eligibility masks, keys become ``bits + 1`` on eligible entries and 0 elsewhere.
+    The value comes back as a NumPy scalar for NumPy input and as a 0-D CPU tensor for
+    a tensor, of the dtype of `x`; a NaN comes back positive.
+    """
+    view = _host_values(x)
+    if view is None:
+        return None
+    bits, kind, inf = view
+    select = _NumpyBitsSelect([bits], [None], by_value=kind, inf=inf)
+    return _scalar_like(select.bits_of(select.kth(k)), x)
+
+
+class _NumpyBitsSelect(_BracketSelect):
+    """Selection on bit patterns held as unsigned NumPy integers.
+
+    Keys order by magnitude (the default: float bits only), or by value when `by_value`
+    names how the bits encode values: ``"f"`` (IEEE float, with `inf` the bits of
+    +inf), ``"i"`` (two's complement) or ``"u"`` (unsigned, boolean). With eligibility
+    masks (by magnitude only), keys become ``bits + 1`` on eligible entries and 0
+    elsewhere.
     """
 
-    def __init__(self, bits: list[np.ndarray], eligible: list[np.ndarray | None]):
+    def __init__(
+        self,
+        bits: list[np.ndarray],
+        eligible: list[np.ndarray | None],
+        *,
+        by_value: str | None = None,
+        inf: int = 0,
+    ):
         self.bits = bits
         self.eligible = eligible
         self.sizes = [b.size for b in bits]
@@ -71,12 +106,21 @@ class _NumpyBitsSelect(_BracketSelect):
         nbits = utype.itemsize * 8
         self.magnitude = utype.type((1 << (nbits - 1)) - 1)
         self.shifted = any(e is not None for e in eligible)
+        self.by_value = by_value
+        if by_value is not None:
+            if self.shifted:
+                raise ValueError("eligibility masks only apply to the order by magnitude")
+            self.sign = utype.type(1 << (nbits - 1))
+            self.inf = utype.type(inf)
         self.n_ineligible = sum(e.size - int(np.count_nonzero(e)) for e in eligible if e is not None)
         self.min_key = utype.type(1 if self.shifted else 0)
         self.max_key = utype.type((1 << nbits) - 1)
 
     # keys ----------------------------------------------------------------------------
     def _keys(self, i: int, sl: slice, out: np.ndarray | None = None) -> np.ndarray:
+        """Keys of ``bits[i][sl]``: always a new array, or `out`."""
+        if self.by_value is not None:
+            return self._value_keys(self.bits[i][sl], out)
         key = np.bitwise_and(self.bits[i][sl], self.magnitude, out=out)
         if self.shifted:
             np.add(key, 1, out=key)
@@ -84,6 +128,28 @@ class _NumpyBitsSelect(_BracketSelect):
             if e is not None:
                 np.multiply(key, e[sl], out=key)
         return key
+
+    def _value_keys(self, bits: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        if self.by_value != "f":
+            return np.bitwise_xor(bits, self.sign if self.by_value == "i" else 0, out=out)
+        # Flip every bit of negatives, only the sign bit of the rest. An arithmetic shift
+        # spreads the sign bit over the word: no branch, and no masked ufunc (ten times
+        # slower than the three passes here).
+        flip = (bits.view(_INT_FOR_SIZE[bits.itemsize]) >> (8 * bits.itemsize - 1)).view(bits.dtype)
+        flip |= self.sign
+        key = np.bitwise_xor(bits, flip, out=out)
+        # A negative NaN was flipped below -inf, where no other key lands: flip it back,
+        # so that every NaN ranks above +inf.
+        nan = key < self.magnitude - self.inf
+        if nan.any():
+            key[nan] = ~key[nan]
+        return key
+
+    def bits_of(self, key: Any) -> Any:
+        """The bit pattern of the value whose key (by value) is `key`."""
+        if self.by_value == "f":
+            return key ^ self.sign if key >= self.sign else ~key
+        return key ^ self.sign if self.by_value == "i" else key
 
     def count(self, keys: np.ndarray) -> int:
         return keys.size
@@ -184,7 +250,7 @@ class _NumpyBitsSelect(_BracketSelect):
         return masks, below, keys, cand_where
 
     def write_candidates(self, masks, cand_keys, cand_where, rank: int) -> None:
-        keep = _keep_after_rank(cand_keys, rank, np.partition(cand_keys, rank - 1)[rank - 1])
+        keep = _keep_after_rank(cand_keys, rank, self.nth(cand_keys, rank))
         offset = 0
         for i, pos in cand_where:
             masks[i][pos] = keep[offset : offset + pos.size]
@@ -193,12 +259,21 @@ class _NumpyBitsSelect(_BracketSelect):
     def all_kept(self) -> list[np.ndarray]:
         return [np.ones(n, dtype=bool) for n in self.sizes]
 
-    def exact(self, kk: int) -> list[np.ndarray]:
+    def nth(self, keys: np.ndarray, rank: int) -> Any:
+        return _nth_in_place(keys.copy(), rank)
+
+    def _all_keys(self) -> np.ndarray:
+        """The keys of all arrays, in order, as a new array."""
         if len(self.bits) == 1:
-            keys = self._keys(0, slice(None))
-        else:
-            keys = np.concatenate([self._keys(i, slice(None)) for i in range(len(self.bits))])
-        keep = _keep_after_rank(keys, kk, np.partition(keys, kk - 1)[kk - 1])
+            return self._keys(0, slice(None))
+        return np.concatenate([self._keys(i, slice(None)) for i in range(len(self.bits))])
+
+    def exact_kth(self, k: int) -> Any:
+        return _nth_in_place(self._all_keys(), k)
+
+    def exact(self, kk: int) -> list[np.ndarray]:
+        keys = self._all_keys()
+        keep = _keep_after_rank(keys, kk, self.nth(keys, kk))
         masks = [keep] if len(self.bits) == 1 else np.split(keep, np.cumsum(self.sizes)[:-1])
         for m, e in zip(masks, self.eligible, strict=True):
             if e is not None:
@@ -215,7 +290,7 @@ def _small_keep(bits: np.ndarray, k: int) -> np.ndarray:
         raise ValueError(f"cannot drop {k} of {n} entries")
     keys = bits & _MAGNITUDE[bits.itemsize]
     part = keys.copy()
-    part.partition(k - 1)  # the method skips np.partition's dispatch: it shows on small arrays
+    part.partition(k - 1)  # `_nth_in_place`, inline: a call shows on the smallest arrays
     v = part[k - 1]
     keep = keys > v
     if n - np.count_nonzero(keep) == k:  # no tie straddles the cut
@@ -237,11 +312,20 @@ def _small_keep_float(x: np.ndarray, k: int) -> np.ndarray:
         raise ValueError(f"cannot drop {k} of {n} entries")
     a = np.abs(x)
     part = a.copy()
-    part.partition(k - 1)
+    part.partition(k - 1)  # `_nth_in_place`, inline
     keep = a > part[k - 1]
     if n - np.count_nonzero(keep) == k:
         return keep
     return _small_keep(x.view(_UINT_FOR_SIZE[x.dtype.itemsize]), k)
+
+
+def _nth_in_place(keys: np.ndarray, rank: int) -> Any:
+    """The `rank`-th smallest of `keys` (1-based), partitioning `keys` in place.
+
+    The method skips ``np.partition``'s dispatch and copy: it shows on small arrays.
+    """
+    keys.partition(rank - 1)
+    return keys[rank - 1]
 
 
 def _keep_after_rank(keys: np.ndarray, rank: int, v: Any) -> np.ndarray:
@@ -256,7 +340,11 @@ def _keep_after_rank(keys: np.ndarray, rank: int, v: Any) -> np.ndarray:
 
 
 def _host_bits(x: Array) -> np.ndarray | None:
-    """Flat unsigned-integer view of a float array's bits, if it lives in host memory."""
+    """Flat unsigned-integer view of a float array's bits, if it lives in host memory.
+
+    `_host_values` for floats only, on every call of `smallest_magnitude_keep`: kept
+    lean, as on small arrays its overhead shows.
+    """
     if type(x) is np.ndarray or apc.is_numpy_array(x):
         dtype = x.dtype
         utype = _UINT_FOR_SIZE.get(dtype.itemsize) if dtype.kind == "f" else None
@@ -278,6 +366,42 @@ def _host_bits(x: Array) -> np.ndarray | None:
     return host.reshape(-1).view(_UINT_FOR_SIZE[host.dtype.itemsize])
 
 
+def _host_values(x: Array) -> tuple[np.ndarray, str, int] | None:
+    """Flat unsigned-integer view of a real or boolean host array's bits, without copies.
+
+    Returns
+    -------
+    tuple or None
+        The view; how its bits encode values (``"f"`` IEEE float, ``"i"`` two's
+        complement, ``"u"`` unsigned or boolean); the bits of +inf for floats, else 0.
+        None if `x` is not a NumPy array or CPU tensor of such a dtype.
+    """
+    if type(x) is np.ndarray or apc.is_numpy_array(x):
+        host = x
+    else:
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(x, torch.Tensor) or not x.is_cpu:
+            return None
+        if x.requires_grad:
+            x = x.detach()
+        if x.dtype is torch.bfloat16:  # NumPy has no bfloat16: reinterpret in torch first
+            return x.view(torch.int16).numpy().reshape(-1).view(np.uint16), "f", _BFLOAT16_INF_BITS
+        try:
+            host = x.numpy()  # zero-copy
+        except TypeError:  # a dtype NumPy lacks
+            return None
+    dtype = host.dtype
+    utype = _UINT_FOR_SIZE.get(dtype.itemsize)
+    if utype is None or dtype.kind not in "fiub":
+        return None
+    if not dtype.isnative:
+        host = host.astype(dtype.newbyteorder("="))  # bit patterns are read in native order
+    bits = (host if host.ndim == 1 else host.reshape(-1)).view(utype)
+    if dtype.kind == "f":
+        return bits, "f", _INF_BITS[dtype.itemsize]
+    return bits, ("i" if dtype.kind == "i" else "u"), 0
+
+
 def _host_bool(x: Array) -> np.ndarray | None:
     """Flat NumPy view of a boolean host array (NumPy or CPU tensor), else None."""
     if apc.is_numpy_array(x) and x.dtype == np.bool_:
@@ -296,3 +420,14 @@ def _from_host(mask: np.ndarray, like: Array) -> Array:
     if torch is not None and isinstance(like, torch.Tensor):
         return torch.from_numpy(mask)
     return mask
+
+
+def _scalar_like(bits: np.generic, like: Array) -> Array:
+    """The value with bit pattern `bits`, as a 0-D value of `like`'s library and dtype."""
+    one = np.array([bits])
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(like, torch.Tensor):
+        # Through a signed integer of the same width, which torch reinterprets as any
+        # dtype of that width (bfloat16 and the unsigned ones too).
+        return torch.from_numpy(one.view(_INT_FOR_SIZE[one.itemsize])).view(like.dtype).reshape(())
+    return one.view(like.dtype.newbyteorder("="))[0]

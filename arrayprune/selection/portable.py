@@ -1,8 +1,9 @@
 """Selection with whole-array operations of the Array API standard alone.
 
 The storage for every array that does not live in host memory: CuPy, CUDA tensors,
-JAX, array-api-strict, ... Keys are magnitudes in a floating dtype, and the bracket
-algorithm of :mod:`.bracket` runs on them with one whole-array operation per step.
+JAX, array-api-strict, ... The bracket algorithm of :mod:`.bracket` runs with one
+whole-array operation per step, on keys that are the values themselves: magnitudes in
+a floating dtype for `smallest_magnitude_keep`, the signed values for `kth_smallest`.
 """
 
 from __future__ import annotations
@@ -27,22 +28,44 @@ def keep_masks(xp: Any, scores: list[Array], eligible: list[Array | None], k: in
     return [xp.reshape(m, s.shape) for m, s in zip(keep, scores, strict=True)]
 
 
+def kth_smallest(xp: Any, x: Array, k: int) -> Array:
+    """The `k`-th smallest value of `x` (1-based, NaN last), a 0-D array like `x`."""
+    flat = xp.reshape(x, (-1,))
+    if not xp.isdtype(flat.dtype, ("real floating", "integral")):
+        # No order the bracket knows (booleans, complex): whatever the library's sort does.
+        n = flat.shape[0]
+        if not 1 <= k <= n:
+            raise ValueError(f"k={k} is out of range for an array of {n} entries")
+        return xp.sort(flat)[k - 1]
+    select = _PortableSelect(xp, [flat], [None], by_value=True)
+    value = select.kth(k)
+    if type(value) in (int, float):  # a tie value, read back from the sample
+        value = xp.asarray(value, dtype=select.dtype, device=select.device)
+    return value
+
+
 class _PortableSelect(_BracketSelect):
     """The same selection with whole-array operations of the Array API standard.
 
-    Keys are magnitudes in a floating dtype; ineligible entries get -1. NaN compares
-    false with everything, so it is never below the bracket nor inside it: it is kept,
-    unless the k-th key itself is NaN, which only the exact path reaches.
+    By magnitude, keys are ``|x|`` in a floating dtype and ineligible entries get -1.
+    By value (`by_value`, one array, no eligibility), keys are the values in their own
+    dtype, integers included. NaN compares false with everything, so it is never below
+    the bracket nor inside it: it is kept, unless the k-th key itself is NaN, which only
+    the exact path reaches.
     """
 
-    def __init__(self, xp: Any, scores: list[Array], eligible: list[Array | None]):
+    def __init__(self, xp: Any, scores: list[Array], eligible: list[Array | None], *, by_value: bool = False):
         self.xp = xp
+        self.by_value = by_value
         self.device = apc.device(scores[0])
         dtypes = [s.dtype for s in scores]
-        if all(xp.isdtype(d, "real floating") for d in dtypes):
+        if by_value:
+            (self.dtype,) = dtypes
+        elif all(xp.isdtype(d, "real floating") for d in dtypes):
             self.dtype = xp.result_type(*dtypes)
         else:
             self.dtype = widest_float(xp, self.device)
+        self.floating = xp.isdtype(self.dtype, "real floating")
         self.eligible = [None if e is None else xp.reshape(e, (-1,)) for e in eligible]
         self.keys = [self._keys(s, e) for s, e in zip(scores, self.eligible, strict=True)]
         self.sizes = [k.shape[0] for k in self.keys]
@@ -50,11 +73,20 @@ class _PortableSelect(_BracketSelect):
             e.shape[0] - int(xp.count_nonzero(e)) for e in self.eligible if e is not None
         )
         self.shifted = any(e is not None for e in self.eligible)
-        self.min_key = 0.0 if self.shifted else -1.0
-        self.max_key = math.inf
+        if by_value and self.shifted:
+            raise ValueError("eligibility masks only apply to the order by magnitude")
+        if not by_value:
+            self.min_key, self.max_key = (0.0 if self.shifted else -1.0), math.inf
+        elif self.floating:
+            self.min_key, self.max_key = -math.inf, math.inf
+        else:
+            info = xp.iinfo(self.dtype)
+            self.min_key, self.max_key = int(info.min), int(info.max)
 
     def _keys(self, s: Array, e: Array | None) -> Array:
         xp = self.xp
+        if self.by_value:
+            return xp.reshape(s, (-1,))
         key = xp.abs(xp.astype(xp.reshape(s, (-1,)), self.dtype, copy=False))
         if e is not None:
             key = xp.where(e, key, xp.asarray(-1.0, dtype=self.dtype, device=self.device))
@@ -68,7 +100,7 @@ class _PortableSelect(_BracketSelect):
         return int(keys.shape[0])
 
     def at(self, keys: Array, i: int) -> Any:
-        return float(keys[i])
+        return float(keys[i]) if self.floating else int(keys[i])
 
     def run(self, sample: Array, i: int) -> tuple[int, int]:
         xp = self.xp
@@ -77,6 +109,8 @@ class _PortableSelect(_BracketSelect):
 
     def _step(self, v: float, towards: float) -> float:
         xp = self.xp
+        if not self.floating:
+            return min(max(v + (1 if towards > v else -1), self.min_key), self.max_key)
         a = xp.asarray(v, dtype=self.dtype, device=self.device)
         return float(xp.nextafter(a, xp.asarray(towards, dtype=self.dtype, device=self.device)))
 
@@ -115,7 +149,8 @@ class _PortableSelect(_BracketSelect):
         xp = self.xp
         parts = [k[_sample_slice(n, stride)] for k, n in zip(self.keys, self.sizes, strict=True)]
         sample = xp.concat(parts) if len(parts) > 1 else parts[0]
-        sample = xp.where(xp.isnan(sample), xp.asarray(xp.inf, dtype=self.dtype), sample)
+        if self.floating:
+            sample = xp.where(xp.isnan(sample), xp.asarray(xp.inf, dtype=self.dtype), sample)
         return xp.sort(sample)
 
     def scan(self, lo: float, hi: float):
@@ -145,9 +180,32 @@ class _PortableSelect(_BracketSelect):
             masks[i] = xpx.at(masks[i], cand).set(keep[offset : offset + n], xp=self.xp)
             offset += n
 
-    def exact(self, kk: int) -> list[Array]:
+    def nth(self, keys: Array, rank: int) -> Array:
+        v = self._nth_below_nan(keys, rank)
+        return self.xp.asarray(self.xp.nan, dtype=keys.dtype, device=self.device) if v is None else v
+
+    def _nth_below_nan(self, keys: Array, rank: int) -> Array | None:
+        """The `rank`-th smallest key as a 0-D array, or None if it is NaN.
+
+        The standard leaves the place of NaN in ``sort`` open: NaN sorts as +inf, and a
+        rank past the other keys is NaN.
+        """
         xp = self.xp
-        keys = xp.concat(self.keys) if len(self.keys) > 1 else self.keys[0]
+        if not self.floating:
+            return xp.sort(keys)[rank - 1]
+        nan = xp.isnan(keys)
+        if rank > keys.shape[0] - int(xp.count_nonzero(nan)):
+            return None
+        return xp.sort(xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype), keys))[rank - 1]
+
+    def _all_keys(self) -> Array:
+        return self.xp.concat(self.keys) if len(self.keys) > 1 else self.keys[0]
+
+    def exact_kth(self, k: int) -> Array:
+        return self.nth(self._all_keys(), k)
+
+    def exact(self, kk: int) -> list[Array]:
+        keys = self._all_keys()
         keep = self._keep_after_rank(keys, kk)
         masks, offset = [], 0
         for n, e in zip(self.sizes, self.eligible, strict=True):
@@ -159,13 +217,11 @@ class _PortableSelect(_BracketSelect):
     def _keep_after_rank(self, keys: Array, rank: int) -> Array:
         """Keep mask dropping the `rank` smallest keys (NaN highest, ties by position)."""
         xp = self.xp
-        nan = xp.isnan(keys)
-        n_nan = int(xp.count_nonzero(nan))
-        if rank > keys.shape[0] - n_nan:
-            below, at_v = ~nan, nan  # the threshold is NaN itself
+        v = self._nth_below_nan(keys, rank)
+        if v is None:  # the threshold is NaN itself
+            at_v = xp.isnan(keys)
+            below = ~at_v
         else:
-            finite = xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype), keys)
-            v = xp.sort(finite)[rank - 1]
             below, at_v = keys < v, keys == v
         need = rank - int(xp.count_nonzero(below))
         counter = xp.int32 if keys.shape[0] < 2**31 else xp.int64
