@@ -86,8 +86,7 @@ class _BracketSelect:
     def kth(self, k: int) -> Any:
         """The `k`-th smallest key (1-based), with the same passes as `keep`."""
         total = sum(self.sizes)
-        if not 1 <= k <= total:
-            raise ValueError(f"k={k} is out of range for an array of {total} entries")
+        check_rank(k, total)
         found = None if total <= SMALL_SIZE else self._locate(k, total)
         if found is None:
             return self.exact_kth(k)
@@ -141,6 +140,12 @@ class _BracketSelect:
         # Ineligible keys sit below min_key and must never become candidates.
         lo = max(lo, self.min_key)
         return lo, max(lo, hi), None
+
+
+def check_rank(k: int, n: int) -> None:
+    """Raise unless `k` is a rank (1-based) in an array of `n` entries."""
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k} is out of range for an array of {n} entries")
 
 
 def _sample_slice(n: int, stride: int) -> slice:

@@ -10,21 +10,23 @@ order is the wanted order, exact and total:
   ranks above +inf. Integers flip their sign bit; unsigned integers and booleans are
   their own keys.
 
-Small inputs are selected exactly with NumPy's partition; larger ones with the bracket
-of :mod:`.bracket`, streamed over the data in cache-sized chunks. PyTorch is never
-imported: CPU tensors are recognised through ``sys.modules``.
+Small inputs are selected exactly with NumPy's partition: on the values themselves
+where NumPy's order is the wanted one (one float vector by magnitude, checked by a
+count; values by value, as NumPy ranks NaN last), else on the keys. Larger ones take the
+bracket of :mod:`.bracket`, streamed over the keys in cache-sized chunks. PyTorch is
+never imported: CPU tensors are recognised through ``sys.modules``.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import array_api_compat as apc
 import numpy as np
 
 from . import bracket
-from .bracket import _BracketSelect, _sample_slice
+from .bracket import _BracketSelect, _sample_slice, check_rank
 
 Array = Any
 
@@ -71,14 +73,18 @@ def kth_smallest(x: Array, k: int) -> Array | None:
     """The `k`-th smallest value of a real or boolean host array, or None if `x` is not one.
 
     The value comes back as a NumPy scalar for NumPy input and as a 0-D CPU tensor for
-    a tensor, of the dtype of `x`; a NaN comes back positive.
+    a tensor, of the dtype of `x`.
     """
     view = _host_values(x)
     if view is None:
         return None
-    bits, kind, inf = view
-    select = _NumpyBitsSelect([bits], [None], by_value=kind, inf=inf)
-    return _scalar_like(select.bits_of(select.kth(k)), x)
+    if view.values is not None and view.bits.size <= bracket.SMALL_SIZE:
+        # The exact path on the values themselves, as `keep_one` does: NumPy's partition
+        # ranks NaN last, and keys would cost passes a copy does not.
+        check_rank(k, view.values.size)
+        return _scalar_like(_nth_in_place(view.values.copy(), k), x)
+    select = _NumpyBitsSelect([view.bits], [None], by_value=view.kind, inf=view.inf)
+    return _scalar_like(select.bits_of(select.kth(k)), x)  # a NaN comes back positive
 
 
 class _NumpyBitsSelect(_BracketSelect):
@@ -134,14 +140,17 @@ class _NumpyBitsSelect(_BracketSelect):
             return np.bitwise_xor(bits, self.sign if self.by_value == "i" else 0, out=out)
         # Flip every bit of negatives, only the sign bit of the rest. An arithmetic shift
         # spreads the sign bit over the word: no branch, and no masked ufunc (ten times
-        # slower than the three passes here).
-        flip = (bits.view(_INT_FOR_SIZE[bits.itemsize]) >> (8 * bits.itemsize - 1)).view(bits.dtype)
-        flip |= self.sign
-        key = np.bitwise_xor(bits, flip, out=out)
+        # slower). Three passes in place, as the copy a partition needs anyway.
+        signed = bits.view(_INT_FOR_SIZE[bits.itemsize])
+        key = np.right_shift(signed, 8 * bits.itemsize - 1, out=None if out is None else out.view(signed.dtype))
+        key = key.view(bits.dtype)
+        key |= self.sign
+        key ^= bits
         # A negative NaN was flipped below -inf, where no other key lands: flip it back,
-        # so that every NaN ranks above +inf.
-        nan = key < self.magnitude - self.inf
-        if nan.any():
+        # so that every NaN ranks above +inf. A reduction tells whether there is one.
+        lowest = self.magnitude - self.inf
+        if key.size and key.min() < lowest:
+            nan = key < lowest
             key[nan] = ~key[nan]
         return key
 
@@ -366,16 +375,17 @@ def _host_bits(x: Array) -> np.ndarray | None:
     return host.reshape(-1).view(_UINT_FOR_SIZE[host.dtype.itemsize])
 
 
-def _host_values(x: Array) -> tuple[np.ndarray, str, int] | None:
-    """Flat unsigned-integer view of a real or boolean host array's bits, without copies.
+class _HostView(NamedTuple):
+    """A real or boolean host array, flat, in native byte order, without copies."""
 
-    Returns
-    -------
-    tuple or None
-        The view; how its bits encode values (``"f"`` IEEE float, ``"i"`` two's
-        complement, ``"u"`` unsigned or boolean); the bits of +inf for floats, else 0.
-        None if `x` is not a NumPy array or CPU tensor of such a dtype.
-    """
+    bits: np.ndarray  # as unsigned integers of its width
+    kind: str  # how the bits encode values: "f" IEEE float, "i" two's complement, "u"
+    inf: int  # the bits of +inf for floats, else 0
+    values: np.ndarray | None  # as NumPy values (None for bfloat16, which NumPy lacks)
+
+
+def _host_values(x: Array) -> _HostView | None:
+    """`x` as a `_HostView` if it is a NumPy array or CPU tensor of a real or boolean dtype."""
     if type(x) is np.ndarray or apc.is_numpy_array(x):
         host = x
     else:
@@ -385,7 +395,7 @@ def _host_values(x: Array) -> tuple[np.ndarray, str, int] | None:
         if x.requires_grad:
             x = x.detach()
         if x.dtype is torch.bfloat16:  # NumPy has no bfloat16: reinterpret in torch first
-            return x.view(torch.int16).numpy().reshape(-1).view(np.uint16), "f", _BFLOAT16_INF_BITS
+            return _HostView(x.view(torch.int16).numpy().reshape(-1).view(np.uint16), "f", _BFLOAT16_INF_BITS, None)
         try:
             host = x.numpy()  # zero-copy
         except TypeError:  # a dtype NumPy lacks
@@ -396,10 +406,10 @@ def _host_values(x: Array) -> tuple[np.ndarray, str, int] | None:
         return None
     if not dtype.isnative:
         host = host.astype(dtype.newbyteorder("="))  # bit patterns are read in native order
-    bits = (host if host.ndim == 1 else host.reshape(-1)).view(utype)
+    values = host if host.ndim == 1 else host.reshape(-1)
     if dtype.kind == "f":
-        return bits, "f", _INF_BITS[dtype.itemsize]
-    return bits, ("i" if dtype.kind == "i" else "u"), 0
+        return _HostView(values.view(utype), "f", _INF_BITS[dtype.itemsize], values)
+    return _HostView(values.view(utype), "i" if dtype.kind == "i" else "u", 0, values)
 
 
 def _host_bool(x: Array) -> np.ndarray | None:
@@ -422,12 +432,15 @@ def _from_host(mask: np.ndarray, like: Array) -> Array:
     return mask
 
 
-def _scalar_like(bits: np.generic, like: Array) -> Array:
-    """The value with bit pattern `bits`, as a 0-D value of `like`'s library and dtype."""
-    one = np.array([bits])
+def _scalar_like(value: np.generic, like: Array) -> Array:
+    """A NumPy scalar with the bits of `value`, or a 0-D CPU tensor if `like` is a tensor.
+
+    The result has the dtype of `like`; `value` may hold the bits as an unsigned integer.
+    """
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(like, torch.Tensor):
         # Through a signed integer of the same width, which torch reinterprets as any
         # dtype of that width (bfloat16 and the unsigned ones too).
-        return torch.from_numpy(one.view(_INT_FOR_SIZE[one.itemsize])).view(like.dtype).reshape(())
-    return one.view(like.dtype.newbyteorder("="))[0]
+        one = np.array([value]).view(_INT_FOR_SIZE[value.itemsize])
+        return torch.from_numpy(one).view(like.dtype).reshape(())
+    return value.view(like.dtype.newbyteorder("="))

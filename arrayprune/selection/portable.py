@@ -15,7 +15,7 @@ import array_api_compat as apc
 import array_api_extra as xpx
 
 from .._namespace import widest_float
-from .bracket import _BracketSelect, _sample_slice
+from .bracket import _BracketSelect, _sample_slice, check_rank
 
 Array = Any
 
@@ -33,9 +33,7 @@ def kth_smallest(xp: Any, x: Array, k: int) -> Array:
     flat = xp.reshape(x, (-1,))
     if not xp.isdtype(flat.dtype, ("real floating", "integral")):
         # No order the bracket knows (booleans, complex): whatever the library's sort does.
-        n = flat.shape[0]
-        if not 1 <= k <= n:
-            raise ValueError(f"k={k} is out of range for an array of {n} entries")
+        check_rank(k, flat.shape[0])
         return xp.sort(flat)[k - 1]
     select = _PortableSelect(xp, [flat], [None], by_value=True)
     value = select.kth(k)
