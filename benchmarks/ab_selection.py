@@ -104,6 +104,10 @@ def _same(a: Any, b: Any, what: str) -> bool:
     return len(a) == len(b) and all(np.array_equal(np.asarray(p), np.asarray(q)) for p, q in zip(a, b, strict=True))
 
 
+def _fmt(seconds: float) -> str:
+    return f"{seconds * 1e6:.2f} us" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ab_selection", description=__doc__.splitlines()[0])
     parser.add_argument("--rev", default="main", help="the revision to compare against (default: main)")
@@ -125,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
             same = _same(run_old(), run_new(), what)
             t = compare({"old": run_old, "new": run_new}, settings)
             ratio = t["new"].median / t["old"].median
-            rows.append(f"| {label} | {t['old'].median * 1e3:.3f} | {t['new'].median * 1e3:.3f} | {ratio:.3f} | {same} |")
+            rows.append(f"| {label} | {_fmt(t['old'].median)} | {_fmt(t['new'].median)} | {ratio:.3f} | {same} |")
             print(rows[-1], flush=True)
     table = "\n".join(
-        [f"| case ({args.rev} -> checkout) | old ms | new ms | new / old | identical |", "|---|---|---|---|---|", *rows]
+        [f"| case ({args.rev} -> checkout) | old | new | new / old | identical |", "|---|---|---|---|---|", *rows]
     )
     print(table)
     if args.out:
