@@ -23,3 +23,15 @@ def namespace(*arrays: Any) -> Any:
             xp = _BY_TYPE[kind] = apc.array_namespace(arrays[0])
         return xp
     return apc.array_namespace(*arrays)
+
+
+def widest_float(xp: Any, device: Any) -> Any:
+    """``xp.float64`` if the library has it on `device`, else ``xp.float32``.
+
+    Some devices lack float64 (Apple's MPS, some TPUs); the inspection API says which.
+    """
+    try:
+        wide = xp.float64 in xp.__array_namespace_info__().dtypes(device=device).values()
+    except AttributeError:  # pragma: no cover - libraries predating the inspection API
+        wide = True
+    return xp.float64 if wide else xp.float32

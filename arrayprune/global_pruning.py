@@ -10,7 +10,7 @@ from typing import Any
 import array_api_compat as apc
 
 from ._masks import apply_keep, check_same_shape, count_true, eligible, ones_mask, size
-from ._namespace import namespace
+from ._namespace import namespace, widest_float
 from .methods import L1Unstructured, UnstructuredPruningMethod, available_count, combine_masks
 from .selection import smallest_magnitude_keep
 
@@ -220,12 +220,7 @@ def lamp_scores(x: Array, eligible_mask: Array | None = None) -> Array:
         If `x` holds NaN.
     """
     xp = namespace(x)
-    device = apc.device(x)
-    try:
-        wide = xp.float64 in xp.__array_namespace_info__().dtypes(device=device).values()
-    except AttributeError:  # pragma: no cover
-        wide = True
-    a = xp.abs(xp.astype(xp.reshape(x, (-1,)), xp.float64 if wide else xp.float32))
+    a = xp.abs(xp.astype(xp.reshape(x, (-1,)), widest_float(xp, apc.device(x))))
     if bool(xp.any(xp.isnan(a))):
         raise ValueError("LAMP scores are undefined for arrays holding NaN")
     if eligible_mask is not None:

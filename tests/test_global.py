@@ -215,9 +215,9 @@ def test_read_only_numpy_inputs():
 def test_large_arrays_bracket(backend, monkeypatch):
     if backend.backend is Backend.JAX:
         pytest.skip("JAX covered by the small tests")
-    from arrayprune import selection as sel
+    from arrayprune.selection import bracket
 
-    monkeypatch.setattr(sel, "SMALL_SIZE", 1 << 12)
+    monkeypatch.setattr(bracket, "SMALL_SIZE", 1 << 12)
     rng = np.random.default_rng(9)
     xs = [rng.standard_normal((256, 300)).astype(np.float32), rng.standard_normal(20_000).astype(np.float32)]
     xs[1][::2] = 0.0

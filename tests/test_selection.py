@@ -16,6 +16,7 @@ import pytest
 
 import arrayprune as ap
 from arrayprune import selection as sel
+from arrayprune.selection import bracket, host, portable
 from conftest import Backend, reference_keep, to_numpy
 
 # JAX compiles every operation anew for each new shape (about a second per shape on a
@@ -115,8 +116,8 @@ def shrink(monkeypatch, small=16, sample=256, sigmas=0.0, chunk=64):
         "CHUNK_SIZE": chunk,
     }
     for name, value in settings.items():
-        if hasattr(sel, name):
-            monkeypatch.setattr(sel, name, value)
+        if hasattr(bracket, name):
+            monkeypatch.setattr(bracket, name, value)
 
 
 class Counter:
@@ -127,8 +128,8 @@ class Counter:
         # A pass in tie mode (the k-th key inside a heavy run of equal keys) is a bracket
         # pass too: it counts as "scan".
         counted_as = {"keep": "keep", "scan": "scan", "scan_tie": "scan", "exact": "exact"}
-        for cls_name in ("_NumpyBitsSelect", "_PortableSelect"):
-            cls = getattr(sel, cls_name, None)
+        for module, cls_name in ((host, "_NumpyBitsSelect"), (portable, "_PortableSelect")):
+            cls = getattr(module, cls_name, None)
             if cls is None:
                 continue
             for meth, label in counted_as.items():
@@ -146,7 +147,7 @@ class Counter:
 
     @property
     def available(self) -> bool:
-        return hasattr(sel, "_BracketSelect")
+        return hasattr(bracket, "_BracketSelect")
 
 
 # --------------------------------------------------------------------------------------
@@ -302,7 +303,7 @@ def test_numpy_strided_views():
 )
 def test_large_single_array(backend, monkeypatch, mode, n, kind):
     if mode == "bracket":
-        monkeypatch.setattr(sel, "SMALL_SIZE", 1 << 12)
+        monkeypatch.setattr(bracket, "SMALL_SIZE", 1 << 12)
     counter = Counter(monkeypatch)
     x = make_data(kind, n, seed=7).astype(np.float32)
     ks = [1, n // 2, n - 3] if n > (1 << 17) else [1, n // 10, n // 2, (9 * n) // 10, n]
@@ -316,7 +317,7 @@ def test_large_single_array(backend, monkeypatch, mode, n, kind):
 @pytest.mark.parametrize("mode", ["default", "bracket"])
 def test_large_multi_array_with_eligibility(backend, monkeypatch, mode):
     if mode == "bracket":
-        monkeypatch.setattr(sel, "SMALL_SIZE", 1 << 12)
+        monkeypatch.setattr(bracket, "SMALL_SIZE", 1 << 12)
     rng = np.random.default_rng(11)
     arrays = [
         make_data("gauss", 1 << 16, 1).reshape(256, 256),
@@ -335,7 +336,7 @@ def test_large_multi_array_with_eligibility(backend, monkeypatch, mode):
 def test_large_other_dtypes(backend, monkeypatch, dtype):
     if not backend.has_dtype(dtype):
         pytest.skip(f"{backend.name} has no {dtype}")
-    monkeypatch.setattr(sel, "SMALL_SIZE", 1 << 12)
+    monkeypatch.setattr(bracket, "SMALL_SIZE", 1 << 12)
     x = make_data("gauss", 1 << 17, seed=8)
     for k in (5, 1 << 15, (1 << 17) - 5):  # float16 rounding makes many ties
         check_keep(backend, [x], k, dtype=dtype)
@@ -420,7 +421,7 @@ def test_forced_bracket_through_methods(backend, monkeypatch):
 def test_bracket_paths_jax(monkeypatch):
     """The portable bracket on JAX (immutable arrays: xpx.at writes back by copy)."""
     jax_backend = pytest.importorskip("conftest")._load(Backend.JAX)
-    monkeypatch.setattr(sel, "SMALL_SIZE", 1 << 12)
+    monkeypatch.setattr(bracket, "SMALL_SIZE", 1 << 12)
     counter = Counter(monkeypatch)
     x = make_data("half_zeros", 1 << 17, seed=7).astype(np.float32)
     check_keep(jax_backend, [x], 1 << 16)  # threshold inside the zeros
@@ -438,7 +439,7 @@ def test_bracket_paths_jax(monkeypatch):
 
 def test_portable_bracket_with_tiny_array_strict(monkeypatch):
     xs = pytest.importorskip("array_api_strict")
-    monkeypatch.setattr(sel, "SMALL_SIZE", 1 << 12)  # the default needs > 2**22 entries in all
+    monkeypatch.setattr(bracket, "SMALL_SIZE", 1 << 12)  # the default needs > 2**22 entries in all
     big = make_data("gauss", 1 << 20, seed=1).astype(np.float32)
     tiny = np.array([0.5, -2.0, 0.1], np.float32)
     keep = sel.smallest_magnitude_keep([xs.asarray(big), xs.asarray(tiny)], 1 << 19)
@@ -451,7 +452,7 @@ def test_portable_bracket_with_tiny_array_other_backends(backend, monkeypatch):
         pytest.skip("strict has its own test above")
     if backend.backend is Backend.JAX:
         pytest.skip("JAX grid kept small")
-    monkeypatch.setattr(sel, "SMALL_SIZE", 1 << 12)
+    monkeypatch.setattr(bracket, "SMALL_SIZE", 1 << 12)
     big = make_data("gauss", 1 << 17, seed=1).astype(np.float32)
     tiny = np.array([0.5, -2.0, 1e-6], np.float32)
     check_keep(backend, [big, tiny], 1 << 16)
@@ -532,7 +533,7 @@ def test_math_sanity_of_reference():
 @pytest.mark.parametrize("kind", ["zeros80", "quantized"])
 @pytest.mark.parametrize("q", [0.3, 0.79, 0.8, 0.81, 0.95])
 def test_heavy_ties_take_the_counting_pass(backend, monkeypatch, kind, q):
-    monkeypatch.setattr(sel, "SMALL_SIZE", 1 << 12)
+    monkeypatch.setattr(bracket, "SMALL_SIZE", 1 << 12)
     g = np.random.default_rng(5)
     n = 1 << 17
     if kind == "zeros80":

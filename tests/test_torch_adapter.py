@@ -1197,11 +1197,11 @@ def test_custom_mask_requiring_grad_is_stored_detached():
 
 def test_portable_selection_path_as_used_for_cuda_tensors():
     """CUDA tensors take the core's portable (pure tensor) path; force it on CPU."""
-    import arrayprune.selection as selection
+    from arrayprune.selection import host
 
     ours = seeded(nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 6 * 6, 120)))
     ref = copy.deepcopy(ours)
-    with mock.patch.object(selection, "_host_bits", lambda x: None):
+    with mock.patch.object(host, "_host_bits", lambda x: None):
         for net, lib in ((ours, prune), (ref, tprune)):
             lib.l1_unstructured(net[0], "weight", amount=0.3)
             lib.ln_structured(net[0], "weight", amount=2, n=2, dim=0)

@@ -1,0 +1,157 @@
+"""The sample-bracket select, independent of how keys are stored.
+
+Sort a small stratified sample of the keys and read off two values ``lo`` and ``hi``
+that enclose the k-th smallest with overwhelming probability. One pass over the data
+counts the keys below ``lo``, marks those above ``hi`` as kept, and collects the few
+keys in ``[lo, hi]`` (the candidates) with their positions. The k-th smallest is then
+selected exactly among the candidates. If the bracket missed, the scan is repeated with
+the bracket extended to the side that missed, which always succeeds. Main-memory
+traffic is one read of the data and one write of the mask; nothing is concatenated.
+
+A storage (:mod:`.host`, :mod:`.portable`) subclasses :class:`_BracketSelect` and says
+how keys are read and how results are written. The tuning constants below are read at
+call time, so tests shrink them with ``monkeypatch`` to reach every path on small data.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+#: Below this many entries in total, select exactly without a bracket. NumPy's SIMD
+#: partition wins while the data stays in the last-level cache.
+SMALL_SIZE = 1 << 22
+#: Entries per chunk in the host scan (fits the L2 cache with its temporaries).
+CHUNK_SIZE = 1 << 16
+#: The stratified sample holds one entry in SAMPLE_STRIDE, within these bounds. A
+#: larger sample narrows the bracket, and gathering the candidates (mispredicted
+#: branches, one per candidate) costs more than sorting the sample.
+SAMPLE_STRIDE = 256
+SAMPLE_BOUNDS = (1 << 12, 1 << 17)
+#: Half-width of the bracket, in standard deviations of the sample rank.
+BRACKET_SIGMAS = 5.0
+
+
+class _Tie(NamedTuple):
+    """The kk-th key is `value`; of the keys equal to it, the first `need` are dropped."""
+
+    masks: list[Any]  # kept = key > value, ineligible entries kept
+    value: Any
+    need: int
+    ties: list[int]  # keys equal to value, per chunk of the scan
+
+
+class _Candidates(NamedTuple):
+    """The kk-th key is the `rank`-th smallest of the candidate `keys`."""
+
+    masks: list[Any]  # kept = key > hi, ineligible entries kept
+    keys: Any
+    where: list[Any]  # where the candidates sit, per array
+    rank: int
+
+
+class _BracketSelect:
+    """Sample-bracket selection over several flat arrays of ordered keys.
+
+    Subclasses say how keys are read (`sample`, `scan`, `scan_tie`, `exact`,
+    `exact_kth`) and how results are written back (`write_candidates`,
+    `resolve_tie`), and give the helpers on keys the bracket needs (`count`, `at`,
+    `run`, `after`, `before`, `nth`, `min_key`, `max_key`). Ineligible entries get a
+    key below every eligible one, so selecting ``k + n_ineligible`` smallest keys drops
+    them all plus the `k` wanted; `scan` and `exact` then report them as kept.
+    """
+
+    sizes: list[int]
+    n_ineligible: int
+    min_key: Any
+    max_key: Any
+
+    def keep(self, k: int) -> list[Any]:
+        """Keep masks, one per array, that drop the `k` smallest eligible keys."""
+        total = sum(self.sizes)
+        kk = k + self.n_ineligible
+        if kk > total:
+            raise ValueError(f"cannot drop {k} of {total - self.n_ineligible} entries")
+        if k == 0:
+            return self.all_kept()
+        found = None if total <= SMALL_SIZE else self._locate(kk, total)
+        if found is None:
+            return self.exact(kk)
+        if isinstance(found, _Tie):
+            self.resolve_tie(found.masks, found.value, found.need, found.ties)
+        else:
+            self.write_candidates(found.masks, found.keys, found.where, found.rank)
+        return found.masks
+
+    def kth(self, k: int) -> Any:
+        """The `k`-th smallest key (1-based), with the same passes as `keep`."""
+        total = sum(self.sizes)
+        check_rank(k, total)
+        found = None if total <= SMALL_SIZE else self._locate(k, total)
+        if found is None:
+            return self.exact_kth(k)
+        return found.value if isinstance(found, _Tie) else self.nth(found.keys, found.rank)
+
+    def _locate(self, kk: int, total: int) -> _Tie | _Candidates | None:
+        """Scan until the kk-th key is pinned down; None if three brackets missed."""
+        lo, hi, tie = self.bracket(kk, total)
+        if tie is not None:
+            # The k-th key is probably one heavily repeated value (exact zeros of
+            # weights pruned before, quantized weights): count instead of gathering.
+            masks, below, ties = self.scan_tie(tie)
+            if below < kk <= below + sum(ties):
+                return _Tie(masks, tie, kk - below, ties)
+            lo, hi = (self.after(tie), self.max_key) if kk > below + sum(ties) else (self.min_key, self.before(tie))
+        for _ in range(3):
+            masks, below, cand_keys, cand_where = self.scan(lo, hi)
+            rank = kk - below
+            if 1 <= rank <= self.count(cand_keys):
+                return _Candidates(masks, cand_keys, cand_where, rank)
+            # The bracket missed: the k-th key lies on one side of it. Extend that side
+            # to the end of the key range, which cannot miss.
+            lo, hi = (self.min_key, lo) if rank < 1 else (hi, self.max_key)
+        return None  # only reached for NaN thresholds on the portable path
+
+    def bracket(self, kk: int, total: int) -> tuple[Any, Any, Any]:
+        """Bounds ``lo``, ``hi`` likely to enclose the kk-th key, or a likely tie value."""
+        size = min(max(total // SAMPLE_STRIDE, SAMPLE_BOUNDS[0]), SAMPLE_BOUNDS[1])
+        sample = self.sample(max(1, total // size))
+        m = self.count(sample)
+        q = kk / total
+        centre = q * m
+        half = BRACKET_SIGMAS * math.sqrt(m * q * (1.0 - q)) + 2.0
+        i_lo, i_hi = math.floor(centre - half), math.ceil(centre + half)
+        c = min(max(int(centre), 0), m - 1)
+        first, last = self.run(sample, c)
+        if last - first > half and self.at(sample, c) >= self.min_key:
+            return None, None, self.at(sample, c)
+        lo = self.at(sample, i_lo) if i_lo >= 0 else self.min_key
+        hi = self.at(sample, i_hi) if i_hi < m else self.max_key
+        # A heavy run of equal keys at an edge, wholly on one side of the centre, is
+        # moved out of the bracket: it is counted, not gathered as candidates.
+        if i_lo >= 0:
+            first, last = self.run(sample, i_lo)
+            if last - first > half and last < c:
+                lo = self.after(lo)
+        if i_hi < m:
+            first, last = self.run(sample, i_hi)
+            if last - first > half and first > c:
+                hi = self.before(hi)
+        # Ineligible keys sit below min_key and must never become candidates.
+        lo = max(lo, self.min_key)
+        return lo, max(lo, hi), None
+
+
+def check_rank(k: int, n: int) -> None:
+    """Raise unless `k` is a rank (1-based) in an array of `n` entries."""
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k} is out of range for an array of {n} entries")
+
+
+def _sample_slice(n: int, stride: int) -> slice:
+    """Every `stride`-th entry of an array of `n`, from the middle of the first stride.
+
+    The start stays inside the array (an array shorter than half a stride gives its
+    first entry), as the standard leaves out-of-range slice starts undefined.
+    """
+    return slice(min(stride // 2, max(n - 1, 0)), n, stride)

@@ -1,0 +1,227 @@
+"""Selection with whole-array operations of the Array API standard alone.
+
+The storage for every array that does not live in host memory: CuPy, CUDA tensors,
+JAX, array-api-strict, ... The bracket algorithm of :mod:`.bracket` runs with one
+whole-array operation per step, on keys that are the values themselves: magnitudes in
+a floating dtype for `smallest_magnitude_keep`, the signed values for `kth_smallest`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import array_api_compat as apc
+import array_api_extra as xpx
+
+from .._namespace import widest_float
+from .bracket import _BracketSelect, _sample_slice, check_rank
+
+Array = Any
+
+
+def keep_masks(xp: Any, scores: list[Array], eligible: list[Array | None], k: int) -> list[Array]:
+    """Keep masks shaped like `scores` that drop the `k` eligible entries of smallest magnitude."""
+    if k == 0:
+        return [xp.ones(s.shape, dtype=xp.bool, device=apc.device(s)) for s in scores]
+    keep = _PortableSelect(xp, scores, eligible).keep(k)
+    return [xp.reshape(m, s.shape) for m, s in zip(keep, scores, strict=True)]
+
+
+def kth_smallest(xp: Any, x: Array, k: int) -> Array:
+    """The `k`-th smallest value of `x` (1-based, NaN last), a 0-D array like `x`."""
+    flat = xp.reshape(x, (-1,))
+    if not xp.isdtype(flat.dtype, ("real floating", "integral")):
+        # No order the bracket knows (booleans, complex): whatever the library's sort does.
+        check_rank(k, flat.shape[0])
+        return xp.sort(flat)[k - 1]
+    select = _PortableSelect(xp, [flat], [None], by_value=True)
+    value = select.kth(k)
+    if type(value) in (int, float):  # a tie value, read back from the sample
+        value = xp.asarray(value, dtype=select.dtype, device=select.device)
+    return value
+
+
+class _PortableSelect(_BracketSelect):
+    """The same selection with whole-array operations of the Array API standard.
+
+    By magnitude, keys are ``|x|`` in a floating dtype and ineligible entries get -1.
+    By value (`by_value`, one array, no eligibility), keys are the values in their own
+    dtype, integers included. NaN compares false with everything, so it is never below
+    the bracket nor inside it: it is kept, unless the k-th key itself is NaN, which only
+    the exact path reaches.
+    """
+
+    def __init__(self, xp: Any, scores: list[Array], eligible: list[Array | None], *, by_value: bool = False):
+        self.xp = xp
+        self.by_value = by_value
+        self.device = apc.device(scores[0])
+        dtypes = [s.dtype for s in scores]
+        if by_value:
+            (self.dtype,) = dtypes
+        elif all(xp.isdtype(d, "real floating") for d in dtypes):
+            self.dtype = xp.result_type(*dtypes)
+        else:
+            self.dtype = widest_float(xp, self.device)
+        self.floating = xp.isdtype(self.dtype, "real floating")
+        self.eligible = [None if e is None else xp.reshape(e, (-1,)) for e in eligible]
+        self.keys = [self._keys(s, e) for s, e in zip(scores, self.eligible, strict=True)]
+        self.sizes = [k.shape[0] for k in self.keys]
+        self.n_ineligible = sum(
+            e.shape[0] - int(xp.count_nonzero(e)) for e in self.eligible if e is not None
+        )
+        self.shifted = any(e is not None for e in self.eligible)
+        if by_value and self.shifted:
+            raise ValueError("eligibility masks only apply to the order by magnitude")
+        if not by_value:
+            self.min_key, self.max_key = (0.0 if self.shifted else -1.0), math.inf
+        elif self.floating:
+            self.min_key, self.max_key = -math.inf, math.inf
+        else:
+            info = xp.iinfo(self.dtype)
+            self.min_key, self.max_key = int(info.min), int(info.max)
+
+    def _keys(self, s: Array, e: Array | None) -> Array:
+        xp = self.xp
+        if self.by_value:
+            return xp.reshape(s, (-1,))
+        key = xp.abs(xp.astype(xp.reshape(s, (-1,)), self.dtype, copy=False))
+        if e is not None:
+            key = xp.where(e, key, xp.asarray(-1.0, dtype=self.dtype, device=self.device))
+        return key
+
+    def all_kept(self) -> list[Array]:
+        xp = self.xp
+        return [xp.ones((n,), dtype=xp.bool, device=self.device) for n in self.sizes]
+
+    def count(self, keys: Array) -> int:
+        return int(keys.shape[0])
+
+    def at(self, keys: Array, i: int) -> Any:
+        return float(keys[i]) if self.floating else int(keys[i])
+
+    def run(self, sample: Array, i: int) -> tuple[int, int]:
+        xp = self.xp
+        v = sample[i : i + 1]
+        return int(xp.searchsorted(sample, v, side="left")[0]), int(xp.searchsorted(sample, v, side="right")[0]) - 1
+
+    def _step(self, v: float, towards: float) -> float:
+        xp = self.xp
+        if not self.floating:
+            return min(max(v + (1 if towards > v else -1), self.min_key), self.max_key)
+        a = xp.asarray(v, dtype=self.dtype, device=self.device)
+        return float(xp.nextafter(a, xp.asarray(towards, dtype=self.dtype, device=self.device)))
+
+    def after(self, v: float) -> float:
+        return self._step(v, math.inf)
+
+    def before(self, v: float) -> float:
+        return self._step(v, -math.inf)
+
+    def scan_tie(self, v: float):
+        xp = self.xp
+        masks, ties, below = [], [], 0
+        for key, e in zip(self.keys, self.eligible, strict=True):
+            keep = ~(key <= v)
+            below += int(xp.count_nonzero(key < v))
+            ties.append(int(xp.count_nonzero(key == v)))
+            masks.append(keep if e is None else keep | ~e)
+        return masks, below, ties
+
+    def resolve_tie(self, masks, v: float, need: int, ties: list[int]) -> None:
+        xp = self.xp
+        for i, (key, n_ties) in enumerate(zip(self.keys, ties, strict=True)):
+            if n_ties == 0:
+                continue
+            equal = key == v
+            if need >= n_ties:
+                need -= n_ties
+                continue
+            if need > 0:
+                counter = xp.int32 if key.shape[0] < 2**31 else xp.int64
+                equal = equal & (xp.cumulative_sum(xp.astype(equal, counter)) > need)
+                need = 0
+            masks[i] = masks[i] | equal
+
+    def sample(self, stride: int) -> Array:
+        xp = self.xp
+        parts = [k[_sample_slice(n, stride)] for k, n in zip(self.keys, self.sizes, strict=True)]
+        sample = xp.concat(parts) if len(parts) > 1 else parts[0]
+        if self.floating:
+            sample = xp.where(xp.isnan(sample), xp.asarray(xp.inf, dtype=self.dtype), sample)
+        return xp.sort(sample)
+
+    def scan(self, lo: float, hi: float):
+        xp = self.xp
+        masks, cand_keys, cand_where = [], [], []
+        below = 0
+        for i, key in enumerate(self.keys):
+            below += int(xp.count_nonzero(key < lo))
+            keep = ~(key <= hi)
+            cand = (key >= lo) & (key <= hi)
+            n_cand = int(xp.count_nonzero(cand))
+            if n_cand:
+                cand_keys.append(key[cand])
+                cand_where.append((i, cand, n_cand))
+            e = self.eligible[i]
+            masks.append(keep if e is None else keep | ~e)
+        if cand_keys:
+            keys = xp.concat(cand_keys) if len(cand_keys) > 1 else cand_keys[0]
+        else:
+            keys = xp.empty((0,), dtype=self.dtype, device=self.device)
+        return masks, below, keys, cand_where
+
+    def write_candidates(self, masks, cand_keys, cand_where, rank: int) -> None:
+        keep = self._keep_after_rank(cand_keys, rank)
+        offset = 0
+        for i, cand, n in cand_where:
+            masks[i] = xpx.at(masks[i], cand).set(keep[offset : offset + n], xp=self.xp)
+            offset += n
+
+    def nth(self, keys: Array, rank: int) -> Array:
+        v = self._nth_below_nan(keys, rank)
+        return self.xp.asarray(self.xp.nan, dtype=keys.dtype, device=self.device) if v is None else v
+
+    def _nth_below_nan(self, keys: Array, rank: int) -> Array | None:
+        """The `rank`-th smallest key as a 0-D array, or None if it is NaN.
+
+        The standard leaves the place of NaN in ``sort`` open: NaN sorts as +inf, and a
+        rank past the other keys is NaN.
+        """
+        xp = self.xp
+        if not self.floating:
+            return xp.sort(keys)[rank - 1]
+        nan = xp.isnan(keys)
+        if rank > keys.shape[0] - int(xp.count_nonzero(nan)):
+            return None
+        return xp.sort(xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype), keys))[rank - 1]
+
+    def _all_keys(self) -> Array:
+        return self.xp.concat(self.keys) if len(self.keys) > 1 else self.keys[0]
+
+    def exact_kth(self, k: int) -> Array:
+        return self.nth(self._all_keys(), k)
+
+    def exact(self, kk: int) -> list[Array]:
+        keys = self._all_keys()
+        keep = self._keep_after_rank(keys, kk)
+        masks, offset = [], 0
+        for n, e in zip(self.sizes, self.eligible, strict=True):
+            m = keep[offset : offset + n]
+            masks.append(m if e is None else m | ~e)
+            offset += n
+        return masks
+
+    def _keep_after_rank(self, keys: Array, rank: int) -> Array:
+        """Keep mask dropping the `rank` smallest keys (NaN highest, ties by position)."""
+        xp = self.xp
+        v = self._nth_below_nan(keys, rank)
+        if v is None:  # the threshold is NaN itself
+            at_v = xp.isnan(keys)
+            below = ~at_v
+        else:
+            below, at_v = keys < v, keys == v
+        need = rank - int(xp.count_nonzero(below))
+        counter = xp.int32 if keys.shape[0] < 2**31 else xp.int64
+        order = xp.cumulative_sum(xp.astype(at_v, counter))
+        return ~(below | (at_v & (order <= need)))
