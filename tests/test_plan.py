@@ -202,3 +202,28 @@ def test_include_and_dim_override_the_roles(tmp_path):
     proc = run("prune", src, "-o", out, "--force", "--method", "nm_structured", "--dim", "0")
     got = np.load(out)
     assert ap.is_nm_sparse(got["model.layers.0.mlp.gate_proj.weight"], 2, 4, dim=0)
+
+
+def test_training_checkpoint_two_four_along_the_input_features(tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    net(torch.randn(4, 12)).sum().backward()
+    opt.step()
+    src, out = tmp_path / "ckpt.pt", tmp_path / "nm.pt"
+    torch.save({"model_state_dict": net.state_dict(), "optimizer_state_dict": opt.state_dict(), "step": 1}, src)
+    proc = run("prune", src, "-o", out, "--method", "nm_structured")
+    assert proc.returncode == 0, proc.stderr
+    before, after = torch.load(src, weights_only=True), torch.load(out, weights_only=True)
+    for k in ("0.weight", "2.weight"):
+        w = after["model_state_dict"][k].numpy()
+        assert ap.is_nm_sparse(w, 2, 4, dim=1) and int((w == 0).sum()) == w.size // 2
+        np.testing.assert_array_equal(
+            w, before["model_state_dict"][k].numpy() * ap.nm_structured(before["model_state_dict"][k].numpy(), dim=1)
+        )
+    for k in ("0.bias", "2.bias"):
+        assert torch.equal(after["model_state_dict"][k], before["model_state_dict"][k])
+    for i, state in before["optimizer_state_dict"]["state"].items():
+        assert torch.equal(after["optimizer_state_dict"]["state"][i]["momentum_buffer"], state["momentum_buffer"])
+    assert after["step"] == 1
