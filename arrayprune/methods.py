@@ -458,9 +458,9 @@ class UnstructuredPruningMethod(AmountPruningMethod):
         As in PyTorch, every entry is ranked; :meth:`remaining_mask` ranks only those
         `default_mask` leaves.
         """
-        if default_mask is None:
-            return self.keep_mask(t)
         keep = self.keep_mask(t)
+        if default_mask is None:
+            return keep
         check_same_shape(t, default_mask, "default_mask")
         return apply_keep(default_mask, keep)
 
@@ -508,25 +508,43 @@ class StructuredPruningMethod(AmountPruningMethod):
         _amount.validate_structured_pruning(t.shape)
         return _amount.normalize_dim(t.shape, self.dim)
 
+    def keep_channels(self, t: Array, dim: int, k: int, remaining: Array | None) -> Array:
+        """Boolean keep vector over the channels of `t` along `dim`, False at the `k` pruned.
+
+        Parameters
+        ----------
+        t : array
+            Importance scores.
+        dim : int
+            The channel axis, non-negative.
+        k : int
+            How many channels to prune, at least 1.
+        remaining : boolean array or None
+            The channels that may be pruned (None: all).
+
+        Returns
+        -------
+        array
+            One boolean per channel. The default prunes the `k` of smallest
+            :meth:`channel_scores`, ties by position.
+        """
+        return smallest_magnitude_keep([self.channel_scores(t, dim)], k, [remaining])[0]
+
     def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
         """Mask pruning ``amount`` of all channels of `t`, on top of `default_mask`."""
-        default_mask = mask_or_ones(t, default_mask)
-        dim = self.checked_dim(t)
-        k = self.count(t.shape[dim])
-        if k == 0:
-            return default_mask
-        keep = smallest_magnitude_keep([self.channel_scores(t, dim)], k)[0]
-        return channel_keep_to_mask(default_mask, keep, dim)
+        return self._prune_channels(t, mask_or_ones(t, default_mask), only_remaining=False)
 
     def remaining_mask(self, t: Array, mask: Array) -> Array:
         check_same_shape(t, mask, "default_mask")
+        return self._prune_channels(t, mask, only_remaining=True)
+
+    def _prune_channels(self, t: Array, mask: Array, only_remaining: bool) -> Array:
         dim = self.checked_dim(t)
-        remaining = remaining_channels(mask, dim)
-        k = self.count(count_true(remaining))
+        remaining = remaining_channels(mask, dim) if only_remaining else None
+        k = self.count(t.shape[dim] if remaining is None else count_true(remaining))
         if k == 0:
             return mask
-        keep = smallest_magnitude_keep([self.channel_scores(t, dim)], k, [remaining])[0]
-        return channel_keep_to_mask(mask, keep, dim)
+        return channel_keep_to_mask(mask, self.keep_channels(t, dim, k, remaining), dim)
 
     def units(self, t: Array, mask: Array | None = None) -> tuple[int, int]:
         dim = _amount.normalize_dim(t.shape, self.dim)

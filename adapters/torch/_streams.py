@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 import arrayprune.methods as _core
-from arrayprune._masks import check_same_shape
 
 
 def pytorch_random_keep(scores: list[torch.Tensor], eligible: list[Any], count: Any) -> list[torch.Tensor]:
@@ -44,25 +43,13 @@ class PyTorchStreamRandomStructured(_core.RandomStructured):
     """The core's ``RandomStructured``, drawing ``torch.rand(nchannels)`` (CPU, default dtype)
     for the channels in play and keeping those above the ``k``-th smallest draw, as PyTorch."""
 
-    def compute_mask(self, t: Any, default_mask: Any) -> Any:
-        default_mask = torch.ones(t.shape, dtype=torch.bool, device=t.device) if default_mask is None else default_mask
-        check_same_shape(t, default_mask, "default_mask")
-        return self._prune_channels(default_mask, self.checked_dim(t), None)
-
-    def remaining_mask(self, t: Any, mask: Any) -> Any:
-        dim = self.checked_dim(t)
-        return self._prune_channels(mask, dim, _core.remaining_channels(mask, dim))
-
-    def _prune_channels(self, mask: torch.Tensor, dim: int, remaining: torch.Tensor | None) -> torch.Tensor:
-        nchannels = mask.shape[dim] if remaining is None else int(remaining.sum())
-        k = self.count(nchannels)
-        if k == 0:
-            return mask
+    def keep_channels(self, t: Any, dim: int, k: int, remaining: Any) -> Any:
+        nchannels = t.shape[dim] if remaining is None else int(remaining.sum())
         prob = torch.rand(nchannels)
-        keep = (prob > torch.kthvalue(prob, k=k).values).to(device=mask.device)  # ties at the threshold go
-        if remaining is not None:
-            keep = torch.ones(mask.shape[dim], dtype=torch.bool, device=mask.device).index_put_((remaining,), keep)
-        return _core.channel_keep_to_mask(mask, keep, dim)
+        keep = (prob > torch.kthvalue(prob, k=k).values).to(device=t.device)  # ties at the threshold go
+        if remaining is None:
+            return keep
+        return torch.ones(t.shape[dim], dtype=torch.bool, device=t.device).index_put_((remaining,), keep)
 
 
 STREAMS = {  # the variants of core classes, for unseeded methods
