@@ -97,36 +97,26 @@ def uniform_like(x: Array, shape: tuple[int, ...], *, seed: int | None = None, g
         Random scores.
     """
     shape = tuple(int(s) for s in shape)
+    if generator is None:
+        generator = _generator_for(x, seed)
     if apc.is_numpy_array(x):
-        return _numpy_uniform(shape, seed, generator)
+        return _numpy_uniform(shape, generator)
     if apc.is_torch_array(x):
         torch = sys.modules["torch"]
-        if generator is None and seed is not None:
-            generator = torch.Generator(device=x.device).manual_seed(int(seed))
         return torch.rand(shape, generator=generator, device=x.device, dtype=torch.float32)
     if apc.is_cupy_array(x):
-        cupy = sys.modules["cupy"]
         with x.device:
-            if generator is None:
-                generator = cupy.random.default_rng(seed)
             if hasattr(generator, "random"):
-                return generator.random(shape, dtype=cupy.float32)
-            return generator.random_sample(shape, dtype=cupy.float32)
+                return generator.random(shape, dtype=sys.modules["cupy"].float32)
+            return generator.random_sample(shape, dtype=sys.modules["cupy"].float32)
     if apc.is_jax_array(x):
         jax = sys.modules["jax"]
-        key = generator
-        if key is None:
-            key = jax.random.key(int(seed) if seed is not None else int(np.random.SeedSequence().generate_state(1)[0]))
-        r = jax.random.uniform(key, shape, dtype=jax.numpy.float32)
-        return jax.device_put(r, apc.device(x))
+        return jax.device_put(jax.random.uniform(generator, shape, dtype=jax.numpy.float32), apc.device(x))
     xp = apc.array_namespace(x)
-    host = _numpy_uniform(shape, seed, generator)
-    return xp.asarray(host, device=apc.device(x))
+    return xp.asarray(_numpy_uniform(shape, generator), device=apc.device(x))
 
 
-def _numpy_uniform(shape: tuple[int, ...], seed: Any, generator: Any) -> np.ndarray:
-    if generator is None:
-        generator = np.random.default_rng(seed)
+def _numpy_uniform(shape: tuple[int, ...], generator: Any) -> np.ndarray:
     if isinstance(generator, np.random.Generator):
         return generator.random(shape, dtype=np.float32)
     if isinstance(generator, np.random.RandomState):
@@ -159,24 +149,26 @@ def uniform_many(
     """
     if not arrays:
         return []
-    first = arrays[0]
-    if apc.is_jax_array(first):
-        jax = sys.modules["jax"]
-        key = generator
-        if key is None:
-            key = jax.random.key(int(seed) if seed is not None else int(np.random.SeedSequence().generate_state(1)[0]))
-        keys = jax.random.split(key, len(arrays))
+    if generator is None:
+        generator = _generator_for(arrays[0], seed)
+    if apc.is_jax_array(arrays[0]):
+        keys = sys.modules["jax"].random.split(generator, len(arrays))
         return [uniform_like(a, s, generator=k) for a, s, k in zip(arrays, shapes, keys, strict=True)]
-    if generator is None and seed is not None:
-        generator = _generator_for(first, int(seed))
     return [uniform_like(a, s, generator=generator) for a, s in zip(arrays, shapes, strict=True)]
 
 
-def _generator_for(x: Array, seed: int) -> Any:
-    """A fresh generator of the library of `x`, seeded."""
+def _generator_for(x: Array, seed: int | None) -> Any:
+    """What draws for `x`: a fresh generator of its library (JAX: a key) seeded with `seed`.
+
+    Without a seed: the library's default source, PyTorch's global generator (None) or
+    fresh entropy elsewhere.
+    """
     if apc.is_torch_array(x):
-        return sys.modules["torch"].Generator(device=x.device).manual_seed(seed)
+        return None if seed is None else sys.modules["torch"].Generator(device=x.device).manual_seed(int(seed))
     if apc.is_cupy_array(x):
         with x.device:
             return sys.modules["cupy"].random.default_rng(seed)
+    if apc.is_jax_array(x):
+        entropy = int(seed) if seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
+        return sys.modules["jax"].random.key(entropy)
     return np.random.default_rng(seed)
