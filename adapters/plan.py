@@ -29,7 +29,7 @@ import numpy as np
 import arrayprune
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.roles import Role
-from arrayprune.adapters.roles.names import tree_roles
+from arrayprune.adapters.roles.names import dtype_name, is_float, tree_roles
 from arrayprune.registry import constructor_parameters
 
 __all__ = ["PlanEntry", "alias_key", "file_roles", "make_plan", "format_plan"]
@@ -81,15 +81,6 @@ def _size(x: Any) -> int:
     return math.prod(int(s) for s in x.shape)
 
 
-def _dtype_name(x: Any) -> str:
-    return str(x.dtype).replace("torch.", "")
-
-
-def _is_float(x: Any) -> bool:
-    name = _dtype_name(x)
-    return name.startswith(("float", "bfloat")) or name in ("half", "double")
-
-
 def alias_key(value: Any) -> Any:
     """A key shared by the arrays that are one tensor under several names (tied weights).
 
@@ -127,13 +118,12 @@ def file_roles(wf: Any) -> dict[tuple, Role]:
     dict
         Path to :class:`~arrayprune.adapters.roles.Role`.
     """
-    entries = [(p, v) for p, v, _ in _tensors(wf.params)]
     if wf.format == "onnx":
         from arrayprune.adapters.roles.onnx_graph import onnx_roles
 
         by_name = onnx_roles(wf.context["model"])
-        return {p: by_name.get(str(p[-1]), Role("other", why="not in the graph")) for p, _ in entries}
-    return tree_roles(wf.params, entries)
+        return {p: by_name.get(str(p[-1]), Role("other", why="not in the graph")) for p, _, _ in _tensors(wf.params)}
+    return tree_roles(wf.params)
 
 
 def make_plan(
@@ -193,7 +183,7 @@ def make_plan(
                 path=path,
                 name=names[0],
                 shape=tuple(int(s) for s in value.shape),
-                dtype=_dtype_name(value),
+                dtype=dtype_name(value),
                 role=role,
                 prune=reason is None,
                 dim=axis,
@@ -209,8 +199,8 @@ def _leave_reason(
     value: Any, role: Role, names: list[str], include: list[str], exclude: list[str], min_size: int
 ) -> str | None:
     """Why the plan leaves a tensor alone, or None if it prunes it."""
-    if not _is_float(value):
-        return f"{_dtype_name(value)}, not floating point"
+    if not is_float(value):
+        return f"{dtype_name(value)}, not floating point"
     if _size(value) < min_size:
         return f"fewer than {min_size} entries (--min-size)"
     if any(fnmatch.fnmatchcase(name, pat) for name in names for pat in exclude):

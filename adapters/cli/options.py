@@ -30,12 +30,10 @@ def method_flags(name: str) -> dict[str, str]:
     Parameters the command line cannot give (a mask, a generator) are left out.
     """
     params = [p.name for p in constructor_parameters(arrayprune.METHODS[name])]
-    pattern = {"n", "m"} <= set(params)
-    return {
-        p: "--nm" if pattern and p in ("n", "m") else PARAMETER_FLAGS[p]
-        for p in params
-        if p in PARAMETER_FLAGS or (pattern and p == "m")
-    }
+    flags = {p: PARAMETER_FLAGS[p] for p in params if p in PARAMETER_FLAGS}
+    if {"n", "m"} <= set(params):
+        flags.update(n="--nm", m="--nm")
+    return flags
 
 
 def _runnable(name: str) -> bool:
@@ -284,6 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_options(args: argparse.Namespace) -> None:
     """Refuse options that do not apply to the method, then fill in the defaults."""
     cls = arrayprune.METHODS[args.method]
+    if args.global_ and cls.PRUNING_TYPE != "unstructured":
+        unstructured = [m for m in METHODS if arrayprune.METHODS[m].PRUNING_TYPE == "unstructured"]
+        raise CliError(f"--global needs an unstructured method ({' or '.join(unstructured)}), not {args.method}")
+    if not args.global_ and (args.min_sparsity is not None or args.max_sparsity is not None or args.lamp):
+        raise CliError("--min-sparsity, --max-sparsity and --lamp shape global pruning: add --global")
+    if args.lamp and args.method != "l1_unstructured":
+        raise CliError("--lamp ranks magnitudes: use it with --method l1_unstructured")
     flags = set(method_flags(args.method).values())
     given = {"--n": args.n, "--dim": args.dim, "--nm": args.nm, "--block": args.block}
     for flag, value in given.items():

@@ -16,14 +16,14 @@ from arrayprune.adapters.plan import PlanEntry, _name, _size, file_roles, format
 from arrayprune.adapters.trees import lookup
 
 from .errors import CliError, _error, _message, _optional
-from .options import METHODS, _check_options, method_arguments
+from .options import _check_options, method_arguments
 from .report import _totals, report_rows
 from .tensors import _check_arrays, _progress, _zeros, stream_seed
 
 __all__ = ["run_prune"]
 
 
-def _global_arguments(targets: list[PlanEntry], args: argparse.Namespace) -> tuple[type, dict[str, Any]]:
+def _global_arguments(args: argparse.Namespace) -> tuple[type, dict[str, Any]]:
     """The method class and keyword arguments of a ``global_unstructured`` call."""
     kwargs: dict[str, Any] = {
         **method_arguments(args, stream_seed(args.seed)),
@@ -47,7 +47,7 @@ def _prune_params(params: Mapping, targets: list[PlanEntry], args: argparse.Name
     shared tensor).
     """
     if args.global_:
-        cls, kwargs = _global_arguments(targets, args)
+        cls, kwargs = _global_arguments(args)
         try:
             params = mp.global_unstructured(params, [t.path for t in targets], cls, **kwargs)
         except (ValueError, TypeError, IndexError, KeyError) as exc:
@@ -74,7 +74,7 @@ def _prune_folded(params: Mapping, targets: list[PlanEntry], args: argparse.Name
     """
     folded = {}
     if args.global_:
-        cls, kwargs = _global_arguments(targets, args)
+        cls, kwargs = _global_arguments(args)
         try:
             masks = arrayprune.global_unstructured([t.value for t in targets], cls, **kwargs)
         except (ValueError, TypeError, IndexError, KeyError) as exc:
@@ -94,17 +94,6 @@ def _prune_folded(params: Mapping, targets: list[PlanEntry], args: argparse.Name
     return mp.replace(params, folded)
 
 
-def _check_method_options(args: argparse.Namespace) -> None:
-    if args.global_ and arrayprune.METHODS[args.method].PRUNING_TYPE != "unstructured":
-        unstructured = [m for m in METHODS if arrayprune.METHODS[m].PRUNING_TYPE == "unstructured"]
-        raise CliError(f"--global needs an unstructured method ({' or '.join(unstructured)}), not {args.method}")
-    if not args.global_ and (args.min_sparsity is not None or args.max_sparsity is not None or args.lamp):
-        raise CliError("--min-sparsity, --max-sparsity and --lamp shape global pruning: add --global")
-    if args.lamp and args.method != "l1_unstructured":
-        raise CliError("--lamp ranks magnitudes: use it with --method l1_unstructured")
-    _check_options(args)
-
-
 def _plan(wf: Any, roles: Mapping, args: argparse.Namespace) -> list[PlanEntry]:
     return make_plan(
         wf.params,
@@ -119,7 +108,7 @@ def _plan(wf: Any, roles: Mapping, args: argparse.Namespace) -> list[PlanEntry]:
 
 def _dry_run(args: argparse.Namespace) -> int:
     """Print the plan and write nothing."""
-    _check_method_options(args)
+    _check_options(args)
     wf = fmt.load(args.input)
     _check_arrays(wf.params, args.input)
     print(f"plan for {args.input} ({wf.format}), {args.method}; nothing is written (--dry-run)")
@@ -146,7 +135,7 @@ def run_prune(args: argparse.Namespace) -> int:
             raise CliError("is the input file; refusing to overwrite it without --force", dst)
         if not args.force:
             raise CliError("exists; use --force to overwrite it", dst)
-    _check_method_options(args)
+    _check_options(args)
 
     in_format = fmt.detect_format(src)
     out_format = fmt.format_from_suffix(dst) or in_format

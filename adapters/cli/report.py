@@ -14,9 +14,9 @@ import numpy as np
 import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
-from arrayprune.adapters.plan import _dtype_name, _is_float, _name, _size, alias_key, file_roles, make_plan
+from arrayprune.adapters.plan import _name, _size, alias_key, file_roles, make_plan
 from arrayprune.adapters.roles import Role
-from arrayprune.adapters.roles.names import tree_roles
+from arrayprune.adapters.roles.names import dtype_name, is_float, tree_roles
 
 from .errors import CliError
 from .tensors import _check_arrays, _zeros
@@ -54,7 +54,7 @@ def report_rows(
     """
     masked = set(mp.pruned_keys(params))
     if roles is None:
-        roles = tree_roles(params, [(p, v) for p, v, _ in mp.iter_entries(params) if hasattr(v, "dtype")])
+        roles = tree_roles(params)
     plan = {e.path: e for e in make_plan(params, roles)}
     first_name: dict[Any, str] = {}
     rows = []
@@ -71,7 +71,7 @@ def report_rows(
         row = {
             "name": name,
             "shape": [int(s) for s in value.shape],
-            "dtype": _dtype_name(value),
+            "dtype": dtype_name(value),
             "size": n,
             "zeros": z,
             "sparsity": z / n if n else 0.0,
@@ -84,7 +84,7 @@ def report_rows(
             "tied_to": None if tied_to == name else tied_to,
         }
         if storage:
-            nbytes = arrayprune.sparse_nbytes(value) if _is_float(value) else {"dense": _dense_nbytes(value)}
+            nbytes = arrayprune.sparse_nbytes(value) if is_float(value) else {"dense": _dense_nbytes(value)}
             row.update(nm_2_4="semi_structured_2_4" in nbytes, bytes=nbytes)
         rows.append(row)
     return rows
@@ -93,7 +93,7 @@ def report_rows(
 def _dense_nbytes(x: Any) -> int:
     itemsize = getattr(x.dtype, "itemsize", None)
     if itemsize is None:
-        itemsize = np.dtype(_dtype_name(x)).itemsize if _dtype_name(x) in np.sctypeDict else 0
+        itemsize = np.dtype(dtype_name(x)).itemsize if dtype_name(x) in np.sctypeDict else 0
     return _size(x) * int(itemsize)
 
 

@@ -21,9 +21,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from arrayprune.adapters.state_dict import iter_entries
+
 from . import Role
 
-__all__ = ["MODEL_KEYS", "OPTIMIZER_KEYS", "model_prefix", "name_role", "tree_roles"]
+__all__ = ["MODEL_KEYS", "OPTIMIZER_KEYS", "dtype_name", "is_float", "model_prefix", "name_role", "tree_roles"]
 
 #: Keys under which training checkpoints keep the model's state dict.
 MODEL_KEYS = ("model", "state_dict", "model_state_dict", "model_state", "net", "network", "module")
@@ -55,9 +57,15 @@ def _is_array(value: Any) -> bool:
     return hasattr(value, "shape") and hasattr(value, "dtype")
 
 
-def _is_float(value: Any) -> bool:
-    dtype = str(value.dtype).replace("torch.", "")
-    return dtype.startswith(("float", "bfloat")) or dtype in ("half", "double")
+def dtype_name(value: Any) -> str:
+    """The dtype of an array of any library as a plain name: ``float32``, ``bfloat16``, ..."""
+    return str(value.dtype).replace("torch.", "")
+
+
+def is_float(value: Any) -> bool:
+    """Whether an array of any library holds floating-point numbers."""
+    name = dtype_name(value)
+    return name.startswith(("float", "bfloat")) or name in ("half", "double")
 
 
 def model_prefix(params: Mapping) -> tuple | None:
@@ -103,9 +111,8 @@ def name_role(name: str, value: Any) -> Role:
         ``weight`` with its axes, ``bias``, ``embedding``, ``norm`` or ``other``.
     """
     leaf = re.split(r"[./]", name)[-1]
-    dtype = str(value.dtype).replace("torch.", "")
-    if not _is_float(value):
-        return Role("other", why=f"{dtype}, not floating point")
+    if not is_float(value):
+        return Role("other", why=f"{dtype_name(value)}, not floating point")
     if leaf == "bias" or leaf.endswith("_bias"):
         return Role("bias", why="name ends in bias")
     if _NORM.search(name) or leaf in _NORM_STATISTICS:
@@ -121,15 +128,13 @@ def name_role(name: str, value: Any) -> Role:
     return Role("weight", output_axis=0, reduction_axis=1, why="[out, in, ...] (PyTorch layout)")
 
 
-def tree_roles(params: Mapping, entries: list[tuple[tuple, Any]]) -> dict[tuple, Role]:
+def tree_roles(params: Mapping) -> dict[tuple, Role]:
     """Roles of the tensors of a state dict or training checkpoint, by path.
 
     Parameters
     ----------
     params : mapping
-        The file's contents (for the checkpoint layout).
-    entries : list of (path, array)
-        The tensors, by path (pruned ones under their own name).
+        The file's contents, possibly nested (pruned tensors under their own name).
 
     Returns
     -------
@@ -138,7 +143,9 @@ def tree_roles(params: Mapping, entries: list[tuple[tuple, Any]]) -> dict[tuple,
     """
     prefix = model_prefix(params)
     roles = {}
-    for path, value in entries:
+    for path, value, _ in iter_entries(params):
+        if not _is_array(value):
+            continue
         name = ".".join(map(str, path))
         if prefix is None:
             roles[path] = name_role(name, value)
