@@ -205,7 +205,7 @@ def is_pruned(params: Mapping) -> bool:
     bool
         True if some entry is pruned.
     """
-    return bool(pruned_keys(params))
+    return any(_pruned_leaf(node, key) is not None for _, node, key, _ in walk(params))
 
 
 def apply_masks(params: Mapping) -> Mapping:

@@ -12,13 +12,13 @@ import numpy as np
 import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
-from arrayprune.adapters.plan import PlanEntry, _name, _size, file_roles, format_plan, make_plan
+from arrayprune.adapters.plan import PlanEntry, _name, file_roles, format_plan, make_plan
 from arrayprune.adapters.trees import lookup
 
 from .errors import CliError, _error, _message, _optional
 from .options import _check_options, method_arguments
 from .report import _totals, report_rows
-from .tensors import _check_arrays, _progress, _zeros, stream_seed
+from .tensors import _check_arrays, _progress, stream_seed
 
 __all__ = ["run_prune"]
 
@@ -166,13 +166,11 @@ def run_prune(args: argparse.Namespace) -> int:
         folded = out_params = _prune_folded(wf.params, targets, args, src)
     fmt.save(dst, out_params, out_format, like=wf)
 
-    selected = {t.path for t in targets}
-    total = zeros = 0
-    for path, value in mp.iter_arrays(folded):
-        if path in selected:
-            total += _size(value)
-            zeros += _zeros(value)
-    everything = _totals(report_rows(folded, storage=False, roles=roles))
+    rows = report_rows(folded, storage=False, roles=roles)  # one count of zeros per tensor
+    selected = {t.name for t in targets}
+    pruned = _totals([r for r in rows if r["name"] in selected])
+    total, zeros = pruned["size"], pruned["zeros"]
+    everything = _totals(rows)
     detail = f"amount {args.amount}" if args.amount is not None else f"{args.nm[0]}:{args.nm[1]}"
     how = f"{args.method}{', global' if args.global_ else ''}, {detail}"
     n_tied = sum(len(t.tied) for t in targets)
