@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._masks import check_same_shape
-from .methods import AmountPruningMethod, L1Unstructured, combine_masks
+from .functional import mask_for
+from .methods import AmountPruningMethod, L1Unstructured
 
 __all__ = ["ConstantSparsity", "PolynomialDecay", "prune_to_sparsity", "prune_to_schedule", "units_to_prune"]
 
@@ -148,15 +149,11 @@ def prune_to_sparsity(
     TypeError
         If the method prunes no amount of units (an N:M pattern, a given mask).
     """
-    scores = x if importance_scores is None else importance_scores
-    check_same_shape(x, scores, "importance_scores")
     if default_mask is not None:
         check_same_shape(x, default_mask, "default_mask")
     extra = units_to_prune(x, sparsity, default_mask, pruning_method, **kwargs)
     method = pruning_method(extra, **kwargs)
-    if default_mask is None:
-        return method.keep_mask(scores)
-    return combine_masks(method, scores, default_mask)
+    return mask_for(method, x, default_mask=default_mask, importance_scores=importance_scores)
 
 
 def units_to_prune(x: Array, sparsity: float, mask: Array | None, pruning_method: Any, **kwargs: Any) -> int:
