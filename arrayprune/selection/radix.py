@@ -1,0 +1,294 @@
+"""Radix selection: the k-th smallest key from histograms of its digits, in passes.
+
+Keys are unsigned integers whose order is the wanted order (see :mod:`.host`). The
+k-th smallest key is found one digit of `DIGIT_BITS` bits at a time, most significant
+first: a histogram of the first digit over all keys gives the digit of the k-th key and
+how many keys lie below it; a histogram of the next digit over the keys that share that
+first digit gives the next one; and so on until every bit is known. Histograms add up
+over chunks, arrays and files, so a pass reads each chunk once, in any order, and holds
+``2**DIGIT_BITS`` counters: nothing is gathered or concatenated. A 32-bit key takes two
+passes, a 16-bit one (float16, bfloat16) one, a 64-bit one four.
+
+The result is a :class:`Cut`: every key below ``Cut.key`` is dropped, and of the keys
+equal to it the first ``Cut.need`` in position order (arrays in the given order, then
+flat index). :func:`tie_quotas` splits that `need` over arrays or chunks from their
+counts of equal keys, and :class:`StreamingCut` applies a cut to chunks read in order,
+so a mask never has to exist for more than a chunk at a time.
+
+The storage supplies the histograms (:func:`cut` takes a function), so the same driver
+serves NumPy chunks, memory-mapped files and lazy (Dask) arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "DIGIT_BITS",
+    "Cut",
+    "StreamingCut",
+    "cut",
+    "cut_of_chunks",
+    "digit_histogram",
+    "key_bits",
+    "magnitude_keys",
+    "tie_quotas",
+]
+
+#: Bits per digit: 65,536 counters per pass.
+DIGIT_BITS = 16
+
+#: A histogram of one digit: ``histogram(prefix, shift, width)`` counts, among the keys
+#: with ``key >> (shift + width) == prefix``, each value of ``(key >> shift) % 2**width``;
+#: it returns ``2**width`` integer counts.
+Histogram = Callable[[int, int, int], np.ndarray]
+
+
+class Cut(NamedTuple):
+    """Where the `k` smallest keys end.
+
+    Attributes
+    ----------
+    key : int
+        The k-th smallest key.
+    below : int
+        How many keys are smaller than `key`.
+    need : int
+        How many keys equal to `key` are dropped too (the first ones in position
+        order): ``k - below``, at least 1 when ``k >= 1``.
+    """
+
+    key: int
+    below: int
+    need: int
+
+
+def cut(histogram: Histogram, bits: int, k: int, total: int) -> Cut:
+    """The :class:`Cut` of the `k` smallest of `total` keys of `bits` bits.
+
+    Parameters
+    ----------
+    histogram : callable
+        ``histogram(prefix, shift, width)``, see :data:`Histogram`. It is called once
+        per digit, ``ceil(bits / DIGIT_BITS)`` times.
+    bits : int
+        Width of the keys: every key is below ``2**bits``.
+    k : int
+        Rank, ``1 <= k <= total``.
+    total : int
+        Number of keys.
+
+    Returns
+    -------
+    Cut
+
+    Raises
+    ------
+    ValueError
+        If `k` is out of range, or the histograms do not add up to `total` keys.
+    """
+    if not 1 <= k <= total:
+        raise ValueError(f"k={k} is out of range for {total} keys")
+    prefix, below, left = 0, 0, bits
+    while left > 0:
+        width = min(DIGIT_BITS, left)
+        left -= width
+        counts = np.cumsum(histogram(prefix, left, width), dtype=np.int64)
+        if below + int(counts[-1]) < k:
+            raise ValueError("the histograms do not account for every key")
+        digit = int(np.searchsorted(counts, k - below, side="left"))
+        below += int(counts[digit - 1]) if digit else 0
+        prefix = (prefix << width) | digit
+    return Cut(prefix, below, k - below)
+
+
+def cut_of_chunks(chunks: Callable[[], Iterable[np.ndarray]], bits: int, k: int, total: int) -> Cut:
+    """:func:`cut` over keys read as NumPy chunks, one pass over them per digit.
+
+    Parameters
+    ----------
+    chunks : callable
+        Returns a new iterable over the keys, as unsigned NumPy arrays (any order, any
+        sizes), each time it is called.
+    bits, k, total
+        As for :func:`cut`.
+
+    Returns
+    -------
+    Cut
+    """
+
+    def histogram(prefix: int, shift: int, width: int) -> np.ndarray:
+        counts = np.zeros(1 << width, dtype=np.int64)
+        for keys in chunks():
+            counts += digit_histogram(keys, prefix, shift, width)
+        return counts
+
+    return cut(histogram, bits, k, total)
+
+
+def digit_histogram(keys: np.ndarray, prefix: int, shift: int, width: int) -> np.ndarray:
+    """Counts of each digit ``(key >> shift) % 2**width`` among keys of the given prefix.
+
+    Parameters
+    ----------
+    keys : ndarray
+        Unsigned integer keys, any shape.
+    prefix, shift, width : int
+        Only keys with ``key >> (shift + width) == prefix`` are counted.
+
+    Returns
+    -------
+    ndarray
+        ``2**width`` counts (int64).
+    """
+    keys = keys.reshape(-1)
+    utype = keys.dtype.type
+    top = shift + width
+    if top < 8 * keys.dtype.itemsize:
+        # Keys of another prefix are rare past the first digit: select, then count.
+        keys = keys[(keys >> utype(top)) == utype(prefix)]
+    digits = keys >> utype(shift) if shift else keys
+    if top < 8 * keys.dtype.itemsize or shift:
+        digits = digits & utype((1 << width) - 1)
+    return np.bincount(digits, minlength=1 << width).astype(np.int64, copy=False)
+
+
+def tie_quotas(ties: Sequence[int], need: int) -> list[int]:
+    """How many equal keys each group drops, when the first `need` overall are dropped.
+
+    Parameters
+    ----------
+    ties : sequence of int
+        Per group (array, chunk, shard), in position order, its number of keys equal
+        to the cut's key.
+    need : int
+        How many of those are dropped in all (:attr:`Cut.need`).
+
+    Returns
+    -------
+    list of int
+        Per group, how many of its equal keys (its first ones) are dropped: the groups
+        are filled in order.
+    """
+    quotas = []
+    for n in ties:
+        take = min(max(need, 0), n)
+        quotas.append(take)
+        need -= take
+    return quotas
+
+
+class StreamingCut:
+    """Apply a :class:`Cut` to chunks of keys read in position order.
+
+    Parameters
+    ----------
+    found : Cut
+        The cut of all the keys to be read.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> keys = np.array([3, 1, 2, 1, 5], dtype=np.uint32)
+    >>> found = cut_of_chunks(lambda: [keys], 3, 2, keys.size)
+    >>> stream = StreamingCut(found)
+    >>> np.concatenate([stream.keep(keys[:2]), stream.keep(keys[2:])])
+    array([ True, False,  True, False,  True])
+    """
+
+    def __init__(self, found: Cut):
+        self.key = found.key
+        self.left = found.need
+
+    def keep(self, keys: np.ndarray) -> np.ndarray:
+        """Keep mask of the next chunk: False at the keys it drops."""
+        key = keys.dtype.type(self.key)
+        keep = keys > key
+        if self.left:
+            equal = np.flatnonzero(keys.reshape(-1) == key)
+            if equal.size > self.left:
+                keep.reshape(-1)[equal[self.left :]] = True
+            self.left -= min(self.left, equal.size)
+        else:
+            keep |= keys == key
+        return keep
+
+
+#: NumPy dtype names of the floats keys are made from, and bfloat16 (held as uint16).
+_FLOAT_BITS = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+
+
+def key_bits(dtype_names: Iterable[str], *, shifted: bool = False) -> int:
+    """Width of the magnitude keys of :func:`magnitude_keys` for arrays of these dtypes.
+
+    Parameters
+    ----------
+    dtype_names : iterable of str
+        ``'float16'``, ``'bfloat16'``, ``'float32'`` or ``'float64'``.
+    shifted : bool
+        Whether keys carry eligibility (one more bit).
+
+    Returns
+    -------
+    int
+        31 (63 if any is float64; 15 if all are one 16-bit dtype), plus one if `shifted`.
+    """
+    names = set(dtype_names)
+    unknown = names - set(_FLOAT_BITS)
+    if unknown:
+        raise TypeError(f"magnitude keys need floating-point arrays, got {sorted(unknown)}")
+    if len(names) == 1 and _FLOAT_BITS[next(iter(names))] == 16:
+        width = 16
+    else:
+        width = 64 if "float64" in names else 32
+    return width - 1 + int(shifted)
+
+
+def magnitude_keys(raw: np.ndarray, dtype_name: str, bits: int, eligible: np.ndarray | None = None) -> np.ndarray:
+    """Unsigned keys ordered like ``|x|`` (NaN above +inf), in a space shared by dtypes.
+
+    Parameters
+    ----------
+    raw : ndarray
+        Values of `dtype_name`, or their bit patterns as unsigned integers of the same
+        width (the only way to hold bfloat16 in NumPy).
+    dtype_name : str
+        What `raw` holds: ``'float16'``, ``'bfloat16'``, ``'float32'``, ``'float64'``.
+    bits : int
+        The key width from :func:`key_bits` for all arrays ranked together: a 16-bit
+        float is widened exactly to the float32 (or float64) key when others are wider.
+    eligible : ndarray of bool, optional
+        Entries that may be dropped. Keys then become ``key + 1`` on eligible entries
+        and 0 elsewhere (`bits` must have been chosen with ``shifted=True``).
+
+    Returns
+    -------
+    ndarray
+        A new flat array of uint16, uint32 or uint64 keys.
+    """
+    raw = raw.reshape(-1)
+    width = _FLOAT_BITS[dtype_name]
+    value_bits = bits - int(eligible is not None)
+    target = 16 if value_bits <= 15 else (32 if value_bits <= 31 else 64)
+    utype = {16: np.uint16, 32: np.uint32, 64: np.uint64}[target]
+    if raw.dtype.kind == "f":
+        raw = raw.view({16: np.uint16, 32: np.uint32, 64: np.uint64}[width])
+    if width == target:
+        keys = raw & utype((1 << (target - 1)) - 1)
+    elif dtype_name == "bfloat16" and target == 32:
+        # bfloat16 is the upper half of a float32: widening is a shift.
+        keys = (raw.astype(np.uint32) << np.uint32(16)) & np.uint32(0x7FFF_FFFF)
+    else:
+        value = raw.view({16: np.float16, 32: np.float32, 64: np.float64}[width])
+        if dtype_name == "bfloat16":
+            value = (raw.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        wide = np.abs(value.astype({32: np.float32, 64: np.float64}[target]))
+        keys = wide.view(utype)
+    if eligible is not None:
+        keys += utype(1)
+        keys *= eligible.reshape(-1)
+    return keys

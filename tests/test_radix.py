@@ -1,0 +1,168 @@
+"""Radix selection (`arrayprune.selection.radix`) against the stable-argsort reference.
+
+The cut is computed from chunk histograms and applied chunk by chunk in position order,
+so these tests split the arrays into chunks of every size (ties straddling chunks and
+arrays), and mix dtypes whose keys share one space.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_selection import make_data
+
+from arrayprune.selection import radix, smallest_magnitude_keep
+from conftest import reference_keep
+
+KINDS = ["gauss", "half_zeros", "all_equal", "integers", "nan_inf", "sawtooth"]
+
+
+def _chunked(arrays, chunk):
+    """Flat chunks of every array, in order, of at most `chunk` entries."""
+    for a in arrays:
+        flat = a.reshape(-1)
+        for start in range(0, flat.size, chunk):
+            yield flat[start : start + chunk]
+
+
+def radix_keep(arrays, k, chunk, eligible=None):
+    """Keep masks of the `k` smallest magnitudes by radix cut plus streaming application."""
+    names = [str(a.dtype) for a in arrays]
+    bits = radix.key_bits(names, shifted=eligible is not None)
+    elig = [None] * len(arrays) if eligible is None else eligible
+
+    def keys():
+        for a, name, e in zip(arrays, names, elig, strict=True):
+            flat = a.reshape(-1)
+            ef = None if eligible is None else (np.ones(flat.size, bool) if e is None else e.reshape(-1))
+            for start in range(0, flat.size, chunk):
+                sl = slice(start, start + chunk)
+                yield radix.magnitude_keys(flat[sl], name, bits, None if ef is None else ef[sl])
+
+    n_inel = sum(0 if e is None else int(e.size - e.sum()) for e in elig)
+    total = sum(a.size for a in arrays)
+    if k == 0:
+        return [np.ones(a.shape, bool) for a in arrays]
+    found = radix.cut_of_chunks(keys, bits, k + n_inel, total)
+    stream = radix.StreamingCut(found)
+    flat = np.concatenate([stream.keep(key) for key in keys()])
+    if eligible is not None:
+        ineligible = [np.zeros(a.size, bool) if e is None else ~e.reshape(-1) for a, e in zip(arrays, elig)]  # noqa: B905
+        flat |= np.concatenate(ineligible)
+    out, offset = [], 0
+    for a in arrays:
+        out.append(flat[offset : offset + a.size].reshape(a.shape))
+        offset += a.size
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
+def test_equals_reference_over_arrays(kind, dtype, chunk):
+    data = make_data(kind, 600, seed=3).astype(dtype)
+    arrays = [data[:250].reshape(10, 25), data[250:251], data[251:]]
+    for k in (1, 17, 300, 599, 600):
+        got = radix_keep(arrays, k, chunk)
+        want = reference_keep(arrays, k)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+        # and the in-memory selection gives the same masks
+        for g, w in zip(got, smallest_magnitude_keep(arrays, k), strict=True):
+            np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("chunk", [3, 100])
+def test_eligibility(chunk):
+    rng = np.random.default_rng(1)
+    arrays = [np.round(rng.standard_normal((20, 30)), 1).astype(np.float32), rng.standard_normal(77).astype(np.float32)]
+    eligible = [rng.random((20, 30)) < 0.6, None]
+    n_eligible = int(eligible[0].sum()) + 77
+    for k in (0, 1, 50, n_eligible):
+        got = radix_keep(arrays, k, chunk, eligible)
+        for g, w in zip(got, reference_keep(arrays, k, eligible), strict=True):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_mixed_dtypes_share_one_key_space():
+    """float16 and bfloat16 keys widen exactly into float32's: one ranking over all."""
+    rng = np.random.default_rng(2)
+    half = rng.standard_normal(300).astype(np.float16)
+    single = rng.standard_normal(200).astype(np.float32)
+    single[:50] = half[:50]  # equal magnitudes across dtypes: ties by position
+    # bfloat16 as bit patterns: the upper halves of float32 values
+    bf = (rng.standard_normal(100).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    bf_values = (bf.astype(np.uint32) << 16).view(np.float32)
+    bits = radix.key_bits(["float16", "float32", "bfloat16"])
+    assert bits == 31
+
+    def keys():
+        yield radix.magnitude_keys(half, "float16", bits)
+        yield radix.magnitude_keys(single, "float32", bits)
+        yield radix.magnitude_keys(bf, "bfloat16", bits)
+
+    as_float = [half.astype(np.float32), single, bf_values]
+    for k in (1, 120, 599):
+        found = radix.cut_of_chunks(keys, bits, k, 600)
+        stream = radix.StreamingCut(found)
+        got = np.concatenate([stream.keep(key) for key in keys()])
+        want = np.concatenate([m.reshape(-1) for m in reference_keep(as_float, k)])
+        np.testing.assert_array_equal(got, want)
+
+
+def test_key_widths():
+    assert radix.key_bits(["bfloat16"]) == 15
+    assert radix.key_bits(["float16"], shifted=True) == 16
+    assert radix.key_bits(["float16", "bfloat16"]) == 31  # two encodings: widened to float32
+    assert radix.key_bits(["float32", "float64"]) == 63
+    with pytest.raises(TypeError, match="floating-point"):
+        radix.key_bits(["int8"])
+
+
+def test_passes_per_width():
+    """One histogram pass per 16-bit digit: 1 for 16-bit floats, 2 for float32, 4 for float64."""
+    for name, passes in (("float16", 1), ("float32", 2), ("float64", 4)):
+        x = np.random.default_rng(0).standard_normal(1000).astype(name)
+        bits = radix.key_bits([name])
+        calls = []
+
+        def chunks(x=x, name=name, bits=bits, calls=calls):
+            calls.append(1)
+            return [radix.magnitude_keys(x, name, bits)]
+
+        radix.cut_of_chunks(chunks, bits, 400, x.size)
+        assert len(calls) == passes
+
+
+def test_cut_checks_rank_and_totals():
+    keys = np.arange(10, dtype=np.uint32)
+    with pytest.raises(ValueError, match="out of range"):
+        radix.cut_of_chunks(lambda: [keys], 31, 11, 10)
+    with pytest.raises(ValueError, match="account"):
+        radix.cut_of_chunks(lambda: [keys], 31, 12, 20)
+
+
+def test_tie_quotas():
+    assert radix.tie_quotas([3, 0, 5, 2], 6) == [3, 0, 3, 0]
+    assert radix.tie_quotas([1, 1], 0) == [0, 0]
+    assert radix.tie_quotas([], 0) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.5, np.inf, -np.inf, np.nan, 1e-40]), min_size=1, max_size=30),
+        min_size=1,
+        max_size=4,
+    ),
+    st.integers(1, 9),
+    st.data(),
+)
+def test_property_any_chunking(values, chunk, data):
+    arrays = [np.array(v, dtype=np.float32) for v in values]
+    total = sum(a.size for a in arrays)
+    k = data.draw(st.integers(0, total))
+    for g, w in zip(radix_keep(arrays, k, chunk), reference_keep(arrays, k), strict=True):
+        np.testing.assert_array_equal(g, w)
