@@ -160,7 +160,10 @@ def make_plan(
     """
     include, exclude = list(include), list(exclude)
     takes_dim = "dim" in {p.name for p in constructor_parameters(arrayprune.METHODS[method])}
-    structured = arrayprune.METHODS[method].PRUNING_TYPE == "structured"
+    cls = arrayprune.METHODS[method]
+    # Which of a weight's axes the method's `dim` names: its own say (DIM_AXIS), else
+    # the output axis for channels and the reduction axis for patterns such as N:M.
+    on_output = getattr(cls, "DIM_AXIS", "output" if cls.PRUNING_TYPE == "structured" else "reduction") == "output"
     groups: dict[Any, list[tuple[tuple, Any]]] = {}
     for path, value, pruned in _tensors(params):
         key = ("pruned", path) if pruned else alias_key(value)
@@ -173,7 +176,7 @@ def make_plan(
         reason = _leave_reason(value, role, names, include, exclude, min_size)
         axis = None
         if reason is None and takes_dim:
-            axis = dim if dim is not None else (role.output_axis if structured else role.reduction_axis)
+            axis = dim if dim is not None else (role.output_axis if on_output else role.reduction_axis)
             if axis is None and len(value.shape) == 1:
                 axis = 0  # its only axis
             if axis is None:

@@ -35,6 +35,7 @@ from .schedules import (
 )
 from .selection import kth_smallest, smallest_magnitude_keep
 from .sparse import pack_mask, sparse_nbytes, to_csr, to_semi_structured, unpack_mask
+from .wanda import wanda_scores
 
 __version__ = "0.1.0"
 
@@ -58,6 +59,7 @@ __all__ = [
     *_METHOD_EXPORTS,
     "global_unstructured",
     "lamp_scores",
+    "wanda_scores",
     "is_nm_sparse",
     "ConstantSparsity",
     "PolynomialDecay",

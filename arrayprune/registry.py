@@ -30,6 +30,7 @@ from .methods import (
     RandomUnstructured,
 )
 from .patterns import BlockUnstructured, NMStructured
+from .wanda import Wanda
 
 __all__ = ["METHODS", "method_name", "make_verb", "parameters_doc"]
 
@@ -43,6 +44,7 @@ METHODS: Mapping[str, type[BasePruningMethod]] = MappingProxyType(
         "custom_from_mask": CustomFromMask,
         "nm_structured": NMStructured,
         "block_unstructured": BlockUnstructured,
+        "wanda": Wanda,
     }
 )
 """Read-only mapping of method names (``"l1_unstructured"``, ...) to method classes."""

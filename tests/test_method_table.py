@@ -32,6 +32,7 @@ def _example_arguments(name):
         "custom_from_mask": {"mask": (np.arange(48).reshape(6, 8) % 3 != 0)},
         "nm_structured": {"n": 2, "m": 4},
         "block_unstructured": {"amount": 0.5, "block_shape": (2, 2)},
+        "wanda": {"amount": 0.5, "dim": 0},
     }[name]
 
 
@@ -45,6 +46,7 @@ def test_table_is_read_only_and_names_its_classes():
         "custom_from_mask",
         "nm_structured",
         "block_unstructured",
+        "wanda",
     ]
     with pytest.raises(TypeError):
         ap.METHODS["mine"] = ap.L1Unstructured  # type: ignore[index]
@@ -98,6 +100,7 @@ def test_command_line_choices_are_the_runnable_table_methods():
         "ln_structured",
         "nm_structured",
         "block_unstructured",
+        "wanda",
     )
 
 

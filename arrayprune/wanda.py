@@ -1,0 +1,194 @@
+"""Wanda: prune within each output unit by weight magnitude times input norm.
+
+Wanda (Sun et al., "A Simple and Effective Pruning Approach for Large Language Models",
+ICLR 2024) scores weight ``W[i, j]`` of a layer by ``|W[i, j]| * ||X_j||_2``, where
+``||X_j||_2`` is the L2 norm of input feature ``j`` over calibration data, and prunes the
+same fraction of the entries of every output unit ``i`` (the comparison group). Here the
+two halves are separate, as everywhere in arrayprune: :func:`wanda_scores` makes the
+scores (``importance_scores``), and :class:`Wanda` is the method that compares entries
+within each output unit. Without scores, :class:`Wanda` prunes by magnitude per output
+unit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat as apc
+import array_api_extra as xpx
+
+from . import amount as _amount
+from ._masks import apply_keep, is_bool, mask_or_ones, size
+from ._namespace import namespace, widest_float
+from .methods import AmountPruningMethod
+
+__all__ = ["Wanda", "wanda_scores"]
+
+Array = Any
+
+
+class Wanda(AmountPruningMethod):
+    """Prune ``amount`` of the entries of every output unit: those of smallest score.
+
+    The entries sharing one index along `dim` (one output unit: a row of a PyTorch
+    ``Linear`` weight ``[out, in]``, a column of an ONNX ``MatMul`` weight ``[K, N]``, an
+    output channel of a convolution) form a group, and each group loses the same number
+    of its entries, those of smallest ``|score|``. Pass :func:`wanda_scores` as the
+    importance scores for Wanda; without them the weight's own magnitude ranks.
+
+    Parameters
+    ----------
+    amount : int or float
+        Per output unit, the fraction in ``[0, 1]`` of its entries to prune, or their
+        number. Inside a container (iterative pruning), of its entries still unpruned.
+    dim : int, default 0
+        The output axis of the weight.
+
+    Notes
+    -----
+    Ties are broken by position (the lowest index in the group, in C order, goes
+    first) and NaN scores rank above +inf, as for every method.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayprune as ap
+    >>> w = np.array([[0.1, -0.4, 0.3, 0.2], [4.0, 3.0, -2.0, 1.0]])
+    >>> ap.Wanda(amount=0.5, dim=0).keep_mask(w)
+    array([[False,  True,  True, False],
+           [ True,  True, False, False]])
+    """
+
+    PRUNING_TYPE = "global"  # a container hands it the whole array and the mask
+    DIM_AXIS = "output"  # `dim` is a weight's output axis (adapters read this)
+
+    def __init__(self, amount: int | float, dim: int = 0):
+        super().__init__(amount)
+        self.dim = dim
+
+    def keep_mask(self, t: Array) -> Array:
+        return self._keep(t, None)
+
+    def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
+        """Mask pruning ``amount`` of each output unit's entries that `default_mask` leaves."""
+        mask = mask_or_ones(t, default_mask)
+        return apply_keep(mask, self._keep(t, mask))
+
+    def units(self, t: Array, mask: Array | None = None) -> tuple[int, int]:
+        """Not defined: the amount applies to each output unit, not to the whole array.
+
+        Raises
+        ------
+        TypeError
+            Always: schedules prune a total number of entries.
+        """
+        raise TypeError("Wanda prunes an amount of each output unit; it does not follow a whole-array schedule")
+
+    def _keep(self, t: Array, mask: Array | None) -> Array:
+        """Boolean keep mask over `t`; entries `mask` prunes are never counted."""
+        xp = namespace(t)
+        _amount.validate_structured_pruning(t.shape)
+        dim = _amount.normalize_dim(t.shape, self.dim)
+        groups = t.shape[dim]
+        order = (dim, *(d for d in range(t.ndim) if d != dim))
+        rows = xp.reshape(xp.permute_dims(t, order), (groups, size(t) // groups))
+        if mask is None:
+            keep = _keep_per_row(xp, rows, None, [self.count(rows.shape[1])] * groups)
+        else:
+            eligible = xp.reshape(xp.permute_dims(mask if is_bool(mask) else mask == 1, order), rows.shape)
+            available = [int(n) for n in xp.sum(xp.astype(eligible, xp.int64), axis=1)]
+            keep = _keep_per_row(xp, rows, eligible, [self.count(n) for n in available])
+        back = [0] * t.ndim
+        for i, d in enumerate(order):
+            back[d] = i
+        shape = tuple(t.shape[d] for d in order)
+        return xp.permute_dims(xp.reshape(keep, shape), tuple(back))
+
+
+def _keep_per_row(xp: Any, rows: Array, eligible: Array | None, counts: list[int]) -> Array:
+    """Keep mask of a 2-D array dropping ``counts[i]`` eligible entries of row ``i``.
+
+    By ``|score|`` ascending, NaN above +inf, ties by column. The k-th key of each row
+    comes from a partition (a sort when rows drop different numbers), then one
+    comparison and, for rows where equal keys straddle the cut, a running count of them.
+    """
+    device = apc.device(rows)
+    n_rows, n_cols = rows.shape
+    if n_rows == 0 or n_cols == 0 or not any(counts):
+        return xp.ones(rows.shape, dtype=xp.bool, device=device)
+    dtype = rows.dtype if xp.isdtype(rows.dtype, "real floating") else widest_float(xp, device)
+    key = xp.abs(xp.astype(rows, dtype))
+    nan = xp.isnan(key)
+    usable = ~nan if eligible is None else ~nan & eligible
+    # NaN sorts as +inf, ineligible entries as -1: below every eligible key.
+    ranked = xp.where(nan, xp.asarray(xp.inf, dtype=dtype, device=device), key)
+    n_ineligible = None
+    if eligible is not None:
+        ranked = xp.where(eligible, ranked, xp.asarray(-1.0, dtype=dtype, device=device))
+        n_ineligible = n_cols - xp.sum(xp.astype(eligible, xp.int64), axis=1)
+    k = xp.asarray(counts, dtype=xp.int64, device=device)
+    if n_ineligible is None and len(set(counts)) == 1:
+        kth = xpx.partition(ranked, counts[0] - 1, axis=1, xp=xp)[:, counts[0] - 1]
+    else:
+        pick = k - 1 if n_ineligible is None else k - 1 + n_ineligible
+        pick = xp.clip(pick, 0, n_cols - 1) + xp.arange(n_rows, dtype=xp.int64, device=device) * n_cols
+        kth = xp.take(xp.reshape(xp.sort(ranked, axis=1), (-1,)), pick)
+    kth = kth[:, None]
+    # A row whose cut lies among its NaN keys drops every other usable key, then NaNs.
+    in_nan = (xp.sum(xp.astype(usable, xp.int64), axis=1) < k)[:, None]
+    live = xp.ones(rows.shape, dtype=xp.bool, device=device) if eligible is None else eligible
+    below = xp.where(in_nan, usable, usable & (key < kth))
+    equal = xp.where(in_nan, nan & live, usable & (key == kth))
+    need = (k - xp.sum(xp.astype(below, xp.int64), axis=1))[:, None]
+    first = xp.cumulative_sum(xp.astype(equal, xp.int64), axis=1) <= need
+    return ~((below | (equal & first)) & (k > 0)[:, None])
+
+
+def wanda_scores(weight: Array, input_norms: Array, reduction_axis: int) -> Array:
+    """Wanda's importance scores: ``|weight|`` times the norm of each entry's input feature.
+
+    Parameters
+    ----------
+    weight : array
+        A layer weight, such as ``[out, in]`` (PyTorch ``Linear``), ``[K, N]`` (ONNX
+        ``MatMul``) or ``[out, in, kH, kW]`` (convolution).
+    input_norms : array
+        One value per input feature: the L2 norm of that feature over the calibration
+        data (``sqrt(sum of squares)``), 1-D of length ``weight.shape[reduction_axis]``.
+    reduction_axis : int
+        The axis of `weight` that runs over input features (1 for ``[out, in]`` and for
+        convolutions, 0 for ``[K, N]``).
+
+    Returns
+    -------
+    array
+        Scores shaped like `weight`, in its floating dtype (or the promotion with the
+        norms' dtype).
+
+    Raises
+    ------
+    ValueError
+        If `input_norms` is not 1-D of the right length.
+    IndexError
+        If `reduction_axis` is out of range.
+    """
+    xp = namespace(weight)
+    axis = _amount.normalize_dim(weight.shape, reduction_axis)
+    norms = input_norms
+    if namespace(norms) is not xp:
+        norms = xp.asarray(norms, device=apc.device(weight))
+    if norms.ndim != 1 or norms.shape[0] != weight.shape[axis]:
+        raise ValueError(
+            f"input_norms should hold one norm per input feature: got shape {tuple(norms.shape)}, "
+            f"expected ({weight.shape[axis]},) for axis {axis} of a weight of shape {tuple(weight.shape)}"
+        )
+    shape = [1] * weight.ndim
+    shape[axis] = weight.shape[axis]
+    magnitude = xp.abs(weight)
+    if not xp.isdtype(magnitude.dtype, "real floating"):
+        magnitude = xp.astype(magnitude, widest_float(xp, apc.device(weight)))
+    if xp.isdtype(norms.dtype, "real floating"):
+        dtype = xp.result_type(magnitude.dtype, norms.dtype)
+    else:
+        dtype = magnitude.dtype
+    return xp.astype(magnitude, dtype) * xp.reshape(xp.astype(norms, dtype), tuple(shape))
