@@ -28,6 +28,7 @@ from ._compat import *  # noqa: F403 (PyTorch's private helpers)
 from ._methods import CLASSES as _CLASSES
 from ._methods import VERBS as _VERBS
 from ._verbs import global_unstructured, is_pruned, prune_to_sparsity, remove
+from .calibration import input_norms, wanda_importance
 
 globals().update({cls.__name__: cls for cls in _CLASSES.values()}, **_VERBS)
 
@@ -40,6 +41,8 @@ __all__ = [
     "prune_to_sparsity",
     "remove",
     "is_pruned",
+    "input_norms",
+    "wanda_importance",
 ]
 
 # Public names and PyTorch's private helpers belong to this package wherever they are

@@ -1,0 +1,137 @@
+"""Wanda in the PyTorch drop-in: calibration hooks, scores, and the usual reparametrization.
+
+Norms are checked against activations captured separately and reduced in NumPy; masks
+against `reference_wanda` of tests/test_wanda.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import arrayprune.adapters.torch as prune  # noqa: E402
+from test_wanda import reference_wanda  # noqa: E402
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.grouped = nn.Conv2d(4, 6, 1, groups=2)
+        self.fc1 = nn.Linear(6 * 4 * 4, 16)
+        self.fc2 = nn.Linear(16, 5)
+
+    def forward(self, x):
+        x = torch.relu(self.grouped(torch.relu(self.conv(x))))
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def _net_and_batches(seed=0):
+    torch.manual_seed(seed)
+    net = Net().eval()
+    batches = [torch.randn(n, 3, 6, 6) for n in (2, 3, 1)]
+    return net, batches
+
+
+def _captured_inputs(net, batches):
+    """Every layer's inputs, by name, stored in full (what calibration must not do)."""
+    seen: dict[str, list[np.ndarray]] = {}
+    handles = [
+        m.register_forward_pre_hook(lambda m, a, name=name: seen.setdefault(name, []).append(a[0].detach().numpy()))
+        for name, m in net.named_modules()
+        if isinstance(m, (nn.Linear, nn.Conv2d))
+    ]
+    with torch.no_grad():
+        for b in batches:
+            net(b)
+    for h in handles:
+        h.remove()
+    return seen
+
+
+def test_norms_equal_activations_reduced_by_hand():
+    net, batches = _net_and_batches()
+    norms = prune.input_norms(net, batches)
+    assert list(norms) == ["conv", "grouped", "fc1", "fc2"]
+    for name, xs in _captured_inputs(net, batches).items():
+        axis = 1 if name in ("conv", "grouped") else -1
+        stacked = np.concatenate([np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis]) for x in xs]).astype(np.float64)
+        want = np.sqrt((stacked**2).sum(axis=0))
+        np.testing.assert_allclose(norms[name].numpy(), want, rtol=1e-12)
+        assert norms[name].dtype == torch.float64
+
+
+def test_batches_as_tuples_and_mappings_and_chosen_modules():
+    net, batches = _net_and_batches()
+    by_tensor = prune.input_norms(net, batches, modules=["fc2"])
+    by_tuple = prune.input_norms(net, [(b,) for b in batches], modules=[net.fc2])
+    by_mapping = prune.input_norms(net, [{"x": b} for b in batches], modules=[net.fc2])
+    assert list(by_tensor) == ["fc2"]
+    torch.testing.assert_close(by_tensor["fc2"], by_tuple["fc2"], rtol=0, atol=0)
+    torch.testing.assert_close(by_tensor["fc2"], by_mapping["fc2"], rtol=0, atol=0)
+
+
+def test_scores_and_masks_per_output_unit():
+    net, batches = _net_and_batches()
+    norms = prune.input_norms(net, batches)
+    scores = prune.wanda_importance(net, batches)
+    # Linear [out, in]: |W| * norm[in]
+    w = net.fc1.weight.detach().numpy().astype(np.float64)
+    np.testing.assert_allclose(scores[net.fc1].numpy(), np.abs(w) * norms["fc1"].numpy()[None, :], rtol=1e-6)
+    # Grouped convolution: output channel o reads input channels of its group only
+    g = net.grouped.weight.detach().numpy().astype(np.float64)  # [6, 2, 1, 1], 2 groups
+    n = norms["grouped"].numpy()
+    want = np.abs(g) * np.stack([n[0:2]] * 3 + [n[2:4]] * 3)[:, :, None, None]
+    np.testing.assert_allclose(scores[net.grouped].numpy(), want, rtol=1e-6)
+    for module, s in scores.items():
+        prune.wanda(module, "weight", amount=0.5, importance_scores=s)
+        np.testing.assert_array_equal(module.weight_mask.numpy() != 0, reference_wanda(s.numpy(), 0.5, 0))
+        assert hasattr(module, "weight_orig") and prune.is_pruned(module)
+        np.testing.assert_array_equal((module.weight == 0).numpy(), module.weight_mask.numpy() == 0)
+    state = net.state_dict()
+    assert {"fc1.weight_orig", "fc1.weight_mask"} <= set(state)
+    prune.remove(net.fc1, "weight")
+    assert "fc1.weight_orig" not in net.state_dict()
+    assert int((net.fc1.weight == 0).sum()) == 16 * 48
+
+
+def test_two_four_and_global_with_wanda_scores():
+    net, batches = _net_and_batches(1)
+    scores = prune.wanda_importance(net, batches, modules=[net.fc1, net.fc2])
+    prune.nm_structured(net.fc2, "weight", 2, 4, dim=1, importance_scores=scores[net.fc2])
+    s = scores[net.fc2].numpy().reshape(5, 4, 4)
+    want = np.ones_like(s, dtype=bool)
+    for i in range(5):
+        for j in range(4):
+            want[i, j, np.argsort(s[i, j], kind="stable")[:2]] = False
+    np.testing.assert_array_equal(net.fc2.weight_mask.numpy().reshape(5, 4, 4) != 0, want)
+    prune.global_unstructured(
+        [(net.fc1, "weight")], prune.L1Unstructured, importance_scores={(net.fc1, "weight"): scores[net.fc1]}, amount=100
+    )
+    flat = scores[net.fc1].numpy().reshape(-1)
+    dropped = np.flatnonzero(net.fc1.weight_mask.numpy().reshape(-1) == 0)
+    np.testing.assert_array_equal(np.sort(dropped), np.sort(np.argsort(flat, kind="stable")[:100]))
+
+
+def test_calibration_does_not_track_gradients_or_keep_hooks():
+    net, batches = _net_and_batches()
+    norms = prune.input_norms(net, batches)
+    assert not any(n.requires_grad for n in norms.values())
+    assert all(not m._forward_pre_hooks for m in net.modules())
+
+
+def test_errors():
+    net, batches = _net_and_batches()
+    with pytest.raises(ValueError, match="no calibration batch"):
+        prune.input_norms(net, [])
+    with pytest.raises(ValueError, match="not a submodule"):
+        prune.input_norms(net, batches, modules=[nn.Linear(2, 2)])
+    with pytest.raises(TypeError, match="Linear and Conv"):
+        prune.input_norms(net, batches, modules=[""])
+    extra = nn.Sequential(net, nn.Linear(5, 5))
+    extra.forward = lambda x: net(x)  # the second layer is never run
+    with pytest.raises(ValueError, match="never reached"):
+        prune.input_norms(extra, batches)
