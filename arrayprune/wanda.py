@@ -144,20 +144,30 @@ def _keep_per_row(xp: Any, rows: Array, eligible: Array | None, counts: list[int
     return ~((below | (equal & first)) & (k > 0)[:, None])
 
 
-def wanda_scores(weight: Array, input_norms: Array, reduction_axis: int) -> Array:
+def wanda_scores(
+    weight: Array, input_norms: Array, reduction_axis: int, *, groups: int = 1, output_axis: int = 0
+) -> Array:
     """Wanda's importance scores: ``|weight|`` times the norm of each entry's input feature.
 
     Parameters
     ----------
     weight : array
         A layer weight, such as ``[out, in]`` (PyTorch ``Linear``), ``[K, N]`` (ONNX
-        ``MatMul``) or ``[out, in, kH, kW]`` (convolution).
+        ``MatMul``) or ``[out, in/groups, kH, kW]`` (convolution).
     input_norms : array
-        One value per input feature: the L2 norm of that feature over the calibration
-        data (``sqrt(sum of squares)``), 1-D of length ``weight.shape[reduction_axis]``.
+        One value per input feature of the layer: the L2 norm of that feature over the
+        calibration data (``sqrt`` of its sum of squares), 1-D, of length
+        ``groups * weight.shape[reduction_axis]``.
     reduction_axis : int
         The axis of `weight` that runs over input features (1 for ``[out, in]`` and for
         convolutions, 0 for ``[K, N]``).
+    groups : int, default 1
+        For a grouped convolution: the input features fall into `groups` consecutive
+        groups, and output unit ``o`` (along `output_axis`) reads group
+        ``o // (outputs / groups)`` only, so its entry ``j`` takes the norm of feature
+        ``group * weight.shape[reduction_axis] + j``.
+    output_axis : int, default 0
+        The output axis of `weight`; only read when ``groups > 1``.
 
     Returns
     -------
@@ -168,27 +178,50 @@ def wanda_scores(weight: Array, input_norms: Array, reduction_axis: int) -> Arra
     Raises
     ------
     ValueError
-        If `input_norms` is not 1-D of the right length.
+        If `input_norms` is not 1-D of the right length, or `groups` does not divide
+        the outputs.
     IndexError
-        If `reduction_axis` is out of range.
+        If an axis is out of range.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayprune as ap
+    >>> ap.wanda_scores(np.array([[1.0, -2.0], [3.0, 0.5]]), np.array([10.0, 1.0]), 1)
+    array([[10. ,  2. ],
+           [30. ,  0.5]])
     """
     xp = namespace(weight)
+    device = apc.device(weight)
     axis = _amount.normalize_dim(weight.shape, reduction_axis)
     norms = input_norms
     if namespace(norms) is not xp:
-        norms = xp.asarray(norms, device=apc.device(weight))
-    if norms.ndim != 1 or norms.shape[0] != weight.shape[axis]:
+        norms = xp.asarray(norms, device=device)
+    per_group = weight.shape[axis]
+    if norms.ndim != 1 or norms.shape[0] != groups * per_group:
         raise ValueError(
             f"input_norms should hold one norm per input feature: got shape {tuple(norms.shape)}, "
-            f"expected ({weight.shape[axis]},) for axis {axis} of a weight of shape {tuple(weight.shape)}"
+            f"expected ({groups * per_group},) for axis {axis} of a weight of shape {tuple(weight.shape)}"
+            + (f" in {groups} groups" if groups > 1 else "")
         )
-    shape = [1] * weight.ndim
-    shape[axis] = weight.shape[axis]
     magnitude = xp.abs(weight)
     if not xp.isdtype(magnitude.dtype, "real floating"):
-        magnitude = xp.astype(magnitude, widest_float(xp, apc.device(weight)))
+        magnitude = xp.astype(magnitude, widest_float(xp, device))
+    dtype = magnitude.dtype
     if xp.isdtype(norms.dtype, "real floating"):
-        dtype = xp.result_type(magnitude.dtype, norms.dtype)
-    else:
-        dtype = magnitude.dtype
-    return xp.astype(magnitude, dtype) * xp.reshape(xp.astype(norms, dtype), tuple(shape))
+        dtype = xp.result_type(dtype, norms.dtype)
+    norms = xp.astype(norms, dtype)
+    shape = [1] * weight.ndim
+    shape[axis] = per_group
+    if groups == 1:
+        return xp.astype(magnitude, dtype) * xp.reshape(norms, tuple(shape))
+    out_axis = _amount.normalize_dim(weight.shape, output_axis)
+    outputs = weight.shape[out_axis]
+    if out_axis == axis or outputs % groups:
+        raise ValueError(f"{groups} groups do not divide the {outputs} outputs along axis {out_axis}")
+    group_of = xp.arange(outputs, dtype=xp.int64, device=device) // (outputs // groups)
+    per_output = xp.take(xp.reshape(norms, (groups, per_group)), group_of, axis=0)  # [out, per_group]
+    if out_axis > axis:
+        per_output = xp.permute_dims(per_output, (1, 0))
+    shape[out_axis] = outputs
+    return xp.astype(magnitude, dtype) * xp.reshape(per_output, tuple(shape))

@@ -166,3 +166,20 @@ def test_property_every_unit_loses_the_same_count(rows, cols, dim, amount, seed)
     dropped = (~keep).sum(axis=1 - dim)
     assert (dropped == round(amount * per_unit)).all()
     assert dropped.shape == (units,)
+
+
+def test_grouped_scores_take_each_output_units_group(backend, xp):
+    """groups=2: outputs 0-2 read features 0-1, outputs 3-5 read features 2-3."""
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((6, 2, 3))
+    norms = np.array([1.0, 2.0, 30.0, 40.0])
+    want = np.abs(w) * np.array([[1.0, 2.0]] * 3 + [[30.0, 40.0]] * 3)[:, :, None]
+    got = ap.wanda_scores(backend.asarray(w), backend.asarray(norms), 1, groups=2)
+    np.testing.assert_allclose(to_numpy(got), want)
+    # the same weight stored [in/groups, out, k]: output axis 1
+    got_t = ap.wanda_scores(
+        backend.asarray(np.transpose(w, (1, 0, 2))), backend.asarray(norms), 0, groups=2, output_axis=1
+    )
+    np.testing.assert_allclose(to_numpy(got_t), np.transpose(want, (1, 0, 2)))
+    with pytest.raises(ValueError, match="groups"):
+        ap.wanda_scores(backend.asarray(w), backend.asarray(np.ones(8)), 1, groups=4)

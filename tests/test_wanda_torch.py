@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+from test_wanda import reference_wanda  # noqa: E402
 from torch import nn  # noqa: E402
 
 import arrayprune.adapters.torch as prune  # noqa: E402
-from test_wanda import reference_wanda  # noqa: E402
 
 
 class Net(nn.Module):
@@ -109,7 +109,10 @@ def test_two_four_and_global_with_wanda_scores():
             want[i, j, np.argsort(s[i, j], kind="stable")[:2]] = False
     np.testing.assert_array_equal(net.fc2.weight_mask.numpy().reshape(5, 4, 4) != 0, want)
     prune.global_unstructured(
-        [(net.fc1, "weight")], prune.L1Unstructured, importance_scores={(net.fc1, "weight"): scores[net.fc1]}, amount=100
+        [(net.fc1, "weight")],
+        prune.L1Unstructured,
+        importance_scores={(net.fc1, "weight"): scores[net.fc1]},
+        amount=100,
     )
     flat = scores[net.fc1].numpy().reshape(-1)
     dropped = np.flatnonzero(net.fc1.weight_mask.numpy().reshape(-1) == 0)

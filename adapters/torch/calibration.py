@@ -65,7 +65,9 @@ def _run(model: nn.Module, batch: Any) -> None:
         model(batch)
 
 
-def input_norms(model: nn.Module, batches: Iterable[Any], modules: Iterable[Any] | None = None) -> dict[str, torch.Tensor]:
+def input_norms(
+    model: nn.Module, batches: Iterable[Any], modules: Iterable[Any] | None = None
+) -> dict[str, torch.Tensor]:
     """The L2 norm of every input feature of the chosen layers over calibration data.
 
     Parameters
@@ -125,19 +127,10 @@ def input_norms(model: nn.Module, batches: Iterable[Any], modules: Iterable[Any]
 
 
 def _layer_scores(module: nn.Module, norms: torch.Tensor) -> torch.Tensor:
-    """Wanda scores of a layer's weight: |W| times the norm of each entry's input feature.
-
-    A grouped convolution's output channel reads only its group's input channels: its
-    entry ``[o, j]`` takes the norm of input channel ``group(o) * in/groups + j``.
-    """
+    """Wanda scores of a layer's weight ``[out, in/groups, ...]``: |W| times its input norms."""
     weight = module.weight.detach()
     groups = getattr(module, "groups", 1)
-    if groups == 1:
-        return arrayprune.wanda_scores(weight, norms.to(weight.device), reduction_axis=1)
-    out, per_group = weight.shape[0], weight.shape[1]
-    per_out = norms.to(weight.device).reshape(groups, per_group).repeat_interleave(out // groups, dim=0)
-    shape = (out, per_group) + (1,) * (weight.ndim - 2)
-    return weight.abs().to(torch.result_type(weight, per_out)) * per_out.reshape(shape)
+    return arrayprune.wanda_scores(weight, norms.to(weight.device), reduction_axis=1, groups=groups)
 
 
 def wanda_importance(
