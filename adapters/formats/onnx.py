@@ -363,3 +363,13 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
             pass  # e.g. still mapped on Windows: left behind, harmless
     if removed:
         _fsync_dir(folder)
+
+
+def inline_tensor(tensor: Any, arr: np.ndarray) -> Any:
+    """A copy of initializer `tensor` holding `arr` (its external data, as loaded) inline."""
+    onnx = import_optional("onnx", tensor.name, "reading ONNX models")
+    if tensor.data_type == _ONNX_BFLOAT16:
+        bits = arr if arr.dtype == np.uint16 else _as_bfloat16_bits(tensor.name, tensor.name, arr)
+        return _bfloat16_tensor(onnx, tensor.name, bits)
+    numpy_helper = import_optional("onnx.numpy_helper", tensor.name, "reading ONNX models")
+    return numpy_helper.from_array(np.asarray(arr, order="C"), tensor.name)

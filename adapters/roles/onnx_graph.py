@@ -80,7 +80,7 @@ from typing import Any
 
 from . import Role
 
-__all__ = ["onnx_roles"]
+__all__ = ["Feed", "onnx_roles", "weight_feeds"]
 
 # Operators that pass a tensor on with its axes intact, and the input they pass.
 _SAME_AXES = {"Cast": 0, "CastLike": 0, "Identity": 0, "QuantizeLinear": 0, "DequantizeLinear": 0}
@@ -254,6 +254,7 @@ class _Use:
 
     role: Role
     shape_only: bool = False
+    site: tuple[Any, int, str] | None = None  # the operator reading it: (node, input index, graph)
 
 
 def _axes_of(
@@ -442,7 +443,8 @@ def _consume(onnx: ModuleType, g: _Graph, node: Any, i: int, track: _Track, seen
     def back(axis: int | None) -> int | None:
         return None if axis is None else track.axes[axis]
 
-    return [_Use(Role(role.kind, back(role.output_axis), back(role.reduction_axis), _prefix(track) + role.why + where))]
+    why = _prefix(track) + role.why + where
+    return [_Use(Role(role.kind, back(role.output_axis), back(role.reduction_axis), why), site=(node, i, g.where))]
 
 
 def _join(whys: list[str]) -> str:
@@ -487,6 +489,16 @@ def _subgraph_initializers(g: _Graph) -> list[tuple[str, str]]:
     return found
 
 
+def _initializer_uses(onnx: ModuleType, model: Any, main: _Graph) -> dict[str, list[_Use]]:
+    """Every use of every initializer of the main graph, in graph order."""
+    found: dict[str, list[_Use]] = {}
+    for tensor in model.graph.initializer:
+        if tensor.name not in found:
+            shape = tuple(int(d) for d in tensor.dims)
+            found[tensor.name] = _uses(onnx, main, tensor.name, _Track(tuple(range(len(shape))), shape), frozenset())
+    return found
+
+
 def onnx_roles(model: Any) -> dict[str, Role]:
     """The role of every initializer of an ONNX model, read from its graph.
 
@@ -512,15 +524,83 @@ def onnx_roles(model: Any) -> dict[str, Role]:
     """
     onnx = _onnx()
     main = _build(onnx, model.graph, "", None)
-    roles: dict[str, Role] = {}
-    for tensor in model.graph.initializer:
-        if tensor.name in roles:
-            continue
-        shape = tuple(int(d) for d in tensor.dims)
-        track = _Track(tuple(range(len(shape))), shape)
-        roles[tensor.name] = _combine(_uses(onnx, main, tensor.name, track, frozenset()))
+    roles = {name: _combine(uses) for name, uses in _initializer_uses(onnx, model, main).items()}
     for sparse in model.graph.sparse_initializer:
         roles.setdefault(sparse.values.name, Role("other", why="sparse initializer: not loaded"))
     for name, where in _subgraph_initializers(main):
         roles.setdefault(name, Role("other", why=f"initializer of a subgraph ({where}): not loaded"))
     return roles
+
+
+@dataclass(frozen=True)
+class Feed:
+    """What a weight multiplies in one of its uses: an activation and its feature axis.
+
+    Attributes
+    ----------
+    activation : str
+        Name of the value of the main graph the operator multiplies the weight with
+        (``MatMul`` A, ``Gemm`` A, a convolution's X, ...).
+    feature_axis : int
+        Axis of that activation running over the weight's input features (the
+        reduction axis of the product): negative counts from the end. ``-2`` on a 1-D
+        activation means its only axis.
+    groups : int
+        Groups of a convolution whose output unit reads one group of input channels
+        (``Conv`` ``groups``); 1 otherwise.
+    why : str
+        The operator input, as in the weight's role.
+    """
+
+    activation: str
+    feature_axis: int
+    groups: int
+    why: str
+
+
+def _feed(onnx: ModuleType, use: _Use) -> Feed | str:
+    """The :class:`Feed` of a weight use, or why its activation cannot be read."""
+    node, i, where = use.site
+    op = node.op_type
+    if where:
+        return f"{use.role.why}: inside a subgraph"
+    if op in ("MatMul", "FusedMatMul") and i in (0, 1):
+        return Feed(node.input[1 - i], -1 if i == 1 else -2, 1, use.role.why)
+    if op in _GEMMS and i in (0, 1):
+        if i == 1:
+            axis = 0 if int(_attr(onnx, node, "transA", 0)) else 1
+        else:
+            axis = 1 if int(_attr(onnx, node, "transB", 0)) else 0
+        return Feed(node.input[1 - i], axis, 1, use.role.why)
+    if op in ("Conv", "FusedConv") and i == 1:
+        return Feed(node.input[0], 1, int(_attr(onnx, node, "group", 1)), use.role.why)
+    if op == "ConvTranspose" and i == 1:
+        return Feed(node.input[0], 1, 1, use.role.why)  # W [in, out/groups]: one norm per row
+    return f"{use.role.why}: {op} reads integer or quantized inputs"
+
+
+def weight_feeds(model: Any) -> dict[str, list[Feed] | str]:
+    """For every weight initializer, the activations it multiplies (for calibration).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model.
+
+    Returns
+    -------
+    dict of str to (list of Feed, or str)
+        Per initializer whose role (:func:`onnx_roles`) is ``weight``, its feeds, one
+        per use; or, when one of its uses cannot be calibrated (inside a subgraph, an
+        integer or quantized operator), a sentence saying why.
+    """
+    onnx = _onnx()
+    main = _build(onnx, model.graph, "", None)
+    feeds: dict[str, list[Feed] | str] = {}
+    for name, uses in _initializer_uses(onnx, model, main).items():
+        if _combine(uses).kind != "weight":
+            continue
+        found = [_feed(onnx, u) for u in uses if not u.shape_only]
+        problems = [f for f in found if isinstance(f, str)]
+        feeds[name] = problems[0] if problems else found
+    return feeds

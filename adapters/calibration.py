@@ -1,0 +1,236 @@
+"""Wanda's calibration for model files: input-feature norms, and the scores made from them.
+
+For an ONNX model, :func:`onnx_input_norms` runs calibration batches through the dense
+model with onnxruntime, once. The activations each weight multiplies (``MatMul`` and
+``Gemm`` A, a convolution's X: :func:`~arrayprune.adapters.roles.onnx_graph.weight_feeds`)
+are added as extra graph outputs, read batch by batch, and reduced at once to a running
+sum of squares per input feature, so memory holds one batch of activations and one
+vector per weight. Files without a graph take norms computed elsewhere
+(:func:`read_input_norms`: a ``.npz`` of weight name -> vector). :func:`wanda_scores_for`
+turns norms into scores along each weight's reduction axis (from its role).
+
+All norms come from one pass over the unpruned model; the paper's block-by-block
+variant (each block calibrated on the output of the blocks already pruned) is not done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+
+import arrayprune
+from arrayprune.adapters.roles import Role
+
+__all__ = ["InputNorms", "onnx_input_norms", "read_calibration", "read_input_norms", "wanda_scores_for"]
+
+_ORT_FLOATS = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16}
+
+
+class InputNorms(NamedTuple):
+    """The input-feature norms of one weight.
+
+    Attributes
+    ----------
+    norms : ndarray
+        float64, one L2 norm per input feature of the layer.
+    groups : int
+        Groups of a grouped convolution (each output unit reads one group), else 1.
+    """
+
+    norms: np.ndarray
+    groups: int = 1
+
+
+def read_calibration(path: str) -> dict[str, np.ndarray]:
+    """Calibration batches from an ``.npz`` file: graph input name -> array ``[N, ...]``.
+
+    Read with the safety rules of every ``.npz`` input (no pickle, sizes checked).
+
+    Raises
+    ------
+    ValueError
+        If the file holds no array, or the arrays differ in their first dimension.
+    """
+    arrays = _read_npz(path)
+    if not arrays:
+        raise ValueError("the calibration file holds no array")
+    lengths = {name: int(a.shape[0]) if a.ndim else 0 for name, a in arrays.items()}
+    if len(set(lengths.values())) != 1 or 0 in lengths.values():
+        raise ValueError(f"calibration arrays need one common, non-zero first dimension (samples); got {lengths}")
+    return arrays
+
+
+def read_input_norms(path: str) -> dict[str, np.ndarray]:
+    """Precomputed input norms from an ``.npz`` file: weight name -> 1-D vector.
+
+    Raises
+    ------
+    ValueError
+        If an entry is not a 1-D real vector of non-negative values.
+    """
+    norms = _read_npz(path)
+    for name, v in norms.items():
+        if v.ndim != 1 or v.dtype.kind not in "fiu" or not np.all(v >= 0):
+            raise ValueError(f"input norms {name!r}: expected a 1-D vector of non-negative numbers")
+    return {name: v.astype(np.float64) for name, v in norms.items()}
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+    from arrayprune.adapters import formats
+
+    wf = formats.load(path, "npz")
+    return {str(k): formats.to_numpy(v) for k, v in wf.params.items()}
+
+
+def onnx_input_norms(
+    wf: Any, calibration: Mapping[str, np.ndarray], names: Iterable[str], *, batch_size: int = 64
+) -> dict[str, InputNorms]:
+    """Input-feature norms of ONNX weights over calibration data, in one onnxruntime pass.
+
+    Parameters
+    ----------
+    wf : WeightFile
+        The ONNX model, as :func:`arrayprune.adapters.formats.load` read it.
+    calibration : mapping of str to ndarray
+        Every graph input (initializers aside) to a batch of samples along axis 0.
+    names : iterable of str
+        The weights to calibrate.
+    batch_size : int, default 64
+        Samples run at a time.
+
+    Returns
+    -------
+    dict of str to InputNorms
+
+    Raises
+    ------
+    ValueError
+        If a weight cannot be calibrated (a use inside a subgraph, or by an integer
+        operator), the calibration data does not match the graph's inputs, the model is
+        too large to hand to onnxruntime in memory, or onnxruntime fails.
+    ImportError
+        If onnx or onnxruntime is missing.
+    """
+    from arrayprune.adapters.roles.onnx_graph import weight_feeds
+
+    names = list(names)
+    all_feeds = weight_feeds(wf.context["model"])
+    feeds = {}
+    for name in names:
+        found = all_feeds.get(name)
+        if found is None:
+            raise ValueError(f"{name!r} is not a weight of the graph: Wanda has no input norms for it")
+        if isinstance(found, str):
+            raise ValueError(f"{name!r} cannot be calibrated ({found}); leave it out with --exclude")
+        feeds[name] = found
+    session = _session(wf, sorted({f.activation for fs in feeds.values() for f in fs}))
+    samples = _check_inputs(session, calibration)
+    wanted = [o.name for o in session.get_outputs()]
+    sums: dict[str, np.ndarray] = {}
+    for start in range(0, samples, batch_size):
+        batch = {k: v[start : start + batch_size] for k, v in calibration.items()}
+        try:
+            outputs = dict(zip(wanted, session.run(wanted, batch), strict=True))
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
+            raise ValueError(f"onnxruntime cannot run the calibration data: {_first_line(exc)}") from None
+        for name, fs in feeds.items():
+            for f in fs:
+                squares = _feature_squares(outputs[f.activation], f.feature_axis)
+                sums[name] = squares if name not in sums else sums[name] + squares
+    return {name: InputNorms(np.sqrt(sums[name]), feeds[name][0].groups) for name in names}
+
+
+def _feature_squares(a: np.ndarray, axis: int) -> np.ndarray:
+    """Sum of squares of `a` per index along `axis`, over every other axis (float64)."""
+    a = np.asarray(a)
+    if a.ndim == 1:
+        axis = 0
+    flat = np.moveaxis(a, axis, -1).reshape(-1, a.shape[axis]).astype(np.float64)
+    return np.einsum("ij,ij->j", flat, flat)
+
+
+def _session(wf: Any, activations: list[str]) -> Any:
+    """An onnxruntime session of the model whose outputs are `activations`."""
+    import onnx
+    import onnxruntime as ort
+
+    from arrayprune.adapters.formats import onnx as onnx_format
+
+    model = onnx.ModelProto()
+    model.CopyFrom(wf.context["model"])
+    external = wf.context.get("external", {})
+    for tensor in model.graph.initializer:
+        if tensor.name in external:  # read and checked by the loader: inline it
+            tensor.CopyFrom(onnx_format.inline_tensor(tensor, external[tensor.name]))
+    del model.graph.output[:]
+    model.graph.output.extend(onnx.ValueInfoProto(name=a) for a in activations)
+    if model.ByteSize() > onnx_format._PROTOBUF_LIMIT:
+        raise ValueError("calibration hands the model to onnxruntime in memory, which takes models under 2 GB")
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"onnxruntime cannot load the model: {_first_line(exc)}") from None
+
+
+def _check_inputs(session: Any, calibration: Mapping[str, np.ndarray]) -> int:
+    """Check the calibration arrays against the graph inputs (cast floats); the sample count."""
+    inputs = {i.name: i for i in session.get_inputs()}
+    missing = [n for n in inputs if n not in calibration]
+    extra = [n for n in calibration if n not in inputs]
+    if missing or extra:
+        what = f"lacks graph input {missing[0]!r}" if missing else f"has {extra[0]!r}, not a graph input"
+        raise ValueError(f"the calibration data {what} (graph inputs: {', '.join(map(repr, inputs))})")
+    for name, info in inputs.items():
+        want = _ORT_FLOATS.get(info.type)
+        have = calibration[name]
+        if want is not None and have.dtype.kind == "f" and have.dtype != want:
+            if not isinstance(calibration, dict):
+                raise TypeError("calibration must be a dict to cast its arrays")
+            calibration[name] = have.astype(want)
+    return int(next(iter(calibration.values())).shape[0])
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[-1] if text else type(exc).__name__
+
+
+def wanda_scores_for(weight: Any, role: Role, norms: InputNorms | np.ndarray, name: str) -> Any:
+    """Wanda scores of one weight from its input norms, along its reduction axis.
+
+    Parameters
+    ----------
+    weight : array
+        The weight.
+    role : Role
+        Its role (the reduction axis, and the output axis for grouped convolutions).
+    norms : InputNorms or ndarray
+        Its input norms (a vector means one group).
+    name : str
+        Its name, for messages.
+
+    Returns
+    -------
+    array
+        Scores shaped like `weight`.
+
+    Raises
+    ------
+    ValueError
+        If the weight's reduction axis is unknown or the norms do not fit it.
+    """
+    if not isinstance(norms, InputNorms):
+        norms = InputNorms(np.asarray(norms, dtype=np.float64))
+    if role.reduction_axis is None:
+        raise ValueError(f"{name!r}: its reduction axis is unknown ({role.why}), so its input norms cannot be placed")
+    output_axis = role.output_axis if role.output_axis is not None else 0
+    try:
+        return arrayprune.wanda_scores(
+            weight, norms.norms, role.reduction_axis, groups=norms.groups, output_axis=output_axis
+        )
+    except ValueError as exc:
+        raise ValueError(f"{name!r}: {exc}") from None
