@@ -186,11 +186,11 @@ class ShardedCheckpoint:
         self.files, self.left = self._other_files()
 
     def _shard_path(self, shard: str) -> str:
-        if "/" in shard or "\\" in shard or shard in (".", ".."):
-            problem = "outside" if ".." in shard.replace("\\", "/").split("/") else None
-            why = _WHERE[problem] if problem else "not a file name of the checkpoint's folder (no sub-folders)"
-            raise FormatError(self.index, f"shard {shard!r}: {why}")
         real, problem = resolve_inside(self.folder, shard)
+        if problem in ("empty", "absolute", "outside", "symlink"):
+            raise FormatError(self.index, f"shard {shard!r}: {_WHERE[problem]}")
+        if "/" in shard or "\\" in shard:
+            raise FormatError(self.index, f"shard {shard!r}: not a file name of the checkpoint's folder (a sub-folder)")
         if real is None:
             raise FormatError(self.index, f"shard {shard!r}: {_WHERE.get(problem, problem)}")
         return real

@@ -107,10 +107,18 @@ def fold(raw: np.ndarray, keep: np.ndarray, code: str) -> np.ndarray:
         The folded entries, in the dtype of `raw`.
     """
     with np.errstate(invalid="ignore"):  # inf * 0 is NaN, as in the in-memory path
-        if code == "BF16":
-            wide = (raw.astype(np.uint32) << np.uint32(16)).view(np.float32)
-            return ((wide * keep).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
-        return raw * keep
+        if code != "BF16":
+            return raw * keep
+        # Finite entries: kept as they are, pruned to the zero of their sign (bit masks).
+        bits = keep.astype(np.uint16)
+        bits *= np.uint16(0x7FFF)
+        bits |= np.uint16(0x8000)
+        out = raw & bits
+        special = (raw & np.uint16(0x7F80)) == np.uint16(0x7F80)
+        if special.any():  # inf and NaN: the float32 product, whose upper half is exact
+            wide = (raw[special].astype(np.uint32) << np.uint32(16)).view(np.float32)
+            out[special] = ((wide * keep[special]).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+        return out
 
 
 def _magnitude_name(entry: Any) -> str:

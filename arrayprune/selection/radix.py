@@ -148,11 +148,12 @@ def digit_histogram(keys: np.ndarray, prefix: int, shift: int, width: int) -> np
     keys = keys.reshape(-1)
     utype = keys.dtype.type
     top = shift + width
-    if top < 8 * keys.dtype.itemsize:
-        # Keys of another prefix are rare past the first digit: select, then count.
+    if top < 8 * keys.dtype.itemsize and not (prefix == 0 and (keys.size == 0 or int(keys.max()) >> top == 0)):
+        # Keys of another prefix are rare past the first digit: select, then count. (On
+        # the first digit of keys narrower than their dtype, one max says none is.)
         keys = keys[(keys >> utype(top)) == utype(prefix)]
     digits = keys >> utype(shift) if shift else keys
-    if top < 8 * keys.dtype.itemsize or shift:
+    if prefix:  # the selected keys carry the prefix above the digit
         digits = digits & utype((1 << width) - 1)
     return np.bincount(digits, minlength=1 << width).astype(np.int64, copy=False)
 
