@@ -462,13 +462,13 @@ def test_failure_midway_leaves_nothing(tmp_path, monkeypatch):
         return real(self, name, data)
 
     monkeypatch.setattr(TensorWriter, "write", failing)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(FormatError, match="No space"):
         sharded.prune_checkpoint(src, out, amount=0.5, global_=True)
     assert not out.exists(), "the folder it created is gone, with every temporary file"
     out.mkdir()
     (out / "model-00001-of-00003.safetensors").write_bytes(b"old")
     calls.clear()
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(FormatError, match="No space"):
         sharded.prune_checkpoint(src, out, amount=0.5, global_=True, force=True)
     assert [p.name for p in out.iterdir()] == ["model-00001-of-00003.safetensors"]
     assert (out / "model-00001-of-00003.safetensors").read_bytes() == b"old"

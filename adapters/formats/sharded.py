@@ -106,8 +106,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _read_index(path: str) -> tuple[dict[str, str], bytes]:
-    """The weight map of an index (names to shard file names, in the index's order), and its bytes."""
+def _read_index(path: str) -> dict[str, str]:
+    """The weight map of an index: tensor names to shard file names, in the index's order."""
     st = _require_regular(path)
     if st.st_size > INDEX_MAX_BYTES:
         raise FormatError(path, f"index of {st.st_size} bytes, larger than {INDEX_MAX_BYTES} (not an index?)")
@@ -125,7 +125,7 @@ def _read_index(path: str) -> tuple[dict[str, str], bytes]:
         raise FormatError(path, f"weight_map: the shard of {bad!r} is not a file name")
     if not isinstance(index.get("metadata", {}), dict):
         raise FormatError(path, '"metadata" is not an object')
-    return weight_map, data
+    return weight_map
 
 
 class ShardedCheckpoint:
@@ -158,7 +158,7 @@ class ShardedCheckpoint:
     def __init__(self, src: Any):
         self.index = os.path.abspath(_index_path(os.fspath(src)))
         self.folder = os.path.dirname(self.index)
-        weight_map, _ = _read_index(self.index)
+        weight_map = _read_index(self.index)
         self.shards = list(dict.fromkeys(weight_map.values()))
         self.metadata: dict[str, dict[str, str]] = {}
         found: dict[str, dict[str, StoredTensor]] = {}

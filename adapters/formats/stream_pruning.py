@@ -41,6 +41,7 @@ import numpy as np
 from arrayprune import L1Unstructured
 from arrayprune.selection import radix
 
+from .errors import FormatError, _describe
 from .safetensors_stream import TensorFiles, TensorWriter, zero_count
 
 __all__ = ["MAGNITUDE_DTYPES", "PruneSummary", "Totals", "fold", "prune_source", "prune_stored"]
@@ -289,11 +290,21 @@ def prune_source(
     Returns
     -------
     PruneSummary
+
+    Raises
+    ------
+    FormatError
+        If writing fails (nothing is left of the output then), or memory runs out.
     """
-    with TensorFiles() as files:
-        return source.write(
-            dst,
-            lambda writers: prune_stored(
-                plan, writers, files, method_for=method_for, global_method=global_method, progress=progress
-            ),
-        )
+    try:
+        with TensorFiles() as files:
+            return source.write(
+                dst,
+                lambda writers: prune_stored(
+                    plan, writers, files, method_for=method_for, global_method=global_method, progress=progress
+                ),
+            )
+    except OSError as exc:  # a full disk, a folder that cannot be written: nothing was written
+        raise FormatError(dst, f"cannot write: {exc.strerror or _describe(exc)}") from None
+    except MemoryError:
+        raise FormatError(dst, "out of memory while pruning") from None
