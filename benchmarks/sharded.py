@@ -21,6 +21,7 @@ import json
 import mmap
 import os
 import platform
+import resource
 import shutil
 import sys
 import tempfile
@@ -127,6 +128,29 @@ def direct_read_speed(path: Path, limit: int = 1 << 30) -> float | None:
         os.close(fd)
 
 
+def buffered_write_speed(folder: Path, size: int = 1 << 30) -> float:
+    """Bytes per second written through the page cache and synced (``fsync``), as OUT is."""
+    block = bytes(8 << 20)
+    path = folder / "write-speed.tmp"
+    start = time.perf_counter()
+    with open(path, "wb") as f:
+        for _ in range(size // len(block)):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - start
+    path.unlink()
+    return size / seconds
+
+
+def child(cmd: list[str]) -> tuple[float, float, float]:
+    """Wall seconds, peak RSS (MiB) and CPU seconds (user + system) of one child process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    seconds, mib = _run(cmd)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return seconds, mib, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def zeros_of_selected(folder: Path) -> tuple[int, int]:
     """Zeros and entries of the layer weights of a written checkpoint."""
     source = open_checkpoint(folder)
@@ -157,18 +181,20 @@ def main(argv: list[str] | None = None) -> int:
         size = sum(p.stat().st_size for p in src.glob("*.safetensors"))
         n_shards = len(list(src.glob("*.safetensors")))
         disk = direct_read_speed(next(iter(sorted(src.glob("*.safetensors")))))
+        written = buffered_write_speed(work)
+        load = os.getloadavg()
         cli = [sys.executable, "-m", "arrayprune", "prune", str(src), "-o", str(dst), "--amount", "0.5", "--force"]
         runs = {}
         for label, extra in (("--global", ["--global"]), ("per tensor", [])):
-            seconds, mib = _run([*cli, *extra])
+            seconds, mib, cpu = child([*cli, *extra])
             zeros, selected = zeros_of_selected(dst)
-            runs[label] = (seconds, mib, zeros, selected)
+            runs[label] = (seconds, mib, cpu, zeros, selected)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     itemsize = 2 if args.dtype == "bfloat16" else 4
-    g_seconds = runs["--global"][0]
-    rate = params / g_seconds
+    g_cpu = runs["--global"][2]
+    rate = params / g_cpu
     lines = []
     if not args.append:
         lines += [
@@ -189,39 +215,38 @@ def main(argv: list[str] | None = None) -> int:
         f"## {args.dtype}: {params / 1e9:.2f}B parameters, {size / 1e9:.2f} GB in {n_shards} shards "
         f"({layers} Llama-7B-shaped layers, embeddings, lm_head)",
         "",
-        "| run | wall time | peak RSS | bytes of peak RSS per parameter | throughput | zeros in the layer weights |",
-        "|---|---|---|---|---|---|",
+        "| run | wall time | CPU time | peak RSS | bytes of peak RSS per parameter | throughput (wall) |"
+        " zeros in the layer weights |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for label, (seconds, mib, zeros, selected) in runs.items():
+    for label, (seconds, mib, cpu, zeros, selected) in runs.items():
         lines.append(
-            f"| `{label}` | {seconds:.1f} s | {mib:.0f} MiB | {mib * 2**20 / params:.3f} | "
+            f"| `{label}` | {seconds:.1f} s | {cpu:.1f} s | {mib:.0f} MiB | {mib * 2**20 / params:.3f} | "
             f"{params / seconds / 1e6:.0f} M params/s, {size / seconds / 1e9:.2f} GB/s | "
             f"{zeros:,} of {selected:,} ({'exact' if zeros == round(0.5 * selected) else 'NOT EXACT'}) |"
         )
     lines += [
         "",
-        f"Writing the synthetic checkpoint took {made:.0f} s. Direct (uncached) read of one shard: "
-        + (f"{disk / 1e9:.2f} GB/s." if disk else "not measured."),
+        f"Writing the synthetic checkpoint took {made:.0f} s. Disk: direct (uncached) read of one shard "
+        + (f"{disk / 1e9:.2f} GB/s" if disk else "not measured")
+        + f", 1 GiB written through the page cache and synced {written / 1e9:.2f} GB/s (what OUT's writes get)."
+        f" Load average during the runs: {load[0]:.1f} (other work shared the 2 cores): wall times are upper bounds.",
         "",
     ]
     if args.dtype == "bfloat16":
-        b70 = 70e9
-        cpu = b70 / rate
-        io = ""
-        if disk:
-            # two reads (histogram pass, write pass) of 140 GB that no page cache of 24 GiB holds, one write
-            io_s = 2 * b70 * itemsize / disk + b70 * itemsize / disk
-            io = (
-                f" A 140 GB checkpoint does not stay in the page cache, so each pass reads it from disk: two reads"
-                f" and one write of 140 GB at the direct read speed measured here take about {io_s / 60:.0f} min,"
-                f" so the run takes about {max(cpu, io_s) / 60:.0f} to {(cpu + io_s) / 60:.0f} min"
-                " (computation and I/O overlapping or not)."
-            )
+        b70 = 70e9 * itemsize
+        cpu = 70e9 / rate
+        reads = 2 * b70 / disk if disk else 0.0  # the histogram pass and the write pass
+        writes = b70 / written
         lines += [
-            f"Estimate for a 70B bfloat16 checkpoint (140 GB) with `--global` on this machine: {cpu / 60:.0f} min"
-            f" of computation at the measured {rate / 1e6:.0f} M params/s, with the same peak RSS (it does not grow"
-            f" with the model: the largest tensor here is {VOCAB * HIDDEN / 1e6:.0f}M entries, a 70B model's"
-            f" 8192 x 28672 = 235M, read in chunks of {CHUNK / 2**20:.0f} Mi entries).{io}",
+            f"Estimate for a 70B bfloat16 checkpoint (140 GB) with `--global` on this machine: {cpu / 60:.0f} min of"
+            f" computation (the CPU time measured here, {rate / 1e6:.0f} M params per CPU second, scaled), and I/O: a"
+            f" 140 GB model does not stay in a 24 GiB page cache, so both passes read it from disk ({reads / 60:.0f} min"
+            f" at the direct read speed) and OUT is written at the synced write speed ({writes / 60:.0f} min): about"
+            f" {max(cpu, reads + writes) / 60:.0f} to {(cpu + reads + writes) / 60:.0f} min, depending on how much"
+            f" the kernel overlaps them. Peak RSS stays as above: it does not grow with the model (the largest tensor"
+            f" here is {VOCAB * HIDDEN / 1e6:.0f}M entries, a 70B model's 8192 x 28672 = 235M; the passes read chunks"
+            f" of {CHUNK / 2**20:.0f} Mi entries).",
             "",
         ]
     out = Path(args.out)
@@ -231,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"wrote {target}")
-    return 0 if all(z == round(0.5 * s) for _, _, z, s in runs.values()) else 1
+    return 0 if all(z == round(0.5 * s) for *_, z, s in runs.values()) else 1
 
 
 if __name__ == "__main__":
