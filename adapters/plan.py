@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,7 @@ from arrayprune.adapters.roles import Role
 from arrayprune.adapters.roles.names import dtype_name, is_float, tree_roles
 from arrayprune.registry import constructor_parameters
 
-__all__ = ["PlanEntry", "alias_key", "file_roles", "make_plan", "format_plan"]
+__all__ = ["PlanEntry", "alias_key", "file_roles", "format_plan", "make_plan", "stream_seed"]
 
 
 @dataclass(frozen=True)
@@ -235,3 +236,31 @@ def format_plan(plan: list[PlanEntry]) -> str:
     n = sum(math.prod(e.shape) for e in chosen)
     lines.append(f"{len(chosen)} of {len(plan)} tensors would be pruned ({n} entries)")
     return "\n".join(lines)
+
+
+def stream_seed(seed: int | None, name: str = "") -> int | None:
+    """The seed of one random stream, from the user's ``--seed`` and a tensor's name.
+
+    Any integer is a seed. It is mixed with the name by NumPy's
+    :class:`~numpy.random.SeedSequence` (entropy ``[crc32(name), seed < 0, |seed|]``,
+    which tells every integer apart) into a 63-bit seed, which every library's generator
+    accepts; the random method then draws from the generator of the tensor's own library
+    seeded with it (see :mod:`arrayprune.rng`). Without ``--global`` each tensor has
+    its own stream (its name), with ``--global`` one stream serves all (the empty name).
+
+    Parameters
+    ----------
+    seed : int or None
+        The user's seed; None means fresh entropy (None is returned).
+    name : str, default ""
+        The tensor's name.
+
+    Returns
+    -------
+    int or None
+        A seed in ``[0, 2**63)``.
+    """
+    if seed is None:
+        return None
+    entropy = [zlib.crc32(name.encode()), int(seed < 0), abs(int(seed))]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> np.uint64(1))

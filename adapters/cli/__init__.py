@@ -11,7 +11,10 @@
 Files are ``.npz``, ``.safetensors``, ``.onnx`` or PyTorch state dicts (``.pt``,
 ``.pth``, ``.bin``), recognised from their content (see
 :mod:`arrayprune.adapters.formats`). The output format follows the suffix of OUT, or the
-input's format for another suffix.
+input's format for another suffix. IN (and FILE) may be a sharded safetensors checkpoint,
+a folder or its ``*.safetensors.index.json``, pruned into the folder OUT
+(:mod:`arrayprune.adapters.formats.sharded`); safetensors files and shards are pruned
+tensor by tensor, in memory that does not grow with the model.
 
 Which tensors are pruned: by default every floating-point tensor with at least two
 dimensions (weights of linear and convolution layers; biases and norm scales are left

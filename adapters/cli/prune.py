@@ -12,13 +12,17 @@ import numpy as np
 import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
-from arrayprune.adapters.plan import PlanEntry, _name, file_roles, format_plan, make_plan
+from arrayprune.adapters.formats import sharded
+from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile
+from arrayprune.adapters.formats.stream_pruning import prune_source
+from arrayprune.adapters.plan import PlanEntry, _name, file_roles, format_plan, make_plan, stream_seed
+from arrayprune.adapters.roles.names import tree_roles
 from arrayprune.adapters.trees import lookup
 
 from .errors import CliError, _error, _message, _optional
 from .options import _check_options, method_arguments
 from .report import _totals, report_rows
-from .tensors import _check_arrays, _progress, stream_seed
+from .tensors import _check_arrays, _progress
 
 __all__ = ["run_prune"]
 
@@ -34,10 +38,15 @@ def _global_arguments(args: argparse.Namespace) -> tuple[type, dict[str, Any]]:
     return arrayprune.METHODS[args.method], kwargs
 
 
+def _method_for(target: PlanEntry, args: argparse.Namespace) -> Any:
+    """The method instance that prunes `target` on its own: its axis, a seed from its name."""
+    kwargs = method_arguments(args, stream_seed(args.seed, target.name), dim=target.dim)
+    return arrayprune.METHODS[args.method](**kwargs)
+
+
 def _prune_entry(params: Mapping, key: Any, target: PlanEntry, args: argparse.Namespace) -> Mapping:
     """`params` with `key` pruned by ``args.method`` along the target's axis; seeds follow its name."""
-    kwargs = method_arguments(args, stream_seed(args.seed, target.name), dim=target.dim)
-    return mp.prune(params, key, arrayprune.METHODS[args.method](**kwargs))
+    return mp.prune(params, key, _method_for(target, args))
 
 
 def _prune_params(params: Mapping, targets: list[PlanEntry], args: argparse.Namespace, src: str) -> Mapping:
@@ -94,9 +103,9 @@ def _prune_folded(params: Mapping, targets: list[PlanEntry], args: argparse.Name
     return mp.replace(params, folded)
 
 
-def _plan(wf: Any, roles: Mapping, args: argparse.Namespace) -> list[PlanEntry]:
+def _plan(params: Mapping, roles: Mapping, args: argparse.Namespace) -> list[PlanEntry]:
     return make_plan(
-        wf.params,
+        params,
         roles,
         method=args.method,
         include=args.include,
@@ -106,24 +115,113 @@ def _plan(wf: Any, roles: Mapping, args: argparse.Namespace) -> list[PlanEntry]:
     )
 
 
-def _dry_run(args: argparse.Namespace) -> int:
-    """Print the plan and write nothing."""
+def _dry_run(args: argparse.Namespace, src: str) -> int:
+    """Print the plan and write nothing (safetensors from their headers alone)."""
     _check_options(args)
-    wf = fmt.load(args.input)
-    _check_arrays(wf.params, args.input)
-    print(f"plan for {args.input} ({wf.format}), {args.method}; nothing is written (--dry-run)")
-    print(format_plan(_plan(wf, file_roles(wf), args)))
+    if sharded.is_sharded(src) or fmt.detect_format(src) == "safetensors":
+        source = sharded.open_checkpoint(src)
+        params, roles, kind = source.tensors, tree_roles(source.tensors), source.kind
+    else:
+        wf = fmt.load(src)
+        _check_arrays(wf.params, src)
+        params, roles, kind = wf.params, file_roles(wf), wf.format
+    print(f"plan for {src} ({kind}), {args.method}; nothing is written (--dry-run)")
+    print(format_plan(_plan(params, roles, args)))
     return 0
+
+
+def _stream_refusal(args: argparse.Namespace) -> str | None:
+    """The option that tensor-by-tensor pruning cannot honour, or None."""
+    if args.keep_masks:
+        return "--keep-masks"
+    if args.lamp:
+        return "--lamp"
+    if args.min_sparsity is not None or args.max_sparsity is not None:
+        return "--min-sparsity and --max-sparsity"
+    if args.global_ and args.method != "l1_unstructured":
+        return f"--global with {args.method}"
+    if args.verify:
+        return "--verify (ONNX only)"
+    return None
+
+
+def _run_sharded(args: argparse.Namespace) -> int:
+    """Prune a sharded safetensors checkpoint (folder or index) into a folder."""
+    src, dst = args.input, args.output
+    refused = _stream_refusal(args)
+    if refused:
+        raise CliError(
+            f"{refused} is not supported for sharded checkpoints, which are pruned tensor by tensor", src
+        )
+    if args.dry_run:
+        return _dry_run(args, src)
+    _check_options(args)
+    if dst is None:
+        raise CliError("the following arguments are required: -o/--output (or --dry-run)")
+    source = sharded.open_checkpoint(src)
+    sharded.check_destination(dst, source, args.force)
+    if mp.is_pruned(source.tensors):
+        raise CliError("tensors pruned before (name_orig + name_mask) are not pruned further here", src)
+    return _prune_stored(args, source, dst)
+
+
+def _prune_stored(args: argparse.Namespace, source: Any, dst: str) -> int:
+    """Prune a safetensors checkpoint tensor by tensor, in bounded memory, and say what was done."""
+    src = args.input
+    plan = _plan(source.tensors, tree_roles(source.tensors), args)
+    targets = [e for e in plan if e.prune]
+    if not targets:
+        raise CliError("no tensor selected for pruning (see --include, --exclude, --min-size)", src)
+    cls = arrayprune.METHODS[args.method]
+    global_method = cls(**method_arguments(args, stream_seed(args.seed))) if args.global_ else None
+    try:
+        summary = prune_source(
+            source,
+            dst,
+            plan,
+            method_for=lambda target: _method_for(target, args),
+            global_method=global_method,
+            progress=_progress,
+        )
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise CliError(f"{'global pruning: ' if args.global_ else ''}{_message(exc)}", src) from None
+    pruned, whole = summary.pruned, summary.whole
+    _say_pruned(args, src, dst, len(targets), 0, (pruned.zeros, pruned.size), (whole.zeros, whole.size, whole.tensors))
+    if isinstance(source, sharded.ShardedCheckpoint):
+        written = source.written()
+        print(f"wrote {len(written)} files to {dst}: {len(source.shards)} shards, {len(source.files)} other files"
+              " copied, the index last")
+        if source.left:
+            print(f"not copied: {'; '.join(source.left)}")
+    return 0
+
+
+def _say_pruned(
+    args: argparse.Namespace,
+    src: str,
+    dst: str,
+    n_targets: int,
+    n_tied: int,
+    pruned: tuple[int, int],
+    whole: tuple[int, int, int],
+) -> None:
+    """Print what was pruned (zeros, entries) and the whole output (zeros, entries, tensors)."""
+    zeros, total = pruned
+    detail = f"amount {args.amount}" if args.amount is not None else f"{args.nm[0]}:{args.nm[1]}"
+    how = f"{args.method}{', global' if args.global_ else ''}, {detail}"
+    names = f"{n_targets} tensors" + (f" (and {n_tied} tied names)" if n_tied else "")
+    print(f"pruned {names} of {src} ({how}): {zeros} of {total} entries zero ({_pct(zeros, total)}) -> {dst}")
+    print(f"whole file: {whole[0]} of {whole[1]} entries zero ({_pct(whole[0], whole[1])}) in {whole[2]} tensors")
 
 
 def run_prune(args: argparse.Namespace) -> int:
     src, dst = args.input, args.output
     if not os.path.exists(src):
         raise CliError("no such file", src)
-    if os.path.isdir(src):
-        raise CliError("is a directory", src)
+    if sharded.is_sharded(src):
+        return _run_sharded(args)
     if args.dry_run:
-        return _dry_run(args)
+        return _dry_run(args, src)
     if dst is None:
         raise CliError("the following arguments are required: -o/--output (or --dry-run)")
     if os.path.isdir(dst):
@@ -150,11 +248,16 @@ def run_prune(args: argparse.Namespace) -> int:
     if args.verify:
         _optional("onnxruntime", "onnx", "--verify")  # before anything is written
 
+    if in_format == out_format == "safetensors" and _stream_refusal(args) is None:
+        source = SafetensorsFile(src)
+        if not mp.is_pruned(source.tensors):
+            return _prune_stored(args, source, dst)  # tensor by tensor: the file is never held whole
+
     wf = fmt.load(src, in_format)
     _check_arrays(wf.params, src)
 
     roles = file_roles(wf)
-    targets = [e for e in _plan(wf, roles, args) if e.prune]
+    targets = [e for e in _plan(wf.params, roles, args) if e.prune]
     if not targets:
         raise CliError("no tensor selected for pruning (see --include, --exclude, --min-size)", src)
     if args.keep_masks or mp.is_pruned(wf.params):
@@ -169,17 +272,16 @@ def run_prune(args: argparse.Namespace) -> int:
     rows = report_rows(folded, storage=False, roles=roles)  # one count of zeros per tensor
     selected = {t.name for t in targets}
     pruned = _totals([r for r in rows if r["name"] in selected])
-    total, zeros = pruned["size"], pruned["zeros"]
     everything = _totals(rows)
-    detail = f"amount {args.amount}" if args.amount is not None else f"{args.nm[0]}:{args.nm[1]}"
-    how = f"{args.method}{', global' if args.global_ else ''}, {detail}"
     n_tied = sum(len(t.tied) for t in targets)
-    names = f"{len(targets)} tensors" + (f" (and {n_tied} tied names)" if n_tied else "")
-    print(f"pruned {names} of {src} ({how}): {zeros} of {total} entries zero ({_pct(zeros, total)}) -> {dst}")
-    print(
-        f"whole file: {everything['zeros']} of {everything['size']} entries zero"
-        f" ({_pct(everything['zeros'], everything['size'])})"
-        f" in {everything['tensors']} tensors"
+    _say_pruned(
+        args,
+        src,
+        dst,
+        len(targets),
+        n_tied,
+        (pruned["zeros"], pruned["size"]),
+        (everything["zeros"], everything["size"], everything["tensors"]),
     )
     if args.verify:
         return _verify(src, dst, args.seed, args.verify_tol)

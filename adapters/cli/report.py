@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -14,9 +14,12 @@ import numpy as np
 import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
+from arrayprune.adapters.formats import sharded
+from arrayprune.adapters.formats.safetensors_stream import TensorFiles
 from arrayprune.adapters.plan import _name, _size, alias_key, file_roles, make_plan
 from arrayprune.adapters.roles import Role
 from arrayprune.adapters.roles.names import dtype_name, is_float, tree_roles
+from arrayprune.adapters.state_dict import _fold
 
 from .errors import CliError
 from .tensors import _check_arrays, _zeros
@@ -25,7 +28,11 @@ __all__ = ["TOTALS_COVER", "report_rows", "run_report"]
 
 
 def report_rows(
-    params: Mapping, *, storage: bool = True, roles: Mapping[tuple, Role] | None = None
+    params: Mapping,
+    *,
+    storage: bool = True,
+    roles: Mapping[tuple, Role] | None = None,
+    load: Callable[[Any], Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Per-tensor statistics of every array of a mapping.
 
@@ -34,12 +41,16 @@ def report_rows(
     Parameters
     ----------
     params : mapping
-        Names to arrays (possibly nested).
+        Names to arrays (possibly nested), or to stored tensors that `load` reads.
     storage : bool, default True
         Whether to compute ``nm_2_4`` and ``bytes`` (a pass over each tensor).
     roles : mapping, optional
         Path to role (:func:`arrayprune.adapters.plan.file_roles`); from the names and
         layout of `params` if omitted.
+    load : callable, optional
+        Reads one value of `params` as an array (one tensor in memory at a time):
+        ``TensorFiles.load`` for :class:`~arrayprune.adapters.formats.safetensors_stream.StoredTensor`
+        values.
 
     Returns
     -------
@@ -58,11 +69,17 @@ def report_rows(
     plan = {e.path: e for e in make_plan(params, roles)}
     first_name: dict[Any, str] = {}
     rows = []
-    for path, value in mp.iter_arrays(params, effective=True):
+    for path, value, mask in mp.iter_entries(params):
         if not (hasattr(value, "shape") and hasattr(value, "dtype")):
             continue  # plain numbers and strings of a checkpoint: not tensors
+        key = alias_key(value)  # of the stored tensor: copies read one at a time may reuse memory
+        if load is not None:
+            value, mask = load(value), None if mask is None else load(mask)
+        if mask is not None:
+            value = _fold(value, mask)
+        if load is None:
+            key = alias_key(value)
         name = _name(path)
-        key = alias_key(value)
         tied_to = first_name.setdefault(key, name)
         n, z = _size(value), _zeros(value)
         entry = plan.get(path)
@@ -126,13 +143,19 @@ def run_report(args: argparse.Namespace) -> int:
     path = args.file
     if not os.path.exists(path):
         raise CliError("no such file", path)
-    wf = fmt.load(path)
-    _check_arrays(wf.params, path)
-    rows = report_rows(wf.params, roles=file_roles(wf))
+    with TensorFiles() as files:
+        if sharded.is_sharded(path) or fmt.detect_format(path) == "safetensors":
+            source = sharded.open_checkpoint(path)  # headers only; tensors read one at a time
+            kind, params = source.kind, source.tensors
+            rows = report_rows(params, roles=tree_roles(params), load=files.load)
+        else:
+            wf = fmt.load(path)
+            _check_arrays(wf.params, path)
+            kind, rows = wf.format, report_rows(wf.params, roles=file_roles(wf))
     total = _totals(rows)
     prunable = _totals([r for r in rows if r["prunable"]])
     if args.json:
-        out = {"file": path, "format": wf.format, "tensors": rows, "total": total, "prunable": prunable}
+        out = {"file": path, "format": kind, "tensors": rows, "total": total, "prunable": prunable}
         json.dump({**out, "covers": TOTALS_COVER}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
@@ -151,7 +174,7 @@ def run_report(args: argparse.Namespace) -> int:
         zeros, sparsity = f"{t['zeros']}/{t['size']}", f"{100 * t['sparsity']:.2f}%"
         table.append((label, f"{t['tensors']} tensors", "", "", zeros, sparsity, "", ""))
     widths = [max(len(row[i]) for row in table) for i in range(8)]
-    print(f"{path} ({wf.format})")
+    print(f"{path} ({kind})")
     for i, row in enumerate(table):
         if i == len(table) - 2:
             print("  ".join("-" * w for w in widths))

@@ -77,9 +77,13 @@ that :func:`load` and :func:`save` dispatch to: :mod:`.npz` (with the size check
 :mod:`.pytorch`. Shared pieces: :mod:`.errors` (:class:`FormatError`, optional imports),
 :mod:`.files` (regular files, :func:`atomic_write`, :func:`cleanup_on_signals`),
 :mod:`.arrays` (:func:`to_numpy`, flattening) and :mod:`.weightfile`
-(:class:`WeightFile`). :data:`MEMORY_LIMIT`, :data:`NPZ_MAX_RATIO` and
-:data:`NPZ_RATIO_MIN_SIZE` are set on this package, as before: an assignment here
-reaches the npz module, which reads them.
+(:class:`WeightFile`). Safetensors tensor by tensor, in bounded memory:
+:mod:`.safetensors_stream` (stored tensors read from memory maps that give their pages
+back, a writer that puts each tensor in place), :mod:`.stream_pruning` (the exact global
+threshold by radix passes, per-tensor methods one tensor at a time) and :mod:`.sharded`
+(sharded checkpoints and their index; :func:`.sharded.prune_checkpoint`).
+:data:`MEMORY_LIMIT`, :data:`NPZ_MAX_RATIO` and :data:`NPZ_RATIO_MIN_SIZE` are set on
+this package, as before: an assignment here reaches the npz module, which reads them.
 """
 
 from __future__ import annotations

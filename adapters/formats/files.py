@@ -2,7 +2,9 @@
 
 Only regular files are read (after following symlinks): a FIFO, device or socket is
 refused before it is opened. :func:`atomic_write` writes through a temporary file
-renamed into place; :func:`cleanup_on_signals` turns SIGTERM and SIGHUP into an
+renamed into place (:func:`atomic_files` several files at once, renamed in order);
+:func:`resolve_inside` keeps names read from a file inside its folder;
+:func:`cleanup_on_signals` turns SIGTERM and SIGHUP into an
 exception so that the temporary files of an interrupted write are removed.
 """
 
@@ -10,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import stat
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
 from .errors import FormatError, _describe
@@ -181,28 +184,108 @@ def atomic_write(path: Any, write: Callable[[IO[bytes]], None]) -> None:
     FormatError
         If the folder does not exist or cannot be written.
     """
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise FormatError(path, f"folder {folder!r} does not exist")
+    with atomic_files([path]) as (f,):
+        write(f)
+
+
+@contextlib.contextmanager
+def atomic_files(paths: Sequence[Any]) -> Iterator[list[IO[bytes]]]:
+    """Write several files at once, each through a temporary file renamed into place.
+
+    Every destination gets a temporary file ``.NAME.XXXXXXXX.tmp`` in its folder, open
+    for writing (and seeking: data may be written at any offset). When the block ends
+    normally, every file is flushed to disk (``fsync``) and only then renamed into place,
+    in the order of `paths` (so the last one, an index say, appears last), and the
+    folders are synced. If the block raises, or SIGINT, SIGTERM or SIGHUP arrives (see
+    :func:`cleanup_on_signals`), every temporary file is removed and no destination is
+    touched. :func:`atomic_write` is this with one file.
+
+    Parameters
+    ----------
+    paths : sequence of str or os.PathLike
+        The destinations, all distinct.
+
+    Yields
+    ------
+    list of file objects
+        Binary files open for writing, one per destination, in the order of `paths`.
+
+    Raises
+    ------
+    FormatError
+        If a folder does not exist or cannot be written.
+    """
+    paths = [os.fspath(p) for p in paths]
+    folders = [os.path.dirname(os.path.abspath(p)) for p in paths]
+    for path, folder in zip(paths, folders, strict=True):
+        if not os.path.isdir(folder):
+            raise FormatError(path, f"folder {folder!r} does not exist")
     with cleanup_on_signals():
+        temps: list[str] = []
+        handles: list[IO[bytes]] = []
         try:
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-        except OSError as exc:
-            raise FormatError(path, f"cannot write in {folder!r}: {exc.strerror or _describe(exc)}") from None
-        try:
-            with os.fdopen(fd, "wb") as f:
-                write(f)
+            for path, folder in zip(paths, folders, strict=True):
+                try:
+                    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+                except OSError as exc:
+                    raise FormatError(path, f"cannot write in {folder!r}: {exc.strerror or _describe(exc)}") from None
+                temps.append(tmp)
+                handles.append(os.fdopen(fd, "wb"))
+            yield list(handles)
+            for f in handles:
                 f.flush()
                 os.fsync(f.fileno())
+                f.close()
             umask = os.umask(0)
             os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-            os.replace(tmp, path)
+            for i, (tmp, path) in enumerate(zip(temps, paths, strict=True)):
+                os.chmod(tmp, 0o666 & ~umask)
+                os.replace(tmp, path)
+                temps[i] = ""  # in place: no longer ours to remove
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            for f in handles:
+                with contextlib.suppress(OSError):
+                    f.close()
+            for tmp in temps:
+                if tmp:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
             raise
+    for folder in dict.fromkeys(folders):
         _fsync_dir(folder)
+
+
+def resolve_inside(folder: str, name: str) -> tuple[str | None, str | None]:
+    """Where a file named relative to `folder` is, if it stays inside and is regular.
+
+    Parameters
+    ----------
+    folder : str
+        The folder the name is relative to.
+    name : str
+        A relative path, as a model's index or graph gives it.
+
+    Returns
+    -------
+    tuple
+        ``(real_path, None)`` for a regular file inside `folder` (after following
+        symlinks), else ``(None, problem)``, where `problem` is one of ``"empty"``,
+        ``"absolute"``, ``"outside"`` (``..``), ``"symlink"`` (a link leading out),
+        ``"missing"``, or the reason :func:`_not_regular` gives.
+    """
+    if not name:
+        return None, "empty"
+    if os.path.isabs(name) or name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+        return None, "absolute"
+    parts = re.split(r"[\\/]+", name)
+    if ".." in parts:
+        return None, "outside"
+    base = os.path.realpath(folder)
+    real = os.path.realpath(os.path.join(base, *parts))
+    if os.path.commonpath([base, real]) != base:
+        return None, "symlink"
+    try:
+        mode = os.stat(real).st_mode
+    except OSError:
+        return None, "missing"
+    return (None, problem) if (problem := _not_regular(mode)) else (real, None)

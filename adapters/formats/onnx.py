@@ -27,7 +27,7 @@ import numpy as np
 from . import files
 from .arrays import _flat_arrays, to_numpy
 from .errors import FormatError, _describe, import_optional
-from .files import _fsync_dir, _not_regular
+from .files import _fsync_dir, resolve_inside
 from .weightfile import WeightFile
 
 _ONNX_FLOAT_TYPES = (1, 10, 11)  # FLOAT, FLOAT16, DOUBLE
@@ -49,26 +49,16 @@ def _parse_onnx(path: str) -> Any:
 
 def _check_inside(path: str, location: str, what: str) -> str:
     """Resolve an external-data `location` of the model at `path`, refusing escapes."""
-    if not location:
-        raise FormatError(path, f"{what}: external data without a location")
-    if os.path.isabs(location) or location.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", location):
-        raise FormatError(
-            path, f"{what}: external data path {location!r} is absolute; it must lie inside the model's folder"
-        )
-    parts = re.split(r"[\\/]+", location)
-    if ".." in parts:
-        raise FormatError(path, f"{what}: external data path {location!r} leads outside the model's folder")
-    base = os.path.realpath(os.path.dirname(os.path.abspath(path)))
-    real = os.path.realpath(os.path.join(base, *parts))
-    if os.path.commonpath([base, real]) != base:
-        raise FormatError(path, f"{what}: external data path {location!r} leads outside the model's folder (symlink)")
-    try:
-        mode = os.stat(real).st_mode
-    except OSError:
-        raise FormatError(path, f"{what}: external data file {location!r} not found") from None
-    problem = _not_regular(mode)
-    if problem:
-        raise FormatError(path, f"{what}: external data file {location!r} {problem}")
+    real, problem = resolve_inside(os.path.dirname(os.path.abspath(path)), location)
+    messages = {
+        "empty": "external data without a location",
+        "absolute": f"external data path {location!r} is absolute; it must lie inside the model's folder",
+        "outside": f"external data path {location!r} leads outside the model's folder",
+        "symlink": f"external data path {location!r} leads outside the model's folder (symlink)",
+        "missing": f"external data file {location!r} not found",
+    }
+    if real is None:
+        raise FormatError(path, f"{what}: {messages.get(problem, f'external data file {location!r} {problem}')}")
     return real
 
 

@@ -7,13 +7,13 @@ import math
 import mmap
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from . import files
 from .arrays import _flat_arrays, _to_torch, to_numpy
-from .errors import FormatError, import_optional
+from .errors import FormatError, _describe, import_optional
 from .files import _open_regular
 from .weightfile import WeightFile
 
@@ -53,54 +53,114 @@ class _SafetensorsTensors(Mapping):
         return len(self._names)
 
 
-def load(path: str) -> WeightFile:
-    """Read a safetensors file: NumPy views, or PyTorch tensors for dtypes NumPy lacks."""
-    safe_open = import_optional("safetensors", path, "reading safetensors files").safe_open
+#: Bits per entry of each safetensors dtype (F4 and F6 are packed).
+DTYPE_BITS = {
+    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8,
+    "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64,
+}
 
+
+class Header(NamedTuple):
+    """The validated header of a safetensors file.
+
+    Attributes
+    ----------
+    metadata : dict
+        The ``__metadata__`` strings, in the file's order (empty if none).
+    names : list of str
+        The tensor names in the order :func:`safetensors.safe_open` lists them (sorted).
+    entries : dict
+        Name to ``(dtype, shape, begin, end)``: the safetensors dtype code (``"BF16"``),
+        the shape, and the tensor's byte range in the file (absolute offsets).
+    """
+
+    metadata: dict[str, str]
+    names: list[str]
+    entries: dict[str, tuple[str, tuple[int, ...], int, int]]
+
+
+def read_header(path: str) -> Header:
+    """Read and check the header of a safetensors file, without reading any tensor.
+
+    `safe_open` validates the header (offsets inside the file, sizes that match the
+    shapes and dtypes, no overlaps); it is read again here for what `safe_open` does not
+    expose (byte offsets, the order of the metadata), and every byte range is checked
+    all the same.
+
+    Parameters
+    ----------
+    path : str
+        A safetensors file.
+
+    Returns
+    -------
+    Header
+
+    Raises
+    ------
+    FormatError
+        If the file is not a regular file, is truncated or corrupt, or holds a dtype
+        this module does not know.
+    """
+    safe_open = import_optional("safetensors", path, "reading safetensors files").safe_open
     with _open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(8)
-    if len(head) < 8:
-        raise FormatError(path, "truncated safetensors file (no header)")
-    n = int.from_bytes(head, "little")
-    if n > size - 8:
-        raise FormatError(path, f"truncated or corrupt safetensors file (header of {n} bytes in a file of {size})")
-    framework = "numpy"
-    handle = safe_open(path, framework=framework)
-    names = list(handle.keys())
-    dtypes = {handle.get_slice(k).get_dtype() for k in names}
-    exotic = sorted(dtypes - _SAFETENSORS_NUMPY_DTYPES)
-    if exotic:
-        import_optional("torch", path, f"reading dtype {exotic[0]}")
-        framework = "pt"
-        handle = safe_open(path, framework=framework)
-    views = _safetensors_views(path, n, names) if framework == "numpy" else None
-    params = _SafetensorsTensors(handle, names, views)
-    return WeightFile(path, "safetensors", params, {"metadata": handle.metadata() or {}, "framework": framework})
-
-
-def _safetensors_views(path: str, header_size: int, names: list[str]) -> dict[str, np.ndarray]:
-    """Read-only NumPy views of the tensors of a safetensors file that `safe_open` accepted.
-
-    `safe_open` has validated the header (offsets inside the file, sizes that match the
-    shapes and dtypes, no overlaps); the header is read again here for the offsets it
-    does not expose, and each view is checked against its byte range all the same.
-    """
-    with _open_regular(path) as f:
-        f.seek(8)
-        header = json.loads(f.read(header_size))
-        whole = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # outlives the file object
-    start = 8 + header_size
-    views = {}
+        if len(head) < 8:
+            raise FormatError(path, "truncated safetensors file (no header)")
+        n = int.from_bytes(head, "little")
+        if n > size - 8:
+            raise FormatError(path, f"truncated or corrupt safetensors file (header of {n} bytes in a file of {size})")
+        raw = f.read(n)
+    try:
+        handle = safe_open(path, framework="numpy")
+        names = list(handle.keys())
+        header = json.loads(raw)
+    except FormatError:
+        raise
+    except Exception as exc:
+        raise FormatError(path, f"cannot read as safetensors: {_describe(exc)}") from None
+    metadata = header.get("__metadata__") or {}
+    start = 8 + n
+    entries = {}
     for name in names:
         info = header[name]
-        dtype = np.dtype(_SAFETENSORS_TO_NUMPY[info["dtype"]])
+        code = info["dtype"]
+        if code not in DTYPE_BITS:
+            raise FormatError(path, f"tensor {name!r}: dtype {code} is not supported")
         shape = tuple(int(d) for d in info["shape"])
         begin, end = (int(o) for o in info["data_offsets"])
-        count = math.prod(shape)
-        if end - begin != dtype.itemsize * count or not 0 <= begin <= end <= len(whole) - start:
+        if (end - begin) * 8 != DTYPE_BITS[code] * math.prod(shape) or not 0 <= begin <= end <= size - start:
             raise FormatError(path, f"tensor {name!r}: its byte range does not match its shape and dtype")
-        views[name] = np.frombuffer(whole, dtype=dtype, count=count, offset=start + begin).reshape(shape)
+        entries[name] = (code, shape, start + begin, start + end)
+    return Header(dict(metadata), names, entries)
+
+
+def load(path: str) -> WeightFile:
+    """Read a safetensors file: NumPy views, or PyTorch tensors for dtypes NumPy lacks."""
+    safe_open = import_optional("safetensors", path, "reading safetensors files").safe_open
+    header = read_header(path)
+    names = header.names
+    exotic = sorted({header.entries[k][0] for k in names} - _SAFETENSORS_NUMPY_DTYPES)
+    if exotic:
+        import_optional("torch", path, f"reading dtype {exotic[0]}")
+        handle = safe_open(path, framework="pt")
+        params = _SafetensorsTensors(handle, names)
+        return WeightFile(path, "safetensors", params, {"metadata": header.metadata, "framework": "pt"})
+    params = _SafetensorsTensors(None, names, _safetensors_views(path, header))
+    return WeightFile(path, "safetensors", params, {"metadata": header.metadata, "framework": "numpy"})
+
+
+def _safetensors_views(path: str, header: Header) -> dict[str, np.ndarray]:
+    """Read-only NumPy views of the tensors of a safetensors file, on one memory map."""
+    with _open_regular(path) as f:
+        whole = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # outlives the file object
+    views = {}
+    for name in header.names:
+        code, shape, begin, _ = header.entries[name]
+        dtype = np.dtype(_SAFETENSORS_TO_NUMPY[code])
+        views[name] = np.frombuffer(whole, dtype=dtype, count=math.prod(shape), offset=begin).reshape(shape)
     return views
 
 

@@ -1,0 +1,442 @@
+"""Sharded safetensors checkpoints, and pruning checkpoints in bounded memory.
+
+A sharded checkpoint is a folder of shards (``model-00001-of-00003.safetensors``, ...)
+and an index, ``model.safetensors.index.json``::
+
+    {"metadata": {"total_size": ...}, "weight_map": {"model.layers.0.mlp.up_proj.weight":
+     "model-00001-of-00003.safetensors", ...}}
+
+as Hugging Face ships large models, beside other files (``config.json``, tokenizer
+files, ``generation_config.json``, ...). :func:`open_checkpoint` reads the folder (or
+the index itself) into a :class:`ShardedCheckpoint` whose ``tensors`` map every name to
+a :class:`~.safetensors_stream.StoredTensor` (nothing is read but headers), sorted by
+name: the order in which a safetensors file holding all the tensors would list them,
+and the order of the plan. :meth:`ShardedCheckpoint.write` writes a folder of the same
+shard names, each shard atomically, then the other files, then the index, last.
+
+Checks, before anything is written:
+
+- the index is a JSON object of at most :data:`INDEX_MAX_BYTES` with a ``weight_map``
+  of names to shard files, no name twice;
+- shard names are plain file names in the checkpoint's folder: no absolute path, no
+  ``..``, no symlink leading out of the folder, only regular files (as for ONNX
+  external data);
+- each shard is a valid safetensors file; every tensor listed in the index is in its
+  shard, every tensor of a shard is listed there, and no name is in two shards.
+
+Other files: the regular files at the top of the folder are copied unchanged, except
+hidden ones (``.name``), weight files the index does not list (``*.safetensors``,
+``*.bin``, ``*.pt``, ... : they would carry the unpruned weights) and symlinks leading
+out of the folder; sub-folders are not copied. :attr:`ShardedCheckpoint.left` says what
+was left and why.
+
+:func:`prune_checkpoint` prunes a sharded checkpoint or a single safetensors file in
+bounded memory (see :mod:`.stream_pruning`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from .errors import FormatError, _describe
+from .files import _open_regular, _require_regular, atomic_files, resolve_inside
+from .safetensors_stream import SafetensorsFile, StoredTensor, TensorWriter, stored_tensors
+from .stream_pruning import PruneSummary, prune_source
+
+__all__ = [
+    "INDEX_MAX_BYTES",
+    "INDEX_SUFFIX",
+    "ShardedCheckpoint",
+    "check_destination",
+    "is_sharded",
+    "open_checkpoint",
+    "prune_checkpoint",
+]
+
+#: How the index of a sharded safetensors checkpoint is named.
+INDEX_SUFFIX = ".safetensors.index.json"
+
+#: The largest index read (a 70B model's is about 100 KB).
+INDEX_MAX_BYTES = 64 << 20
+
+#: Files of a checkpoint folder that hold weights: copied only if they are shards.
+WEIGHT_SUFFIXES = (
+    ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf", ".npz", ".data", ".index.json",
+)
+
+R = TypeVar("R")
+
+_WHERE = {
+    "empty": "an empty name",
+    "absolute": "an absolute path; shards must lie in the checkpoint's folder",
+    "outside": "outside the checkpoint's folder",
+    "symlink": "a symlink leading outside the checkpoint's folder",
+    "missing": "not found",
+}
+
+
+def is_sharded(path: Any) -> bool:
+    """Whether `path` names a sharded checkpoint: a folder, or a ``.json`` index."""
+    path = os.fspath(path)
+    return os.path.isdir(path) or path.lower().endswith(".json")
+
+
+def _index_path(src: str) -> str:
+    if not os.path.isdir(src):
+        return src
+    names = sorted(n for n in os.listdir(src) if n.endswith(INDEX_SUFFIX) and not n.startswith("."))
+    if not names:
+        raise FormatError(src, f"is a directory without a sharded safetensors index (*{INDEX_SUFFIX})")
+    if len(names) > 1:
+        raise FormatError(src, f"a folder with several indexes ({', '.join(names)}): give one of them as IN")
+    return os.path.join(src, names[0])
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the name {key!r} appears twice")
+        out[key] = value
+    return out
+
+
+def _read_index(path: str) -> dict[str, str]:
+    """The weight map of an index: tensor names to shard file names, in the index's order."""
+    st = _require_regular(path)
+    if st.st_size > INDEX_MAX_BYTES:
+        raise FormatError(path, f"index of {st.st_size} bytes, larger than {INDEX_MAX_BYTES} (not an index?)")
+    with _open_regular(path) as f:
+        data = f.read(INDEX_MAX_BYTES + 1)
+    try:
+        index = json.loads(data, object_pairs_hook=_unique_keys)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(path, f"not a valid index: {_describe(exc)}") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise FormatError(path, 'not a sharded checkpoint index: no "weight_map" of tensor names to shard files')
+    bad = next((k for k, v in weight_map.items() if not isinstance(v, str)), None)
+    if bad is not None:
+        raise FormatError(path, f"weight_map: the shard of {bad!r} is not a file name")
+    if not isinstance(index.get("metadata", {}), dict):
+        raise FormatError(path, '"metadata" is not an object')
+    return weight_map
+
+
+class ShardedCheckpoint:
+    """A sharded safetensors checkpoint: shards, index and other files of one folder.
+
+    Use :func:`open_checkpoint` to read one.
+
+    Attributes
+    ----------
+    folder : str
+        The checkpoint's folder.
+    index : str
+        The index file.
+    shards : list of str
+        Shard file names, in the order the index first names them.
+    metadata : dict
+        Shard name to its safetensors ``__metadata__``.
+    tensors : dict
+        Tensor name to :class:`~.safetensors_stream.StoredTensor`, sorted by name.
+    shard_of : dict
+        Tensor name to its shard's name.
+    files : list of str
+        The other files, copied unchanged.
+    left : list of str
+        Files and folders not copied, each with the reason.
+    """
+
+    kind = "sharded safetensors"
+
+    def __init__(self, src: Any):
+        self.index = os.path.abspath(_index_path(os.fspath(src)))
+        self.folder = os.path.dirname(self.index)
+        weight_map = _read_index(self.index)
+        self.shards = list(dict.fromkeys(weight_map.values()))
+        self.metadata: dict[str, dict[str, str]] = {}
+        found: dict[str, dict[str, StoredTensor]] = {}
+        for shard in self.shards:
+            real = self._shard_path(shard)
+            self.metadata[shard], found[shard] = stored_tensors(real)
+        holders: dict[str, list[str]] = {}
+        for shard, tensors in found.items():
+            for name in tensors:
+                holders.setdefault(name, []).append(shard)
+        for name, where in holders.items():
+            if len(where) > 1:
+                raise FormatError(self.index, f"tensor {name!r} is in two shards, {where[0]} and {where[1]}")
+            if name not in weight_map:
+                raise FormatError(self.index, f"tensor {name!r} of {where[0]} is not listed in the index")
+            if weight_map[name] != where[0]:
+                raise FormatError(
+                    self.index, f"tensor {name!r} is listed in {weight_map[name]} but stored in {where[0]}"
+                )
+        for name, shard in weight_map.items():
+            if name not in found[shard]:
+                raise FormatError(self.index, f"tensor {name!r} is listed in {shard}, which does not hold it")
+        self.shard_of = {name: where[0] for name, where in holders.items()}
+        self.tensors = {name: found[self.shard_of[name]][name] for name in sorted(holders)}
+        self.files, self.left = self._other_files()
+
+    def _shard_path(self, shard: str) -> str:
+        real, problem = resolve_inside(self.folder, shard)
+        if problem in ("empty", "absolute", "outside", "symlink"):
+            raise FormatError(self.index, f"shard {shard!r}: {_WHERE[problem]}")
+        if "/" in shard or "\\" in shard:
+            raise FormatError(self.index, f"shard {shard!r}: not a file name of the checkpoint's folder (a sub-folder)")
+        if real is None:
+            raise FormatError(self.index, f"shard {shard!r}: {_WHERE.get(problem, problem)}")
+        return real
+
+    def _other_files(self) -> tuple[list[str], list[str]]:
+        ours = {*self.shards, os.path.basename(self.index)}
+        files, left = [], []
+        for name in sorted(os.listdir(self.folder)):
+            if name in ours:
+                continue
+            path = os.path.join(self.folder, name)
+            if name.startswith("."):
+                left.append(f"{name} (hidden)")
+            elif os.path.isdir(path):
+                left.append(f"{name}/ (a folder)")
+            elif name.lower().endswith(WEIGHT_SUFFIXES):
+                left.append(f"{name} (weights the index does not list)")
+            elif (problem := resolve_inside(self.folder, name)[1]) is not None:
+                left.append(f"{name} ({_WHERE.get(problem, problem)})")
+            else:
+                files.append(name)
+        return files, left
+
+    def write(self, dst: str, fill: Callable[[Mapping[str, TensorWriter]], R]) -> R:
+        """Write the checkpoint to folder `dst`: shards filled by ``fill(writers)``, then the rest.
+
+        `dst` is created if it does not exist. Every shard is written to a temporary
+        file in `dst`; when all are complete they are synced and renamed into place,
+        then the other files, then the index (copied unchanged: pruning changes no
+        name, shape or size). On any failure every temporary file is removed (and `dst`,
+        if this call created it and it is empty).
+
+        Parameters
+        ----------
+        dst : str
+            The output folder.
+        fill : callable
+            Receives each tensor name's :class:`~.safetensors_stream.TensorWriter` and
+            must write every tensor whole; its result is returned.
+        """
+        created = not os.path.exists(dst)
+        if created:
+            try:
+                os.mkdir(dst)
+            except OSError as exc:
+                raise FormatError(dst, f"cannot create the folder: {exc.strerror or _describe(exc)}") from None
+        same = os.path.samefile(dst, self.folder)
+        copies = [] if same else [*self.files, os.path.basename(self.index)]
+        try:
+            with atomic_files([os.path.join(dst, n) for n in [*self.shards, *copies]]) as handles:
+                writers = {}
+                for shard, f in zip(self.shards, handles, strict=False):
+                    mine = [t for name, t in self.tensors.items() if self.shard_of[name] == shard]
+                    writers[shard] = TensorWriter(f, self.metadata[shard], mine)
+                result = fill({name: writers[self.shard_of[name]] for name in self.tensors})
+                for writer in writers.values():
+                    writer.finish()
+                for name, f in zip(copies, handles[len(self.shards) :], strict=True):
+                    with _open_regular(os.path.join(self.folder, name)) as src:
+                        shutil.copyfileobj(src, f, 1 << 20)
+        except BaseException:
+            if created:
+                with contextlib.suppress(OSError):
+                    os.rmdir(dst)
+            raise
+        return result
+
+    def written(self) -> list[str]:
+        """The names :meth:`write` writes, in order."""
+        return [*self.shards, *self.files, os.path.basename(self.index)]
+
+
+def open_checkpoint(src: Any) -> ShardedCheckpoint | SafetensorsFile:
+    """Read a checkpoint's headers: a sharded one (folder or index) or one safetensors file.
+
+    Parameters
+    ----------
+    src : str or os.PathLike
+        A folder holding shards and their index, the index file, or a safetensors file.
+
+    Returns
+    -------
+    ShardedCheckpoint or SafetensorsFile
+        Both have ``tensors`` (names to stored tensors, sorted by name) and
+        ``write(dst, fill)``.
+
+    Raises
+    ------
+    FormatError
+        For a missing or hostile index, shard or file (see the module's checks).
+    """
+    src = os.fspath(src)
+    if not os.path.exists(src):
+        raise FormatError(src, "no such file or folder")
+    return ShardedCheckpoint(src) if is_sharded(src) else SafetensorsFile(src)
+
+
+def check_destination(dst: Any, source: ShardedCheckpoint | SafetensorsFile, force: bool) -> None:
+    """Refuse a destination that cannot receive `source`, before anything is written.
+
+    A sharded checkpoint goes to a folder: a new one in an existing folder, or, with
+    `force`, an existing one (its files of the same names are replaced; others stay).
+    A single file goes to a file: an existing one (or the input itself) only with
+    `force`.
+
+    Raises
+    ------
+    FormatError
+        Naming `dst` and the problem.
+    """
+    dst = os.fspath(dst)
+    sharded = isinstance(source, ShardedCheckpoint)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(dst))):
+        raise FormatError(dst, "its folder does not exist")
+    if not os.path.lexists(dst):
+        return
+    if sharded and not os.path.isdir(dst):
+        raise FormatError(dst, "exists and is not a folder (a sharded checkpoint is written to a folder)")
+    if not sharded and os.path.isdir(dst):
+        raise FormatError(dst, "is a directory")
+    if force:
+        return
+    what = source.folder if sharded else source.path
+    if os.path.exists(dst) and os.path.samefile(dst, what):
+        kind = "folder" if sharded else "file"
+        raise FormatError(dst, f"is the input {kind}; refusing to overwrite it without --force")
+    raise FormatError(dst, "exists; use --force to overwrite it")
+
+
+def prune_checkpoint(
+    src: Any,
+    dst: Any,
+    *,
+    method: str = "l1_unstructured",
+    amount: int | float | None = None,
+    global_: bool = False,
+    include: Iterable[str] = (),
+    exclude: Iterable[str] = (),
+    min_size: int = 0,
+    dim: int | None = None,
+    seed: int | None = None,
+    force: bool = False,
+    progress: Callable[[Any, str], Iterable[Any]] | None = None,
+    **method_args: Any,
+) -> PruneSummary:
+    """Prune a safetensors checkpoint, sharded or not, in bounded memory.
+
+    What ``arrayprune prune SRC -o DST`` does for safetensors: the plan of
+    :mod:`arrayprune.adapters.plan` selects the layer weights (or `include` /
+    `exclude`), each is pruned and folded (``w * mask``), every other tensor is copied
+    unchanged, and the output has the input's tensors, dtypes, metadata and layout.
+    Peak memory is a few chunks for magnitude pruning (global or not) and about three
+    times the largest tensor for the other methods, whatever the size of the model.
+
+    Parameters
+    ----------
+    src : str or os.PathLike
+        A folder holding ``*.safetensors`` shards and their ``*.safetensors.index.json``,
+        that index, or a single ``.safetensors`` file.
+    dst : str or os.PathLike
+        The output folder (sharded input: it receives the same shard names, the index
+        and the other files of the folder) or file (single input).
+    method : str, default "l1_unstructured"
+        A name of :data:`arrayprune.METHODS`.
+    amount : int or float, optional
+        The amount of the method (required by the methods that take one).
+    global_ : bool, default False
+        One exact magnitude threshold across all selected tensors of all shards, as
+        :func:`arrayprune.global_unstructured` computes on them in name order (only
+        with ``l1_unstructured``).
+    include, exclude : iterable of str
+        fnmatch patterns on tensor names, as ``--include`` / ``--exclude``.
+    min_size : int, default 0
+        Tensors with fewer entries are left.
+    dim : int, optional
+        The axis of structured and N:M methods for every tensor (default: each
+        weight's own).
+    seed : int, optional
+        Random methods: mixed with each tensor's name, as ``--seed``
+        (:func:`arrayprune.adapters.plan.stream_seed`).
+    force : bool, default False
+        Overwrite an existing `dst`.
+    progress : callable, optional
+        ``progress(items, description)`` wraps the loop over tensors.
+    **method_args
+        Other arguments of the method (``n``, ``m``, ``block_shape``).
+
+    Returns
+    -------
+    PruneSummary
+        Counts of the pruned tensors and of the whole checkpoint, and the files.
+
+    Raises
+    ------
+    FormatError
+        For a missing, damaged or hostile checkpoint, or a destination that exists
+        without `force`; nothing is written then.
+    ValueError, TypeError
+        For a method, amount or option that cannot apply (global pruning other than
+        magnitude, tensors pruned before in the ``name_orig`` + ``name_mask``
+        convention, no tensor selected, an amount too large).
+
+    Examples
+    --------
+    >>> from arrayprune.adapters.formats import sharded
+    >>> summary = sharded.prune_checkpoint("Llama-3-8B", "Llama-3-8B-50", amount=0.5, global_=True)
+    ... # doctest: +SKIP
+    """
+    import arrayprune
+    from arrayprune.adapters import mapping as mp
+    from arrayprune.adapters.plan import make_plan, stream_seed
+    from arrayprune.adapters.roles.names import tree_roles
+    from arrayprune.registry import constructor_parameters
+
+    if method not in arrayprune.METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(arrayprune.METHODS)}")
+    cls = arrayprune.METHODS[method]
+    params = {p.name for p in constructor_parameters(cls)}
+
+    def method_for(entry: Any, name: str | None = None) -> Any:
+        kwargs = dict(method_args)
+        if "amount" in params and amount is not None:
+            kwargs["amount"] = amount
+        if "dim" in params and entry is not None:
+            kwargs["dim"] = entry.dim
+        if "seed" in params and seed is not None:
+            kwargs["seed"] = stream_seed(seed, entry.name if name is None else name)
+        return cls(**kwargs)
+
+    if global_ and cls is not arrayprune.L1Unstructured:
+        raise ValueError(f"global pruning of a checkpoint ranks magnitudes: use l1_unstructured, not {method}")
+    source = open_checkpoint(src)
+    dst = os.fspath(dst)
+    check_destination(dst, source, force)
+    if mp.is_pruned(source.tensors):
+        raise ValueError("tensors pruned before (name_orig + name_mask) are not pruned further here")
+    plan = make_plan(
+        source.tensors, tree_roles(source.tensors), method=method, include=include, exclude=exclude,
+        min_size=min_size, dim=dim,
+    )
+    if not any(e.prune for e in plan):
+        raise ValueError("no tensor selected for pruning (see include, exclude, min_size)")
+    global_method = method_for(None, "") if global_ else None
+    summary = prune_source(source, dst, plan, method_for=method_for, global_method=global_method, progress=progress)
+    if isinstance(source, ShardedCheckpoint):
+        summary.files, summary.left = source.written(), list(source.left)
+    else:
+        summary.files = [dst]
+    return summary
