@@ -72,6 +72,25 @@ def method_arguments(args: argparse.Namespace, seed: int | None = None, dim: int
     return kwargs
 
 
+#: Methods that rank by scores Wanda's input norms can make (``--calibration``, ``--input-norms``).
+SCORED_METHODS = ("wanda", "l1_unstructured", "nm_structured")
+
+
+def _check_norm_options(args: argparse.Namespace) -> None:
+    """Input norms go with the methods that rank by scores, and Wanda needs them."""
+    given = [f for f, v in (("--calibration", args.calibration), ("--input-norms", args.input_norms)) if v]
+    if len(given) == 2:
+        raise CliError("--calibration and --input-norms both give input norms: pass one")
+    if given and args.method not in SCORED_METHODS:
+        raise CliError(f"{given[0]} makes Wanda's scores, for {', '.join(SCORED_METHODS)}; not for {args.method}")
+    if not given and args.method == "wanda":
+        raise CliError(
+            "--method wanda needs input norms: --calibration calib.npz (ONNX models) or --input-norms norms.npz"
+        )
+    if args.calibration_batch is not None and not args.calibration:
+        raise CliError("--calibration-batch needs --calibration")
+
+
 def _methods_with(flag: str) -> list[str]:
     return [m for m in METHODS if flag in method_flags(m).values()]
 
@@ -161,6 +180,13 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def _non_negative(text: str) -> int:
     try:
         value = int(text)
@@ -247,6 +273,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--min-size", type=_non_negative, default=0, metavar="N", help="leave tensors with fewer entries")
     p.add_argument(
+        "--calibration",
+        metavar="NPZ",
+        help="ONNX: calibration batches (graph input name -> samples along axis 0) for Wanda's input norms; "
+        f"with {', '.join(SCORED_METHODS)}",
+    )
+    p.add_argument(
+        "--calibration-batch",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="--calibration: samples run at a time (default: 64)",
+    )
+    p.add_argument(
+        "--input-norms",
+        metavar="NPZ",
+        help="precomputed input norms for Wanda's scores (weight name -> one norm per input feature), any format",
+    )
+    p.add_argument(
         "--seed",
         type=_seed,
         default=None,
@@ -306,6 +350,7 @@ def _check_options(args: argparse.Namespace) -> None:
         )
     if args.verify_tol is not None and not args.verify:
         raise CliError("--verify-tol needs --verify")
+    _check_norm_options(args)
     if args.verify_tol is None:
         args.verify_tol = DEFAULT_VERIFY_TOL
     try:

@@ -12,6 +12,13 @@ import numpy as np
 import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
+from arrayprune.adapters.calibration import (
+    ScoredMethod,
+    onnx_input_norms,
+    read_calibration,
+    read_input_norms,
+    wanda_scores_for,
+)
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile
 from arrayprune.adapters.formats.stream_pruning import prune_source
@@ -38,18 +45,66 @@ def _global_arguments(args: argparse.Namespace) -> tuple[type, dict[str, Any]]:
     return arrayprune.METHODS[args.method], kwargs
 
 
-def _method_for(target: PlanEntry, args: argparse.Namespace) -> Any:
-    """The method instance that prunes `target` on its own: its axis, a seed from its name."""
+def _method_for(target: PlanEntry, args: argparse.Namespace, norms: Mapping | None = None) -> Any:
+    """The method instance that prunes `target` on its own: its axis, a seed from its name.
+
+    With input norms, it ranks by Wanda's scores of the weight it is given.
+    """
     kwargs = method_arguments(args, stream_seed(args.seed, target.name), dim=target.dim)
-    return arrayprune.METHODS[args.method](**kwargs)
+    method = arrayprune.METHODS[args.method](**kwargs)
+    if norms is None:
+        return method
+    return ScoredMethod(method, lambda t: wanda_scores_for(t, target.role, norms[target.name], target.name))
 
 
-def _prune_entry(params: Mapping, key: Any, target: PlanEntry, args: argparse.Namespace) -> Mapping:
+def _prune_entry(
+    params: Mapping, key: Any, target: PlanEntry, args: argparse.Namespace, norms: Mapping | None
+) -> Mapping:
     """`params` with `key` pruned by ``args.method`` along the target's axis; seeds follow its name."""
-    return mp.prune(params, key, _method_for(target, args))
+    return mp.prune(params, key, _method_for(target, args, norms))
 
 
-def _prune_params(params: Mapping, targets: list[PlanEntry], args: argparse.Namespace, src: str) -> Mapping:
+def _input_norms(args: argparse.Namespace, wf: Any, targets: list[PlanEntry], src: str) -> dict[str, Any] | None:
+    """Wanda's input norms of every target, from ``--calibration`` or ``--input-norms``; None without."""
+    if args.calibration:
+        if wf is None or wf.format != "onnx":
+            raise CliError(
+                "--calibration runs the model with onnxruntime: IN must be an ONNX model (or use --input-norms)", src
+            )
+        _optional("onnxruntime", "onnx", "--calibration")
+        try:
+            calibration = read_calibration(args.calibration)
+        except ValueError as exc:
+            raise CliError(_message(exc), args.calibration) from None
+        try:
+            return onnx_input_norms(wf, calibration, [t.name for t in targets], batch_size=args.calibration_batch or 64)
+        except ValueError as exc:
+            raise CliError(f"--calibration: {_message(exc)}", src) from None
+    if args.input_norms:
+        try:
+            norms = read_input_norms(args.input_norms)
+        except ValueError as exc:
+            raise CliError(_message(exc), args.input_norms) from None
+        missing = [t.name for t in targets if t.name not in norms]
+        if missing:
+            raise CliError(f"no input norms for {missing[0]!r} (selected for pruning)", args.input_norms)
+        return norms
+    return None
+
+
+def _scores(targets: list[PlanEntry], norms: Mapping | None, src: str) -> list[Any] | None:
+    """Wanda's scores of every target (for global pruning); None without input norms."""
+    if norms is None:
+        return None
+    try:
+        return [wanda_scores_for(t.value, t.role, norms[t.name], t.name) for t in targets]
+    except ValueError as exc:
+        raise CliError(_message(exc), src) from None
+
+
+def _prune_params(
+    params: Mapping, targets: list[PlanEntry], args: argparse.Namespace, src: str, norms: Mapping | None
+) -> Mapping:
     """`params` with the targets pruned, as ``name_orig`` + ``name_mask`` entries.
 
     The other names of a tied tensor get its mask (their ``_orig`` entries stay the one
@@ -57,6 +112,9 @@ def _prune_params(params: Mapping, targets: list[PlanEntry], args: argparse.Name
     """
     if args.global_:
         cls, kwargs = _global_arguments(args)
+        scores = _scores(targets, norms, src)
+        if scores is not None:
+            kwargs["importance_scores"] = {t.path: s for t, s in zip(targets, scores, strict=True)}
         try:
             params = mp.global_unstructured(params, [t.path for t in targets], cls, **kwargs)
         except (ValueError, TypeError, IndexError, KeyError) as exc:
@@ -64,7 +122,7 @@ def _prune_params(params: Mapping, targets: list[PlanEntry], args: argparse.Name
     else:
         for target in _progress(targets, "pruning"):
             try:
-                params = _prune_entry(params, target.path, target, args)
+                params = _prune_entry(params, target.path, target, args, norms)
             except (ValueError, TypeError, IndexError, KeyError) as exc:
                 raise CliError(f"tensor {_name(target.path)!r}: {_message(exc)}", src) from None
     for target in targets:
@@ -74,7 +132,9 @@ def _prune_params(params: Mapping, targets: list[PlanEntry], args: argparse.Name
     return params
 
 
-def _prune_folded(params: Mapping, targets: list[PlanEntry], args: argparse.Namespace, src: str) -> Mapping:
+def _prune_folded(
+    params: Mapping, targets: list[PlanEntry], args: argparse.Namespace, src: str, norms: Mapping | None
+) -> Mapping:
     """`params` with the targets pruned and folded, for inputs without masks.
 
     No mask outlives its tensor's folding: global pruning keeps the core's boolean masks
@@ -84,8 +144,9 @@ def _prune_folded(params: Mapping, targets: list[PlanEntry], args: argparse.Name
     folded = {}
     if args.global_:
         cls, kwargs = _global_arguments(args)
+        scores = _scores(targets, norms, src)
         try:
-            masks = arrayprune.global_unstructured([t.value for t in targets], cls, **kwargs)
+            masks = arrayprune.global_unstructured([t.value for t in targets], cls, scores, **kwargs)
         except (ValueError, TypeError, IndexError, KeyError) as exc:
             raise CliError(f"global pruning: {_message(exc)}", src) from None
         for i, target in enumerate(targets):
@@ -95,7 +156,7 @@ def _prune_folded(params: Mapping, targets: list[PlanEntry], args: argparse.Name
         for target in _progress(targets, "pruning"):
             path = target.path
             try:
-                folded[path] = mp.remove(_prune_entry({"t": target.value}, "t", target, args), "t")["t"]
+                folded[path] = mp.remove(_prune_entry({"t": target.value}, "t", target, args, norms), "t")["t"]
             except (ValueError, TypeError, IndexError, KeyError) as exc:
                 raise CliError(f"tensor {_name(path)!r}: {_message(exc)}", src) from None
     for target in targets:
@@ -140,6 +201,8 @@ def _stream_refusal(args: argparse.Namespace) -> str | None:
         return "--min-sparsity and --max-sparsity"
     if args.global_ and args.method != "l1_unstructured":
         return f"--global with {args.method}"
+    if args.global_ and (args.calibration or args.input_norms):
+        return "--global with input norms"
     if args.verify:
         return "--verify (ONNX only)"
     return None
@@ -150,9 +213,7 @@ def _run_sharded(args: argparse.Namespace) -> int:
     src, dst = args.input, args.output
     refused = _stream_refusal(args)
     if refused:
-        raise CliError(
-            f"{refused} is not supported for sharded checkpoints, which are pruned tensor by tensor", src
-        )
+        raise CliError(f"{refused} is not supported for sharded checkpoints, which are pruned tensor by tensor", src)
     if args.dry_run:
         return _dry_run(args, src)
     _check_options(args)
@@ -172,6 +233,7 @@ def _prune_stored(args: argparse.Namespace, source: Any, dst: str) -> int:
     targets = [e for e in plan if e.prune]
     if not targets:
         raise CliError("no tensor selected for pruning (see --include, --exclude, --min-size)", src)
+    norms = _input_norms(args, None, targets, src)
     cls = arrayprune.METHODS[args.method]
     global_method = cls(**method_arguments(args, stream_seed(args.seed))) if args.global_ else None
     try:
@@ -179,7 +241,7 @@ def _prune_stored(args: argparse.Namespace, source: Any, dst: str) -> int:
             source,
             dst,
             plan,
-            method_for=lambda target: _method_for(target, args),
+            method_for=lambda target: _method_for(target, args, norms),
             global_method=global_method,
             progress=_progress,
         )
@@ -189,8 +251,10 @@ def _prune_stored(args: argparse.Namespace, source: Any, dst: str) -> int:
     _say_pruned(args, src, dst, len(targets), 0, (pruned.zeros, pruned.size), (whole.zeros, whole.size, whole.tensors))
     if isinstance(source, sharded.ShardedCheckpoint):
         written = source.written()
-        print(f"wrote {len(written)} files to {dst}: {len(source.shards)} shards, {len(source.files)} other files"
-              " copied, the index last")
+        print(
+            f"wrote {len(written)} files to {dst}: {len(source.shards)} shards, {len(source.files)} other files"
+            " copied, the index last"
+        )
         if source.left:
             print(f"not copied: {'; '.join(source.left)}")
     return 0
@@ -260,13 +324,14 @@ def run_prune(args: argparse.Namespace) -> int:
     targets = [e for e in _plan(wf.params, roles, args) if e.prune]
     if not targets:
         raise CliError("no tensor selected for pruning (see --include, --exclude, --min-size)", src)
+    norms = _input_norms(args, wf, targets, src)
     if args.keep_masks or mp.is_pruned(wf.params):
-        params = _prune_params(wf.params, targets, args, src)
+        params = _prune_params(wf.params, targets, args, src, norms)
         folded = mp.apply_masks(params)
         folded = mp.replace(folded, {other: lookup(folded, t.path) for t in targets for other in t.tied})
         out_params = params if args.keep_masks else folded
     else:
-        folded = out_params = _prune_folded(wf.params, targets, args, src)
+        folded = out_params = _prune_folded(wf.params, targets, args, src, norms)
     fmt.save(dst, out_params, out_format, like=wf)
 
     rows = report_rows(folded, storage=False, roles=roles)  # one count of zeros per tensor
