@@ -88,17 +88,27 @@ def test_runs_cover_each_block_in_flat_order(shape, chunks):
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.usefixtures("chunked")
-@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("shape, chunks", CHUNKINGS)
-def test_l1_equals_numpy(kind, dtype, shape, chunks):
-    x = make_data(kind, int(np.prod(shape)), seed=4).astype(dtype).reshape(shape)
+def _check_l1(x, chunks):
     dx = _lazy(x, chunks)
-    for amount in (1, 0.3, 0.5, 0.97, x.size):
+    for amount in (1, 0.3, 0.97, x.size):
         mask = ap.l1_unstructured(dx, amount)
         assert isinstance(mask, da.Array) and mask.chunks == dx.chunks
         _equal(mask, ap.l1_unstructured(x, amount))
+
+
+@pytest.mark.usefixtures("chunked")
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape, chunks", CHUNKINGS)
+def test_l1_equals_numpy(kind, shape, chunks):
+    _check_l1(make_data(kind, int(np.prod(shape)), seed=4).astype(np.float32).reshape(shape), chunks)
+
+
+@pytest.mark.usefixtures("chunked")
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape, chunks", [CHUNKINGS[0], CHUNKINGS[3]])
+def test_l1_equals_numpy_other_widths(kind, dtype, shape, chunks):
+    _check_l1(make_data(kind, int(np.prod(shape)), seed=4).astype(dtype).reshape(shape), chunks)
 
 
 @pytest.mark.usefixtures("chunked")
@@ -175,6 +185,8 @@ def test_prune_to_sparsity_and_kth_smallest():
     np.testing.assert_array_equal(ap.kth_smallest(_lazy(ints, 3), 33).compute(), np.sort(ints, axis=None)[32])
     with pytest.raises(ValueError, match="out of range"):
         ap.kth_smallest(dx, 301)
+    with pytest.raises(ValueError, match="unknown chunk sizes"):
+        ap.smallest_magnitude_keep([dx[dx > 0]], 3)
 
 
 @pytest.mark.usefixtures("chunked")
@@ -199,6 +211,8 @@ def test_small_inputs_are_selected_in_memory_once():
     assert isinstance(mask, da.Array) and mask.chunks == dx.chunks
     _equal(mask, ap.l1_unstructured(x, 0.4, default_mask=x != 0))
     _equal(ap.ln_structured(dx, 0.5, n=2, dim=0), ap.ln_structured(x, 0.5, n=2, dim=0))
+    _equal(ap.random_structured(dx, 0.5, dim=1, seed=4), ap.random_structured(x, 0.5, dim=1, seed=4))
+    _equal(ap.nm_structured(dx[:, :8], n=2, m=4), ap.nm_structured(x[:, :8], n=2, m=4))
     np.testing.assert_array_equal(ap.kth_smallest(dx, 7).compute(), ap.kth_smallest(x, 7))
 
 

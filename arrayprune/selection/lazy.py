@@ -76,7 +76,15 @@ def defers_count(scores: Sequence[Array], eligible: Sequence[Array | None]) -> b
 
 
 def fits_in_memory(arrays: Sequence[Array]) -> bool:
-    """Whether `arrays` are small enough to be computed and selected in memory."""
+    """Whether `arrays` are small enough to be computed and selected in memory.
+
+    Raises
+    ------
+    ValueError
+        If an array has chunks of unknown size (the result of boolean indexing, say).
+    """
+    if any(math.isnan(n) for a in arrays for n in a.shape):
+        raise ValueError("Dask arrays of unknown chunk sizes cannot be pruned: call compute_chunk_sizes() first")
     return sum(math.prod(a.shape) for a in arrays) <= IN_MEMORY_SIZE
 
 
