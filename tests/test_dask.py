@@ -51,8 +51,9 @@ class Executions(Callback):
 
 @pytest.fixture
 def chunked(monkeypatch):
-    """Send every Dask input down the chunked path, however small."""
+    """Send every Dask input down the chunked path, however small, in slices of 7 entries."""
     monkeypatch.setattr(lazy, "IN_MEMORY_SIZE", 0)
+    monkeypatch.setattr(lazy, "_SLICE", 7)
 
 
 def _lazy(a, chunks):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import array_api_compat as apc
@@ -59,6 +59,8 @@ Count = int | Callable[[int], int]
 IN_MEMORY_SIZE = 1 << 22
 #: Partial histograms summed per task of the reduction tree.
 _FAN_IN = 16
+#: Entries per slice when a block is turned into keys (see `_key_slices`).
+_SLICE = 1 << 18
 
 
 def is_lazy(x: Array) -> bool:
@@ -286,38 +288,57 @@ class _Blocks:
 # ---------------------------------------------------------------------------------------
 
 
-def _block_keys(block: np.ndarray, eligible: np.ndarray | None, kind: str, bits: int, shifted: bool) -> np.ndarray:
-    """Flat magnitude keys of a block, in the key space of all arrays ranked together."""
-    block = np.asarray(block)
-    if block.dtype.name != kind:  # integers, booleans: ranked as float64, as in memory
-        block = block.astype(np.float64)
-    if shifted and eligible is None:
-        eligible = np.ones(block.shape, dtype=bool)
-    return radix.magnitude_keys(block, kind, bits, None if eligible is None else np.asarray(eligible))
+def _key_slices(
+    block: np.ndarray, eligible: np.ndarray | None, kind: str, bits: int, shifted: bool
+) -> Iterator[tuple[slice, np.ndarray]]:
+    """The block's magnitude keys, in the key space of all arrays, slice by flat slice.
+
+    Slices of `_SLICE` entries keep the keys and their temporaries in cache: on a block
+    of millions of entries that is several times faster, and threads do not contend
+    for fresh memory.
+    """
+    flat = np.asarray(block).reshape(-1)
+    mask = None if eligible is None else np.asarray(eligible).reshape(-1)
+    for start in range(0, flat.size, _SLICE):
+        where = slice(start, start + _SLICE)
+        part = flat[where]
+        if part.dtype.name != kind:  # integers, booleans: ranked as float64, as in memory
+            part = part.astype(np.float64)
+        if mask is not None:
+            yield where, radix.magnitude_keys(part, kind, bits, mask[where])
+        else:
+            yield where, radix.magnitude_keys(part, kind, bits, np.ones(part.size, dtype=bool) if shifted else None)
 
 
 def _first_digit_histogram(block, eligible, kind, bits, shifted, shift, width) -> tuple[np.ndarray, int]:
-    keys = _block_keys(block, eligible, kind, bits, shifted)
     ineligible = 0 if eligible is None else int(eligible.size - np.count_nonzero(eligible))
-    return radix.digit_histogram(keys, 0, shift, width), ineligible
+    return _digit_histogram(block, eligible, kind, bits, shifted, 0, shift, width), ineligible
 
 
 def _digit_histogram(block, eligible, kind, bits, shifted, prefix, shift, width) -> np.ndarray:
-    return radix.digit_histogram(_block_keys(block, eligible, kind, bits, shifted), prefix, shift, width)
+    counts = np.zeros(1 << width, dtype=np.int64)
+    for _, keys in _key_slices(block, eligible, kind, bits, shifted):
+        counts += radix.digit_histogram(keys, prefix, shift, width)
+    return counts
 
 
 def _tie_counts(block, eligible, kind, bits, shifted, key, lead) -> tuple[np.ndarray, np.ndarray]:
     """Runs of the block holding keys equal to `key`: their indices and counts."""
-    keys = _block_keys(block, eligible, kind, bits, shifted)
-    equal = (keys == keys.dtype.type(key)).reshape(np.shape(block))
+    equal = np.empty(np.size(block), dtype=bool)
+    for where, keys in _key_slices(block, eligible, kind, bits, shifted):
+        np.equal(keys, keys.dtype.type(key), out=equal[where])
+    equal = equal.reshape(np.shape(block))
     per_run = np.count_nonzero(equal, axis=tuple(range(lead, equal.ndim))).reshape(-1)
     which = np.flatnonzero(per_run)
     return which, per_run[which].astype(np.int64)
 
 
 def _keep_block(block, quota, eligible=None, *, kind, bits, shifted, key) -> np.ndarray:
-    keys = _block_keys(block, eligible, kind, bits, shifted)
-    keep = radix.StreamingCut(radix.Cut(key, 0, int(np.asarray(quota).reshape(-1)[0]))).keep(keys)
+    """Keep mask of a block: keys above the cut, and equal ones past the block's quota."""
+    keep = np.empty(np.size(block), dtype=bool)
+    cut = radix.StreamingCut(radix.Cut(key, 0, int(np.asarray(quota).reshape(-1)[0])))
+    for where, keys in _key_slices(block, eligible, kind, bits, shifted):
+        keep[where] = cut.keep(keys)
     if eligible is not None:
         keep |= ~np.asarray(eligible).reshape(-1)
     return keep.reshape(np.shape(block))

@@ -148,8 +148,10 @@ def digit_histogram(keys: np.ndarray, prefix: int, shift: int, width: int) -> np
     keys = keys.reshape(-1)
     utype = keys.dtype.type
     top = shift + width
-    if top < 8 * keys.dtype.itemsize:
-        # Keys of another prefix are rare past the first digit: select, then count.
+    if top < 8 * keys.dtype.itemsize and (prefix or keys.max(initial=0) >> utype(top)):
+        # Keys of another prefix are rare past the first digit: select, then count. The
+        # first digit of keys narrower than their dtype (31-bit keys in uint32) needs no
+        # selection: a maximum is far cheaper than the copy.
         keys = keys[(keys >> utype(top)) == utype(prefix)]
     digits = keys >> utype(shift) if shift else keys
     if top < 8 * keys.dtype.itemsize or shift:
