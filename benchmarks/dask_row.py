@@ -12,7 +12,8 @@ files in ``--dir``. Each side runs in a fresh subprocess, ``--repeats`` times:
   L1Unstructured, amount=0.5)``; the masks are saved (bit-packed) for the check;
 * **dask**: each block read from its file when a task needs it (so that no file stays
   mapped), the same call, then the masks computed and stored block by block into
-  ``.npy`` files (``dask.array.store``), the final graph execution. Graph executions
+  ``.npy`` files (``dask.array.store``, each file mapped only while a block is
+  written), the final graph execution. Graph executions
   are counted with a ``dask.callbacks.Callback``; the stored masks are compared with
   NumPy's after the timing.
 
@@ -89,20 +90,53 @@ def _load_block(path: str, block_info=None) -> np.ndarray:
     return block
 
 
+class _BlockWriter:
+    """A ``dask.array.store`` target writing each block into a ``.npy`` file, mapped only meanwhile."""
+
+    def __init__(self, path: Path, shape: tuple[int, ...]):
+        self.path = path
+        np.lib.format.open_memmap(path, mode="w+", dtype=bool, shape=shape).flush()
+
+    def __setitem__(self, where, block: np.ndarray) -> None:
+        mapped = np.load(self.path, mmap_mode="r+")
+        mapped[where] = block
+        mapped.flush()
+        del mapped
+
+
+def _measured(call) -> dict:
+    """Time one call; its peak RSS (VmHWM, reset first) and that peak above the RSS before it."""
+    _reset_peak()
+    base = _status("VmRSS")
+    t0 = time.perf_counter()
+    result = call()
+    elapsed = time.perf_counter() - t0
+    peak = _peak()
+    return {"time_s": elapsed, "peak_rss": peak, "above_start": peak - base, "result": result}
+
+
 def run_numpy(paths: list[Path], out: Path) -> dict:
     import arrayprune as ap
 
     ap.global_unstructured([np.ones(8, np.float32)], ap.L1Unstructured, amount=AMOUNT)  # warm-up
     arrays = [np.load(p) for p in paths]
-    _reset_peak()
-    base = _status("VmRSS")
-    t0 = time.perf_counter()
-    masks = ap.global_unstructured(arrays, ap.L1Unstructured, amount=AMOUNT)
-    elapsed = time.perf_counter() - t0
-    peak = _peak()
-    for i, m in enumerate(masks):
+    run = _measured(lambda: ap.global_unstructured(arrays, ap.L1Unstructured, amount=AMOUNT))
+    for i, m in enumerate(run.pop("result")):
         np.save(out / f"numpy-mask{i}.npy", np.packbits(m.reshape(-1)))
-    return {"time_s": elapsed, "peak_rss": peak, "above_data": peak - base, "executions": 0}
+    return run
+
+
+def _lazy_arrays(paths: list[Path], chunk_log2: int) -> list:
+    """Dask arrays whose blocks are read from the files when a task needs them."""
+    import dask.array as da
+
+    arrays = []
+    for p in paths:
+        shape = np.load(p, mmap_mode="r").shape
+        chunks = da.core.normalize_chunks(chunks_for(shape, chunk_log2), shape)
+        meta = np.empty((0,) * len(shape), np.float32)
+        arrays.append(da.map_blocks(_load_block, str(p), chunks=chunks, dtype=np.float32, meta=meta))
+    return arrays
 
 
 def run_dask(paths: list[Path], out: Path, chunk_log2: int) -> dict:
@@ -120,33 +154,36 @@ def run_dask(paths: list[Path], out: Path, chunk_log2: int) -> dict:
         def _start(self, dsk):
             self.count += 1
 
-    arrays = []
-    for p in paths:
-        shape = np.load(p, mmap_mode="r").shape
-        chunks = chunks_for(shape, chunk_log2)
-        arrays.append(da.map_blocks(_load_block, str(p), chunks=da.core.normalize_chunks(chunks, shape), dtype=np.float32,
-                                    meta=np.empty((0,) * len(shape), np.float32)))
-    targets = [np.lib.format.open_memmap(out / f"dask-mask{i}.npy", mode="w+", dtype=bool, shape=a.shape)
-               for i, a in enumerate(arrays)]
-    _reset_peak()
-    base = _status("VmRSS")
-    t0 = time.perf_counter()
-    with Executions() as runs:
-        masks = ap.global_unstructured(arrays, ap.L1Unstructured, amount=AMOUNT)
-        selection_runs = runs.count
-        da.store(masks, targets, lock=False)
-    elapsed = time.perf_counter() - t0
-    peak = _peak()
-    for t in targets:
-        t.flush()
-    del targets
+    arrays = _lazy_arrays(paths, chunk_log2)
+    # For scale: one plain pass over the same blocks (a sum), one graph execution.
+    one_pass = _measured(lambda: dask.compute(*[a.sum() for a in arrays]))
+    targets = [_BlockWriter(out / f"dask-mask{i}.npy", a.shape) for i, a in enumerate(arrays)]
+    runs = Executions()
+
+    def prune_and_store() -> int:
+        with runs:
+            masks = ap.global_unstructured(arrays, ap.L1Unstructured, amount=AMOUNT)
+            selection = runs.count
+            da.store(masks, targets, lock=False)
+        return selection
+
+    run = _measured(prune_and_store)
+    selection = run.pop("result")
     identical = all(
-        np.array_equal(np.packbits(np.load(out / f"dask-mask{i}.npy", mmap_mode="r").reshape(-1)),
-                       np.load(out / f"numpy-mask{i}.npy"))
+        np.array_equal(
+            np.packbits(np.load(out / f"dask-mask{i}.npy", mmap_mode="r").reshape(-1)),
+            np.load(out / f"numpy-mask{i}.npy"),
+        )
         for i in range(len(arrays))
     )
-    return {"time_s": elapsed, "peak_rss": peak, "above_data": peak - base, "executions": runs.count,
-            "selection_executions": selection_runs, "identical": identical, "dask": dask.__version__}
+    return {
+        **run,
+        "selection_executions": selection,
+        "executions": runs.count,
+        "identical": identical,
+        "one_pass": {k: v for k, v in one_pass.items() if k != "result"},
+        "dask": dask.__version__,
+    }
 
 
 def child(argv: list[str]) -> None:
@@ -161,8 +198,8 @@ def child(argv: list[str]) -> None:
 
 
 def _run_child(spec: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.dask_row", "--child", json.dumps(spec)],
-                          cwd=ROOT, capture_output=True, text=True, check=True)
+    command = [sys.executable, "-m", "benchmarks.dask_row", "--child", json.dumps(spec)]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -197,12 +234,12 @@ def write_report(args: argparse.Namespace, shapes: list[tuple[int, ...]], runs: 
     import arrayprune
 
     total = sum(math.prod(s) for s in shapes)
-    blocks = sum(math.prod(math.ceil(n / c) for n, c in zip(s, chunks_for(s, args.chunk_log2), strict=True))
-                 for s in shapes)
+    blocks = sum(
+        math.prod(math.ceil(n / c) for n, c in zip(s, chunks_for(s, args.chunk_log2), strict=True)) for s in shapes
+    )
     dask_version = runs["dask"][0]["dask"]
-    command = "python -m benchmarks.dask_row" + ("" if args.log2 == 29 else f" --log2 {args.log2}") + (
-        "" if args.chunk_log2 == 24 else f" --chunk-log2 {args.chunk_log2}") + (
-        "" if args.repeats == 3 else f" --repeats {args.repeats}")
+    options = [("--log2", args.log2, 29), ("--chunk-log2", args.chunk_log2, 24), ("--repeats", args.repeats, 3)]
+    command = " ".join(["python -m benchmarks.dask_row", *(f"{o} {v}" for o, v, default in options if v != default)])
     lines = [
         "# Global L1 on Dask arrays, against NumPy in memory",
         "",
@@ -217,27 +254,32 @@ def write_report(args: argparse.Namespace, shapes: list[tuple[int, ...]], runs: 
         " order), each read from its `.npy` file when a task needs it (the files sit in the page cache), threaded"
         " scheduler; the masks are stored block by block into `.npy` files (`dask.array.store`), which is the last"
         " graph execution and is timed. NumPy: the arrays loaded in memory first (not timed), one thread",
-        "- peak RSS: the child process's VmHWM, reset after imports (NumPy: after loading the data; 'above data' is"
-        " the peak minus the resident size then)",
+        "- peak RSS: the child process's VmHWM, reset just before the timed call (NumPy: with the data loaded);"
+        " 'above the start' is the peak minus the resident size then",
         f"- {args.repeats} fresh processes per side; median time, largest peak",
         "",
-        "| side | time (median) | times | peak RSS | above data | graph executions (selection + store) |"
+        "| run | time (median) | times | peak RSS | above the start | graph executions (selection + store) |"
         " masks identical to NumPy's |",
         "|---|---|---|---|---|---|---|",
     ]
-    for lib in ("numpy", "dask"):
-        rs = runs[lib]
+    rows = [
+        ("numpy", runs["numpy"]),
+        ("dask", runs["dask"]),
+        ("dask: one pass (sum), for scale", [r["one_pass"] for r in runs["dask"]]),
+    ]
+    for name, rs in rows:
         times = [r["time_s"] for r in rs]
-        peak = max(r["peak_rss"] for r in rs)
-        above = max(r["above_data"] for r in rs)
-        if lib == "dask":
-            ex = {(r["selection_executions"], r["executions"]) for r in rs}
-            executions = ", ".join(f"{s} + {e - s} = {e}" for s, e in sorted(ex))
+        if name == "dask":
+            ex = sorted({(r["selection_executions"], r["executions"]) for r in rs})
+            executions = ", ".join(f"{s} + {e - s} = {e}" for s, e in ex)
             same = "yes" if all(r["identical"] for r in rs) else "**no**"
         else:
-            executions, same = "-", "(reference)"
-        lines.append(f"| {lib} | {statistics.median(times):.2f} s | {', '.join(f'{t:.2f}' for t in times)} |"
-                     f" {_gib(peak)} | {_gib(above) if lib == 'numpy' else '-'} | {executions} | {same} |")
+            executions, same = ("-", "(reference)") if name == "numpy" else ("1", "-")
+        lines.append(
+            f"| {name} | {statistics.median(times):.2f} s | {', '.join(f'{t:.2f}' for t in times)} |"
+            f" {_gib(max(r['peak_rss'] for r in rs))} | {_gib(max(r['above_start'] for r in rs))} | {executions} |"
+            f" {same} |"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")
