@@ -13,11 +13,11 @@ that operation, once; this module only chooses the route:
 * :mod:`.portable`: every other library (CuPy, CUDA tensors, JAX, array-api-strict,
   ...), with whole-array operations of the standard alone.
 
-The host and portable routes run the sample-bracket select of :mod:`.bracket` on large inputs and an exact
-selection (partition or sort) on small ones. Order is total and identical on every
-route: magnitudes ascending, NaN above +inf, ties by position (over several arrays,
-earlier array first, then lowest flat index). `kth_smallest` takes the same routes
-with signed values ascending, NaN above +inf.
+The host and portable routes run the sample-bracket select of :mod:`.bracket` on large
+inputs and an exact selection (partition or sort) on small ones. Order is total and
+identical on every route: magnitudes ascending, NaN above +inf, ties by position (over
+several arrays, earlier array first, then lowest flat index). `kth_smallest` takes the
+same routes with signed values ascending, NaN above +inf.
 """
 
 from __future__ import annotations
