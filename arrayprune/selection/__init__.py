@@ -63,7 +63,7 @@ def kth_smallest(x: Array, k: int, /) -> Array:
         if not lazy.fits_in_memory([x]):
             return lazy.kth_smallest(x, k)
         (values,), _, _ = lazy.gather([x], [None], 0)
-        return lazy.as_lazy([kth_smallest(values, k)], [x])[0]
+        return lazy.as_scalar(kth_smallest(values, k))
     return portable.kth_smallest(namespace(x), x, k)
 
 

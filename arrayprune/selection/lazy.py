@@ -41,6 +41,7 @@ from .bracket import check_rank
 __all__ = [
     "IN_MEMORY_SIZE",
     "as_lazy",
+    "as_scalar",
     "defers_count",
     "fits_in_memory",
     "gather",
@@ -111,6 +112,11 @@ def as_lazy(values: Sequence[np.ndarray], like: Sequence[Array]) -> list[Array]:
     return [da.from_array(np.asarray(v), chunks=a.chunks) for v, a in zip(values, like, strict=True)]
 
 
+def as_scalar(value: Any) -> Array:
+    """An in-memory scalar (NumPy scalar or 0-D array) as a 0-D Dask array of its dtype."""
+    return _dask_array().from_array(np.asarray(value))
+
+
 def keep_masks(scores: Sequence[Array], eligible: Sequence[Array | None], k: Count) -> list[Array]:
     """Lazy keep masks dropping the `k` eligible entries of smallest magnitude.
 
@@ -169,7 +175,7 @@ def kth_smallest(x: Array, k: int) -> Array:
 
     found = radix.cut(histogram, 8 * x.dtype.itemsize, k, total)
     bits = np.asarray(select.bits_of(select.bits[0].dtype.type(found.key)))
-    return _dask_array().from_array(bits.view(x.dtype))
+    return as_scalar(bits.view(x.dtype))
 
 
 class _Cut:
