@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import array_api_compat as apc
 import numpy as np
@@ -178,11 +178,12 @@ def kth_smallest(x: Array, k: int) -> Array:
     return as_scalar(bits.view(x.dtype))
 
 
-class _Cut:
-    """A :class:`.radix.Cut` with how many keys in all equal its key."""
+class _Cut(NamedTuple):
+    """Where the cut is (as :class:`.radix.Cut`), and how many keys in all equal its key."""
 
-    def __init__(self, found: radix.Cut, equal: int):
-        self.key, self.need, self.equal = found.key, found.need, equal
+    key: int
+    need: int
+    equal: int
 
 
 class _Blocks:
@@ -232,38 +233,53 @@ class _Blocks:
 
         found = radix.cut(histogram, self.bits, k + int(ineligible), self.total)
         equal = int(last[0][found.key & (last[0].size - 1)])  # the last digit has shift 0
-        return _Cut(found, equal)
+        return _Cut(found.key, found.need, equal)
 
     def quotas(self, found: _Cut) -> list[np.ndarray]:
         """Per array, per block (shaped like its grid of blocks): equal keys it drops."""
         if found.need == found.equal:  # every key equal to the cut goes: no tie pass
             return [np.full(a.numblocks, found.need, dtype=np.int64) for a in self.arrays]
-        delayed = _dask().delayed
-        runs = _dask().compute(
-            *[
-                delayed(_tie_counts)(b, m, self.kinds[i], self.bits, self.shifted, found.key, self._lead(i, index))
-                for i, index, b, m in self.parts
-            ]
-        )
-        order, counts, owner = [], [], []
-        for n, ((i, index, _, _), (which, ties)) in enumerate(zip(self.parts, runs, strict=True)):
-            if ties.size:
-                a = self.arrays[i]
-                starts, _ = run_starts(a.shape, block_location(a.chunks, index))
-                order.append(np.stack([np.full(ties.size, i, dtype=np.int64), starts[which]]))
-                counts.append(ties)
-                owner.append(np.full(ties.size, n, dtype=np.int64))
-        position = np.concatenate(order, axis=1)
-        flat_order = np.lexsort((position[1], position[0]))  # by array, then flat position
-        per_run = radix.tie_quotas(np.concatenate(counts)[flat_order].tolist(), found.need)
+        where, ties, owner = self._tie_runs(found.key)
+        order = np.lexsort(where[::-1])  # runs by array, then flat position
+        per_run = radix.tie_quotas(ties[order].tolist(), found.need)
         per_block = np.zeros(len(self.parts), dtype=np.int64)
-        np.add.at(per_block, np.concatenate(owner)[flat_order], np.asarray(per_run, dtype=np.int64))
+        np.add.at(per_block, owner[order], np.asarray(per_run, dtype=np.int64))
         out, offset = [], 0
         for a in self.arrays:
             n = math.prod(a.numblocks)
             out.append(per_block[offset : offset + n].reshape(a.numblocks))
             offset += n
         return out
+
+    def _tie_runs(self, key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The runs holding keys equal to `key`, in one graph execution.
+
+        Returns
+        -------
+        where : ndarray, shape (2, runs)
+            Per run, its array and its first flat position: position order is
+            lexicographic order of these.
+        ties : ndarray
+            Per run, its number of keys equal to `key`.
+        owner : ndarray
+            Per run, its block (index into ``self.parts``).
+        """
+        delayed = _dask().delayed
+        per_block = _dask().compute(
+            *[
+                delayed(_tie_counts)(b, m, self.kinds[i], self.bits, self.shifted, key, self._lead(i, index))
+                for i, index, b, m in self.parts
+            ]
+        )
+        where, ties, owner = [], [], []
+        for n, ((i, index, _, _), (runs, counts)) in enumerate(zip(self.parts, per_block, strict=True)):
+            if counts.size:
+                a = self.arrays[i]
+                starts, _ = run_starts(a.shape, block_location(a.chunks, index))
+                where.append(np.stack([np.full(counts.size, i, dtype=np.int64), starts[runs]]))
+                ties.append(counts)
+                owner.append(np.full(counts.size, n, dtype=np.int64))
+        return np.concatenate(where, axis=1), np.concatenate(ties), np.concatenate(owner)
 
     def _lead(self, i: int, index: tuple[int, ...]) -> int:
         """The lead axis (:func:`arrayprune._blocks.lead_axis`) of a block of array `i`."""
