@@ -288,6 +288,8 @@ def write_report(args: argparse.Namespace, shapes: list[tuple[int, ...]], runs: 
         f" {max(r['peak_rss'] for r in runs['numpy']) / max(r['peak_rss'] for r in runs['dask']):.1f}x lower; its"
         " working memory is that of a plain pass (blocks in flight), whatever the size of the data.",
     ]
+    if args.load_before > (os.cpu_count() or 1):
+        lines.append("The machine was shared with other jobs (load averages above): times vary from run to run.")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")
