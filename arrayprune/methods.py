@@ -47,7 +47,7 @@ from ._masks import (
 from ._namespace import namespace
 from .norms import channel_norms
 from .rng import check_random_source, uniform_like, uniform_many
-from .selection import smallest_magnitude_keep
+from .selection import defers_count, smallest_magnitude_keep
 
 __all__ = [
     "BasePruningMethod",
@@ -446,7 +446,10 @@ class UnstructuredPruningMethod(AmountPruningMethod):
         list of arrays
             Boolean masks, False exactly at the pruned entries.
         """
-        k = self.count(available_count(scores, eligible_masks))
+        if defers_count(scores, eligible_masks):
+            k = self.count  # Dask: the eligible entries are counted in the selection's first pass
+        else:
+            k = self.count(available_count(scores, eligible_masks))
         return smallest_magnitude_keep(self.entry_scores(scores), k, eligible_masks)
 
     def keep_mask(self, t: Array) -> Array:

@@ -22,6 +22,7 @@ CuPy               ``cupy.random.default_rng(seed).random(shape, dtype=float32)`
                    array's device
 JAX                ``jax.random.uniform(jax.random.key(seed), shape, float32)``, put on
                    the array's device
+Dask               NumPy's numbers, drawn lazily per block (:mod:`arrayprune._lazy_rng`)
 =================  ====================================================================
 
 Several arrays (global pruning, :func:`uniform_many`) draw from one generator made from
@@ -45,6 +46,8 @@ from typing import Any
 
 import array_api_compat as apc
 import numpy as np
+
+from . import _lazy_rng
 
 __all__ = ["SEED_LIMIT", "check_random_source", "uniform_like", "uniform_many"]
 
@@ -112,6 +115,8 @@ def uniform_like(x: Array, shape: tuple[int, ...], *, seed: int | None = None, g
     if apc.is_jax_array(x):
         jax = sys.modules["jax"]
         return jax.device_put(jax.random.uniform(generator, shape, dtype=jax.numpy.float32), apc.device(x))
+    if apc.is_dask_array(x) and _lazy_rng.can_seek(generator):
+        return _lazy_rng.uniform(x, shape, generator)  # NumPy's numbers, drawn per block
     xp = apc.array_namespace(x)
     return xp.asarray(_numpy_uniform(shape, generator), device=apc.device(x))
 

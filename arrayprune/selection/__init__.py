@@ -7,14 +7,17 @@ that operation, once; this module only chooses the route:
 
 * :mod:`.host`: NumPy arrays and CPU tensors (zero-copy views), on the integer bit
   patterns of the floats, streamed in cache-sized chunks;
+* :mod:`.lazy`: Dask arrays, by the radix select of :mod:`.radix` over their blocks
+  (a bounded number of graph executions; the masks come back lazy), or in memory when
+  small;
 * :mod:`.portable`: every other library (CuPy, CUDA tensors, JAX, array-api-strict,
   ...), with whole-array operations of the standard alone.
 
-Both run the sample-bracket select of :mod:`.bracket` on large inputs and an exact
-selection (partition or sort) on small ones. Order is total and identical on every
-route: magnitudes ascending, NaN above +inf, ties by position (over several arrays,
-earlier array first, then lowest flat index). `kth_smallest` takes the same routes
-with signed values ascending, NaN above +inf.
+The host and portable routes run the sample-bracket select of :mod:`.bracket` on large
+inputs and an exact selection (partition or sort) on small ones. Order is total and
+identical on every route: magnitudes ascending, NaN above +inf, ties by position (over
+several arrays, earlier array first, then lowest flat index). `kth_smallest` takes the
+same routes with signed values ascending, NaN above +inf.
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._namespace import namespace
-from . import host, portable
+import numpy as np
 
-__all__ = ["kth_smallest", "smallest_magnitude_keep"]
+from .._namespace import namespace
+from . import host, lazy, portable
+from .lazy import Count, defers_count
+
+__all__ = ["defers_count", "kth_smallest", "smallest_magnitude_keep"]
 
 Array = Any
 
@@ -51,14 +57,19 @@ def kth_smallest(x: Array, k: int, /) -> Array:
         If `k` is out of range.
     """
     value = host.kth_smallest(x, k)
-    if value is None:
-        value = portable.kth_smallest(namespace(x), x, k)
-    return value
+    if value is not None:
+        return value
+    if lazy.is_lazy(x):
+        if not lazy.fits_in_memory([x]):
+            return lazy.kth_smallest(x, k)
+        (values,), _, _ = lazy.gather([x], [None], 0)
+        return lazy.as_scalar(kth_smallest(values, k))
+    return portable.kth_smallest(namespace(x), x, k)
 
 
 def smallest_magnitude_keep(
     scores: Sequence[Array],
-    k: int,
+    k: Count,
     eligible: Sequence[Array | None] | None = None,
 ) -> list[Array]:
     """Boolean keep masks that drop the `k` eligible entries of smallest magnitude.
@@ -70,8 +81,11 @@ def smallest_magnitude_keep(
     ----------
     scores : sequence of arrays
         Arrays of one namespace and device, any shapes.
-    k : int
-        Number of entries to drop, ``0 <= k <= number of eligible entries``.
+    k : int or callable
+        Number of entries to drop, ``0 <= k <= number of eligible entries``. For Dask
+        arrays (see :func:`defers_count`) also a function of the number of eligible
+        entries returning it, such as an amount's ``count``: they are then counted in
+        the first pass over the data, not in a pass of their own.
     eligible : sequence of (boolean array or None), optional
         Per array, the entries that may be dropped (same shape as the scores); ``None``
         means all. Ineligible entries are neither counted nor dropped.
@@ -79,8 +93,11 @@ def smallest_magnitude_keep(
     Returns
     -------
     list of arrays
-        Boolean arrays shaped like `scores`: False exactly at the `k` dropped entries.
+        Boolean arrays shaped like `scores`: False exactly at the `k` dropped entries
+        (lazy Dask arrays, chunked like `scores`, for Dask input).
     """
+    if type(scores[0]) is not np.ndarray and lazy.is_lazy(scores[0]):
+        return _lazy_keep(list(scores), [None] * len(scores) if eligible is None else list(eligible), k)
     if k < 0:
         raise ValueError(f"cannot drop a negative number of entries ({k})")
     if len(scores) == 1 and (eligible is None or eligible[0] is None):
@@ -97,3 +114,13 @@ def smallest_magnitude_keep(
     if keep is None:
         keep = portable.keep_masks(namespace(*scores), scores, elig, k)
     return keep
+
+
+def _lazy_keep(scores: list[Array], eligible: list[Array | None], k: Count) -> list[Array]:
+    """The route of Dask arrays: in memory when small, over their blocks otherwise."""
+    if not callable(k) and k < 0:
+        raise ValueError(f"cannot drop a negative number of entries ({k})")
+    if not lazy.fits_in_memory(scores):
+        return lazy.keep_masks(scores, eligible, k)
+    host_scores, host_eligible, k = lazy.gather(scores, eligible, k)
+    return lazy.as_lazy(smallest_magnitude_keep(host_scores, k, host_eligible), scores)
