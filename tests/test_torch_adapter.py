@@ -103,7 +103,17 @@ def assert_as_before(module: nn.Module, snap: dict) -> None:
 
 
 #: arrayprune's additions to PyTorch's public names.
-EXTENSIONS = ["NMStructured", "BlockUnstructured", "nm_structured", "block_unstructured", "prune_to_sparsity"]
+EXTENSIONS = [
+    "NMStructured",
+    "BlockUnstructured",
+    "Wanda",
+    "nm_structured",
+    "block_unstructured",
+    "wanda",
+    "prune_to_sparsity",
+    "input_norms",
+    "wanda_importance",
+]
 
 
 def test_public_api_matches_torch():
