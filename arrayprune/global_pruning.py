@@ -224,7 +224,7 @@ def lamp_scores(x: Array, eligible_mask: Array | None = None) -> Array:
     if bool(xp.any(xp.isnan(a))):
         raise ValueError("LAMP scores are undefined for arrays holding NaN")
     if eligible_mask is not None:
-        a = xp.where(xp.reshape(eligible_mask, (-1,)), a, xp.asarray(0.0, dtype=a.dtype))
+        a = xp.where(xp.reshape(eligible_mask, (-1,)), a, xp.asarray(0.0, dtype=a.dtype, device=apc.device(x)))
     order = xp.argsort(a, stable=True)
     squared = xp.take(a, order) ** 2
     suffix = xp.flip(xp.cumulative_sum(xp.flip(squared)))

@@ -78,7 +78,7 @@ class NMStructured(BasePruningMethod):
         xp = namespace(t, default_mask)
         dim = _amount.normalize_dim(t.shape, self.dim)
         keys = _magnitude_keys(xp, t)
-        keys = xp.where(eligible(default_mask), keys, xp.asarray(-1.0, dtype=keys.dtype))
+        keys = xp.where(eligible(default_mask), keys, xp.asarray(-1.0, dtype=keys.dtype, device=apc.device(t)))
         keys = _to_last(xp, keys, dim)
         length = keys.shape[-1]
         full = (length // self.m) * self.m
@@ -113,7 +113,7 @@ def _rank_in_groups(xp: Any, keys: Array) -> Array:
     nan = xp.isnan(keys)
     has_nan = bool(xp.any(nan))
     if has_nan:
-        keys = xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype), keys)
+        keys = xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype, device=apc.device(keys)), keys)
     cols = [keys[..., j] for j in range(m)]
     flags = [nan[..., j] for j in range(m)] if has_nan else None
     device = apc.device(keys)

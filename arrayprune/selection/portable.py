@@ -148,7 +148,7 @@ class _PortableSelect(_BracketSelect):
         parts = [k[_sample_slice(n, stride)] for k, n in zip(self.keys, self.sizes, strict=True)]
         sample = xp.concat(parts) if len(parts) > 1 else parts[0]
         if self.floating:
-            sample = xp.where(xp.isnan(sample), xp.asarray(xp.inf, dtype=self.dtype), sample)
+            sample = xp.where(xp.isnan(sample), xp.asarray(xp.inf, dtype=self.dtype, device=self.device), sample)
         return xp.sort(sample)
 
     def scan(self, lo: float, hi: float):
@@ -194,7 +194,8 @@ class _PortableSelect(_BracketSelect):
         nan = xp.isnan(keys)
         if rank > keys.shape[0] - int(xp.count_nonzero(nan)):
             return None
-        return xp.sort(xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype), keys))[rank - 1]
+        inf = xp.asarray(xp.inf, dtype=keys.dtype, device=self.device)
+        return xp.sort(xp.where(nan, inf, keys))[rank - 1]
 
     def _all_keys(self) -> Array:
         return self.xp.concat(self.keys) if len(self.keys) > 1 else self.keys[0]
