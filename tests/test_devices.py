@@ -117,6 +117,8 @@ METHOD_ARGS: dict[str, list[Any]] = {
     "custom_from_mask": [lambda x, to: {"mask": to(np.abs(x) > 1)}],
     "nm_structured": [{}, {"n": 1, "m": 3, "dim": 0}],
     "block_unstructured": [{"amount": 0.3, "block_shape": (2, 3)}, {"amount": 4, "block_shape": (4,), "n": INF}],
+    # Fractions: an earlier mask prunes a whole row and column, where no count fits.
+    "wanda": [{"amount": 0.5}, {"amount": 0.3, "dim": 1}],
 }
 
 METHOD_CASES = [
@@ -318,14 +320,18 @@ def test_smallest_magnitude_keep_with_eligibility(kind, size):
     same_on_both_devices(call)
 
 
-def test_lamp_scores_and_channel_norms(size):
+def test_scores_and_norms(size):
     x = data("ties", SHAPES[size])
     cube = data("ties", (4, 3, 5))
+    conv = data("nan", (4, 3, 2, 2))
+    norms = np.abs(data("ties", (x.shape[1],), seed=4))
 
     def call(to):
         out = [ap.lamp_scores(to(x)), ap.lamp_scores(to(x), to(earlier_mask(x.shape)))]
         out += [ap.channel_norms(to(x), n, dim) for n in (1, 2, INF, -INF, 0, "fro") for dim in (0, 1)]
         out.append(ap.channel_norms(to(cube), "nuc", 1))
+        out.append(ap.wanda_scores(to(x), to(norms), 1))
+        out.append(ap.wanda_scores(to(conv), to(np.arange(6.0)), 1, groups=2))
         return out
 
     same_on_both_devices(call)

@@ -144,6 +144,25 @@ def test_nm_structured(nm, shape):
     for_each_kind(masks, shape, earlier_mask(shape))
 
 
+@pytest.mark.parametrize("dim", [0, 1])
+def test_wanda(dim):
+    shape = (6, 8)
+    rng = np.random.default_rng(2)
+    mask = rng.random(shape) >= 1 / 3
+    mask[:3] = True
+    mask[:, :3] = True  # every output unit keeps three entries or more
+    norms = np.abs(data("ties", (shape[1 - dim],), seed=3)) + 1
+
+    def masks(w, m, n):
+        scores = ap.wanda_scores(w, n, 1 - dim, output_axis=dim)
+        fresh = [ap.wanda(w, amount=a, dim=dim, importance_scores=scores) for a in (0.0, 0.3, 1.0, 2)]
+        return [*fresh, ap.wanda(w, amount=2, dim=dim, default_mask=m)]
+
+    for_each_kind(masks, shape, mask, norms)
+    with pytest.raises(TypeError, match="inside jax.jit, the number of entries"):
+        jax.jit(lambda w, m: ap.wanda(w, amount=0.5, default_mask=m))(jnp.asarray(data("ties", shape)), mask)
+
+
 def test_identity_and_custom_from_mask():
     x, mask, given = data("nan", (6, 8)), earlier_mask((6, 8), np.float32), data("ties", (6, 8)) > 0
     jit_matches_eager(lambda w: ap.identity(w), x)
