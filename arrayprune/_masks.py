@@ -8,6 +8,7 @@ from typing import Any
 import array_api_compat as apc
 
 from ._namespace import namespace
+from ._tracing import DATA_DEPENDENT, is_traced
 
 Array = Any
 
@@ -69,9 +70,26 @@ def size(x: Array) -> int:
 
 
 def count_true(x: Array) -> int:
-    """Number of True entries of a boolean array, as a Python int."""
-    xp = namespace(x)
-    return int(xp.count_nonzero(x))
+    """Number of True entries of a boolean array, as a Python int.
+
+    Raises
+    ------
+    TypeError
+        If `x` is traced by ``jax.jit``: its count is unknown while JAX traces.
+    """
+    count = known_count(x)
+    if count is None:
+        raise TypeError(DATA_DEPENDENT)
+    return count
+
+
+def known_count(x: Array) -> int | None:
+    """Number of True entries of a boolean array, or None inside ``jax.jit`` (unknown).
+
+    The count itself tells: inside ``jax.jit`` it is traced even if `x` is a constant.
+    """
+    count = namespace(x).count_nonzero(x)
+    return None if is_traced(count) else int(count)
 
 
 def check_same_shape(t: Array, other: Array, what: str) -> None:

@@ -18,6 +18,7 @@ __all__ = [
     "validate_structured_pruning",
     "validate_pruning_dim",
     "normalize_dim",
+    "is_count",
 ]
 
 
@@ -68,7 +69,7 @@ def validate_pruning_amount(amount: Any, tensor_size: int) -> None:
     ValueError
         If `amount` is an integer larger than `tensor_size`.
     """
-    if type(amount) is not float and isinstance(amount, numbers.Integral) and amount > tensor_size:
+    if is_count(amount) and amount > tensor_size:
         raise ValueError(
             f"amount={amount} should be smaller than the number of parameters "
             f"to prune={tensor_size}"
@@ -93,9 +94,25 @@ def compute_nparams_toprune(amount: Any, tensor_size: int) -> int:
     int
         The number of units to prune.
     """
-    if type(amount) is not float and isinstance(amount, numbers.Integral):
+    if is_count(amount):
         return int(amount)
     return round(amount * tensor_size)
+
+
+def is_count(amount: Any) -> bool:
+    """Whether `amount` is an absolute number of units (an integer), not a fraction.
+
+    Parameters
+    ----------
+    amount : int or float
+        An amount.
+
+    Returns
+    -------
+    bool
+        True for integers (``bool`` included, as in PyTorch), False for floats.
+    """
+    return type(amount) is not float and isinstance(amount, numbers.Integral)
 
 
 def validate_structured_pruning(shape: tuple[int, ...]) -> None:

@@ -11,6 +11,7 @@ import array_api_compat as apc
 
 from ._masks import apply_keep, check_same_shape, count_true, eligible, ones_mask, size
 from ._namespace import namespace, widest_float
+from ._tracing import is_traced
 from .methods import L1Unstructured, UnstructuredPruningMethod, available_count, combine_masks
 from .selection import defers_count, smallest_magnitude_keep
 
@@ -220,14 +221,15 @@ def lamp_scores(x: Array, eligible_mask: Array | None = None) -> Array:
     Raises
     ------
     ValueError
-        If `x` holds NaN.
+        If `x` holds NaN. Inside ``jax.jit`` values cannot be checked: there, scores
+        of an array holding NaN are NaN.
     """
     xp = namespace(x)
     a = xp.abs(xp.astype(xp.reshape(x, (-1,)), widest_float(xp, apc.device(x))))
-    if bool(xp.any(xp.isnan(a))):
+    if not is_traced(a) and bool(xp.any(xp.isnan(a))):
         raise ValueError("LAMP scores are undefined for arrays holding NaN")
     if eligible_mask is not None:
-        a = xp.where(xp.reshape(eligible_mask, (-1,)), a, xp.asarray(0.0, dtype=a.dtype))
+        a = xp.where(xp.reshape(eligible_mask, (-1,)), a, xp.asarray(0.0, dtype=a.dtype, device=apc.device(x)))
     order = xp.argsort(a, stable=True)
     squared = xp.take(a, order) ** 2
     suffix = xp.flip(xp.cumulative_sum(xp.flip(squared)))

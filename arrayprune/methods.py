@@ -13,6 +13,16 @@ everything for ``'global'`` ones; the amount is then relative to what remains.
 Ties are broken by position: among equal scores, the lowest flat index (or channel
 index) is pruned first. NaN scores rank above +inf.
 
+Inside ``jax.jit``
+------------------
+Every built-in method computes its mask on traced arrays, equal to the eager one: how
+many units to prune depends on shapes and the amount only, and the selection then
+reads no value back. One thing cannot be known while JAX traces: how many units a
+traced ``default_mask`` leaves. A float amount relative to that (iterative pruning, a
+schedule over earlier pruning, sparsity bounds with default masks) raises a
+``TypeError`` saying so; an int amount works, but is not checked against what remains:
+if it is larger, everything that remains is pruned.
+
 Writing a method
 ----------------
 Derive from :class:`UnstructuredPruningMethod` and implement ``entry_scores`` (entries of
@@ -40,11 +50,13 @@ from ._masks import (
     count_true,
     eligible,
     is_bool,
+    known_count,
     mask_or_ones,
     ones_mask,
     size,
 )
 from ._namespace import namespace
+from ._tracing import DATA_DEPENDENT
 from .norms import channel_norms
 from .rng import check_random_source, uniform_like, uniform_many
 from .selection import defers_count, smallest_magnitude_keep
@@ -325,9 +337,18 @@ def remaining_channels(mask: Array, dim: int) -> Array:
     return xp.sum(mask, axis=others) != 0
 
 
-def available_count(arrays: list[Array], eligible_masks: list[Array | None]) -> int:
-    """Number of entries that may still be pruned across `arrays`."""
-    return sum(size(a) if e is None else count_true(e) for a, e in zip(arrays, eligible_masks, strict=True))
+def available_count(arrays: list[Array], eligible_masks: list[Array | None]) -> int | None:
+    """Number of entries that may still be pruned across `arrays`.
+
+    None if an eligibility mask is traced by ``jax.jit``: the number is then unknown.
+    """
+    total = 0
+    for a, e in zip(arrays, eligible_masks, strict=True):
+        count = size(a) if e is None else known_count(e)
+        if count is None:
+            return None
+        total += count
+    return total
 
 
 def channel_keep_to_mask(default_mask: Array, keep: Array, dim: int) -> Array:
@@ -375,14 +396,27 @@ class AmountPruningMethod(BasePruningMethod):
         _amount.validate_pruning_amount_init(amount)
         self.amount = amount
 
-    def count(self, available: int) -> int:
+    def count(self, available: int | None) -> int:
         """Number of units to prune among `available` ones.
+
+        Parameters
+        ----------
+        available : int or None
+            Units that may be pruned; None if unknown, as inside ``jax.jit`` when a mask
+            of earlier pruning says which units remain. An integer amount is then taken
+            as it is, unchecked: if it exceeds the units remaining, all of them are pruned.
 
         Raises
         ------
         ValueError
             If an integer amount exceeds `available`.
+        TypeError
+            If `available` is None and the amount is a fraction of it.
         """
+        if available is None:
+            if _amount.is_count(self.amount):
+                return int(self.amount)
+            raise TypeError(DATA_DEPENDENT)
         nparams = _amount.compute_nparams_toprune(self.amount, available)
         _amount.validate_pruning_amount(nparams, available)
         return nparams
@@ -544,7 +578,7 @@ class StructuredPruningMethod(AmountPruningMethod):
     def _prune_channels(self, t: Array, mask: Array, only_remaining: bool) -> Array:
         dim = self.checked_dim(t)
         remaining = remaining_channels(mask, dim) if only_remaining else None
-        k = self.count(t.shape[dim] if remaining is None else count_true(remaining))
+        k = self.count(t.shape[dim] if remaining is None else known_count(remaining))
         if k == 0:
             return mask
         return channel_keep_to_mask(mask, self.keep_channels(t, dim, k, remaining), dim)

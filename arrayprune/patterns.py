@@ -18,10 +18,12 @@ import array_api_compat as apc
 import array_api_extra as xpx
 
 from . import amount as _amount
-from ._masks import apply_keep, count_true, eligible, mask_or_ones
+from ._masks import apply_keep, check_same_shape, count_true, eligible, known_count, mask_or_ones
 from ._namespace import namespace
+from ._tracing import is_traced
 from .methods import AmountPruningMethod, BasePruningMethod
 from .selection import smallest_magnitude_keep
+from .selection.portable import magnitude_keys
 
 __all__ = ["NMStructured", "BlockUnstructured", "is_nm_sparse"]
 
@@ -77,8 +79,8 @@ class NMStructured(BasePruningMethod):
             raise ValueError("N:M pruning needs at least one dimension")
         xp = namespace(t, default_mask)
         dim = _amount.normalize_dim(t.shape, self.dim)
-        keys = _magnitude_keys(xp, t)
-        keys = xp.where(eligible(default_mask), keys, xp.asarray(-1.0, dtype=keys.dtype))
+        keys = magnitude_keys(xp, t, _float_dtype(xp, t.dtype))
+        keys = xp.where(eligible(default_mask), keys, xp.asarray(-1, dtype=keys.dtype, device=apc.device(t)))
         keys = _to_last(xp, keys, dim)
         length = keys.shape[-1]
         full = (length // self.m) * self.m
@@ -95,11 +97,14 @@ class NMStructured(BasePruningMethod):
         return apply_keep(default_mask, _from_last(xp, ~drop, dim))
 
 
-def _magnitude_keys(xp: Any, t: Array) -> Array:
-    keys = xp.abs(t)
-    if not xp.isdtype(keys.dtype, "real floating"):
-        keys = xp.astype(keys, xp.float32)
-    return keys
+def _float_dtype(xp: Any, dtype: Any) -> Any:
+    """`dtype` if it is floating, else float32: the dtype magnitudes are compared in."""
+    return dtype if xp.isdtype(dtype, "real floating") else xp.float32
+
+
+def _magnitudes(xp: Any, t: Array) -> Array:
+    """``|t|`` in a floating dtype (float32 for other dtypes)."""
+    return xp.astype(xp.abs(t), _float_dtype(xp, t.dtype), copy=False)
 
 
 def _rank_in_groups(xp: Any, keys: Array) -> Array:
@@ -107,13 +112,13 @@ def _rank_in_groups(xp: Any, keys: Array) -> Array:
 
     Order: value ascending, NaN above +inf, ties by position. Each pair of positions is
     compared once, on whole columns, so the cost is ``(m - 1) / 2`` comparisons per
-    entry and the memory a few columns.
+    entry and the memory a few columns. Integer keys have no NaN to look for.
     """
     m = keys.shape[-1]
     nan = xp.isnan(keys)
-    has_nan = bool(xp.any(nan))
+    has_nan = xp.isdtype(keys.dtype, "real floating") and (is_traced(keys) or bool(xp.any(nan)))
     if has_nan:
-        keys = xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype), keys)
+        keys = xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype, device=apc.device(keys)), keys)
     cols = [keys[..., j] for j in range(m)]
     flags = [nan[..., j] for j in range(m)] if has_nan else None
     device = apc.device(keys)
@@ -215,27 +220,32 @@ class BlockUnstructured(AmountPruningMethod):
         block = self._full_block_shape(len(shape))
         return block, tuple(-(-d // b) for d, b in zip(shape, block, strict=True))
 
+    def keep_mask(self, t: Array) -> Array:
+        return self.compute_mask(t, None)
+
     def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
-        default_mask = mask_or_ones(t, default_mask)
-        xp = namespace(t, default_mask)
+        if default_mask is not None:
+            check_same_shape(t, default_mask, "default_mask")
+        xp = namespace(t) if default_mask is None else namespace(t, default_mask)
         block, grid = self._grid(tuple(t.shape))
         if math.prod(t.shape) == 0:
             self.count(0)
-            return default_mask
-        keys = _magnitude_keys(xp, t)
+            return mask_or_ones(t, default_mask)
+        keys = _magnitudes(xp, t)
         power = math.inf if self.n == math.inf else float(self.n)
         summed = keys if power in (1.0, math.inf) else keys**power
         totals = _block_reduce(xp, summed, block, grid, "max" if power == math.inf else "sum")
-        remaining = _block_reduce(xp, eligible(default_mask), block, grid, "any")
         if power == math.inf:
             scores = totals
         else:
             counts = _block_counts(xp, t.shape, block, grid, keys.dtype, apc.device(t))
             scores = (totals / counts) ** (1.0 / power)
-        k = self.count(count_true(remaining))
+        # Without a default mask every block remains: its count is known inside jax.jit too.
+        remaining = None if default_mask is None else _block_reduce(xp, eligible(default_mask), block, grid, "any")
+        k = self.count(math.prod(grid) if remaining is None else known_count(remaining))
         keep_blocks = smallest_magnitude_keep([scores], k, [remaining])[0]
         keep = _expand_blocks(xp, keep_blocks, block, t.shape)
-        return apply_keep(default_mask, keep, owned=False)  # may be a broadcast view
+        return apply_keep(mask_or_ones(t, default_mask), keep, owned=False)  # may be a broadcast view
 
     def units(self, t: Array, mask: Array | None = None) -> tuple[int, int]:
         block, grid = self._grid(tuple(t.shape))

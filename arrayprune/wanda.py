@@ -20,6 +20,7 @@ import array_api_extra as xpx
 from . import amount as _amount
 from ._masks import apply_keep, is_bool, mask_or_ones, size
 from ._namespace import namespace, widest_float
+from ._tracing import is_traced
 from .methods import AmountPruningMethod
 
 __all__ = ["Wanda", "wanda_scores"]
@@ -96,7 +97,9 @@ class Wanda(AmountPruningMethod):
             keep = _keep_per_row(xp, rows, None, [self.count(rows.shape[1])] * groups)
         else:
             eligible = xp.reshape(xp.permute_dims(mask if is_bool(mask) else mask == 1, order), rows.shape)
-            available = [int(n) for n in xp.sum(xp.astype(eligible, xp.int64), axis=1)]
+            remaining = xp.sum(xp.astype(eligible, xp.int64), axis=1)
+            # Inside jax.jit the counts are unknown: `count` then takes an int amount as is.
+            available = [None] * groups if is_traced(remaining) else [int(n) for n in remaining]
             keep = _keep_per_row(xp, rows, eligible, [self.count(n) for n in available])
         back = [0] * t.ndim
         for i, d in enumerate(order):

@@ -202,8 +202,7 @@ FIXED_SHAPES = [(24,), (4, 6), (2, 3, 4)]
 @settings(SETTINGS, max_examples=40)
 @given(data=st.data(), shape=st.sampled_from(FIXED_SHAPES))
 def test_same_mask_on_every_backend(data, shape):
-    # XLA treats subnormal floats as zero (see test_jax_ranks_subnormals_as_zero)
-    x = data.draw(float_arrays(shape, allow_subnormal=False))
+    x = data.draw(float_arrays(shape))
     xi = data.draw(int_valued(shape))
     default = data.draw(hnp.arrays(np.bool_, shape))
     amount = data.draw(amount_for(int(default.sum())))
@@ -278,9 +277,9 @@ def test_property_helpers_are_right():
     np.testing.assert_allclose(norm_ref(x, 1, 0), [3.0, 6.0])
 
 
-def test_jax_ranks_subnormals_as_zero():
-    """XLA flushes subnormal floats to zero, so on JAX they tie with zeros (lowest index first)."""
+def test_jax_ranks_subnormals_by_value():
+    """XLA flushes subnormal floats to zero in comparisons; JAX masks rank bit patterns instead."""
     jnp = pytest.importorskip("jax.numpy")
     x = np.array([8.8e-40, 0.0, 1.0], np.float32)
     np.testing.assert_array_equal(ap.l1_unstructured(x, 1), [True, False, True])
-    np.testing.assert_array_equal(np.asarray(ap.l1_unstructured(jnp.asarray(x), 1)), [False, True, True])
+    np.testing.assert_array_equal(np.asarray(ap.l1_unstructured(jnp.asarray(x), 1)), [True, False, True])

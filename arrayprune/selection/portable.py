@@ -4,17 +4,25 @@ The storage for every array that does not live in host memory: CuPy, CUDA tensor
 JAX, array-api-strict, ... The bracket algorithm of :mod:`.bracket` runs with one
 whole-array operation per step, on keys that are the values themselves: magnitudes in
 a floating dtype for `smallest_magnitude_keep`, the signed values for `kth_smallest`.
+JAX floats are keyed by their bit patterns instead (see `_JaxBitKeys`).
+
+Arrays traced by ``jax.jit`` take the exact path only, with no value read back to
+Python: one sort finds the k-th key, and the tie rule counts with arrays. The number of
+entries dropped is a Python int (it depends on shapes and the amount only); with
+eligibility masks, how many entries are ineligible stays an array.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import array_api_compat as apc
 import array_api_extra as xpx
 
 from .._namespace import widest_float
+from .._tracing import is_traced
 from .bracket import _BracketSelect, _sample_slice, check_rank
 
 Array = Any
@@ -24,22 +32,85 @@ def keep_masks(xp: Any, scores: list[Array], eligible: list[Array | None], k: in
     """Keep masks shaped like `scores` that drop the `k` eligible entries of smallest magnitude."""
     if k == 0:
         return [xp.ones(s.shape, dtype=xp.bool, device=apc.device(s)) for s in scores]
-    keep = _PortableSelect(xp, scores, eligible).keep(k)
+    select = _PortableSelect(xp, scores, eligible)
+    keep = select.keep_traced(k) if select.traced else select.keep(k)
     return [xp.reshape(m, s.shape) for m, s in zip(keep, scores, strict=True)]
 
 
 def kth_smallest(xp: Any, x: Array, k: int) -> Array:
     """The `k`-th smallest value of `x` (1-based, NaN last), a 0-D array like `x`."""
     flat = xp.reshape(x, (-1,))
+    check_rank(k, flat.shape[0])
     if not xp.isdtype(flat.dtype, ("real floating", "integral")):
         # No order the bracket knows (booleans, complex): whatever the library's sort does.
-        check_rank(k, flat.shape[0])
         return xp.sort(flat)[k - 1]
     select = _PortableSelect(xp, [flat], [None], by_value=True)
-    value = select.kth(k)
+    value = select.exact_kth(k) if select.traced else select.kth(k)
     if type(value) in (int, float):  # a tie value, read back from the sample
-        value = xp.asarray(value, dtype=select.dtype, device=select.device)
-    return value
+        value = xp.asarray(value, dtype=select.key_dtype, device=select.device)
+    return value if select.bits is None else select.bits.decode(value)
+
+
+def magnitude_keys(xp: Any, x: Array, dtype: Any) -> Array:
+    """Keys of `x` (converted to the floating `dtype`) that order like ``|x|``, NaN last.
+
+    ``|x|`` itself, or on JAX the integer keys of `_JaxBitKeys` (exact on subnormals).
+    Float keys leave the place of NaN to the caller (NaN compares false).
+    """
+    x = xp.astype(x, dtype, copy=False)
+    bits = _JaxBitKeys.of(xp, x, dtype)
+    return xp.abs(x) if bits is None else bits.magnitude(x)
+
+
+class _JaxBitKeys:
+    """Signed-integer keys made from the bit patterns of JAX floats of one dtype.
+
+    JAX on CPU flushes subnormal floats to zero when it compares or sorts them, so a
+    ranking by ``|x|`` in floats ties every subnormal with zero where NumPy (and the
+    host path) tells them apart. Integers of the float's width compare exactly:
+
+    * by magnitude, the bits with the sign bit cleared order like ``|x|``, with every
+      NaN above +inf; the keys are non-negative, so -1 stays free for ineligible entries;
+    * by value, non-negative floats keep their bits and negative ones flip all bits but
+      the sign, so that keys order like the values (-0 just below +0); NaN of either
+      sign gets its magnitude key, above +inf.
+
+    ``jax.lax.bitcast_convert_type`` reinterprets the bits (the standard has no bit
+    cast); JAX is reached through ``sys.modules``, never imported.
+    """
+
+    _INT_NAMES = {16: "int16", 32: "int32", 64: "int64"}
+
+    def __init__(self, xp: Any, dtype: Any):
+        self.xp = xp
+        self.bitcast = sys.modules["jax"].lax.bitcast_convert_type
+        self.float_dtype = dtype
+        width = xp.finfo(dtype).bits
+        self.dtype = getattr(xp, self._INT_NAMES[width])
+        self.low_bits = (1 << (width - 1)) - 1  # every bit but the sign
+
+    @classmethod
+    def of(cls, xp: Any, x: Array, dtype: Any) -> _JaxBitKeys | None:
+        """The keys for floats of `dtype` if `x` is a JAX array and `dtype` floating, else None."""
+        if apc.is_jax_array(x) and xp.isdtype(dtype, "real floating"):
+            return cls(xp, dtype)
+        return None
+
+    def magnitude(self, x: Array) -> Array:
+        """Keys ordering like ``|x|``, NaN above +inf."""
+        return self.bitcast(x, self.dtype) & self.low_bits
+
+    def value(self, x: Array) -> Array:
+        """Keys ordering like `x`, NaN above +inf."""
+        xp = self.xp
+        bits = self.bitcast(x, self.dtype)
+        keys = xp.where(bits < 0, bits ^ self.low_bits, bits)
+        return xp.where(xp.isnan(x), bits & self.low_bits, keys)
+
+    def decode(self, keys: Array) -> Array:
+        """The floats whose `value` keys are `keys` (NaN comes back positive)."""
+        xp = self.xp
+        return self.bitcast(xp.where(keys < 0, keys ^ self.low_bits, keys), self.float_dtype)
 
 
 class _PortableSelect(_BracketSelect):
@@ -63,32 +134,54 @@ class _PortableSelect(_BracketSelect):
             self.dtype = xp.result_type(*dtypes)
         else:
             self.dtype = widest_float(xp, self.device)
-        self.floating = xp.isdtype(self.dtype, "real floating")
+        self.bits = _JaxBitKeys.of(xp, scores[0], self.dtype)
+        self.key_dtype = self.dtype if self.bits is None else self.bits.dtype
+        self.floating = xp.isdtype(self.key_dtype, "real floating")
         self.eligible = [None if e is None else xp.reshape(e, (-1,)) for e in eligible]
         self.keys = [self._keys(s, e) for s, e in zip(scores, self.eligible, strict=True)]
         self.sizes = [k.shape[0] for k in self.keys]
-        self.n_ineligible = sum(
-            e.shape[0] - int(xp.count_nonzero(e)) for e in self.eligible if e is not None
-        )
+        ineligible = [e.shape[0] - xp.count_nonzero(e) for e in self.eligible if e is not None]
+        # Results, not inputs, tell whether JAX traces: constants closed over by a jitted
+        # function are concrete, what is computed from them is not.
+        self.traced = is_traced(*self.keys, *ineligible)
+        # Inside jax.jit the count stays an array: `keep_traced` reads nothing back.
+        self.n_ineligible = sum(ineligible) if self.traced else sum(int(n) for n in ineligible)
         self.shifted = any(e is not None for e in self.eligible)
         if by_value and self.shifted:
             raise ValueError("eligibility masks only apply to the order by magnitude")
-        if not by_value:
-            self.min_key, self.max_key = (0.0 if self.shifted else -1.0), math.inf
-        elif self.floating:
+        if self.floating:
             self.min_key, self.max_key = -math.inf, math.inf
         else:
-            info = xp.iinfo(self.dtype)
+            info = xp.iinfo(self.key_dtype)
             self.min_key, self.max_key = int(info.min), int(info.max)
+        if not by_value:  # magnitudes are non-negative; ineligible entries are keyed -1
+            lowest = 0 if self.shifted else -1
+            self.min_key = float(lowest) if self.floating else lowest
 
     def _keys(self, s: Array, e: Array | None) -> Array:
         xp = self.xp
+        flat = xp.reshape(s, (-1,))
         if self.by_value:
-            return xp.reshape(s, (-1,))
-        key = xp.abs(xp.astype(xp.reshape(s, (-1,)), self.dtype, copy=False))
+            return flat if self.bits is None else self.bits.value(flat)
+        key = magnitude_keys(xp, flat, self.dtype)
         if e is not None:
-            key = xp.where(e, key, xp.asarray(-1.0, dtype=self.dtype, device=self.device))
+            key = xp.where(e, key, xp.asarray(-1, dtype=self.key_dtype, device=self.device))
         return key
+
+    def keep_traced(self, k: int) -> list[Array]:
+        """Keep masks like `keep`'s, reading no value back: the path for ``jax.jit``.
+
+        The exact path at rank ``k + n_ineligible``, a Python int or, with eligibility
+        masks, an array. `k` is checked against the number of entries only: if it
+        exceeds the eligible ones (unknown at trace time), every eligible entry is dropped.
+        """
+        total = sum(self.sizes)
+        if k > total:
+            raise ValueError(f"cannot drop {k} of {total} entries")
+        rank = k + self.n_ineligible
+        if not isinstance(rank, int):
+            rank = self.xp.minimum(rank, self.xp.asarray(total, dtype=rank.dtype, device=self.device))
+        return self.exact(rank)
 
     def all_kept(self) -> list[Array]:
         xp = self.xp
@@ -148,7 +241,7 @@ class _PortableSelect(_BracketSelect):
         parts = [k[_sample_slice(n, stride)] for k, n in zip(self.keys, self.sizes, strict=True)]
         sample = xp.concat(parts) if len(parts) > 1 else parts[0]
         if self.floating:
-            sample = xp.where(xp.isnan(sample), xp.asarray(xp.inf, dtype=self.dtype), sample)
+            sample = xp.where(xp.isnan(sample), xp.asarray(xp.inf, dtype=self.dtype, device=self.device), sample)
         return xp.sort(sample)
 
     def scan(self, lo: float, hi: float):
@@ -168,7 +261,7 @@ class _PortableSelect(_BracketSelect):
         if cand_keys:
             keys = xp.concat(cand_keys) if len(cand_keys) > 1 else cand_keys[0]
         else:
-            keys = xp.empty((0,), dtype=self.dtype, device=self.device)
+            keys = xp.empty((0,), dtype=self.key_dtype, device=self.device)
         return masks, below, keys, cand_where
 
     def write_candidates(self, masks, cand_keys, cand_where, rank: int) -> None:
@@ -182,7 +275,7 @@ class _PortableSelect(_BracketSelect):
         v = self._nth_below_nan(keys, rank)
         return self.xp.asarray(self.xp.nan, dtype=keys.dtype, device=self.device) if v is None else v
 
-    def _nth_below_nan(self, keys: Array, rank: int) -> Array | None:
+    def _nth_below_nan(self, keys: Array, rank: int | Array) -> Array | None:
         """The `rank`-th smallest key as a 0-D array, or None if it is NaN.
 
         The standard leaves the place of NaN in ``sort`` open: NaN sorts as +inf, and a
@@ -194,7 +287,8 @@ class _PortableSelect(_BracketSelect):
         nan = xp.isnan(keys)
         if rank > keys.shape[0] - int(xp.count_nonzero(nan)):
             return None
-        return xp.sort(xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype), keys))[rank - 1]
+        inf = xp.asarray(xp.inf, dtype=keys.dtype, device=self.device)
+        return xp.sort(xp.where(nan, inf, keys))[rank - 1]
 
     def _all_keys(self) -> Array:
         return self.xp.concat(self.keys) if len(self.keys) > 1 else self.keys[0]
@@ -212,8 +306,11 @@ class _PortableSelect(_BracketSelect):
             offset += n
         return masks
 
-    def _keep_after_rank(self, keys: Array, rank: int) -> Array:
-        """Keep mask dropping the `rank` smallest keys (NaN highest, ties by position)."""
+    def _keep_after_rank(self, keys: Array, rank: int | Array) -> Array:
+        """Keep mask dropping the `rank` smallest keys (NaN highest, ties by position).
+
+        `rank` may be a 0-D integer array (inside ``jax.jit``); nothing is read back.
+        """
         xp = self.xp
         v = self._nth_below_nan(keys, rank)
         if v is None:  # the threshold is NaN itself
@@ -221,7 +318,7 @@ class _PortableSelect(_BracketSelect):
             below = ~at_v
         else:
             below, at_v = keys < v, keys == v
-        need = rank - int(xp.count_nonzero(below))
         counter = xp.int32 if keys.shape[0] < 2**31 else xp.int64
+        need = xp.astype(rank - xp.count_nonzero(below), counter)  # of the keys equal to v
         order = xp.cumulative_sum(xp.astype(at_v, counter))
         return ~(below | (at_v & (order <= need)))
