@@ -22,6 +22,7 @@ from ._masks import apply_keep, is_bool, mask_or_ones, size
 from ._namespace import namespace, widest_float
 from ._tracing import is_traced
 from .methods import AmountPruningMethod
+from .selection.portable import magnitude_keys
 
 __all__ = ["Wanda", "wanda_scores"]
 
@@ -120,14 +121,17 @@ def _keep_per_row(xp: Any, rows: Array, eligible: Array | None, counts: list[int
     if n_rows == 0 or n_cols == 0 or not any(counts):
         return xp.ones(rows.shape, dtype=xp.bool, device=device)
     dtype = rows.dtype if xp.isdtype(rows.dtype, "real floating") else widest_float(xp, device)
-    key = xp.abs(xp.astype(rows, dtype))
-    nan = xp.isnan(key)
+    key = magnitude_keys(xp, rows, dtype)  # |x|; on JAX, integer keys of the bits (subnormals exact)
+    if xp.isdtype(key.dtype, "real floating"):
+        nan = xp.isnan(key)
+        ranked = xp.where(nan, xp.asarray(xp.inf, dtype=dtype, device=device), key)  # NaN sorts as +inf
+    else:  # bit keys already rank NaN above +inf
+        nan = xp.zeros(rows.shape, dtype=xp.bool, device=device)
+        ranked = key
     usable = ~nan if eligible is None else ~nan & eligible
-    # NaN sorts as +inf, ineligible entries as -1: below every eligible key.
-    ranked = xp.where(nan, xp.asarray(xp.inf, dtype=dtype, device=device), key)
     n_ineligible = None
-    if eligible is not None:
-        ranked = xp.where(eligible, ranked, xp.asarray(-1.0, dtype=dtype, device=device))
+    if eligible is not None:  # ineligible entries sort as -1, below every eligible key
+        ranked = xp.where(eligible, ranked, xp.asarray(-1, dtype=key.dtype, device=device))
         n_ineligible = n_cols - xp.sum(xp.astype(eligible, xp.int64), axis=1)
     k = xp.asarray(counts, dtype=xp.int64, device=device)
     if n_ineligible is None and len(set(counts)) == 1:

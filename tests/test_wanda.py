@@ -183,3 +183,11 @@ def test_grouped_scores_take_each_output_units_group(backend, xp):
     np.testing.assert_allclose(to_numpy(got_t), np.transpose(want, (1, 0, 2)))
     with pytest.raises(ValueError, match="groups"):
         ap.wanda_scores(backend.asarray(w), backend.asarray(np.ones(8)), 1, groups=4)
+
+
+def test_subnormals_rank_by_value_on_every_backend(backend, xp):
+    """JAX compares subnormals as zero; Wanda ranks them by their bits, like NumPy."""
+    tiny = np.finfo(np.float32).smallest_subnormal
+    w = np.array([[3 * tiny, 0.0, tiny, -2 * tiny], [5 * tiny, -tiny, 0.0, 4 * tiny]], dtype=np.float32)
+    got = to_numpy(ap.wanda(backend.asarray(w), 2, dim=0))
+    np.testing.assert_array_equal(got, [[True, False, False, True], [True, False, False, True]])
