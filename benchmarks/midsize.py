@@ -1,0 +1,237 @@
+"""Mid-size masks: the exact partition path against the bracket, in passes over the data.
+
+    python -m benchmarks.midsize                  # float32 2^14..2^24, float16/64, ResNet-18
+    python -m benchmarks.midsize --quick          # fewer sizes and rounds
+    python -m benchmarks.midsize --out benchmarks/results/midsize-cpu-x86_64-2cores.md
+
+For each size, in one process on alternating rounds (:func:`benchmarks.timing.compare`),
+``L1Unstructured(0.5).compute_mask(x, ones)`` is timed on the exact path ("partition":
+the crossover raised above the size), on the bracket ("bracket": the crossover at 0),
+as dispatched ("auto"), and against the floor: one ``np.abs(x) > c`` pass writing a
+fresh output over the same bytes. The crossover is every ``SMALL_SIZE`` constant of
+``arrayprune.selection`` (:data:`CROSSOVERS`), set around each sample only. NumPy
+arrays and CPU tensors (zero-copy views of the same data) take the same host path;
+float16 and float64 run at a few sizes. Masks are checked identical on both paths.
+
+Then the ResNet-18 pass of the drop-in against ``torch.nn.utils.prune``: the ``adapter``
+case of :mod:`benchmarks.cases`, as ``python -m benchmarks --cases adapter`` runs it.
+The ratios to read are "x floor" (time / floor) and the ResNet-18 speedup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gc
+import os
+import platform
+import shlex
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import arrayprune as ap
+from arrayprune.selection import bracket, host
+
+from . import cases, data
+from .__main__ import FULL, QUICK
+from .report import cpu_model, machine_name
+from .timing import Bench, Settings, compare
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+#: (module, name) of every crossover below which the host path selects exactly. Only
+#: those that exist are set: the script also runs against older revisions.
+CROSSOVERS = ((bracket, "SMALL_SIZE"), (host, "SMALL_SIZE"))
+PATHS = ("partition", "bracket", "auto")
+#: Targets: the mask in floor passes, per size (float32, NumPy and CPU tensors).
+TARGETS = {18: 15.0, 20: 8.0, 22: 4.0}
+RESNET_TARGET = 10.0
+
+
+@contextmanager
+def crossover(value: int | None) -> Iterator[None]:
+    """Every crossover of :data:`CROSSOVERS` set to `value` (None: left as it is)."""
+    saved = [(m, n, getattr(m, n)) for m, n in CROSSOVERS if hasattr(m, n)]
+    if value is not None:
+        for m, n, _ in saved:
+            setattr(m, n, value)
+    try:
+        yield
+    finally:
+        for m, n, v in saved:
+            setattr(m, n, v)
+
+
+def _forced(run: Callable[[], Any], value: int | None) -> Bench:
+    """`run` timed with the crossover at `value`, set around each sample (not timed)."""
+    stack = ExitStack()
+    return Bench(run=run, enter=lambda: stack.enter_context(crossover(value)), exit=stack.close)
+
+
+def _path_taken(run: Callable[[], Any]) -> str:
+    """"bracket" if `run` reaches the bracket's scan, else "partition"."""
+    taken = []
+    locate = bracket._BracketSelect._locate
+
+    def spy(self, *args):
+        taken.append(True)
+        return locate(self, *args)
+
+    bracket._BracketSelect._locate = spy
+    try:
+        run()
+    finally:
+        bracket._BracketSelect._locate = locate
+    return "bracket" if taken else "partition"
+
+
+def _as_numpy(mask: Any) -> np.ndarray:
+    return mask.numpy() if torch is not None and isinstance(mask, torch.Tensor) else np.asarray(mask)
+
+
+def measure_size(lib: str, dtype: Any, e: int, settings: Settings) -> dict[str, Any]:
+    """One row: the three paths and the floor on ``2^e`` standard normal entries."""
+    n = 1 << e
+    x = data.vector(n, seed=e).astype(dtype, copy=False)
+    c = dtype(cases.C_HALF)
+    ones = np.ones(n, dtype=bool)
+    arr, m = (x, ones) if lib == "numpy" else (torch.from_numpy(x), torch.from_numpy(ones))
+
+    def run(arr=arr, m=m):
+        return ap.L1Unstructured(0.5).compute_mask(arr, m)
+
+    limits = {"partition": n, "bracket": 0, "auto": None}
+    benches: dict[str, Any] = {p: _forced(run, limits[p]) for p in PATHS}
+    benches["floor"] = lambda x=x, c=c: np.abs(x) > c
+    if lib == "torch":
+        benches["torch floor"] = lambda t=arr, c=float(c): torch.abs(t) > c
+    masks = {}
+    for p in PATHS:
+        with crossover(limits[p]):
+            masks[p] = _as_numpy(run())
+    with crossover(limits["auto"]):
+        taken = _path_taken(run)
+    t = compare(benches, settings)
+    return {
+        "lib": lib,
+        "dtype": np.dtype(dtype).name,
+        "exp": e,
+        "times": {k: v.median for k, v in t.items()},
+        "auto_path": taken,
+        "identical": all(np.array_equal(masks[p], masks["partition"]) for p in PATHS),
+        "pruned": int(n - np.count_nonzero(masks["auto"])),
+    }
+
+
+def _fmt(s: float) -> str:
+    return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown rows: times, and each path in floor passes."""
+    out = [
+        "| array | size | floor | partition | bracket | auto (path) | partition / floor | bracket / floor "
+        "| **auto / floor** | bracket / partition | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        t = r["times"]
+        fl = t["floor"]
+        extra = f" (torch pass {_fmt(t['torch floor'])})" if "torch floor" in t else ""
+        out.append(
+            f"| {r['lib']} {r['dtype']} | 2^{r['exp']} | {_fmt(fl)}{extra} | {_fmt(t['partition'])} | "
+            f"{_fmt(t['bracket'])} | {_fmt(t['auto'])} ({r['auto_path']}) | {t['partition'] / fl:.1f}x | "
+            f"{t['bracket'] / fl:.1f}x | **{t['auto'] / fl:.1f}x** | {t['bracket'] / t['partition']:.2f} | "
+            f"{r['identical']} |"
+        )
+    return out
+
+
+def targets(rows: list[dict[str, Any]], resnet: dict[str, Any] | None) -> list[str]:
+    """The targets, PASS or MISS, from the "auto" column and the ResNet-18 row."""
+    out = ["| target | measured | status |", "|---|---|---|"]
+    for e, limit in TARGETS.items():
+        for r in rows:
+            if r["exp"] == e and r["dtype"] == "float32":
+                ratio = r["times"]["auto"] / r["times"]["floor"]
+                status = "PASS" if ratio <= limit else "MISS"
+                out.append(f"| {r['lib']} float32 2^{e}: <= {limit:g}x a pass | {ratio:.1f}x | {status} |")
+    if resnet is not None and "torch" in resnet["times"]:
+        t = resnet["times"]
+        sp = t["torch"] / t["arrayprune"]
+        status = "PASS" if sp >= RESNET_TARGET else "MISS"
+        out.append(
+            f"| ResNet-18 drop-in >= {RESNET_TARGET:g}x faster than torch.nn.utils.prune | {sp:.1f}x "
+            f"({_fmt(t['arrayprune'])} vs {_fmt(t['torch'])}; core masks alone {_fmt(t['core'])}) | {status} |"
+        )
+    return out
+
+
+def adapter_rows(settings: Settings, quick: bool) -> list[dict[str, Any]]:
+    """The ``adapter`` case of :mod:`benchmarks.cases` (ResNet-18 and a small MLP)."""
+    ctx = cases.Context(quick=quick, settings=settings, log=lambda msg: print(msg, flush=True))
+    cases.load_adapter(ctx)
+    cases.case_adapter(ctx)
+    return ctx.records
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.midsize", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and rounds")
+    parser.add_argument("--no-adapter", action="store_true", help="skip the ResNet-18 drop-in pass")
+    parser.add_argument("--out", help="also write the Markdown report here")
+    args = parser.parse_args(argv)
+    settings = QUICK if args.quick else FULL
+    exps = (14, 16, 18, 20, 22, 24) if args.quick else tuple(range(14, 25))
+    plan = [("numpy", np.float32, e) for e in exps]
+    if torch is not None:
+        plan += [("torch", np.float32, e) for e in exps]
+    plan += [("numpy", d, e) for d in (np.float16, np.float64) for e in (16, 20, 22)]
+    gc.collect()
+    gc.freeze()  # the libraries' own objects: out of every later collection
+    load_start = os.getloadavg()
+    rows = []
+    for lib, dtype, e in plan:
+        rows.append(measure_size(lib, dtype, e, settings))
+        print(table(rows[-1:])[-1], flush=True)
+        gc.collect()
+    records = [] if args.no_adapter or torch is None else adapter_rows(settings, args.quick)
+    resnet = next((r for r in records if r["label"] == "ResNet-18" and not r.get("skipped")), None)
+    lines = [
+        f"- date: {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        "- command: `python -m benchmarks.midsize " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])) + "`",
+        f"- versions: Python {platform.python_version()}, NumPy {np.__version__}, "
+        f"PyTorch {torch.__version__ if torch else '-'}, arrayprune {ap.__version__}",
+        f"- CPU: {cpu_model()}, {os.cpu_count()} cores ({machine_name()}); load average "
+        f"{'/'.join(f'{v:.1f}' for v in load_start)} at start, {'/'.join(f'{v:.1f}' for v in os.getloadavg())} at end",
+        f"- crossovers as dispatched: {', '.join(f'{m.__name__}.{n} = {getattr(m, n)}' for m, n in CROSSOVERS if hasattr(m, n))}",
+        "",
+        *table(rows),
+        "",
+    ]
+    for r in records:
+        if not r.get("skipped"):
+            t = r["times"]
+            lines.append(
+                f"- adapter, {r['label']} ({r['tensors']} tensors): drop-in {_fmt(t['arrayprune'])}, "
+                f"torch.nn.utils.prune {_fmt(t['torch'])} ({t['torch'] / t['arrayprune']:.1f}x), "
+                f"core masks alone {_fmt(t['core'])}; {r['checks']}"
+            )
+    lines += ["", *targets(rows, resnet)]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
