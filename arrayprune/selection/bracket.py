@@ -10,8 +10,9 @@ traffic is one read of the data and one write of the mask; nothing is concatenat
 
 A storage (:mod:`.host`, :mod:`.portable`) subclasses :class:`_BracketSelect` and says
 how keys are read and how results are written; it may also choose its own crossover and
-sample density (:meth:`~_BracketSelect.small_size`, :meth:`~_BracketSelect.sample_stride`),
-as :mod:`.host` does. The tuning constants below are read at call time, so tests shrink
+sample and bracket (:meth:`~_BracketSelect.small_size`,
+:meth:`~_BracketSelect.sample_stride`, :meth:`~_BracketSelect.sigmas`), as :mod:`.host`
+does. The tuning constants below are read at call time, so tests shrink
 them with ``monkeypatch`` to reach every path on small data.
 """
 
@@ -24,7 +25,7 @@ from typing import Any, NamedTuple
 #: take a smaller crossover, never a larger one: lowering this forces the bracket).
 SMALL_SIZE = 1 << 22
 #: Entries per chunk in the host scan (fits the L2 cache with its temporaries).
-CHUNK_SIZE = 1 << 16
+CHUNK_SIZE = 1 << 18
 #: The stratified sample holds one entry in SAMPLE_STRIDE, within these bounds. A
 #: larger sample narrows the bracket, and gathering the candidates (mispredicted
 #: branches, one per candidate) costs more than sorting the sample.
@@ -103,6 +104,10 @@ class _BracketSelect:
         """Stride of the stratified sample of `total` keys."""
         return stratified_stride(total, SAMPLE_STRIDE)
 
+    def sigmas(self) -> float:
+        """Half-width of the bracket, in standard deviations of the sample rank."""
+        return BRACKET_SIGMAS
+
     def ranked(self, sample: Any, ranks: list[int]) -> list[tuple[Any, int, int]]:
         """The keys of rank `ranks` in `sample` (0-based), each with its run of equal keys.
 
@@ -138,7 +143,7 @@ class _BracketSelect:
         m = self.count(sample)
         q = kk / total
         centre = q * m
-        half = BRACKET_SIGMAS * math.sqrt(m * q * (1.0 - q)) + 2.0
+        half = self.sigmas() * math.sqrt(m * q * (1.0 - q)) + 2.0
         i_lo, i_hi = math.floor(centre - half), math.ceil(centre + half)
         c = min(max(int(centre), 0), m - 1)
         ranks = [c, *(i for i in (i_lo, i_hi) if 0 <= i < m)]

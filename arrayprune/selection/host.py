@@ -41,11 +41,15 @@ _BFLOAT16_INF_BITS = 0x7F80
 
 #: Up to this many entries in total (and up to ``bracket.SMALL_SIZE``), select exactly
 #: with ``np.partition``; above, the bracket. See :func:`small_size`.
-SMALL_SIZE = 1 << 16
+SMALL_SIZE = 1 << 15
 #: The host's stratified sample holds one key in SAMPLE_STRIDE (within
 #: ``bracket.SAMPLE_BOUNDS``). It is partitioned, not sorted, so it can be denser than
 #: the portable one: each sampled key saves more in gathered candidates than it costs.
 SAMPLE_STRIDE = 12
+#: The host's bracket half-width, in standard deviations of the sample rank (and at most
+#: ``bracket.BRACKET_SIGMAS``). A miss, about once in 16,000 calls at 4, costs one more
+#: scan; the candidates a wider bracket gathers cost on every call.
+BRACKET_SIGMAS = 4.0
 #: Key arrays longer than this (samples, candidates) are narrowed by a sub-sample of one
 #: key in NARROW_STRIDE before a partition (`_narrow`).
 NARROW_SIZE = 1 << 12
@@ -62,6 +66,11 @@ def small_size() -> int:
     bounds it, so that lowering that one forces the bracket on every storage.
     """
     return min(SMALL_SIZE, bracket.SMALL_SIZE)
+
+
+def sigmas() -> float:
+    """The host's bracket half-width: `BRACKET_SIGMAS`, at most ``bracket.BRACKET_SIGMAS``."""
+    return min(BRACKET_SIGMAS, bracket.BRACKET_SIGMAS)
 
 
 def keep_one(x: Array, k: int) -> Array | None:
@@ -191,6 +200,9 @@ class _NumpyBitsSelect(_BracketSelect):
 
     def sample_stride(self, total: int) -> int:
         return stratified_stride(total, SAMPLE_STRIDE)
+
+    def sigmas(self) -> float:
+        return sigmas()
 
     def count(self, keys: np.ndarray) -> int:
         return keys.size
@@ -389,7 +401,7 @@ def _narrow(keys: np.ndarray, first: int, last: int) -> tuple[np.ndarray, int]:
         return keys, 0
     sub = keys[_sample_slice(n, NARROW_STRIDE)].copy()
     m = sub.size
-    half = bracket.BRACKET_SIGMAS * math.sqrt(m / 4) + 2.0  # the rank's deviation, at most
+    half = sigmas() * math.sqrt(m / 4) + 2.0  # the rank's deviation, at most
     j_lo, j_hi = math.floor(first * m / n - half), math.ceil((last + 1) * m / n + half)
     if j_lo < 0 and j_hi >= m:
         return keys, 0
