@@ -10,8 +10,10 @@ the crossover raised above the size), on the bracket ("bracket": the crossover a
 as dispatched ("auto"), and against the floor: one ``np.abs(x) > c`` pass writing a
 fresh output over the same bytes. The crossover is every ``SMALL_SIZE`` constant of
 ``arrayprune.selection`` (:data:`CROSSOVERS`), set around each sample only. NumPy
-arrays and CPU tensors (zero-copy views of the same data) take the same host path;
-float16 and float64 run at a few sizes. Masks are checked identical on both paths.
+arrays and CPU tensors (zero-copy views of the same data) take the same host path; a
+tensor's mask is also timed with one PyTorch thread ("auto, 1 thread"), as the mask is
+combined with the default mask in PyTorch. ``global_unstructured`` over 8 arrays, and
+float16 and float64, run at a few sizes. Masks are checked identical on all paths.
 
 Then the ResNet-18 pass of the drop-in against ``torch.nn.utils.prune``: the ``adapter``
 case of :mod:`benchmarks.cases`, as ``python -m benchmarks --cases adapter`` runs it.
@@ -108,29 +110,52 @@ def _as_numpy(mask: Any) -> np.ndarray:
     return mask.numpy() if torch is not None and isinstance(mask, torch.Tensor) else np.asarray(mask)
 
 
-def measure_size(lib: str, dtype: Any, e: int, settings: Settings) -> dict[str, Any]:
-    """One row: the three paths and the floor on ``2^e`` standard normal entries."""
-    n = 1 << e
-    x = data.vector(n, seed=e).astype(dtype, copy=False)
+def _as_list(masks: Any) -> list[Any]:
+    return masks if isinstance(masks, list) else [masks]
+
+
+def _inputs(lib: str, dtype: Any, e: int) -> dict[str, Callable[[], Any]]:
+    """The mask to time on about ``2^e`` standard normal entries ("run"), its "floor".
+
+    `lib` "numpy" and "torch": ``L1Unstructured(0.5).compute_mask(x, ones)`` on one
+    array, and for a tensor also ``torch.abs(t) > c`` ("torch floor") on the same bytes;
+    "global": ``global_unstructured`` (L1, amount 0.5) over 8 NumPy arrays of
+    ``(rows, 64)``, the floor one pass over each.
+    """
     c = dtype(cases.C_HALF)
-    ones = np.ones(n, dtype=bool)
-    arr, m = (x, ones) if lib == "numpy" else (torch.from_numpy(x), torch.from_numpy(ones))
+    if lib == "global":
+        arrays = [a.astype(dtype, copy=False) for a in data.global_arrays(data.global_shapes(1 << e, 8, 64))]
+        return {
+            "run": lambda: ap.global_unstructured(arrays, ap.L1Unstructured, amount=0.5),
+            "floor": lambda: [np.abs(a) > c for a in arrays],
+        }
+    x = data.vector(1 << e, seed=e).astype(dtype, copy=False)
+    ones = np.ones(x.size, dtype=bool)
+    out = {"floor": lambda: np.abs(x) > c}
+    if lib == "numpy":
+        out["run"] = lambda: ap.L1Unstructured(0.5).compute_mask(x, ones)
+    else:
+        t, m = torch.from_numpy(x), torch.from_numpy(ones)
+        out["run"] = lambda: ap.L1Unstructured(0.5).compute_mask(t, m)
+        out["torch floor"] = lambda: torch.abs(t) > float(c)
+    return out
 
-    def run(arr=arr, m=m):
-        return ap.L1Unstructured(0.5).compute_mask(arr, m)
 
-    limits = {"partition": n, "bracket": 0, "auto": None}
+def measure_size(lib: str, dtype: Any, e: int, settings: Settings) -> dict[str, Any]:
+    """One row: the three paths, the floor and, for tensors, PyTorch on one thread."""
+    inputs = _inputs(lib, dtype, e)
+    run = inputs.pop("run")
+    limits = {"partition": sys.maxsize, "bracket": 0, "auto": None}
     benches: dict[str, Any] = {p: _within(run, lambda v=limits[p]: crossover(v)) for p in PATHS}
-    benches["floor"] = lambda x=x, c=c: np.abs(x) > c
     if lib == "torch":
         # The mask combines with the default mask in PyTorch: on a loaded 2-core machine
         # its two threads can wait on each other for a time slice. Also timed on one.
         benches["auto, 1 thread"] = _within(run, lambda: torch_threads(1))
-        benches["torch floor"] = lambda t=arr, c=float(c): torch.abs(t) > c
+    benches.update(inputs)
     masks = {}
     for p in PATHS:
         with crossover(limits[p]):
-            masks[p] = _as_numpy(run())
+            masks[p] = np.concatenate([_as_numpy(m).ravel() for m in _as_list(run())])
     with crossover(limits["auto"]):
         taken = _path_taken(run)
     t = compare(benches, settings)
@@ -141,7 +166,7 @@ def measure_size(lib: str, dtype: Any, e: int, settings: Settings) -> dict[str, 
         "times": {k: v.median for k, v in t.items()},
         "auto_path": taken,
         "identical": all(np.array_equal(masks[p], masks["partition"]) for p in PATHS),
-        "pruned": int(n - np.count_nonzero(masks["auto"])),
+        "pruned": int(masks["auto"].size - np.count_nonzero(masks["auto"])),
     }
 
 
@@ -175,7 +200,7 @@ def targets(rows: list[dict[str, Any]], resnet: dict[str, Any] | None) -> list[s
     out = ["| target | measured | status |", "|---|---|---|"]
     for e, limit in TARGETS.items():
         for r in rows:
-            if r["exp"] == e and r["dtype"] == "float32":
+            if r["exp"] == e and r["dtype"] == "float32" and r["lib"] != "global":
                 t = r["times"]
                 ratio = t["auto"] / t["floor"]
                 status = "PASS" if ratio <= limit else "MISS"
@@ -214,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = [("numpy", np.float32, e) for e in exps]
     if torch is not None:
         plan += [("torch", np.float32, e) for e in exps]
+    plan += [("global", np.float32, e) for e in (16, 18, 20, 22)]
     plan += [("numpy", d, e) for d in (np.float16, np.float64) for e in (16, 20, 22)]
     gc.collect()
     gc.freeze()  # the libraries' own objects: out of every later collection
