@@ -49,7 +49,7 @@ try:
 except ImportError:  # pragma: no cover
     torch = None
 
-#: (module, name) of every crossover below which the host path selects exactly. Only
+#: (module, name) of every crossover up to which the host path selects exactly. Only
 #: those that exist are set: the script also runs against older revisions.
 CROSSOVERS = ((bracket, "SMALL_SIZE"), (host, "SMALL_SIZE"))
 PATHS = ("partition", "bracket", "auto")
@@ -90,7 +90,7 @@ def _within(run: Callable[[], Any], context: Callable[[], AbstractContextManager
 
 
 def _path_taken(run: Callable[[], Any]) -> str:
-    """"bracket" if `run` reaches the bracket's scan, else "partition"."""
+    """The path `run` takes: "bracket" if it reaches the bracket's scan, else "partition"."""
     taken = []
     locate = bracket._BracketSelect._locate
 

@@ -110,5 +110,26 @@ def test_both_sides_of_the_crossover(lib, offset):
 
 @pytest.mark.parametrize("total", [2, 3, 9, 10_000, 1 << 20, 1 << 26])
 def test_sample_stride_is_prime_to_six(total):
-    stride = bracket.stratified_stride(total, host.SAMPLE_STRIDE)
+    stride = host._NumpyBitsSelect([np.zeros(1, np.uint32)], [None]).sample_stride(total)
     assert stride % 2 == 1 and stride % 3 != 0
+
+
+def test_a_missed_bracket_widens_by_the_sample_first(monkeypatch):
+    monkeypatch.setattr(bracket, "SMALL_SIZE", 1 << 10)
+    monkeypatch.setattr(host, "BRACKET_SIGMAS", 0.0)  # a bracket of +-2 sample keys: misses often
+    brackets = []
+    scan = host._NumpyBitsSelect.scan
+
+    def spy(self, lo, hi):
+        brackets.append(lo != self.min_key and hi != self.max_key)
+        return scan(self, lo, hi)
+
+    monkeypatch.setattr(host._NumpyBitsSelect, "scan", spy)
+    x = np.random.default_rng(9).standard_normal(1 << 16).astype(np.float32)
+    widened = 0
+    for k in range(1, x.size, 997):
+        brackets.clear()
+        (keep,) = ap.smallest_magnitude_keep([x], k)
+        np.testing.assert_array_equal(keep, reference_keep([x], k)[0])
+        widened += len(brackets) > 1 and brackets[1]
+    assert widened  # some second scan took a bracket of sample keys, not the whole side

@@ -1,11 +1,12 @@
 """The sample-bracket select, independent of how keys are stored.
 
-Sort a small stratified sample of the keys and read off two values ``lo`` and ``hi``
-that enclose the k-th smallest with overwhelming probability. One pass over the data
-counts the keys below ``lo``, marks those above ``hi`` as kept, and collects the few
-keys in ``[lo, hi]`` (the candidates) with their positions. The k-th smallest is then
-selected exactly among the candidates. If the bracket missed, the scan is repeated with
-the bracket extended to the side that missed, which always succeeds. Main-memory
+Take a small stratified sample of the keys and read off, at two ranks, two values
+``lo`` and ``hi`` that enclose the k-th smallest with overwhelming probability. One pass
+over the data counts the keys below ``lo``, marks those above ``hi`` as kept, and
+collects the few keys in ``[lo, hi]`` (the candidates) with their positions. The k-th
+smallest is then selected exactly among the candidates. If the bracket missed, the scan
+is repeated with the bracket extended on the side that missed: by a few bracket widths
+of the sample first, then to the end of the key range, which always succeeds. Main-memory
 traffic is one read of the data and one write of the mask; nothing is concatenated.
 
 A storage (:mod:`.host`, :mod:`.portable`) subclasses :class:`_BracketSelect` and says
@@ -19,6 +20,7 @@ them with ``monkeypatch`` to reach every path on small data.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 #: Up to this many entries in total, select exactly without a bracket (a storage may
@@ -34,6 +36,8 @@ SAMPLE_STRIDE = 256
 SAMPLE_BOUNDS = (1 << 12, 1 << 17)
 #: Half-width of the bracket, in standard deviations of the sample rank.
 BRACKET_SIGMAS = 5.0
+#: A bracket that missed is extended by this many half-widths of sample ranks first.
+WIDEN = 3
 
 
 class _Tie(NamedTuple):
@@ -120,7 +124,7 @@ class _BracketSelect:
 
     def _locate(self, kk: int, total: int) -> _Tie | _Candidates | None:
         """Scan until the kk-th key is pinned down; None if three brackets missed."""
-        lo, hi, tie = self.bracket(kk, total)
+        lo, hi, tie, beyond = self.bracket(kk, total)
         if tie is not None:
             # The k-th key is probably one heavily repeated value (exact zeros of
             # weights pruned before, quantized weights): count instead of gathering.
@@ -128,18 +132,30 @@ class _BracketSelect:
             if below < kk <= below + sum(ties):
                 return _Tie(masks, tie, kk - below, ties)
             lo, hi = (self.after(tie), self.max_key) if kk > below + sum(ties) else (self.min_key, self.before(tie))
+            beyond = None
         for _ in range(3):
             masks, below, cand_keys, cand_where = self.scan(lo, hi)
             rank = kk - below
             if 1 <= rank <= self.count(cand_keys):
                 return _Candidates(masks, cand_keys, cand_where, rank)
-            # The bracket missed: the k-th key lies on one side of it. Extend that side
-            # to the end of the key range, which cannot miss.
-            lo, hi = (self.min_key, lo) if rank < 1 else (hi, self.max_key)
+            # The bracket missed: the k-th key lies on one side of it. Extend that side,
+            # first by a few bracket widths of the sample, then to the end of the key
+            # range, which cannot miss.
+            edge = None if beyond is None else beyond(rank < 1)
+            beyond = None
+            if rank < 1:
+                lo, hi = (self.min_key if edge is None else max(edge, self.min_key)), lo
+            else:
+                lo, hi = hi, (self.max_key if edge is None else edge)
         return None  # only reached for NaN thresholds on the portable path
 
-    def bracket(self, kk: int, total: int) -> tuple[Any, Any, Any]:
-        """Bounds ``lo``, ``hi`` likely to enclose the kk-th key, or a likely tie value."""
+    def bracket(self, kk: int, total: int) -> tuple[Any, Any, Any, Callable[[bool], Any]]:
+        """Bounds ``lo``, ``hi`` likely to enclose the kk-th key, or a likely tie value.
+
+        The last item, ``beyond(low)``, gives the sample key WIDEN bracket half-widths
+        below ``lo`` (`low`) or above ``hi``, None past the end of the sample: where to
+        extend the bracket if it missed.
+        """
         sample = self.sample(self.sample_stride(total))
         m = self.count(sample)
         q = kk / total
@@ -150,8 +166,13 @@ class _BracketSelect:
         ranks = [c, *(i for i in (i_lo, i_hi) if 0 <= i < m)]
         found = dict(zip(ranks, self.ranked(sample, ranks), strict=True))
         value, first, last = found[c]
+
+        def beyond(low: bool) -> Any:
+            i = math.floor(i_lo - WIDEN * half) if low else math.ceil(i_hi + WIDEN * half)
+            return self.ranked(sample, [i])[0][0] if 0 <= i < m else None
+
         if last - first > half and value >= self.min_key:
-            return None, None, value
+            return None, None, value, beyond
         lo, hi = self.min_key, self.max_key
         # A heavy run of equal keys at an edge, wholly on one side of the centre, is
         # moved out of the bracket: it is counted, not gathered as candidates.
@@ -165,7 +186,7 @@ class _BracketSelect:
                 hi = self.before(hi)
         # Ineligible keys sit below min_key and must never become candidates.
         lo = max(lo, self.min_key)
-        return lo, max(lo, hi), None
+        return lo, max(lo, hi), None, beyond
 
 
 def check_rank(k: int, n: int) -> None:

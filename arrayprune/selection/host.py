@@ -46,10 +46,11 @@ _BFLOAT16_INF_BITS = 0x7F80
 #: Up to this many entries in total (and up to ``bracket.SMALL_SIZE``), select exactly
 #: with ``np.partition``; above, the bracket. See :func:`small_size`.
 SMALL_SIZE = 1 << 15
-#: The host's stratified sample holds one key in SAMPLE_STRIDE (within
-#: ``bracket.SAMPLE_BOUNDS``). It is partitioned, not sorted, so it can be denser than
-#: the portable one: each sampled key saves more in gathered candidates than it costs.
-SAMPLE_STRIDE = 12
+#: The host's stratified sample holds about SAMPLE_SCALE * n**(2/3) of n keys (within
+#: ``bracket.SAMPLE_BOUNDS``), the size that balances its cost (reading and ranking it,
+#: linear in its size) against that of the candidates (inverse to its square root).
+#: Its ranks are selected, not sorted, so it can be denser than the portable one.
+SAMPLE_SCALE = 5.0
 #: The host's bracket half-width, in standard deviations of the sample rank (and at most
 #: ``bracket.BRACKET_SIGMAS``). A miss, about once in 16,000 calls at 4, costs one more
 #: scan; the candidates a wider bracket gathers cost on every call.
@@ -203,7 +204,7 @@ class _NumpyBitsSelect(_BracketSelect):
         return small_size()
 
     def sample_stride(self, total: int) -> int:
-        return stratified_stride(total, SAMPLE_STRIDE)
+        return stratified_stride(total, max(1, round(total ** (1 / 3) / SAMPLE_SCALE)))
 
     def sigmas(self) -> float:
         return sigmas()
