@@ -52,9 +52,11 @@ SMALL_SIZE = 1 << 15
 #: Its ranks are selected, not sorted, so it can be denser than the portable one.
 SAMPLE_SCALE = 5.0
 #: The host's bracket half-width, in standard deviations of the sample rank (and at most
-#: ``bracket.BRACKET_SIGMAS``). A miss, about once in 16,000 calls at 4, costs one more
-#: scan; the candidates a wider bracket gathers cost on every call.
-BRACKET_SIGMAS = 4.0
+#: ``bracket.BRACKET_SIGMAS``). A miss, at most once in 370 calls at 3 (the stratified
+#: sample's rank varies less than a random one's on structured weights), costs one more
+#: scan over a bracket 1.5 times as wide; the candidates a wider bracket gathers cost on
+#: every call.
+BRACKET_SIGMAS = 3.0
 #: Key arrays longer than this (samples, candidates) are narrowed by a sub-sample of one
 #: key in NARROW_STRIDE before a partition (`_narrow`).
 NARROW_SIZE = 1 << 12
