@@ -13,7 +13,7 @@ from torch.nn.utils import prune as _tprune
 
 from arrayprune.methods import combine_masks
 
-from ._tensors import check_shape, detached, free_name, plain_module
+from ._tensors import check_shape, detached, free_name, masked, plain_module
 
 
 class BasePruningMethod(_tprune.BasePruningMethod):
@@ -40,7 +40,7 @@ class BasePruningMethod(_tprune.BasePruningMethod):
         if name is None or name + "_orig" not in params or name + "_mask" not in buffers:
             return super().remove(module)  # PyTorch's own checks and messages
         orig, mask = params[name + "_orig"], buffers[name + "_mask"].detach()
-        weight = (mask if mask.dtype == orig.dtype else mask.to(dtype=orig.dtype)) * orig.detach()
+        weight = masked(mask if mask.dtype == orig.dtype else mask.to(dtype=orig.dtype), orig.detach())
         module.__dict__.pop(name, None)
         orig.data = weight
         del params[name + "_orig"], buffers[name + "_mask"]

@@ -1,28 +1,34 @@
 """The sample-bracket select, independent of how keys are stored.
 
-Sort a small stratified sample of the keys and read off two values ``lo`` and ``hi``
-that enclose the k-th smallest with overwhelming probability. One pass over the data
-counts the keys below ``lo``, marks those above ``hi`` as kept, and collects the few
-keys in ``[lo, hi]`` (the candidates) with their positions. The k-th smallest is then
-selected exactly among the candidates. If the bracket missed, the scan is repeated with
-the bracket extended to the side that missed, which always succeeds. Main-memory
+Take a small stratified sample of the keys and read off, at two ranks, two values
+``lo`` and ``hi`` that enclose the k-th smallest with overwhelming probability. One pass
+over the data counts the keys below ``lo``, marks those above ``hi`` as kept, and
+collects the few keys in ``[lo, hi]`` (the candidates) with their positions. The k-th
+smallest is then selected exactly among the candidates. If the bracket missed, the scan
+is repeated with the bracket extended on the side that missed: by a few bracket widths
+of the sample first, then to the end of the key range, which always succeeds. Main-memory
 traffic is one read of the data and one write of the mask; nothing is concatenated.
 
 A storage (:mod:`.host`, :mod:`.portable`) subclasses :class:`_BracketSelect` and says
-how keys are read and how results are written. The tuning constants below are read at
-call time, so tests shrink them with ``monkeypatch`` to reach every path on small data.
+how keys are read and how results are written; it may also choose its own crossover and
+sample and bracket (:meth:`~_BracketSelect.small_size`,
+:meth:`~_BracketSelect.sample_stride`, :meth:`~_BracketSelect.sigmas`), as :mod:`.host`
+does. The tuning constants below are read at call time, so tests shrink
+them with ``monkeypatch`` to reach every path on small data.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
-#: Below this many entries in total, select exactly without a bracket. NumPy's SIMD
-#: partition wins while the data stays in the last-level cache.
+#: Up to this many entries in total, select exactly without a bracket (a storage may
+#: take a smaller crossover, never a larger one: lowering this forces the bracket).
 SMALL_SIZE = 1 << 22
-#: Entries per chunk in the host scan (fits the L2 cache with its temporaries).
-CHUNK_SIZE = 1 << 16
+#: Entries per chunk in the host scan: its keys and flags stay in cache, and longer
+#: chunks spend less Python per entry (measured best of 2^16 to 2^18, 2^18 to 2^25).
+CHUNK_SIZE = 1 << 18
 #: The stratified sample holds one entry in SAMPLE_STRIDE, within these bounds. A
 #: larger sample narrows the bracket, and gathering the candidates (mispredicted
 #: branches, one per candidate) costs more than sorting the sample.
@@ -30,6 +36,8 @@ SAMPLE_STRIDE = 256
 SAMPLE_BOUNDS = (1 << 12, 1 << 17)
 #: Half-width of the bracket, in standard deviations of the sample rank.
 BRACKET_SIGMAS = 5.0
+#: A bracket that missed is extended by this many half-widths of sample ranks first.
+WIDEN = 3
 
 
 class _Tie(NamedTuple):
@@ -55,8 +63,9 @@ class _BracketSelect:
 
     Subclasses say how keys are read (`sample`, `scan`, `scan_tie`, `exact`,
     `exact_kth`) and how results are written back (`write_candidates`,
-    `resolve_tie`), and give the helpers on keys the bracket needs (`count`, `at`,
-    `run`, `after`, `before`, `nth`, `min_key`, `max_key`). Ineligible entries get a
+    `resolve_tie`), and give the helpers on keys the bracket needs (`count`, `at`
+    and `run` on a sorted sample or else `ranked`, `after`, `before`, `nth`,
+    `min_key`, `max_key`). Ineligible entries get a
     key below every eligible one, so selecting ``k + n_ineligible`` smallest keys drops
     them all plus the `k` wanted; `scan` and `exact` then report them as kept.
     """
@@ -74,7 +83,7 @@ class _BracketSelect:
             raise ValueError(f"cannot drop {k} of {total - self.n_ineligible} entries")
         if k == 0:
             return self.all_kept()
-        found = None if total <= SMALL_SIZE else self._locate(kk, total)
+        found = None if total <= self.small_size() else self._locate(kk, total)
         if found is None:
             return self.exact(kk)
         if isinstance(found, _Tie):
@@ -87,14 +96,35 @@ class _BracketSelect:
         """The `k`-th smallest key (1-based), with the same passes as `keep`."""
         total = sum(self.sizes)
         check_rank(k, total)
-        found = None if total <= SMALL_SIZE else self._locate(k, total)
+        found = None if total <= self.small_size() else self._locate(k, total)
         if found is None:
             return self.exact_kth(k)
         return found.value if isinstance(found, _Tie) else self.nth(found.keys, found.rank)
 
+    def small_size(self) -> int:
+        """Up to this many entries in total, select exactly (`exact`, `exact_kth`)."""
+        return SMALL_SIZE
+
+    def sample_stride(self, total: int) -> int:
+        """Stride of the stratified sample of `total` keys."""
+        return stratified_stride(total, SAMPLE_STRIDE)
+
+    def sigmas(self) -> float:
+        """Half-width of the bracket, in standard deviations of the sample rank."""
+        return BRACKET_SIGMAS
+
+    def ranked(self, sample: Any, ranks: list[int]) -> list[tuple[Any, int, int]]:
+        """The keys of rank `ranks` in `sample` (0-based), each with its run of equal keys.
+
+        Returns ``(key, first, last)`` per rank: the key, and the first and last ranks
+        holding keys equal to it. The default reads a sorted sample with `at` and `run`;
+        a storage whose `sample` is not sorted selects these ranks instead.
+        """
+        return [(self.at(sample, r), *self.run(sample, r)) for r in ranks]
+
     def _locate(self, kk: int, total: int) -> _Tie | _Candidates | None:
         """Scan until the kk-th key is pinned down; None if three brackets missed."""
-        lo, hi, tie = self.bracket(kk, total)
+        lo, hi, tie, beyond = self.bracket(kk, total)
         if tie is not None:
             # The k-th key is probably one heavily repeated value (exact zeros of
             # weights pruned before, quantized weights): count instead of gathering.
@@ -102,50 +132,79 @@ class _BracketSelect:
             if below < kk <= below + sum(ties):
                 return _Tie(masks, tie, kk - below, ties)
             lo, hi = (self.after(tie), self.max_key) if kk > below + sum(ties) else (self.min_key, self.before(tie))
+            beyond = None
         for _ in range(3):
             masks, below, cand_keys, cand_where = self.scan(lo, hi)
             rank = kk - below
             if 1 <= rank <= self.count(cand_keys):
                 return _Candidates(masks, cand_keys, cand_where, rank)
-            # The bracket missed: the k-th key lies on one side of it. Extend that side
-            # to the end of the key range, which cannot miss.
-            lo, hi = (self.min_key, lo) if rank < 1 else (hi, self.max_key)
+            # The bracket missed: the k-th key lies on one side of it. Extend that side,
+            # first by a few bracket widths of the sample, then to the end of the key
+            # range, which cannot miss.
+            edge = None if beyond is None else beyond(rank < 1)
+            beyond = None
+            if rank < 1:
+                lo, hi = (self.min_key if edge is None else max(edge, self.min_key)), lo
+            else:
+                lo, hi = hi, (self.max_key if edge is None else edge)
         return None  # only reached for NaN thresholds on the portable path
 
-    def bracket(self, kk: int, total: int) -> tuple[Any, Any, Any]:
-        """Bounds ``lo``, ``hi`` likely to enclose the kk-th key, or a likely tie value."""
-        size = min(max(total // SAMPLE_STRIDE, SAMPLE_BOUNDS[0]), SAMPLE_BOUNDS[1])
-        sample = self.sample(max(1, total // size))
+    def bracket(self, kk: int, total: int) -> tuple[Any, Any, Any, Callable[[bool], Any]]:
+        """Bounds ``lo``, ``hi`` likely to enclose the kk-th key, or a likely tie value.
+
+        The last item, ``beyond(low)``, gives the sample key WIDEN bracket half-widths
+        below ``lo`` (`low`) or above ``hi``, None past the end of the sample: where to
+        extend the bracket if it missed.
+        """
+        sample = self.sample(self.sample_stride(total))
         m = self.count(sample)
         q = kk / total
         centre = q * m
-        half = BRACKET_SIGMAS * math.sqrt(m * q * (1.0 - q)) + 2.0
+        half = self.sigmas() * math.sqrt(m * q * (1.0 - q)) + 2.0
         i_lo, i_hi = math.floor(centre - half), math.ceil(centre + half)
         c = min(max(int(centre), 0), m - 1)
-        first, last = self.run(sample, c)
-        if last - first > half and self.at(sample, c) >= self.min_key:
-            return None, None, self.at(sample, c)
-        lo = self.at(sample, i_lo) if i_lo >= 0 else self.min_key
-        hi = self.at(sample, i_hi) if i_hi < m else self.max_key
+        ranks = [c, *(i for i in (i_lo, i_hi) if 0 <= i < m)]
+        found = dict(zip(ranks, self.ranked(sample, ranks), strict=True))
+        value, first, last = found[c]
+
+        def beyond(low: bool) -> Any:
+            i = math.floor(i_lo - WIDEN * half) if low else math.ceil(i_hi + WIDEN * half)
+            return self.ranked(sample, [i])[0][0] if 0 <= i < m else None
+
+        if last - first > half and value >= self.min_key:
+            return None, None, value, beyond
+        lo, hi = self.min_key, self.max_key
         # A heavy run of equal keys at an edge, wholly on one side of the centre, is
         # moved out of the bracket: it is counted, not gathered as candidates.
         if i_lo >= 0:
-            first, last = self.run(sample, i_lo)
+            lo, first, last = found[i_lo]
             if last - first > half and last < c:
                 lo = self.after(lo)
         if i_hi < m:
-            first, last = self.run(sample, i_hi)
+            hi, first, last = found[i_hi]
             if last - first > half and first > c:
                 hi = self.before(hi)
         # Ineligible keys sit below min_key and must never become candidates.
         lo = max(lo, self.min_key)
-        return lo, max(lo, hi), None
+        return lo, max(lo, hi), None, beyond
 
 
 def check_rank(k: int, n: int) -> None:
     """Raise unless `k` is a rank (1-based) in an array of `n` entries."""
     if not 1 <= k <= n:
         raise ValueError(f"k={k} is out of range for an array of {n} entries")
+
+
+def stratified_stride(total: int, stride: int) -> int:
+    """The stride giving about one key in `stride` of `total`, within SAMPLE_BOUNDS keys.
+
+    It is prime to 2 and 3: weight layouts repeat with periods made of those (rows of
+    256 entries, 3x3 kernels), and a stride sharing a factor with the period would see
+    only some of its positions.
+    """
+    size = min(max(total // stride, SAMPLE_BOUNDS[0]), SAMPLE_BOUNDS[1])
+    stride = max(1, total // size) | 1
+    return stride + 2 if stride % 3 == 0 else stride
 
 
 def _sample_slice(n: int, stride: int) -> slice:

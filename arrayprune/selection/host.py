@@ -12,13 +12,18 @@ order is the wanted order, exact and total:
 
 Small inputs are selected exactly with NumPy's partition: on the values themselves
 where NumPy's order is the wanted one (one float vector by magnitude, checked by a
-count; values by value, as NumPy ranks NaN last), else on the keys. Larger ones take the
-bracket of :mod:`.bracket`, streamed over the keys in cache-sized chunks. PyTorch is
-never imported: CPU tensors are recognised through ``sys.modules``.
+count; values by value, as NumPy ranks NaN last), else on the keys. Larger ones (above
+`SMALL_SIZE`, 2^15 entries) take the bracket of :mod:`.bracket`, streamed over the keys
+in cache-sized chunks: its sample is partitioned rather than sorted, and long arrays of
+keys (samples, candidates) are narrowed by a sub-sample before a partition
+(`_narrow`), so that NumPy's partition, 5x faster on some machines than on others,
+only ever sees a few percent of the data. PyTorch is never imported: CPU tensors are
+recognised through ``sys.modules``.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any, NamedTuple
 
@@ -26,7 +31,7 @@ import array_api_compat as apc
 import numpy as np
 
 from . import bracket
-from .bracket import _BracketSelect, _sample_slice, check_rank
+from .bracket import _BracketSelect, _sample_slice, check_rank, stratified_stride
 
 Array = Any
 
@@ -38,16 +43,53 @@ _NATIVE_FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.floa
 _INF_BITS = {2: 0x7C00, 4: 0x7F80_0000, 8: 0x7FF0_0000_0000_0000}
 _BFLOAT16_INF_BITS = 0x7F80
 
+#: Up to this many entries in total (and up to ``bracket.SMALL_SIZE``), select exactly
+#: with ``np.partition``; above, the bracket. See :func:`small_size`.
+SMALL_SIZE = 1 << 15
+#: The host's stratified sample holds about SAMPLE_SCALE * n**(2/3) of n keys (within
+#: ``bracket.SAMPLE_BOUNDS``), the size that balances its cost (reading and ranking it,
+#: linear in its size) against that of the candidates (inverse to its square root).
+#: Its ranks are selected, not sorted, so it can be denser than the portable one.
+SAMPLE_SCALE = 5.0
+#: The host's bracket half-width, in standard deviations of the sample rank (and at most
+#: ``bracket.BRACKET_SIGMAS``). A miss, at most once in 370 calls at 3 (the stratified
+#: sample's rank varies less than a random one's on structured weights), costs one more
+#: scan over a bracket 1.5 times as wide; the candidates a wider bracket gathers cost on
+#: every call.
+BRACKET_SIGMAS = 3.0
+#: Key arrays longer than this (samples, candidates) are narrowed by a sub-sample of one
+#: key in NARROW_STRIDE before a partition (`_narrow`).
+NARROW_SIZE = 1 << 12
+NARROW_STRIDE = 16
+
+
+def small_size() -> int:
+    """Up to this many entries in total, the host selects exactly with ``np.partition``.
+
+    NumPy's partition costs 1 to 10 ns per entry depending on the machine (its SIMD
+    kernels are 5x apart on two machines of one CPU family), the bracket a few passes over
+    the data: the crossover is where the bracket wins on the slower machine, and not far
+    from it on the faster one (``benchmarks/midsize.py``). ``bracket.SMALL_SIZE`` also
+    bounds it, so that lowering that one forces the bracket on every storage.
+    """
+    return min(SMALL_SIZE, bracket.SMALL_SIZE)
+
+
+def sigmas() -> float:
+    """The host's bracket half-width: `BRACKET_SIGMAS`, at most ``bracket.BRACKET_SIGMAS``."""
+    return min(BRACKET_SIGMAS, bracket.BRACKET_SIGMAS)
+
 
 def keep_one(x: Array, k: int) -> Array | None:
     """The keep mask for one small host float array, or None if `x` is not one.
 
     The commonest call, and the one where per-call overhead shows: the exact path.
     """
-    if type(x) is np.ndarray and x.ndim == 1 and x.dtype in _NATIVE_FLOATS and x.size <= bracket.SMALL_SIZE:
+    small = small_size()
+    if type(x) is np.ndarray and x.ndim == 1 and x.dtype in _NATIVE_FLOATS and x.size <= small:
         return _small_keep_float(x, k)  # a flat NumPy vector: the leanest path
     bits = _host_bits(x)
-    if bits is not None and bits.size <= bracket.SMALL_SIZE:
+    if bits is not None and bits.size <= small:
         return _from_host(_small_keep(bits, k), x)
     return None
 
@@ -78,7 +120,7 @@ def kth_smallest(x: Array, k: int) -> Array | None:
     view = _host_values(x)
     if view is None:
         return None
-    if view.values is not None and view.bits.size <= bracket.SMALL_SIZE:
+    if view.values is not None and view.bits.size <= small_size():
         # The exact path on the values themselves, as `keep_one` does: NumPy's partition
         # ranks NaN last, and keys would cost passes a copy does not.
         check_rank(k, view.values.size)
@@ -160,15 +202,28 @@ class _NumpyBitsSelect(_BracketSelect):
             return key ^ self.sign if key >= self.sign else ~key
         return key ^ self.sign if self.by_value == "i" else key
 
+    def small_size(self) -> int:
+        return small_size()
+
+    def sample_stride(self, total: int) -> int:
+        return stratified_stride(total, max(1, round(total ** (1 / 3) / SAMPLE_SCALE)))
+
+    def sigmas(self) -> float:
+        return sigmas()
+
     def count(self, keys: np.ndarray) -> int:
         return keys.size
 
-    def at(self, keys: np.ndarray, i: int) -> Any:
-        return keys[i]
-
-    def run(self, sample: np.ndarray, i: int) -> tuple[int, int]:
-        v = sample[i]
-        return int(np.searchsorted(sample, v, "left")), int(np.searchsorted(sample, v, "right")) - 1
+    def ranked(self, sample: np.ndarray, ranks: list[int]) -> list[tuple[Any, int, int]]:
+        part, offset = _narrow(sample, min(ranks), max(ranks))
+        part.partition(sorted({r - offset for r in ranks}))  # `sample` is ours to reorder
+        out = []
+        for r in ranks:
+            # Rank i is in place: the keys before it are <= part[i], those after >=.
+            i = r - offset
+            equal = part == part[i]
+            out.append((part[i], r - int(np.count_nonzero(equal[:i])), r + int(np.count_nonzero(equal[i + 1 :]))))
+        return out
 
     def after(self, v: Any) -> Any:
         return v + 1 if v < self.max_key else v
@@ -176,8 +231,11 @@ class _NumpyBitsSelect(_BracketSelect):
     def before(self, v: Any) -> Any:
         return v - 1 if v > self.min_key else v
 
+    def _chunk(self) -> int:
+        return min(bracket.CHUNK_SIZE, max(self.sizes))
+
     def _chunks(self):
-        chunk = min(bracket.CHUNK_SIZE, max(self.sizes))
+        chunk = self._chunk()
         for i, n in enumerate(self.sizes):
             for start in range(0, n, chunk):
                 yield i, slice(start, min(start + chunk, n))
@@ -185,7 +243,7 @@ class _NumpyBitsSelect(_BracketSelect):
     def scan_tie(self, v: Any):
         """One pass: kept = key > v, and the number of keys below and equal to v."""
         masks = [np.empty(n, dtype=bool) for n in self.sizes]
-        key_buf = np.empty(min(bracket.CHUNK_SIZE, max(self.sizes)), dtype=self.bits[0].dtype)
+        key_buf = np.empty(self._chunk(), dtype=self.bits[0].dtype)
         below, ties = 0, []
         for i, sl in self._chunks():
             m = sl.stop - sl.start
@@ -202,7 +260,7 @@ class _NumpyBitsSelect(_BracketSelect):
 
     def resolve_tie(self, masks, v: Any, need: int, ties: list[int]) -> None:
         """Keep the keys equal to v after the first `need` of them (in position order)."""
-        key_buf = np.empty(min(bracket.CHUNK_SIZE, max(self.sizes)), dtype=self.bits[0].dtype)
+        key_buf = np.empty(self._chunk(), dtype=self.bits[0].dtype)
         for (i, sl), n_ties in zip(self._chunks(), ties, strict=True):
             if n_ties == 0:
                 continue
@@ -219,19 +277,15 @@ class _NumpyBitsSelect(_BracketSelect):
 
     def sample(self, stride: int) -> np.ndarray:
         parts = [self._keys(i, _sample_slice(n, stride)) for i, n in enumerate(self.sizes)]
-        sample = np.concatenate(parts)
-        sample.sort()
-        return sample
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)  # a new array either way
 
     # passes ----------------------------------------------------------------------------
     def scan(self, lo: Any, hi: Any):
-        # Per chunk, in cache: keys, kept = key > hi, then key - lo in place. Unsigned
-        # subtraction wraps the keys below lo to huge values, so one comparison with
-        # hi - lo finds the candidates, and "below" is what is neither kept nor one.
+        # Per chunk, in cache: keys, kept = key > hi, and the candidates lo <= key <= hi
+        # as (key >= lo) != kept (lo <= hi); "below" is what is neither kept nor one.
         masks, cand_keys, cand_where = [], [], []
         below = 0
-        span = self.bits[0].dtype.type(hi - lo)
-        chunk = min(bracket.CHUNK_SIZE, max(self.sizes))
+        chunk = self._chunk()
         key_buf = np.empty(chunk, dtype=self.bits[0].dtype)
         cand_buf = np.empty(chunk, dtype=bool)
         for i, n in enumerate(self.sizes):
@@ -244,12 +298,12 @@ class _NumpyBitsSelect(_BracketSelect):
                 kept = keep[sl]
                 cand = cand_buf[:m]
                 np.greater(key, hi, out=kept)
-                np.subtract(key, lo, out=key)
-                np.less_equal(key, span, out=cand)
-                pos = np.flatnonzero(cand)
+                np.greater_equal(key, lo, out=cand)
+                np.not_equal(cand, kept, out=cand)
+                pos = cand.nonzero()[0]
                 below += m - int(np.count_nonzero(kept)) - pos.size
                 if pos.size:
-                    cand_keys.append(key[pos] + lo)
+                    cand_keys.append(key[pos])
                     cand_where.append((i, pos + start))
                 if e is not None:
                     np.logical_not(e[sl], out=cand)
@@ -269,7 +323,8 @@ class _NumpyBitsSelect(_BracketSelect):
         return [np.ones(n, dtype=bool) for n in self.sizes]
 
     def nth(self, keys: np.ndarray, rank: int) -> Any:
-        return _nth_in_place(keys.copy(), rank)
+        part, offset = _narrow(keys, rank - 1, rank - 1)
+        return _nth_in_place(part.copy() if part is keys else part, rank - offset)
 
     def _all_keys(self) -> np.ndarray:
         """The keys of all arrays, in order, as a new array."""
@@ -335,6 +390,37 @@ def _nth_in_place(keys: np.ndarray, rank: int) -> Any:
     """
     keys.partition(rank - 1)
     return keys[rank - 1]
+
+
+def _narrow(keys: np.ndarray, first: int, last: int) -> tuple[np.ndarray, int]:
+    """The keys of a value range holding ranks `first` to `last` (0-based) of `keys`.
+
+    Returns ``(part, offset)``: `part` holds, in any order, every key of a range
+    ``[a, b]`` such that ranks ``first - offset`` to ``last - offset`` of `part` are
+    those ranks of `keys`, and keys equal to them are all in `part`. A sub-sample
+    brackets the range, then a pass gathers its keys: a few passes and a gather of a
+    few percent of the keys, where a partition of them all costs more, and 5x more on
+    some machines than on others. Short arrays, or a bracket that missed, give
+    ``(keys, 0)``.
+    """
+    n = keys.size
+    if n <= NARROW_SIZE:
+        return keys, 0
+    sub = keys[_sample_slice(n, NARROW_STRIDE)].copy()
+    m = sub.size
+    half = sigmas() * math.sqrt(m / 4) + 2.0  # the rank's deviation, at most
+    j_lo, j_hi = math.floor(first * m / n - half), math.ceil((last + 1) * m / n + half)
+    if j_lo < 0 and j_hi >= m:
+        return keys, 0
+    sub.partition([j for j in (j_lo, j_hi) if 0 <= j < m])
+    inside = keys >= (sub[j_lo] if j_lo >= 0 else 0)
+    offset = n - int(np.count_nonzero(inside))
+    if j_hi < m:
+        inside &= keys <= sub[j_hi]
+    part = np.compress(inside, keys)
+    if not offset <= first <= last < offset + part.size:
+        return keys, 0
+    return part, offset
 
 
 def _keep_after_rank(keys: np.ndarray, rank: int, v: Any) -> np.ndarray:
