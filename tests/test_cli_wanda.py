@@ -7,13 +7,12 @@ unit), `reference_keep` (global) or a 2:4 selection along K.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
+from exports import digits_mlp  # noqa: E402
 from onnx import numpy_helper  # noqa: E402
 from test_wanda import reference_wanda  # noqa: E402
 
@@ -33,20 +32,8 @@ def _norms(a: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
     """skl2onnx's digits MLP (MatMul B [K, N]), its weights by layer, and calibration data."""
-    pytest.importorskip("sklearn")
-    skl2onnx = pytest.importorskip("skl2onnx")
-    from sklearn.datasets import load_digits
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPClassifier
-
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16).astype(np.float32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        clf = MLPClassifier(hidden_layer_sizes=(32, 16), max_iter=50, random_state=0).fit(x, y)
     folder = tmp_path_factory.mktemp("digits")
-    path = folder / "mlp.onnx"
-    onnx.save_model(skl2onnx.to_onnx(clf, x[:1], options={"zipmap": False}), str(path))
+    clf, path, x = digits_mlp(folder)
     calib = folder / "calib.npz"
     np.savez(calib, X=x[:200])
     inits = _initializers(path)

@@ -8,13 +8,13 @@ MatMul B ``[K, N]``; the example model: Gemm ``transB=1`` ``[N, K]``), masks aga
 from __future__ import annotations
 
 import io
-import warnings
 
 import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
+from exports import digits_mlp as digits_mlp_export  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from test_wanda import reference_wanda  # noqa: E402
 
@@ -38,19 +38,7 @@ def _norms(a: np.ndarray, axis: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def digits_mlp(tmp_path_factory):
-    pytest.importorskip("sklearn")
-    skl2onnx = pytest.importorskip("skl2onnx")
-    from sklearn.datasets import load_digits
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPClassifier
-
-    x, y = load_digits(return_X_y=True)
-    x = x.astype(np.float32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        clf = MLPClassifier(hidden_layer_sizes=(32, 16), max_iter=20, random_state=0).fit(x, y)
-    path = tmp_path_factory.mktemp("digits") / "mlp.onnx"
-    onnx.save_model(skl2onnx.to_onnx(clf, x[:1], options={"zipmap": False}), str(path))
+    clf, path, x = digits_mlp_export(tmp_path_factory.mktemp("digits"))
     return clf, str(path), x
 
 
