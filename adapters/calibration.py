@@ -133,11 +133,14 @@ def onnx_input_norms(
             raise ValueError(f"{name!r} cannot be calibrated ({found}); leave it out with --exclude")
         feeds[name] = found
     session = _session(wf, sorted({f.activation for fs in feeds.values() for f in fs}))
-    samples = _check_inputs(session, calibration)
+    casts, samples = _check_inputs(session, calibration)
     wanted = [o.name for o in session.get_outputs()]
     sums: dict[str, np.ndarray] = {}
     for start in range(0, samples, batch_size):
-        batch = {k: v[start : start + batch_size] for k, v in calibration.items()}
+        batch = {}
+        for k, cast in casts.items():  # one batch cast at a time: memory holds one batch
+            part = calibration[k][start : start + batch_size]
+            batch[k] = part if cast is None else part.astype(cast)
         try:
             outputs = dict(zip(wanted, session.run(wanted, batch), strict=True))
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
@@ -183,22 +186,19 @@ def _session(wf: Any, activations: list[str]) -> Any:
         raise ValueError(f"onnxruntime cannot load the model: {_first_line(exc)}") from None
 
 
-def _check_inputs(session: Any, calibration: Mapping[str, np.ndarray]) -> int:
-    """Check the calibration arrays against the graph inputs (cast floats); the sample count."""
+def _check_inputs(session: Any, calibration: Mapping[str, np.ndarray]) -> tuple[dict[str, Any], int]:
+    """Check the calibration arrays against the graph inputs: the dtype to cast each to, the sample count."""
     inputs = {i.name: i for i in session.get_inputs()}
     missing = [n for n in inputs if n not in calibration]
     extra = [n for n in calibration if n not in inputs]
     if missing or extra:
         what = f"lacks graph input {missing[0]!r}" if missing else f"has {extra[0]!r}, not a graph input"
         raise ValueError(f"the calibration data {what} (graph inputs: {', '.join(map(repr, inputs))})")
+    casts = {}
     for name, info in inputs.items():
-        want = _ORT_FLOATS.get(info.type)
-        have = calibration[name]
-        if want is not None and have.dtype.kind == "f" and have.dtype != want:
-            if not isinstance(calibration, dict):
-                raise TypeError("calibration must be a dict to cast its arrays")
-            calibration[name] = have.astype(want)
-    return int(next(iter(calibration.values())).shape[0])
+        want, have = _ORT_FLOATS.get(info.type), calibration[name].dtype
+        casts[name] = want if want is not None and have.kind == "f" and have != want else None
+    return casts, int(next(iter(calibration.values())).shape[0])
 
 
 def _first_line(exc: Exception) -> str:
