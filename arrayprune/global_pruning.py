@@ -12,8 +12,8 @@ import array_api_compat as apc
 from ._masks import apply_keep, check_same_shape, count_true, eligible, ones_mask, size
 from ._namespace import namespace, widest_float
 from ._tracing import is_traced
-from .methods import L1Unstructured, UnstructuredPruningMethod, available_count, combine_masks
-from .selection import defers_count, smallest_magnitude_keep
+from .methods import L1Unstructured, UnstructuredPruningMethod, combine_masks
+from .selection import smallest_magnitude_keep
 
 __all__ = ["global_unstructured", "lamp_scores"]
 
@@ -106,10 +106,8 @@ def global_unstructured(
 
     if isinstance(method, UnstructuredPruningMethod):
         eligible_masks = [None if m is None else eligible(m) for m in given_masks]
-        if defers_count(values, eligible_masks) and not constrained and normalization is None:
-            k = method.count  # Dask: the eligible entries are counted in the selection's first pass
-        else:
-            k = method.count(available_count(values, eligible_masks))
+        # Bounds and LAMP need the number itself; plain selection may count lazily.
+        k = method.drop_count(values, eligible_masks, defer=not constrained and normalization is None)
         if normalization == "lamp":
             ranked = [lamp_scores(s, e) for s, e in zip(scores, eligible_masks, strict=True)]
         else:

@@ -480,11 +480,20 @@ class UnstructuredPruningMethod(AmountPruningMethod):
         list of arrays
             Boolean masks, False exactly at the pruned entries.
         """
-        if defers_count(scores, eligible_masks):
-            k = self.count  # Dask: the eligible entries are counted in the selection's first pass
-        else:
-            k = self.count(available_count(scores, eligible_masks))
+        k = self.drop_count(scores, eligible_masks)
         return smallest_magnitude_keep(self.entry_scores(scores), k, eligible_masks)
+
+    def drop_count(self, scores: list[Array], eligible_masks: list[Array | None], *, defer: bool = True) -> Any:
+        """How many entries of `scores` to prune, as the selection takes it.
+
+        The number, from the eligible entries counted here; or, for lazy (Dask) arrays
+        with eligibility masks and `defer` true, :meth:`count` itself, which the
+        selection applies to the count its first pass makes (counting here would cost a
+        graph execution of its own).
+        """
+        if defer and defers_count(scores, eligible_masks):
+            return self.count
+        return self.count(available_count(scores, eligible_masks))
 
     def keep_mask(self, t: Array) -> Array:
         return self.keep_masks([t], [None])[0]
