@@ -32,6 +32,9 @@ __all__ = [
     "wanda_scores_for",
 ]
 
+#: Calibration samples onnxruntime runs at a time, unless told otherwise.
+BATCH_SIZE = 64
+
 _ORT_FLOATS = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16}
 
 
@@ -92,7 +95,7 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
 
 
 def onnx_input_norms(
-    wf: Any, calibration: Mapping[str, np.ndarray], names: Iterable[str], *, batch_size: int = 64
+    wf: Any, calibration: Mapping[str, np.ndarray], names: Iterable[str], *, batch_size: int | None = None
 ) -> dict[str, InputNorms]:
     """Input-feature norms of ONNX weights over calibration data, in one onnxruntime pass.
 
@@ -104,8 +107,8 @@ def onnx_input_norms(
         Every graph input (initializers aside) to a batch of samples along axis 0.
     names : iterable of str
         The weights to calibrate.
-    batch_size : int, default 64
-        Samples run at a time.
+    batch_size : int, optional
+        Samples run at a time; :data:`BATCH_SIZE` if omitted.
 
     Returns
     -------
@@ -134,6 +137,7 @@ def onnx_input_norms(
         feeds[name] = found
     session = _session(wf, sorted({f.activation for fs in feeds.values() for f in fs}))
     casts, samples = _check_inputs(session, calibration)
+    batch_size = batch_size or BATCH_SIZE
     wanted = [o.name for o in session.get_outputs()]
     sums: dict[str, np.ndarray] = {}
     for start in range(0, samples, batch_size):

@@ -9,6 +9,7 @@ import re
 from typing import Any, NoReturn
 
 import arrayprune
+from arrayprune.adapters.calibration import BATCH_SIZE
 from arrayprune.registry import constructor_parameters
 
 from .errors import PROG, CliError
@@ -283,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive,
         default=None,
         metavar="N",
-        help="--calibration: samples run at a time (default: 64)",
+        help=f"--calibration: samples run at a time (default: {BATCH_SIZE})",
     )
     p.add_argument(
         "--input-norms",

@@ -77,7 +77,7 @@ def _input_norms(args: argparse.Namespace, wf: Any, targets: list[PlanEntry], sr
         except ValueError as exc:
             raise CliError(_message(exc), args.calibration) from None
         try:
-            return onnx_input_norms(wf, calibration, [t.name for t in targets], batch_size=args.calibration_batch or 64)
+            return onnx_input_norms(wf, calibration, [t.name for t in targets], batch_size=args.calibration_batch)
         except ValueError as exc:
             raise CliError(f"--calibration: {_message(exc)}", src) from None
     if args.input_norms:
