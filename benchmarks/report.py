@@ -9,6 +9,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from arrayprune.selection.host import SMALL_SIZE
+
 __all__ = ["machine_name", "cpu_model", "evaluate_targets", "write_all"]
 
 CASE_TITLES = {
@@ -207,11 +209,17 @@ def evaluate_targets(records: list[dict[str, Any]], quick: bool) -> list[dict[st
                 f"+{_fmt_t(r['times']['selection'] - r['times']['partition'])})"
                 for q, r in slow
             )
-            small = [r for q, r in slow if r["exp"] < 22]
-            if small:
+            small_exp = SMALL_SIZE.bit_length() - 1
+            if any(r["exp"] <= small_exp for q, r in slow):
                 reason += (
-                    ". Below 2^22 the selection is the same np.partition (on the bit patterns), so the gap there "
-                    "is its fixed per-call cost (host view, count_nonzero of the keep mask) on top of the same partition"
+                    f". Up to 2^{small_exp} the selection is the same np.partition (on the bit patterns), so the gap "
+                    "there is its fixed per-call cost (host view, count_nonzero of the keep mask)"
+                )
+            if any(r["exp"] > small_exp for q, r in slow):
+                reason += (
+                    f". Above 2^{small_exp} the sample bracket replaces np.partition: a cost bounded in passes over the "
+                    "data on any machine, where np.partition's varies 5x between machines of one family "
+                    "(benchmarks/results/midsize-cpu-x86_64-2cores.md)"
                 )
         meas += (
             ". The full method call (validation, combining with the default mask) is the arrayprune column of table 1a"
