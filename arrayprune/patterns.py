@@ -178,7 +178,9 @@ class BlockUnstructured(AmountPruningMethod):
 
     The array is tiled with blocks of `block_shape`, aligned to its trailing dimensions
     (a 2-D shape on a 4-D convolution weight tiles its last two axes; leading axes get
-    blocks of size 1). Blocks at the edges may be smaller. A block's score is the power
+    blocks of size 1). Blocks at the edges may be smaller; a block longer than the array
+    along an axis is clipped to it and covers that whole axis (a block larger than the
+    array is the whole array), in memory bounded by the array's. A block's score is the power
     mean of its magnitudes, ``(mean |x|^n)^(1/n)`` (``max |x|`` for ``n = inf``), so edge
     blocks are scored on the same footing as full ones. Blocks already entirely pruned
     by the default mask are not counted; `amount` is relative to the remaining blocks.
@@ -216,8 +218,12 @@ class BlockUnstructured(AmountPruningMethod):
         return (1,) * (ndim - len(self.block_shape)) + self.block_shape
 
     def _grid(self, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The block shape over all axes of an array of `shape`, and the block grid."""
-        block = self._full_block_shape(len(shape))
+        """The block shape over all axes of an array of `shape`, and the block grid.
+
+        A block longer than an axis is clipped to it: the same blocks and scores, but
+        padding and the expanded mask stay within the array's size.
+        """
+        block = tuple(min(b, max(d, 1)) for b, d in zip(self._full_block_shape(len(shape)), shape, strict=True))
         return block, tuple(-(-d // b) for d, b in zip(shape, block, strict=True))
 
     def keep_mask(self, t: Array) -> Array:
