@@ -3,6 +3,7 @@ bad Wanda norms, Dask arrays of unknown chunk sizes, CSR off the default device.
 
 from __future__ import annotations
 
+import re
 import tracemalloc
 
 import numpy as np
@@ -95,3 +96,118 @@ def test_nm_long_groups_hand_computed(backend):
     tail = backend.asarray(np.array([[*range(16, 0, -1), 9, 7, 8, 6]], np.float32))
     kept = to_numpy(ap.nm_structured(tail, 13, 16))[0]
     assert np.flatnonzero(~kept).tolist() == [*range(3, 16), 19]
+
+
+# --------------------------------------------------------------------------------------
+# empty arrays
+# --------------------------------------------------------------------------------------
+
+
+def test_wanda_without_output_units_is_an_empty_mask(backend):
+    w = backend.asarray(np.zeros((0, 4), np.float32))
+    mask = ap.wanda(w, amount=0.5)
+    assert tuple(mask.shape) == (0, 4) and to_numpy(mask).dtype == np.bool_
+    default = backend.asarray(np.zeros((0, 4), np.float32))
+    assert tuple(ap.wanda(w, amount=0.5, default_mask=default).shape) == (0, 4)
+    assert tuple(ap.wanda(backend.asarray(np.zeros((2, 0, 3), np.float32)), amount=1, dim=1).shape) == (2, 0, 3)
+    # The amount is still checked against the inputs of a unit, as for any output count.
+    with pytest.raises(ValueError, match="amount=5 should be smaller than the number of parameters to prune=4"):
+        ap.wanda(w, amount=5)
+
+
+def test_nm_on_an_empty_axis_is_an_empty_mask(backend):
+    for shape, dim in (((3, 0), -1), ((0, 3), 0), ((0, 8), -1), ((2, 0, 16), -1)):
+        mask = ap.nm_structured(backend.asarray(np.zeros(shape, np.float32)), 2, 4, dim)
+        assert tuple(mask.shape) == shape and to_numpy(mask).dtype == np.bool_
+    mask = ap.nm_structured(backend.asarray(np.zeros((3, 0), np.float32)), 1, 64)
+    assert tuple(mask.shape) == (3, 0)
+
+
+def test_lamp_on_empty_chunked_dask_arrays():
+    da = pytest.importorskip("dask.array")
+    from arrayprune.selection import lazy
+
+    w = np.arange(1, 13, dtype=np.float64).reshape(4, 3)
+    expected = [np.zeros((0, 3), bool), np.arange(12).reshape(4, 3) >= 6]
+    for in_memory in (lazy.IN_MEMORY_SIZE, 0):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(lazy, "IN_MEMORY_SIZE", in_memory)
+            arrays = [da.zeros((0, 3), chunks=(1, 1)), da.from_array(w, chunks=(2, 2))]
+            masks = ap.global_unstructured(arrays, ap.L1Unstructured, amount=0.5, normalization="lamp")
+            for got, want in zip(masks, expected, strict=True):
+                np.testing.assert_array_equal(got.compute(), want)
+            (only,) = ap.global_unstructured(
+                [da.zeros((3, 0), chunks=(1, 1))], ap.L1Unstructured, amount=0.5, normalization="lamp"
+            )
+            assert only.compute().shape == (3, 0)
+    scores = ap.lamp_scores(da.zeros((0, 3), chunks=(1, 1)))
+    assert isinstance(scores, da.Array) and scores.dtype == np.float64 and scores.compute().shape == (0, 3)
+
+
+# --------------------------------------------------------------------------------------
+# Wanda's norms and groups
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "norms, kwargs, error, message",
+    [
+        (np.array([-1.0, 1.0]), {}, ValueError, "non-negative and not NaN: 1 of 2 are not"),
+        (np.array([np.nan, np.nan]), {}, ValueError, "non-negative and not NaN: 2 of 2 are not"),
+        (np.array([-3, 1]), {}, ValueError, "non-negative and not NaN: 1 of 2 are not"),
+        (None, {}, TypeError, "input_norms must be an array of norms, got NoneType"),
+        ("ab", {}, TypeError, "input_norms must be an array of norms, got str"),
+        (["a", "b"], {}, TypeError, "input_norms must hold real numbers, got dtype <U1"),
+        (np.array([True, False]), {}, TypeError, "input_norms must hold real numbers, got dtype bool"),
+        (np.ones(2), {"groups": 0}, ValueError, "groups must be a positive int, got 0"),
+        (np.ones(2), {"groups": -2}, ValueError, "groups must be a positive int, got -2"),
+        (np.ones(2), {"groups": 1.0}, TypeError, "groups must be an int, got float"),
+        (np.ones(2), {"groups": True}, TypeError, "groups must be an int, got bool"),
+    ],
+)
+def test_wanda_scores_refuses_bad_norms(norms, kwargs, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        ap.wanda_scores(np.ones((2, 2)), norms, 1, **kwargs)
+
+
+def test_wanda_scores_refuses_nan_norms_on_every_backend(backend):
+    w = backend.asarray(np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match="non-negative and not NaN: 1 of 3 are not"):
+        ap.wanda_scores(w, backend.asarray(np.array([1.0, np.nan, 2.0], np.float32)), 1)
+    # A plain list of numbers is still fine, and so are zero norms.
+    np.testing.assert_array_equal(to_numpy(ap.wanda_scores(w, [0, 1, 2], 1)), [[0, 1, 2], [0, 1, 2]])
+
+
+# --------------------------------------------------------------------------------------
+# Dask arrays of unknown chunk sizes
+# --------------------------------------------------------------------------------------
+
+UNKNOWN = "unknown chunk sizes; call `.compute_chunk_sizes()` on the Dask array first"
+
+
+def test_unknown_chunk_sizes_are_named_by_every_entry_point():
+    da = pytest.importorskip("dask.array")
+    x0 = da.from_array(np.arange(1, 13.0).reshape(3, 4), chunks=2)
+    x = x0[x0 > 3]  # shape (nan,)
+    x2 = da.stack([x, x])  # shape (2, nan)
+    calls = [
+        lambda: ap.l1_unstructured(x, 0.5),
+        lambda: ap.random_unstructured(x, 0.5, seed=0),
+        lambda: ap.ln_structured(x2, 0.5, 2, dim=0),
+        lambda: ap.random_structured(x2, 0.5, dim=1, seed=0),
+        lambda: ap.nm_structured(x),
+        lambda: ap.block_unstructured(x, 0.5, (2,)),
+        lambda: ap.wanda(x2, 0.5),
+        lambda: ap.wanda_scores(x0, x, 1),
+        lambda: ap.global_unstructured([x0, x], ap.L1Unstructured, amount=0.5),
+        lambda: ap.global_unstructured([x], ap.L1Unstructured, amount=0.5, normalization="lamp"),
+        lambda: ap.lamp_scores(x),
+        lambda: ap.kth_smallest(x, 1),
+        lambda: ap.prune_to_sparsity(x, 0.5),
+        lambda: ap.identity(x),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError) as info:
+            call()
+        shape = "(2, nan)" if "x2" in call.__code__.co_freevars else "(nan,)"
+        assert str(info.value) == f"cannot prune an array of shape {shape}: {UNKNOWN}"
