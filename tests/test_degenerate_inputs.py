@@ -211,3 +211,27 @@ def test_unknown_chunk_sizes_are_named_by_every_entry_point():
             call()
         shape = "(2, nan)" if "x2" in call.__code__.co_freevars else "(nan,)"
         assert str(info.value) == f"cannot prune an array of shape {shape}: {UNKNOWN}"
+
+
+# --------------------------------------------------------------------------------------
+# CSR off the default device
+# --------------------------------------------------------------------------------------
+
+
+def test_to_csr_is_host_only_and_says_so_on_another_device():
+    xps = pytest.importorskip("array_api_strict")
+    pytest.importorskip("scipy.sparse")
+    w = np.array([[1.0, 0.0, -2.0], [0.0, 0.0, 3.0]], np.float32)
+    on_device1 = xps.asarray(w, device=xps.Device("device1"))
+    with pytest.raises(TypeError) as info:
+        ap.to_csr(on_device1)
+    assert str(info.value) == (
+        "to_csr builds a SciPy CSR array in host memory: move the array from device "
+        "array_api_strict.Device('device1') to the CPU first"
+    )
+    # On the CPU device, the same data makes the CSR arrays of SciPy.
+    csr = ap.to_csr(xps.asarray(w))
+    assert csr.indptr.tolist() == [0, 2, 3] and csr.indices.tolist() == [0, 2, 2]
+    assert csr.data.tolist() == [1.0, -2.0, 3.0]
+    # The byte counts need no host: they work on device1 too.
+    assert ap.sparse_nbytes(on_device1) == {"dense": 24, "csr": 3 * 8 + 3 * 4, "bitmask": 3 * 4 + 1}
