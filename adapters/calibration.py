@@ -139,6 +139,7 @@ def onnx_input_norms(
     casts, samples = _check_inputs(session, calibration)
     batch_size = batch_size or BATCH_SIZE
     wanted = [o.name for o in session.get_outputs()]
+    quiet = _quiet_run_options()
     sums: dict[str, np.ndarray] = {}
     for start in range(0, samples, batch_size):
         batch = {}
@@ -146,7 +147,7 @@ def onnx_input_norms(
             part = calibration[k][start : start + batch_size]
             batch[k] = part if cast is None else part.astype(cast)
         try:
-            outputs = dict(zip(wanted, session.run(wanted, batch), strict=True))
+            outputs = dict(zip(wanted, session.run(wanted, batch, quiet), strict=True))
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
             raise ValueError(f"onnxruntime cannot run the calibration data: {_first_line(exc)}") from None
         for name, fs in feeds.items():
@@ -190,8 +191,53 @@ def _session(wf: Any, activations: list[str]) -> Any:
         raise ValueError(f"onnxruntime cannot load the model: {_first_line(exc)}") from None
 
 
+def _quiet_run_options() -> Any:
+    """onnxruntime run options that log errors only through the exception they raise.
+
+    A failing run (a token id out of a Gather's range, say) would otherwise print
+    onnxruntime's own log line to stderr before arrayprune's one-line error.
+    """
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.log_severity_level = 4  # fatal only: the exception carries the message
+    return options
+
+
+def _check_values(name: str, values: np.ndarray, want: Any) -> None:
+    """Refuse calibration values that are not finite, or do not fit the input's float dtype.
+
+    Scanned a slice of samples at a time, so memory holds one slice of flags.
+    """
+    if values.dtype.kind != "f":
+        return
+    limit = np.finfo(want).max if want is not None and np.finfo(want).max < np.finfo(values.dtype).max else None
+    step = max(1, (1 << 20) // max(1, int(np.prod(values.shape[1:]))))
+    bad = beyond = 0
+    for start in range(0, values.shape[0], step):
+        part = values[start : start + step]
+        finite = np.isfinite(part)
+        bad += int(part.size - np.count_nonzero(finite))
+        if limit is not None:
+            beyond += int(np.count_nonzero(np.abs(np.where(finite, part, 0)) > limit))
+    if bad:
+        raise ValueError(
+            f"calibration input {name!r}: {bad} of {values.size} values are not finite (NaN or infinity)"
+        )
+    if beyond:
+        kind = np.dtype(want).name
+        raise ValueError(
+            f"calibration input {name!r}: {beyond} {values.dtype.name} values lie beyond {kind}'s range "
+            f"(the model takes {kind})"
+        )
+
+
 def _check_inputs(session: Any, calibration: Mapping[str, np.ndarray]) -> tuple[dict[str, Any], int]:
-    """Check the calibration arrays against the graph inputs: the dtype to cast each to, the sample count."""
+    """Check the calibration arrays against the graph inputs: the dtype to cast each to, the sample count.
+
+    Values must be finite and fit the float dtype the graph input takes: NaN or
+    infinity would make every norm they reach meaningless.
+    """
     inputs = {i.name: i for i in session.get_inputs()}
     missing = [n for n in inputs if n not in calibration]
     extra = [n for n in calibration if n not in inputs]
@@ -202,6 +248,7 @@ def _check_inputs(session: Any, calibration: Mapping[str, np.ndarray]) -> tuple[
     for name, info in inputs.items():
         want, have = _ORT_FLOATS.get(info.type), calibration[name].dtype
         casts[name] = want if want is not None and have.kind == "f" and have != want else None
+        _check_values(name, calibration[name], want)
     return casts, int(next(iter(calibration.values())).shape[0])
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import array_api_compat as apc
 
-from ._namespace import namespace
+from ._namespace import check_known_shape, namespace
 from ._tracing import DATA_DEPENDENT, is_traced
 
 Array = Any
@@ -65,8 +65,17 @@ def apply_keep(default_mask: Array, keep: Array, *, owned: bool = True) -> Array
 
 
 def size(x: Array) -> int:
-    """Number of entries of `x` (``x.size`` is a method on PyTorch tensors)."""
-    return math.prod(x.shape)
+    """Number of entries of `x` (``x.size`` is a method on PyTorch tensors).
+
+    Raises
+    ------
+    ValueError
+        If the shape holds unknown lengths (a Dask array of unknown chunk sizes).
+    """
+    n = math.prod(x.shape)
+    if n != n:
+        check_known_shape(x)
+    return n
 
 
 def count_true(x: Array) -> int:

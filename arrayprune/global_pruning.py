@@ -223,6 +223,8 @@ def lamp_scores(x: Array, eligible_mask: Array | None = None) -> Array:
         of an array holding NaN are NaN.
     """
     xp = namespace(x)
+    if size(x) == 0:  # nothing to rank (and Dask cannot flatten every empty array)
+        return xp.zeros(x.shape, dtype=widest_float(xp, apc.device(x)), device=apc.device(x))
     a = xp.abs(xp.astype(xp.reshape(x, (-1,)), widest_float(xp, apc.device(x))))
     if not is_traced(a) and bool(xp.any(xp.isnan(a))):
         raise ValueError("LAMP scores are undefined for arrays holding NaN")

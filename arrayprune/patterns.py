@@ -87,13 +87,16 @@ class NMStructured(BasePruningMethod):
         parts = []
         if full:
             groups = xp.reshape(keys[..., :full], (*keys.shape[:-1], full // self.m, self.m))
-            drop = _rank_in_groups(xp, groups) < self.n
+            drop = _smallest_in_groups(xp, groups, self.n)
             parts.append(xp.reshape(drop, (*keys.shape[:-1], full)))
         if full < length:
             tail = keys[..., full:]
             n_tail = max(0, tail.shape[-1] - (self.m - self.n))
-            parts.append(_rank_in_groups(xp, tail) < n_tail)
-        drop = parts[0] if len(parts) == 1 else xp.concat(parts, axis=-1)
+            parts.append(_smallest_in_groups(xp, tail, n_tail))
+        if not parts:  # an empty axis: no groups, nothing to prune
+            drop = xp.zeros(keys.shape, dtype=xp.bool, device=apc.device(t))
+        else:
+            drop = parts[0] if len(parts) == 1 else xp.concat(parts, axis=-1)
         return apply_keep(default_mask, _from_last(xp, ~drop, dim))
 
 
@@ -107,8 +110,57 @@ def _magnitudes(xp: Any, t: Array) -> Array:
     return xp.astype(xp.abs(t), _float_dtype(xp, t.dtype), copy=False)
 
 
+#: Groups up to this long are ranked by pairwise comparisons (elementwise, so Dask keeps
+#: its chunks); longer ones by a sort along the group, whose cost grows as ``m log m``.
+_PAIRWISE_MAX_M = 8
+
+
+def _smallest_in_groups(xp: Any, keys: Array, n: int) -> Array:
+    """Boolean mask of the `n` smallest entries of each group (last axis).
+
+    Order: value ascending, NaN above +inf, ties by position.
+    """
+    if n == 0:
+        return xp.zeros(keys.shape, dtype=xp.bool, device=apc.device(keys))
+    if keys.shape[-1] <= _PAIRWISE_MAX_M:
+        return _rank_in_groups(xp, keys) < n
+    return _sorted_smallest(xp, keys, n)
+
+
+def _has_nan(xp: Any, keys: Array) -> tuple[bool, Array | None]:
+    """Whether `keys` may hold NaN (always inside ``jax.jit``), and where."""
+    if not xp.isdtype(keys.dtype, "real floating"):
+        return False, None  # integer keys have no NaN to look for
+    nan = xp.isnan(keys)
+    return is_traced(keys) or bool(xp.any(nan)), nan
+
+
+def _sorted_smallest(xp: Any, keys: Array, n: int) -> Array:
+    """:func:`_smallest_in_groups` by a sort along each group, for long groups.
+
+    The `n`-th smallest key ``v`` of a group comes from a sort of its values; the group
+    drops its keys below ``v`` and, by position, as many of those equal to ``v`` as it
+    takes to reach `n`. NaN sorts as +inf, and comes after every +inf.
+    """
+    device = apc.device(keys)
+    has_nan, nan = _has_nan(xp, keys)
+    if has_nan:
+        keys = xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype, device=device), keys)
+    cut = xp.sort(keys, axis=-1)[..., n - 1 : n]
+    below = keys < cut
+    equal = keys == cut
+    if has_nan:
+        equal = equal & ~nan
+    need = n - xp.sum(xp.astype(below, xp.int32), axis=-1, keepdims=True)
+    drop = below | (equal & (xp.cumulative_sum(xp.astype(equal, xp.int32), axis=-1) <= need))
+    if has_nan:  # a cut at +inf: the NaNs come after every +inf, first by position
+        need = need - xp.sum(xp.astype(equal, xp.int32), axis=-1, keepdims=True)
+        drop = drop | (nan & (xp.cumulative_sum(xp.astype(nan, xp.int32), axis=-1) <= need))
+    return drop
+
+
 def _rank_in_groups(xp: Any, keys: Array) -> Array:
-    """Rank of each entry within its group (last axis): 0 for the smallest.
+    """Rank of each entry within its group (last axis, short): 0 for the smallest.
 
     Order: value ascending, NaN above +inf, ties by position. Each pair of positions is
     compared once, on whole columns, so the cost is ``(m - 1) / 2`` comparisons per
@@ -178,7 +230,9 @@ class BlockUnstructured(AmountPruningMethod):
 
     The array is tiled with blocks of `block_shape`, aligned to its trailing dimensions
     (a 2-D shape on a 4-D convolution weight tiles its last two axes; leading axes get
-    blocks of size 1). Blocks at the edges may be smaller. A block's score is the power
+    blocks of size 1). Blocks at the edges may be smaller; a block longer than the array
+    along an axis is clipped to it and covers that whole axis (a block larger than the
+    array is the whole array), in memory bounded by the array's. A block's score is the power
     mean of its magnitudes, ``(mean |x|^n)^(1/n)`` (``max |x|`` for ``n = inf``), so edge
     blocks are scored on the same footing as full ones. Blocks already entirely pruned
     by the default mask are not counted; `amount` is relative to the remaining blocks.
@@ -216,8 +270,12 @@ class BlockUnstructured(AmountPruningMethod):
         return (1,) * (ndim - len(self.block_shape)) + self.block_shape
 
     def _grid(self, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The block shape over all axes of an array of `shape`, and the block grid."""
-        block = self._full_block_shape(len(shape))
+        """The block shape over all axes of an array of `shape`, and the block grid.
+
+        A block longer than an axis is clipped to it: the same blocks and scores, but
+        padding and the expanded mask stay within the array's size.
+        """
+        block = tuple(min(b, max(d, 1)) for b, d in zip(self._full_block_shape(len(shape)), shape, strict=True))
         return block, tuple(-(-d // b) for d, b in zip(shape, block, strict=True))
 
     def keep_mask(self, t: Array) -> Array:

@@ -84,8 +84,11 @@ def to_csr(x: Array) -> Any:
 
     NumPy gives a :class:`scipy.sparse.csr_array` (SciPy: the ``sparse`` extra), CuPy a
     :class:`cupyx.scipy.sparse.csr_matrix`, PyTorch a sparse CSR tensor on the same
-    device; other libraries go through NumPy. Arrays of more dimensions are flattened
-    to ``(shape[0], -1)``, the usual view of a convolution weight.
+    device. Other libraries have no sparse arrays of their own: their arrays on a CPU
+    device become SciPy CSR arrays in host memory (through NumPy); on any other device
+    they are refused rather than copied to the host behind the caller's back. Arrays of
+    more dimensions are flattened to ``(shape[0], -1)``, the usual view of a
+    convolution weight.
 
     Parameters
     ----------
@@ -96,6 +99,14 @@ def to_csr(x: Array) -> Any:
     -------
     object
         The sparse matrix.
+
+    Raises
+    ------
+    ValueError
+        If `x` is 0-D.
+    TypeError
+        If `x` is neither a NumPy, CuPy nor PyTorch array and lies on a device other
+        than the CPU: move it to the CPU first.
     """
     if x.ndim == 0:
         raise ValueError("CSR needs at least one dimension")
@@ -105,6 +116,13 @@ def to_csr(x: Array) -> Any:
     if apc.is_cupy_array(x):
         sparse = importlib.import_module("cupyx.scipy.sparse")
         return sparse.csr_matrix(x.reshape(rows, -1))
+    if not apc.is_numpy_array(x):
+        device = apc.device(x)
+        if "cpu" not in str(device).lower():
+            raise TypeError(
+                f"to_csr builds a SciPy CSR array in host memory: move the array from device {device!r} "
+                "to the CPU first"
+            )
     sparse = importlib.import_module("scipy.sparse")
     return sparse.csr_array(np.asarray(x).reshape(rows, -1))
 

@@ -12,14 +12,16 @@ unit.
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 import array_api_compat as apc
 import array_api_extra as xpx
 
 from . import amount as _amount
-from ._masks import apply_keep, is_bool, mask_or_ones, size
-from ._namespace import namespace, widest_float
+from ._masks import apply_keep, is_bool, mask_or_ones
+from ._namespace import check_known_shape, namespace, widest_float
 from ._tracing import is_traced
 from .methods import AmountPruningMethod
 from .selection.portable import magnitude_keys
@@ -93,7 +95,8 @@ class Wanda(AmountPruningMethod):
         dim = _amount.normalize_dim(t.shape, self.dim)
         groups = t.shape[dim]
         order = (dim, *(d for d in range(t.ndim) if d != dim))
-        rows = xp.reshape(xp.permute_dims(t, order), (groups, size(t) // groups))
+        per_unit = math.prod(t.shape[d] for d in order[1:])  # also without output units
+        rows = xp.reshape(xp.permute_dims(t, order), (groups, per_unit))
         if mask is None:
             keep = _keep_per_row(xp, rows, None, [self.count(rows.shape[1])] * groups)
         else:
@@ -184,9 +187,12 @@ def wanda_scores(
 
     Raises
     ------
+    TypeError
+        If `input_norms` is not an array (or sequence) of real numbers, or `groups` is
+        not an int.
     ValueError
-        If `input_norms` is not 1-D of the right length, or `groups` does not divide
-        the outputs.
+        If `input_norms` is not 1-D of the right length or holds negative or NaN
+        values, or `groups` is not positive or does not divide the outputs.
     IndexError
         If an axis is out of range.
 
@@ -201,9 +207,11 @@ def wanda_scores(
     xp = namespace(weight)
     device = apc.device(weight)
     axis = _amount.normalize_dim(weight.shape, reduction_axis)
-    norms = input_norms
-    if namespace(norms) is not xp:
-        norms = xp.asarray(norms, device=device)
+    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral):
+        raise TypeError(f"groups must be an int, got {type(groups).__name__}")
+    if groups < 1:
+        raise ValueError(f"groups must be a positive int, got {groups}")
+    norms = _checked_norms(xp, input_norms, device)
     per_group = weight.shape[axis]
     if norms.ndim != 1 or norms.shape[0] != groups * per_group:
         raise ValueError(
@@ -232,3 +240,26 @@ def wanda_scores(
         per_output = xp.permute_dims(per_output, (1, 0))
     shape[out_axis] = outputs
     return xp.astype(magnitude, dtype) * xp.reshape(per_output, tuple(shape))
+
+
+def _checked_norms(xp: Any, input_norms: Any, device: Any) -> Array:
+    """`input_norms` as an array of `xp` on `device`, refused unless real and ``>= 0``."""
+    if input_norms is None or isinstance(input_norms, (str, bytes)):
+        raise TypeError(f"input_norms must be an array of norms, got {type(input_norms).__name__}")
+    norms = input_norms
+    try:
+        if not apc.is_array_api_obj(norms) or namespace(norms) is not xp:
+            norms = xp.asarray(norms, device=device)
+        real = xp.isdtype(norms.dtype, ("real floating", "integral"))
+    except (TypeError, ValueError) as error:
+        check_known_shape(norms)  # a Dask array of unknown chunk sizes says so
+        raise TypeError(f"input_norms must be an array of norms, got {type(input_norms).__name__}") from error
+    if not real:
+        raise TypeError(f"input_norms must hold real numbers, got dtype {norms.dtype}")
+    if not is_traced(norms):
+        bad = int(xp.count_nonzero(~(norms >= 0)))  # negative or NaN
+        if bad:
+            raise ValueError(
+                f"input_norms must be L2 norms, non-negative and not NaN: {bad} of {math.prod(norms.shape)} are not"
+            )
+    return norms

@@ -363,3 +363,33 @@ def test_a_terminated_run_leaves_no_temporary_file(model, tmp_path, signame, sta
     time.sleep(0.1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.onnx", "out.npz"]
     assert out.read_bytes() == b"old"
+
+
+# --------------------------------------------------------------------------------------
+# bfloat16 signalling NaNs kept bit for bit
+# --------------------------------------------------------------------------------------
+
+
+def _bf16_file(path, bits):
+    header = json.dumps({"w.weight": {"dtype": "BF16", "shape": list(bits.shape), "data_offsets": [0, bits.nbytes]}})
+    header = header.encode() + b" " * (-len(header) % 8)
+    path.write_bytes(len(header).to_bytes(8, "little") + header + bits.astype("<u2").tobytes())
+
+
+def _bf16_bits(path):
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    return np.frombuffer(data[8 + n :], "<u2")
+
+
+@pytest.mark.parametrize("extra", [["--global"], []])
+def test_kept_bfloat16_signalling_nans_keep_their_bits(tmp_path, extra):
+    # 1.0, sNaN, -sNaN, 2.0, 0.0078125, 3.0, 0.125, 4.0: the two smallest go (amount 0.25).
+    bits = np.array([0x3F80, 0x7F81, 0xFF81, 0x4000, 0x3C00, 0x4040, 0x3E00, 0x4080], np.uint16).reshape(2, 4)
+    src, out = tmp_path / "bf.safetensors", tmp_path / "out.safetensors"
+    _bf16_file(src, bits)
+    proc = run("prune", src, "-o", out, "--amount", "0.25", *extra)
+    assert proc.returncode == 0, proc.stderr
+    expected = bits.reshape(-1).copy()
+    expected[[4, 6]] = 0
+    assert _bf16_bits(out).tolist() == expected.tolist()

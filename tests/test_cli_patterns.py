@@ -106,3 +106,23 @@ def test_bad_pattern_options_are_one_line_errors(weights, tmp_path, args, messag
     assert message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 or "usage" in proc.stderr
     assert not out.exists()
+
+
+def test_block_larger_than_the_tensor_is_the_whole_tensor(tmp_path):
+    src = tmp_path / "w.npz"
+    w = np.arange(1, 257, dtype=np.float32).reshape(16, 16)
+    np.savez(src, **{"a.weight": w, "b.weight": w[:4, :6]})
+    # One block per tensor, the whole tensor: amount 1 prunes each of them entirely.
+    out = tmp_path / "huge.npz"
+    proc = run("prune", src, "-o", out, "--method", "block_unstructured", "--amount", "1", "--block", "100000x100000")
+    assert proc.returncode == 0, proc.stderr
+    got = load(out)
+    np.testing.assert_array_equal(got["a.weight"], np.zeros((16, 16), np.float32))
+    np.testing.assert_array_equal(got["b.weight"], np.zeros((4, 6), np.float32))
+    # All rows by 3 columns: b.weight has two blocks, its first three columns the weaker.
+    out = tmp_path / "columns.npz"
+    proc = run("prune", src, "-o", out, "--method", "block_unstructured", "--amount", "1", "--block", "100000x3")
+    assert proc.returncode == 0, proc.stderr
+    expected = w[:4, :6].copy()
+    expected[:, :3] = 0
+    np.testing.assert_array_equal(load(out)["b.weight"], expected)

@@ -225,3 +225,61 @@ def test_errors_are_one_line(digits, tmp_path):
         "one norm per input feature",
     )
     assert not (tmp_path / "o.safetensors").exists()
+
+
+def _gather_model(path):
+    """ids (int64 [N, 3]) -> Gather from E [10, 8] -> MatMul W [8, 4]."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["E", "ids"], ["h"]), helper.make_node("MatMul", ["h", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 4])],
+        [
+            numpy_helper.from_array(rng.standard_normal((10, 8)).astype(np.float32), "E"),
+            numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+@pytest.mark.parametrize("method", [["--method", "wanda", "--amount", "0.5"], ["--method", "nm_structured"]])
+def test_calibration_values_are_checked_in_one_line(tmp_path, method):
+    out = tmp_path / "w.onnx"
+    x = np.ones((4, 64), np.float32)
+    x[1, 3], x[2, 5], x[3, 7] = np.nan, np.inf, -np.inf
+    np.savez(tmp_path / "nan.npz", input=x)
+    line = assert_error(run("prune", EXAMPLE, "-o", out, *method, "--calibration", tmp_path / "nan.npz"))
+    assert line.endswith("--calibration: calibration input 'input': 3 of 256 values are not finite (NaN or infinity)")
+    wide = np.ones((4, 64))
+    wide[0, 0], wide[3, 1] = 1e300, -4e38  # float32 holds up to 3.4e38
+    np.savez(tmp_path / "wide.npz", input=wide)
+    line = assert_error(run("prune", EXAMPLE, "-o", out, *method, "--calibration", tmp_path / "wide.npz"))
+    assert line.endswith(
+        "--calibration: calibration input 'input': 2 float64 values lie beyond float32's range "
+        "(the model takes float32)"
+    )
+    assert not out.exists()
+
+
+def test_out_of_range_token_ids_are_one_line(tmp_path):
+    model = tmp_path / "gather.onnx"
+    _gather_model(model)
+    np.savez(tmp_path / "ids.npz", ids=np.array([[1, 2, 100]], np.int64))
+    out = tmp_path / "o.onnx"
+    line = assert_error(
+        run("prune", model, "-o", out, "--method", "wanda", "--amount", "0.5", "--calibration", tmp_path / "ids.npz"),
+        "onnxruntime cannot run the calibration data",
+        "idx=100",
+    )
+    assert "Gather" in line
+    assert not out.exists()
+    np.savez(tmp_path / "ids.npz", ids=np.array([[1, 2, 9]], np.int64))  # in range: calibrates
+    assert run(
+        "prune", model, "-o", out, "--method", "wanda", "--amount", "0.5", "--calibration", tmp_path / "ids.npz"
+    ).returncode == 0

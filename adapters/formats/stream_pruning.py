@@ -115,8 +115,10 @@ def fold(raw: np.ndarray, keep: np.ndarray, code: str) -> np.ndarray:
         bits *= np.uint16(0x7FFF)
         bits |= np.uint16(0x8000)
         out = raw & bits
-        special = (raw & np.uint16(0x7F80)) == np.uint16(0x7F80)
-        if special.any():  # inf and NaN: the float32 product, whose upper half is exact
+        # Pruned inf and NaN: the float32 product, whose upper half is exact. Kept ones
+        # keep their bits above (a float32 product would quiet a signalling NaN).
+        special = ((raw & np.uint16(0x7F80)) == np.uint16(0x7F80)) & ~keep
+        if special.any():
             wide = (raw[special].astype(np.uint32) << np.uint32(16)).view(np.float32)
             out[special] = ((wide * keep[special]).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
         return out

@@ -35,6 +35,7 @@ import array_api_compat as apc
 import numpy as np
 
 from .._blocks import block_location, lead_axis, run_starts
+from .._namespace import check_known_shape
 from . import host, radix
 from .bracket import check_rank
 
@@ -86,8 +87,8 @@ def fits_in_memory(arrays: Sequence[Array]) -> bool:
     ValueError
         If an array has chunks of unknown size (the result of boolean indexing, say).
     """
-    if any(math.isnan(n) for a in arrays for n in a.shape):
-        raise ValueError("Dask arrays of unknown chunk sizes cannot be pruned: call compute_chunk_sizes() first")
+    for a in arrays:
+        check_known_shape(a)
     return sum(math.prod(a.shape) for a in arrays) <= IN_MEMORY_SIZE
 
 
