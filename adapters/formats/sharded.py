@@ -17,7 +17,7 @@ shard names, each shard atomically, then the other files, then the index, last.
 Checks, before anything is written:
 
 - the index is a JSON object of at most :data:`INDEX_MAX_BYTES` with a ``weight_map``
-  of names to shard files, no name twice;
+  of names to shard files, no name twice, not nested deeper than the JSON parser goes;
 - shard names are plain file names in the checkpoint's folder: no absolute path, no
   ``..``, no symlink leading out of the folder, only regular files (as for ONNX
   external data);
@@ -117,6 +117,8 @@ def _read_index(path: str) -> dict[str, str]:
         index = json.loads(data, object_pairs_hook=_unique_keys)
     except (ValueError, UnicodeDecodeError) as exc:
         raise FormatError(path, f"not a valid index: {_describe(exc)}") from None
+    except RecursionError:  # the JSON parser recurses per level of nesting
+        raise FormatError(path, "not a valid index: nested too deeply") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise FormatError(path, 'not a sharded checkpoint index: no "weight_map" of tensor names to shard files')
