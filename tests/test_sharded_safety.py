@@ -10,14 +10,18 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from test_sharded import cli, llama_tensors, one_line_error, write_checkpoint
+from test_sharded import OTHER_FILES, bits, cli, in_memory, llama_tensors, one_line_error, write_checkpoint
 
 from arrayprune.adapters.formats import FormatError, sharded
 from arrayprune.adapters.formats.safetensors import HEADER_MAX_BYTES, read_header
 
 pytest.importorskip("safetensors")
+torch = pytest.importorskip("torch")
+from safetensors.torch import load_file as load_torch  # noqa: E402
+from safetensors.torch import save as save_torch  # noqa: E402
 
 LIMITED = """
 import resource, sys
@@ -106,3 +110,144 @@ def test_deeply_nested_index_is_one_line(tmp_path, capsys):
     (src / "model.safetensors.index.json").write_text(json.dumps(index))
     assert cli("report", src) == 2  # a shallow index is read as before
     one_line_error(capsys, "weight_map")
+
+
+# --------------------------------------------------------------------------------------
+# Hugging Face cache snapshots, and folders holding one safetensors file
+# --------------------------------------------------------------------------------------
+
+
+def cache_snapshot(cache, plain, repo="models--org--name", revision="0123abcd"):
+    """A ``huggingface_hub`` cache layout of the files of folder `plain`.
+
+    Every file becomes ``blobs/<sha256>`` and a relative symlink ``../../blobs/<sha256>``
+    in ``snapshots/<revision>/``, as the hub's downloads are stored.
+    """
+    import hashlib
+
+    blobs = cache / repo / "blobs"
+    snap = cache / repo / "snapshots" / revision
+    blobs.mkdir(parents=True, exist_ok=True)
+    snap.mkdir(parents=True)
+    for p in sorted(plain.iterdir()):
+        data = p.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        os.symlink(os.path.join("..", "..", "blobs", digest), snap / p.name)
+    (cache / repo / "refs").mkdir(exist_ok=True)
+    (cache / repo / "refs" / "main").write_text(revision)
+    return snap
+
+
+def folder_bytes(folder):
+    """Name to bytes of every entry of a folder; symlinks are refused (OUT is regular files)."""
+    out = {}
+    for p in sorted(Path(folder).iterdir()):
+        assert not p.is_symlink() and p.is_file(), p
+        out[p.name] = p.read_bytes()
+    return out
+
+
+def one_file_folder(folder, tensors):
+    """How MiniLM and BERT ship: model.safetensors, config.json, tokenizer files."""
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(save_torch(tensors, metadata={"format": "pt"}))
+    for name, data in OTHER_FILES.items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+@pytest.mark.parametrize("layout", ["sharded", "one file"])
+def test_cache_snapshot_is_pruned_like_a_plain_copy(tmp_path, capsys, layout):
+    tensors = llama_tensors(layers=2, seed=3)
+    if layout == "sharded":
+        plain = write_checkpoint(tmp_path / "plain", tensors, 3)
+    else:
+        plain = one_file_folder(tmp_path / "plain", tensors)
+    snap = cache_snapshot(tmp_path / "hub", plain)
+    blobs = {p.name: p.read_bytes() for p in (tmp_path / "hub" / "models--org--name" / "blobs").iterdir()}
+    args = ["--amount", "0.5", "--global"]
+    assert cli("prune", plain, "-o", tmp_path / "want", *args) == 0
+    assert cli("prune", snap, "-o", tmp_path / "got", *args) == 0
+    said = capsys.readouterr().out
+    assert folder_bytes(tmp_path / "got") == folder_bytes(tmp_path / "want")
+    names = sorted(folder_bytes(tmp_path / "got"))
+    if layout == "sharded":
+        assert names == sorted([*OTHER_FILES, "model.safetensors.index.json", *(
+            f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3))])
+    else:
+        assert names == sorted([*OTHER_FILES, "model.safetensors"])
+        alone = tmp_path / "alone.safetensors"
+        assert cli("prune", plain / "model.safetensors", "-o", alone, *args) == 0
+        assert (tmp_path / "got" / "model.safetensors").read_bytes() == alone.read_bytes(), "pruned like the file"
+        got = load_torch(str(alone))
+        want, _ = in_memory(tensors, 0.5)
+        for name, t in tensors.items():
+            assert torch.equal(bits(got[name]), bits(want.get(name, t))), name
+    assert "not copied" not in said
+    assert {p.name: p.read_bytes() for p in (tmp_path / "hub" / "models--org--name" / "blobs").iterdir()} == blobs
+    assert all(p.is_symlink() for p in snap.iterdir()), "the snapshot is left as it was"
+    capsys.readouterr()
+    for extra in ([], ["--force"]):  # the dry run and the report read the snapshot as the plain folder
+        assert cli("prune", snap, "--dry-run", *args, *extra) == 0
+        plan_snap = capsys.readouterr().out.split("\n", 1)[1]
+        assert cli("prune", plain, "--dry-run", *args, *extra) == 0
+        assert capsys.readouterr().out.split("\n", 1)[1] == plan_snap
+    assert cli("report", snap, "--json") == 0
+    report_snap = json.loads(capsys.readouterr().out)
+    assert cli("report", plain, "--json") == 0
+    report_plain = json.loads(capsys.readouterr().out)
+    assert report_snap["tensors"] == report_plain["tensors"] and report_snap["total"] == report_plain["total"]
+    assert report_snap["format"] == ("sharded safetensors" if layout == "sharded" else "safetensors folder")
+
+
+@pytest.mark.parametrize("where", ["other repo", "outside the cache", "datasets repo", "blob folder"])
+def test_cache_snapshot_symlink_leading_elsewhere_is_refused(tmp_path, capsys, where):
+    plain = write_checkpoint(tmp_path / "plain", llama_tensors(layers=1), 2)
+    cache = tmp_path / "hub"
+    snap = cache_snapshot(cache, plain)
+    other = cache_snapshot(cache, plain, repo="models--other--repo")
+    shard = "model-00001-of-00002.safetensors"
+    target = {
+        "other repo": os.readlink(other / shard),  # ../../blobs/SHA of models--other--repo, reached from here
+        "outside the cache": str(tmp_path / "outside.safetensors"),
+        "datasets repo": os.path.join("..", "..", "..", "datasets--org--name", "blobs", "x"),
+        "blob folder": os.path.join("..", "..", "blobs"),
+    }[where]
+    if where == "other repo":
+        target = os.path.join("..", "..", "..", "models--other--repo", "blobs", os.path.basename(target))
+    (tmp_path / "outside.safetensors").write_bytes((plain / shard).read_bytes())
+    (cache / "datasets--org--name" / "blobs").mkdir(parents=True)
+    (cache / "datasets--org--name" / "blobs" / "x").write_bytes((plain / shard).read_bytes())
+    os.unlink(snap / shard)
+    os.symlink(target, snap / shard)
+    assert (snap / shard).exists()
+    for args in (["prune", snap, "-o", tmp_path / "out", "--amount", "0.5"], ["report", snap],
+                 ["prune", snap, "--dry-run", "--amount", "0.5"]):
+        assert cli(*args) == 2
+        one_line_error(capsys, shard, "symlink leading outside the checkpoint's folder")
+    assert not (tmp_path / "out").exists()
+
+
+def test_one_file_folder_and_folders_that_are_neither(tmp_path, capsys):
+    tensors = llama_tensors(layers=1, seed=5)
+    folder = one_file_folder(tmp_path / "minilm", tensors)
+    (folder / ".gitattributes").write_text("*.safetensors filter=lfs")
+    assert cli("prune", folder, "-o", tmp_path / "out", "--amount", "0.5") == 0
+    said = capsys.readouterr().out
+    assert "wrote 5 files" in said and ".gitattributes (hidden)" in said
+    assert sorted(folder_bytes(tmp_path / "out")) == sorted([*OTHER_FILES, "model.safetensors"])
+    for name, data in OTHER_FILES.items():
+        assert (tmp_path / "out" / name).read_bytes() == data
+    assert cli("prune", folder / "model.safetensors", "-o", tmp_path / "one.safetensors", "--amount", "0.5") == 0
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (tmp_path / "one.safetensors").read_bytes()
+    capsys.readouterr()
+    (folder / "extra.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    assert cli("report", folder) == 2
+    one_line_error(capsys, str(folder), "several safetensors files (extra.safetensors, model.safetensors) and no index")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    assert cli("prune", empty, "-o", tmp_path / "out2", "--amount", "0.5") == 2
+    one_line_error(capsys, "without a sharded safetensors index", "or a .safetensors file")
+    assert not (tmp_path / "out2").exists()

@@ -255,7 +255,32 @@ def atomic_files(paths: Sequence[Any]) -> Iterator[list[IO[bytes]]]:
         _fsync_dir(folder)
 
 
-def resolve_inside(folder: str, name: str) -> tuple[str | None, str | None]:
+def cache_blobs(folder: str) -> str | None:
+    """The ``blobs/`` folder of the Hugging Face cache repository `folder` is a snapshot of.
+
+    ``huggingface_hub`` downloads a repository into
+    ``models--ORG--NAME/snapshots/REVISION/``, whose files are symlinks to
+    ``../../blobs/SHA256``. For such a `folder` (after following symlinks: a parent
+    named ``snapshots`` inside a folder named ``models--*``), this is the real path of
+    that repository's ``blobs`` folder, else None.
+
+    Parameters
+    ----------
+    folder : str
+        A folder.
+
+    Returns
+    -------
+    str or None
+    """
+    snapshots = os.path.dirname(os.path.realpath(folder))
+    repo = os.path.dirname(snapshots)
+    if os.path.basename(snapshots) != "snapshots" or not os.path.basename(repo).startswith("models--"):
+        return None
+    return os.path.join(repo, "blobs")
+
+
+def resolve_inside(folder: str, name: str, *, blobs: str | None = None) -> tuple[str | None, str | None]:
     """Where a file named relative to `folder` is, if it stays inside and is regular.
 
     Parameters
@@ -264,13 +289,17 @@ def resolve_inside(folder: str, name: str) -> tuple[str | None, str | None]:
         The folder the name is relative to.
     name : str
         A relative path, as a model's index or graph gives it.
+    blobs : str, optional
+        A second folder that symlinks may lead into: a file of `folder` that is a
+        symlink into it is accepted (:func:`cache_blobs` of a Hugging Face snapshot).
 
     Returns
     -------
     tuple
         ``(real_path, None)`` for a regular file inside `folder` (after following
         symlinks), else ``(None, problem)``, where `problem` is one of ``"empty"``,
-        ``"absolute"``, ``"outside"`` (``..``), ``"symlink"`` (a link leading out),
+        ``"absolute"``, ``"outside"`` (``..``), ``"symlink"`` (a link leading out,
+        other than into `blobs`),
         ``"missing"``, or the reason :func:`_not_regular` gives.
     """
     if not name:
@@ -282,7 +311,10 @@ def resolve_inside(folder: str, name: str) -> tuple[str | None, str | None]:
         return None, "outside"
     base = os.path.realpath(folder)
     real = os.path.realpath(os.path.join(base, *parts))
-    if os.path.commonpath([base, real]) != base:
+    inside = os.path.commonpath([base, real]) == base
+    if not inside and blobs is not None:
+        inside = os.path.dirname(real) == os.path.realpath(blobs)  # a blob of the same cache repository
+    if not inside:
         return None, "symlink"
     try:
         mode = os.stat(real).st_mode

@@ -19,10 +19,20 @@ Checks, before anything is written:
 - the index is a JSON object of at most :data:`INDEX_MAX_BYTES` with a ``weight_map``
   of names to shard files, no name twice, not nested deeper than the JSON parser goes;
 - shard names are plain file names in the checkpoint's folder: no absolute path, no
-  ``..``, no symlink leading out of the folder, only regular files (as for ONNX
-  external data);
+  ``..``, no NUL byte, no symlink leading out of the folder, only regular files (as for
+  ONNX external data);
 - each shard is a valid safetensors file; every tensor listed in the index is in its
   shard, every tensor of a shard is listed there, and no name is in two shards.
+
+A folder holding one ``*.safetensors`` file and no index (``model.safetensors`` beside
+``config.json`` and tokenizer files, as small models ship) is read the same way, that
+file being its one shard; it is written as a folder too, without an index.
+
+Hugging Face cache snapshots (``models--ORG--NAME/snapshots/REVISION/``, whose files
+are symlinks to ``../../blobs/SHA256``) are read like plain folders: a symlink of the
+folder may lead into the ``blobs`` folder of its own cache repository
+(:func:`~.files.cache_blobs`), nowhere else out of the folder. The output is regular
+files; the blobs are only read.
 
 Other files: the regular files at the top of the folder are copied unchanged, except
 hidden ones (``.name``), weight files the index does not list (``*.safetensors``,
@@ -44,7 +54,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from .errors import FormatError, _describe
-from .files import _open_regular, _require_regular, atomic_files, resolve_inside
+from .files import _open_regular, _require_regular, atomic_files, cache_blobs, resolve_inside
 from .safetensors_stream import SafetensorsFile, StoredTensor, TensorWriter, stored_tensors
 from .stream_pruning import PruneSummary, prune_source
 
@@ -86,15 +96,25 @@ def is_sharded(path: Any) -> bool:
     return os.path.isdir(path) or path.lower().endswith(".json")
 
 
-def _index_path(src: str) -> str:
+def _index_path(src: str) -> tuple[str, str | None]:
+    """The folder of a checkpoint and its index; or, for a folder holding one safetensors
+    file and no index, the folder and None."""
     if not os.path.isdir(src):
-        return src
+        return os.path.dirname(os.path.abspath(src)), os.path.abspath(src)
     names = sorted(n for n in os.listdir(src) if n.endswith(INDEX_SUFFIX) and not n.startswith("."))
-    if not names:
-        raise FormatError(src, f"is a directory without a sharded safetensors index (*{INDEX_SUFFIX})")
     if len(names) > 1:
         raise FormatError(src, f"a folder with several indexes ({', '.join(names)}): give one of them as IN")
-    return os.path.join(src, names[0])
+    if names:
+        return os.path.abspath(src), os.path.abspath(os.path.join(src, names[0]))
+    files = sorted(n for n in os.listdir(src) if n.endswith(".safetensors") and not n.startswith("."))
+    if not files:
+        raise FormatError(
+            src, f"is a directory without a sharded safetensors index (*{INDEX_SUFFIX}) or a .safetensors file"
+        )
+    if len(files) > 1:
+        shown = ", ".join(files[:3]) + (", ..." if len(files) > 3 else "")
+        raise FormatError(src, f"a folder with several safetensors files ({shown}) and no index")
+    return os.path.abspath(src), None
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -140,7 +160,11 @@ class ShardedCheckpoint:
     folder : str
         The checkpoint's folder.
     index : str
-        The index file.
+        The index file; empty for a folder holding one safetensors file and no index
+        (that file is then the one shard, and :attr:`kind` is ``"safetensors folder"``).
+    blobs : str or None
+        For a Hugging Face cache snapshot, the cache repository's ``blobs`` folder,
+        which the folder's symlinks may lead into (:func:`~.files.cache_blobs`).
     shards : list of str
         Shard file names, in the order the index first names them.
     metadata : dict
@@ -158,10 +182,18 @@ class ShardedCheckpoint:
     kind = "sharded safetensors"
 
     def __init__(self, src: Any):
-        self.index = os.path.abspath(_index_path(os.fspath(src)))
-        self.folder = os.path.dirname(self.index)
-        weight_map = _read_index(self.index)
-        self.shards = list(dict.fromkeys(weight_map.values()))
+        self.folder, index = _index_path(os.fspath(src))
+        self.blobs = cache_blobs(self.folder)
+        if index is None:  # a folder holding one safetensors file: its one shard
+            self.kind = "safetensors folder"
+            self.index = ""
+            name = next(n for n in sorted(os.listdir(self.folder)) if n.endswith(".safetensors") and n[0] != ".")
+            self.shards = [name]
+            weight_map = dict.fromkeys(stored_tensors(self._shard_path(name))[1], name)
+        else:
+            self.index = index
+            weight_map = _read_index(self.index)
+            self.shards = list(dict.fromkeys(weight_map.values()))
         self.metadata: dict[str, dict[str, str]] = {}
         found: dict[str, dict[str, StoredTensor]] = {}
         for shard in self.shards:
@@ -188,17 +220,20 @@ class ShardedCheckpoint:
         self.files, self.left = self._other_files()
 
     def _shard_path(self, shard: str) -> str:
-        real, problem = resolve_inside(self.folder, shard)
+        where = self.index or self.folder
+        if "\0" in shard:
+            raise FormatError(where, f"shard {shard!r}: a name holding a NUL byte")
+        real, problem = resolve_inside(self.folder, shard, blobs=self.blobs)
         if problem in ("empty", "absolute", "outside", "symlink"):
-            raise FormatError(self.index, f"shard {shard!r}: {_WHERE[problem]}")
+            raise FormatError(where, f"shard {shard!r}: {_WHERE[problem]}")
         if "/" in shard or "\\" in shard:
-            raise FormatError(self.index, f"shard {shard!r}: not a file name of the checkpoint's folder (a sub-folder)")
+            raise FormatError(where, f"shard {shard!r}: not a file name of the checkpoint's folder (a sub-folder)")
         if real is None:
-            raise FormatError(self.index, f"shard {shard!r}: {_WHERE.get(problem, problem)}")
+            raise FormatError(where, f"shard {shard!r}: {_WHERE.get(problem, problem)}")
         return real
 
     def _other_files(self) -> tuple[list[str], list[str]]:
-        ours = {*self.shards, os.path.basename(self.index)}
+        ours = {*self.shards, os.path.basename(self.index)}  # "" when there is no index
         files, left = [], []
         for name in sorted(os.listdir(self.folder)):
             if name in ours:
@@ -210,7 +245,7 @@ class ShardedCheckpoint:
                 left.append(f"{name}/ (a folder)")
             elif name.lower().endswith(WEIGHT_SUFFIXES):
                 left.append(f"{name} (weights the index does not list)")
-            elif (problem := resolve_inside(self.folder, name)[1]) is not None:
+            elif (problem := resolve_inside(self.folder, name, blobs=self.blobs)[1]) is not None:
                 left.append(f"{name} ({_WHERE.get(problem, problem)})")
             else:
                 files.append(name)
@@ -240,7 +275,7 @@ class ShardedCheckpoint:
             except OSError as exc:
                 raise FormatError(dst, f"cannot create the folder: {exc.strerror or _describe(exc)}") from None
         same = os.path.samefile(dst, self.folder)
-        copies = [] if same else [*self.files, os.path.basename(self.index)]
+        copies = [] if same else self.written()[len(self.shards) :]
         try:
             with atomic_files([os.path.join(dst, n) for n in [*self.shards, *copies]]) as handles:
                 writers = {}
@@ -262,7 +297,7 @@ class ShardedCheckpoint:
 
     def written(self) -> list[str]:
         """The names :meth:`write` writes, in order."""
-        return [*self.shards, *self.files, os.path.basename(self.index)]
+        return [*self.shards, *self.files, *([os.path.basename(self.index)] if self.index else [])]
 
 
 def open_checkpoint(src: Any) -> ShardedCheckpoint | SafetensorsFile:
