@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -251,3 +253,155 @@ def test_one_file_folder_and_folders_that_are_neither(tmp_path, capsys):
     assert cli("prune", empty, "-o", tmp_path / "out2", "--amount", "0.5") == 2
     one_line_error(capsys, "without a sharded safetensors index", "or a .safetensors file")
     assert not (tmp_path / "out2").exists()
+
+
+# --------------------------------------------------------------------------------------
+# The output folder is switched as a whole
+# --------------------------------------------------------------------------------------
+
+KILLED_AT = """
+import os, signal, sys
+from arrayprune.adapters.formats import files
+from arrayprune.adapters.cli import main
+at, how = sys.argv[1], sys.argv[2]
+steps = []
+def step(name):
+    steps.append(name)
+    print(name, flush=True)
+    if name == at:
+        os.kill(os.getpid(), signal.SIGKILL)
+files._step = step
+if how == "fallback":
+    files._renameat2 = lambda *args: False
+sys.exit(main(sys.argv[3:]))
+"""
+
+SHARDS3 = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+STEPS = [*(f"shard {s}" for s in SHARDS3), *(f"copy {n}" for n in sorted(OTHER_FILES)),
+         "copy model.safetensors.index.json", "complete", "switched", "removed"]
+
+
+def killed_at(step, how, *args):
+    return subprocess.run([sys.executable, "-c", KILLED_AT, step, how, *map(str, args)], capture_output=True,
+                          text=True, timeout=120)
+
+
+def without(folder, *names):
+    return {k: v for k, v in folder_bytes(folder).items() if k not in names}
+
+
+@pytest.mark.parametrize("how", ["exchange", "fallback"])
+def test_force_killed_after_each_step_leaves_old_or_new_whole(tmp_path, how):
+    src = write_checkpoint(tmp_path / "in", llama_tensors(layers=2, seed=4), 3)
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "out"
+    for amount, ref in (("0.3", tmp_path / "old"), ("0.6", tmp_path / "new")):
+        assert cli("prune", src, "-o", ref, "--amount", amount) == 0
+    old, new = folder_bytes(tmp_path / "old"), folder_bytes(tmp_path / "new")
+    assert old != new
+    steps = STEPS[:-2] + ["aside"] + STEPS[-2:] if how == "fallback" else STEPS
+    shutil.copytree(tmp_path / "old", tmp_path / "probe")
+    proc = killed_at("none", how, "prune", src, "-o", tmp_path / "probe", "--amount", "0.6", "--force")
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stdout.split("\n")[: len(steps)]
+    assert sorted(said[:3]) == steps[:3] and said[3:] == steps[3:], said  # shards in the index's order
+    steps = said
+    for i, step in enumerate(steps):
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(tmp_path / "old", out)
+        (out / "keep.txt").write_text("mine")
+        proc = killed_at(step, how, "prune", src, "-o", out, "--amount", "0.6", "--force")
+        assert proc.returncode == -signal.SIGKILL, (step, proc.returncode, proc.stderr)
+        if step == "aside":  # no exchange in one step here: the next run puts the old folder back
+            assert not out.exists()
+            assert cli("report", src) == 0
+            proc = killed_at("complete", how, "prune", src, "-o", out, "--amount", "0.6", "--force")
+            assert proc.returncode == -signal.SIGKILL
+        want = new if i >= steps.index("switched") else old
+        assert (out / "keep.txt").read_text() == "mine", step
+        assert without(out, "keep.txt") == want, step
+    assert cli("prune", src, "-o", out, "--amount", "0.6", "--force") == 0
+    assert without(out, "keep.txt") == new
+    assert sorted(p.name for p in work.iterdir()) == ["out"], "the next run removes what killed runs left"
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGINT"])
+@pytest.mark.parametrize("existing", [True, False])
+def test_signal_after_the_first_shard_leaves_the_old_folder(tmp_path, signame, existing):
+    signum = getattr(signal, signame)
+    if signal.getsignal(signum) is signal.SIG_IGN:
+        pytest.skip(f"{signame} is ignored here (nohup): the command inherits that")
+    src = write_checkpoint(tmp_path / "in", llama_tensors(layers=2), 3)
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "out"
+    if existing:
+        assert cli("prune", src, "-o", out, "--amount", "0.3") == 0
+    before = folder_bytes(out) if existing else None
+    code = KILLED_AT.replace("os.kill(os.getpid(), signal.SIGKILL)",
+                             "print('wait', flush=True); import time; time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, f"shard {SHARDS3[0]}", "exchange", "prune", src, "-o", out,
+                             "--amount", "0.6", "--force"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while proc.stdout.readline().strip() != "wait":
+            pass
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == (130 if signame == "SIGINT" else 128 + signum), err
+    if existing:
+        assert folder_bytes(out) == before
+        assert sorted(p.name for p in work.iterdir()) == ["out"]
+    else:
+        assert list(work.iterdir()) == [], "no one-shard, no-index folder"
+
+
+def test_folder_named_like_a_shard_and_nul_in_a_shard_name(tmp_path, capsys):
+    src = write_checkpoint(tmp_path / "in", llama_tensors(layers=1), 3)
+    out = tmp_path / "out"
+    assert cli("prune", src, "-o", out, "--amount", "0.3") == 0
+    before = folder_bytes(out)
+    os.unlink(out / SHARDS3[1])
+    (out / SHARDS3[1]).mkdir()
+    (out / SHARDS3[1] / "mine.txt").write_text("mine")
+    capsys.readouterr()
+    assert cli("prune", src, "-o", out, "--amount", "0.6", "--force") == 2
+    one_line_error(capsys, str(out), f"holds a folder named {SHARDS3[1]!r}", "not replaced")
+    assert (out / SHARDS3[1] / "mine.txt").read_text() == "mine"
+    assert (out / SHARDS3[0]).read_bytes() == before[SHARDS3[0]]
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"]["lm_head.weight"] = "model-00001\x00.safetensors"
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    for args in (["prune", src, "-o", tmp_path / "o2", "--amount", "0.5"], ["report", src]):
+        assert cli(*args) == 2
+        one_line_error(capsys, "shard 'model-00001\\x00.safetensors': a name holding a NUL byte")
+
+
+def test_concurrent_writers_leave_one_whole_checkpoint(tmp_path):
+    src = write_checkpoint(tmp_path / "in", llama_tensors(layers=3, hidden=64, inter=96), 3)
+    refs = {}
+    for amount in ("0.2", "0.7"):
+        assert cli("prune", src, "-o", tmp_path / amount, "--amount", amount) == 0
+        refs[amount] = folder_bytes(tmp_path / amount)
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "out"
+    for force in ([], ["--force"]):
+        for _ in range(3):
+            if force:
+                shutil.copytree(tmp_path / "0.2", out)  # both replace an existing OUT
+            procs = [subprocess.Popen([sys.executable, "-m", "arrayprune", "prune", str(src), "-o", str(out),
+                                       "--amount", amount, *force], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                     for amount in ("0.2", "0.7")]
+            codes = [p.wait(timeout=120) for p in procs]
+            assert folder_bytes(out) in (refs["0.2"], refs["0.7"]), "one whole checkpoint"
+            assert sorted(p.name for p in work.iterdir()) == ["out"]
+            if force:
+                assert codes == [0, 0]  # each switched in a whole folder; the last one stays
+            else:
+                assert sorted(codes) == [0, 2], codes  # the second to finish finds OUT there
+                assert folder_bytes(out) == refs["0.2" if codes[0] == 0 else "0.7"]
+            shutil.rmtree(out)

@@ -12,7 +12,8 @@ the index itself) into a :class:`ShardedCheckpoint` whose ``tensors`` map every 
 a :class:`~.safetensors_stream.StoredTensor` (nothing is read but headers), sorted by
 name: the order in which a safetensors file holding all the tensors would list them,
 and the order of the plan. :meth:`ShardedCheckpoint.write` writes a folder of the same
-shard names, each shard atomically, then the other files, then the index, last.
+shard names, the other files and the index, and switches it with the output folder as a
+whole (:func:`~.files.replace_folder`).
 
 Checks, before anything is written:
 
@@ -53,8 +54,9 @@ import shutil
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from . import files
 from .errors import FormatError, _describe
-from .files import _open_regular, _require_regular, atomic_files, cache_blobs, resolve_inside
+from .files import _open_regular, _require_regular, cache_blobs, replace_folder, resolve_inside
 from .safetensors_stream import SafetensorsFile, StoredTensor, TensorWriter, stored_tensors
 from .stream_pruning import PruneSummary, prune_source
 
@@ -252,13 +254,15 @@ class ShardedCheckpoint:
         return files, left
 
     def write(self, dst: str, fill: Callable[[Mapping[str, TensorWriter]], R]) -> R:
-        """Write the checkpoint to folder `dst`: shards filled by ``fill(writers)``, then the rest.
+        """Write the checkpoint to folder `dst` as a whole: shards filled by ``fill(writers)``, then the rest.
 
-        `dst` is created if it does not exist. Every shard is written to a temporary
-        file in `dst`; when all are complete they are synced and renamed into place,
-        then the other files, then the index (copied unchanged: pruning changes no
-        name, shape or size). On any failure every temporary file is removed (and `dst`,
-        if this call created it and it is empty).
+        Every file is written into a new hidden folder beside `dst`: the shards, then
+        the other files and the index (copied unchanged: pruning changes no name, shape
+        or size). When all are complete and synced, the entries of an existing `dst`
+        that the checkpoint does not write are carried over and the new folder replaces
+        `dst` in one step (:func:`~.files.replace_folder`), so that `dst` is the old
+        checkpoint or the new one, whole, whatever happens. On any failure the new
+        folder is removed and `dst` is left as it was (or absent).
 
         Parameters
         ----------
@@ -268,31 +272,25 @@ class ShardedCheckpoint:
             Receives each tensor name's :class:`~.safetensors_stream.TensorWriter` and
             must write every tensor whole; its result is returned.
         """
-        created = not os.path.exists(dst)
-        if created:
-            try:
-                os.mkdir(dst)
-            except OSError as exc:
-                raise FormatError(dst, f"cannot create the folder: {exc.strerror or _describe(exc)}") from None
-        same = os.path.samefile(dst, self.folder)
-        copies = [] if same else self.written()[len(self.shards) :]
-        try:
-            with atomic_files([os.path.join(dst, n) for n in [*self.shards, *copies]]) as handles:
+        names = self.written()
+        with replace_folder(dst) as tmp:
+            with contextlib.ExitStack() as stack:
+                handles = [stack.enter_context(open(os.path.join(tmp, n), "xb")) for n in self.shards]
                 writers = {}
-                for shard, f in zip(self.shards, handles, strict=False):
+                for shard, f in zip(self.shards, handles, strict=True):
                     mine = [t for name, t in self.tensors.items() if self.shard_of[name] == shard]
                     writers[shard] = TensorWriter(f, self.metadata[shard], mine)
                 result = fill({name: writers[self.shard_of[name]] for name in self.tensors})
-                for writer in writers.values():
-                    writer.finish()
-                for name, f in zip(copies, handles[len(self.shards) :], strict=True):
-                    with _open_regular(os.path.join(self.folder, name)) as src:
-                        shutil.copyfileobj(src, f, 1 << 20)
-        except BaseException:
-            if created:
-                with contextlib.suppress(OSError):
-                    os.rmdir(dst)
-            raise
+                for shard, f in zip(self.shards, handles, strict=True):
+                    writers[shard].finish()
+                    os.fsync(f.fileno())
+                    files._step(f"shard {shard}")
+            for name in names[len(self.shards) :]:
+                with _open_regular(os.path.join(self.folder, name)) as src, open(os.path.join(tmp, name), "xb") as f:
+                    shutil.copyfileobj(src, f, 1 << 20)
+                    f.flush()
+                    os.fsync(f.fileno())
+                files._step(f"copy {name}")
         return result
 
     def written(self) -> list[str]:
@@ -329,7 +327,8 @@ def check_destination(dst: Any, source: ShardedCheckpoint | SafetensorsFile, for
     """Refuse a destination that cannot receive `source`, before anything is written.
 
     A sharded checkpoint goes to a folder: a new one in an existing folder, or, with
-    `force`, an existing one (its files of the same names are replaced; others stay).
+    `force`, an existing one (its files of the same names are replaced; others stay),
+    which must not hold a folder named like a file of the checkpoint.
     A single file goes to a file: an existing one (or the input itself) only with
     `force`.
 
@@ -348,6 +347,10 @@ def check_destination(dst: Any, source: ShardedCheckpoint | SafetensorsFile, for
         raise FormatError(dst, "exists and is not a folder (a sharded checkpoint is written to a folder)")
     if not sharded and os.path.isdir(dst):
         raise FormatError(dst, "is a directory")
+    if sharded:
+        for name in source.written():
+            if os.path.isdir(os.path.join(dst, name)):
+                raise FormatError(dst, f"holds a folder named {name!r}, a file of the checkpoint; not replaced")
     if force:
         return
     what = source.folder if sharded else source.path
