@@ -405,3 +405,39 @@ def test_concurrent_writers_leave_one_whole_checkpoint(tmp_path):
                 assert sorted(codes) == [0, 2], codes  # the second to finish finds OUT there
                 assert folder_bytes(out) == refs["0.2" if codes[0] == 0 else "0.7"]
             shutil.rmtree(out)
+
+
+# --------------------------------------------------------------------------------------
+# Sharded in, one file out
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sharded_into_one_safetensors_file(tmp_path, capsys, dtype):
+    tensors = llama_tensors(layers=2, dtype=dtype, seed=6)
+    src = write_checkpoint(tmp_path / "in", tensors, 3)
+    whole = tmp_path / "whole.safetensors"
+    whole.write_bytes(save_torch(tensors, metadata={"format": "pt"}))
+    merged = tmp_path / "merged.safetensors"
+    assert cli("prune", src, "-o", merged, "--amount", "0.5", "--global") == 0
+    assert "wrote one safetensors file holding the tensors of 3 shards" in capsys.readouterr().out
+    assert merged.is_file(), "a file, never a folder with a file's name"
+    got = load_torch(str(merged))
+    want, _ = in_memory(tensors, 0.5)
+    assert sorted(got) == sorted(tensors)
+    for name, t in tensors.items():
+        assert torch.equal(bits(got[name]), bits(want.get(name, t))), name
+    expected = save_torch({n: want.get(n, t).contiguous() for n, t in tensors.items()}, metadata={"format": "pt"})
+    assert merged.read_bytes() == expected, "what safetensors writes for the same tensors, byte for byte"
+    assert cli("prune", whole, "-o", tmp_path / "one.safetensors", "--amount", "0.5", "--global") == 0
+    assert merged.read_bytes() == (tmp_path / "one.safetensors").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "merged.safetensors", "one.safetensors",
+                                                          "whole.safetensors"]
+    capsys.readouterr()
+    assert cli("prune", src, "-o", merged, "--amount", "0.5") == 2
+    one_line_error(capsys, str(merged), "exists; use --force")
+    assert cli("prune", src, "-o", tmp_path / "merged.npz", "--amount", "0.5") == 2
+    one_line_error(capsys, "written to a folder or to one .safetensors file")
+    summary = sharded.prune_checkpoint(src, tmp_path / "api.safetensors", amount=0.5, global_=True)
+    assert summary.files == [str(tmp_path / "api.safetensors")]
+    assert (tmp_path / "api.safetensors").read_bytes() == expected

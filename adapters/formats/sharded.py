@@ -68,6 +68,7 @@ __all__ = [
     "is_sharded",
     "open_checkpoint",
     "prune_checkpoint",
+    "writes_one_file",
 ]
 
 #: How the index of a sharded safetensors checkpoint is named.
@@ -272,6 +273,8 @@ class ShardedCheckpoint:
             Receives each tensor name's :class:`~.safetensors_stream.TensorWriter` and
             must write every tensor whole; its result is returned.
         """
+        if writes_one_file(dst):
+            return self._write_one_file(dst, fill)
         names = self.written()
         with replace_folder(dst) as tmp:
             with contextlib.ExitStack() as stack:
@@ -293,9 +296,24 @@ class ShardedCheckpoint:
                 files._step(f"copy {name}")
         return result
 
+    def _write_one_file(self, dst: str, fill: Callable[[Mapping[str, TensorWriter]], R]) -> R:
+        """Write every tensor into one safetensors file `dst`, atomically (bounded memory).
+
+        Its metadata is what all shards' metadata have in common.
+        """
+        first, *rest = (self.metadata[s] for s in self.shards)
+        metadata = {k: v for k, v in first.items() if all(m.get(k) == v for m in rest)}
+        return SafetensorsFile.write_tensors(dst, metadata, self.tensors, fill)
+
     def written(self) -> list[str]:
         """The names :meth:`write` writes, in order."""
         return [*self.shards, *self.files, *([os.path.basename(self.index)] if self.index else [])]
+
+
+def writes_one_file(dst: Any) -> bool:
+    """Whether a checkpoint written to `dst` is one safetensors file (`dst` ends in
+    ``.safetensors``) rather than a folder."""
+    return os.fspath(dst).lower().endswith(".safetensors")
 
 
 def open_checkpoint(src: Any) -> ShardedCheckpoint | SafetensorsFile:
@@ -329,8 +347,9 @@ def check_destination(dst: Any, source: ShardedCheckpoint | SafetensorsFile, for
     A sharded checkpoint goes to a folder: a new one in an existing folder, or, with
     `force`, an existing one (its files of the same names are replaced; others stay),
     which must not hold a folder named like a file of the checkpoint.
-    A single file goes to a file: an existing one (or the input itself) only with
-    `force`.
+    A single file, or a sharded checkpoint written to a ``.safetensors`` name (one file
+    holding every tensor), goes to a file: an existing one (or the input itself) only
+    with `force`.
 
     Raises
     ------
@@ -338,7 +357,7 @@ def check_destination(dst: Any, source: ShardedCheckpoint | SafetensorsFile, for
         Naming `dst` and the problem.
     """
     dst = os.fspath(dst)
-    sharded = isinstance(source, ShardedCheckpoint)
+    sharded = isinstance(source, ShardedCheckpoint) and not writes_one_file(dst)
     if not os.path.isdir(os.path.dirname(os.path.abspath(dst))):
         raise FormatError(dst, "its folder does not exist")
     if not os.path.lexists(dst):
@@ -353,7 +372,7 @@ def check_destination(dst: Any, source: ShardedCheckpoint | SafetensorsFile, for
                 raise FormatError(dst, f"holds a folder named {name!r}, a file of the checkpoint; not replaced")
     if force:
         return
-    what = source.folder if sharded else source.path
+    what = source.folder if isinstance(source, ShardedCheckpoint) else source.path
     if os.path.exists(dst) and os.path.samefile(dst, what):
         kind = "folder" if sharded else "file"
         raise FormatError(dst, f"is the input {kind}; refusing to overwrite it without --force")
@@ -475,7 +494,7 @@ def prune_checkpoint(
         raise ValueError("no tensor selected for pruning (see include, exclude, min_size)")
     global_method = method_for(None, "") if global_ else None
     summary = prune_source(source, dst, plan, method_for=method_for, global_method=global_method, progress=progress)
-    if isinstance(source, ShardedCheckpoint):
+    if isinstance(source, ShardedCheckpoint) and not writes_one_file(dst):
         summary.files, summary.left = source.written(), list(source.left)
     else:
         summary.files = [dst]
