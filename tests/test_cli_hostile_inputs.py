@@ -337,6 +337,8 @@ def test_a_terminated_run_leaves_no_temporary_file(model, tmp_path, signame, sta
     import signal
     import time
 
+    if signame == "SIGHUP" and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        pytest.skip("SIGHUP is ignored here (nohup): the command inherits that and is not stopped by it")
     out = tmp_path / "out.npz"
     out.write_bytes(b"old")
     code = (

@@ -209,11 +209,13 @@ def _stream_refusal(args: argparse.Namespace) -> str | None:
 
 
 def _run_sharded(args: argparse.Namespace) -> int:
-    """Prune a sharded safetensors checkpoint (folder or index) into a folder."""
+    """Prune a sharded safetensors checkpoint (folder or index) into a folder, or one ``.safetensors`` file."""
     src, dst = args.input, args.output
     refused = _stream_refusal(args)
     if refused:
         raise CliError(f"{refused} is not supported for sharded checkpoints, which are pruned tensor by tensor", src)
+    if dst is not None and fmt.format_from_suffix(dst) not in (None, "safetensors"):
+        raise CliError("a sharded checkpoint is written to a folder or to one .safetensors file", dst)
     if args.dry_run:
         return _dry_run(args, src)
     _check_options(args)
@@ -249,7 +251,9 @@ def _prune_stored(args: argparse.Namespace, source: Any, dst: str) -> int:
         raise CliError(f"{'global pruning: ' if args.global_ else ''}{_message(exc)}", src) from None
     pruned, whole = summary.pruned, summary.whole
     _say_pruned(args, src, dst, len(targets), 0, (pruned.zeros, pruned.size), (whole.zeros, whole.size, whole.tensors))
-    if isinstance(source, sharded.ShardedCheckpoint):
+    if isinstance(source, sharded.ShardedCheckpoint) and sharded.writes_one_file(dst):
+        print(f"wrote one safetensors file holding the tensors of {len(source.shards)} shards; other files not copied")
+    elif isinstance(source, sharded.ShardedCheckpoint):
         written = source.written()
         print(
             f"wrote {len(written)} files to {dst}: {len(source.shards)} shards, {len(source.files)} other files"

@@ -11,8 +11,12 @@ exception so that the temporary files of an interrupted write are removed.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import errno
 import os
 import re
+import shutil
 import signal
 import stat
 import tempfile
@@ -21,6 +25,15 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
 from .errors import FormatError, _describe
+
+__all__ = [
+    "atomic_files",
+    "atomic_write",
+    "cache_blobs",
+    "cleanup_on_signals",
+    "replace_folder",
+    "resolve_inside",
+]
 
 _FILE_KINDS = (
     (stat.S_ISFIFO, "a FIFO"),
@@ -255,7 +268,32 @@ def atomic_files(paths: Sequence[Any]) -> Iterator[list[IO[bytes]]]:
         _fsync_dir(folder)
 
 
-def resolve_inside(folder: str, name: str) -> tuple[str | None, str | None]:
+def cache_blobs(folder: str) -> str | None:
+    """The ``blobs/`` folder of the Hugging Face cache repository `folder` is a snapshot of.
+
+    ``huggingface_hub`` downloads a repository into
+    ``models--ORG--NAME/snapshots/REVISION/``, whose files are symlinks to
+    ``../../blobs/SHA256``. For such a `folder` (after following symlinks: a parent
+    named ``snapshots`` inside a folder named ``models--*``), this is the real path of
+    that repository's ``blobs`` folder, else None.
+
+    Parameters
+    ----------
+    folder : str
+        A folder.
+
+    Returns
+    -------
+    str or None
+    """
+    snapshots = os.path.dirname(os.path.realpath(folder))
+    repo = os.path.dirname(snapshots)
+    if os.path.basename(snapshots) != "snapshots" or not os.path.basename(repo).startswith("models--"):
+        return None
+    return os.path.join(repo, "blobs")
+
+
+def resolve_inside(folder: str, name: str, *, blobs: str | None = None) -> tuple[str | None, str | None]:
     """Where a file named relative to `folder` is, if it stays inside and is regular.
 
     Parameters
@@ -264,13 +302,17 @@ def resolve_inside(folder: str, name: str) -> tuple[str | None, str | None]:
         The folder the name is relative to.
     name : str
         A relative path, as a model's index or graph gives it.
+    blobs : str, optional
+        A second folder that symlinks may lead into: a file of `folder` that is a
+        symlink into it is accepted (:func:`cache_blobs` of a Hugging Face snapshot).
 
     Returns
     -------
     tuple
         ``(real_path, None)`` for a regular file inside `folder` (after following
         symlinks), else ``(None, problem)``, where `problem` is one of ``"empty"``,
-        ``"absolute"``, ``"outside"`` (``..``), ``"symlink"`` (a link leading out),
+        ``"absolute"``, ``"outside"`` (``..``), ``"symlink"`` (a link leading out,
+        other than into `blobs`),
         ``"missing"``, or the reason :func:`_not_regular` gives.
     """
     if not name:
@@ -282,10 +324,204 @@ def resolve_inside(folder: str, name: str) -> tuple[str | None, str | None]:
         return None, "outside"
     base = os.path.realpath(folder)
     real = os.path.realpath(os.path.join(base, *parts))
-    if os.path.commonpath([base, real]) != base:
+    inside = os.path.commonpath([base, real]) == base
+    if not inside and blobs is not None:
+        inside = os.path.dirname(real) == os.path.realpath(blobs)  # a blob of the same cache repository
+    if not inside:
         return None, "symlink"
     try:
         mode = os.stat(real).st_mode
     except OSError:
         return None, "missing"
     return (None, problem) if (problem := _not_regular(mode)) else (real, None)
+
+
+# --------------------------------------------------------------------------------------
+# Folders switched as a whole
+# --------------------------------------------------------------------------------------
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+_renameat2_fn: list[Any] = []
+
+
+def _renameat2(src: str, dst: str, flags: int) -> bool:
+    """``renameat2(src, dst, flags)`` (Linux); False where the C library, kernel or
+    filesystem lacks it, an OSError for any other failure."""
+    if not _renameat2_fn:
+        lib = ctypes.util.find_library("c") if hasattr(os, "uname") and os.uname().sysname == "Linux" else None
+        fn = None
+        if lib:
+            try:
+                fn = ctypes.CDLL(lib, use_errno=True).renameat2
+                fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+        _renameat2_fn.append(fn)
+    fn = _renameat2_fn[0]
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), dst)
+
+
+def _step(name: str) -> None:
+    """Called after each step of :func:`replace_folder` and of the writers that use it
+    (a point where a kill must leave the destination whole); tests replace it."""
+
+
+_STALE = re.compile(r"^\.(?P<base>.+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp(?P<old>\.old)?$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process
+    return True
+
+
+def _clean_stale(parent: str, base: str, dst: str) -> None:
+    """Remove the temporary folders of runs into `dst` that were killed (their process is
+    gone); a folder set aside by a run killed between its two renames goes back to `dst`."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    stale = [(n, m) for n in names if (m := _STALE.match(n)) and m["base"] == base and not _alive(int(m["pid"]))]
+    for name, m in sorted(stale, key=lambda nm: nm[1]["old"] is None):  # the set-aside folders first
+        path = os.path.join(parent, name)
+        if m["old"] and not os.path.lexists(dst):
+            with contextlib.suppress(OSError):
+                os.rename(path, dst)
+                continue
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(src, dst, follow_symlinks=False)
+
+
+def _carry_over(old: str, new: str) -> None:
+    """Give folder `new` every entry of `old` that it does not have (hard links, else copies)."""
+    for name in sorted(os.listdir(old)):
+        src, dst = os.path.join(old, name), os.path.join(new, name)
+        if os.path.lexists(dst):
+            continue
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), dst)
+        elif os.path.isdir(src):
+            shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(src, dst)
+
+
+def _exchange(new: str, dst: str) -> None:
+    """Put folder `new` at `dst` and the old `dst` at `new`: one step where the system has
+    ``RENAME_EXCHANGE``, else the old one renamed aside, the new one into place, and the
+    old one to `new` (a kill between the first two leaves ``NEW.old``, which the next run
+    puts back)."""
+    if _renameat2(new, dst, _RENAME_EXCHANGE):
+        return
+    aside = new + ".old"
+    os.rename(dst, aside)
+    _step("aside")
+    try:
+        os.rename(new, dst)
+    except BaseException:
+        os.rename(aside, dst)
+        raise
+    os.rename(aside, new)
+
+
+def _rename_new(tmp: str, dst: str) -> None:
+    """Rename folder `tmp` to `dst`, which must not exist (not even as an empty folder)."""
+    try:
+        done = _renameat2(tmp, dst, _RENAME_NOREPLACE)
+    except FileExistsError:
+        done, exists = False, True
+    else:
+        exists = not done and os.path.lexists(dst)
+    if exists:
+        raise FormatError(dst, "was created by another process while this one wrote it; left as it is")
+    if not done:
+        os.rename(tmp, dst)
+
+
+@contextlib.contextmanager
+def replace_folder(dst: Any) -> Iterator[str]:
+    """Write folder `dst` as a whole: fill a hidden sibling, then switch it in one step.
+
+    The block receives a new empty folder ``.NAME.PID.XXXXXXXX.tmp`` beside `dst` and
+    fills it. When the block ends normally, the entries of an existing `dst` that the new
+    folder lacks are carried over (hard links where the filesystem allows, else copies),
+    everything is synced, and the new folder takes the place of `dst` in one step
+    (``renameat2(RENAME_EXCHANGE)`` on Linux; elsewhere the old one is renamed aside
+    first), then the old folder is removed. A new `dst` is renamed into place only if no
+    folder appeared there meanwhile. So at every instant `dst` is the old folder or the
+    new one, whole, and two runs writing `dst` at once leave one of the two whole.
+
+    If the block raises, or SIGINT, SIGTERM or SIGHUP arrives (see
+    :func:`cleanup_on_signals`), the new folder is removed and `dst` is left as it was
+    (or absent). A run killed by SIGKILL may leave its hidden folder: the next run into
+    `dst` removes it.
+
+    Parameters
+    ----------
+    dst : str or os.PathLike
+        The destination folder (its parent must exist).
+
+    Yields
+    ------
+    str
+        The folder to fill.
+
+    Raises
+    ------
+    FormatError
+        If the parent cannot be written, `dst` is not a folder, or a folder appeared at
+        a new `dst` while this one was written.
+    """
+    dst = os.path.abspath(os.fspath(dst))
+    if os.path.islink(dst):
+        dst = os.path.realpath(dst)  # the folder it leads to is replaced; the link stays
+    parent, base = os.path.dirname(dst), os.path.basename(dst)
+    _clean_stale(parent, base, dst)
+    existed = os.path.isdir(dst)  # else: a folder that appears meanwhile is not replaced
+    with cleanup_on_signals():
+        try:
+            tmp = tempfile.mkdtemp(dir=parent, prefix=f".{base}.{os.getpid()}.", suffix=".tmp")
+        except OSError as exc:
+            raise FormatError(dst, f"cannot write in {parent!r}: {exc.strerror or _describe(exc)}") from None
+        try:
+            yield tmp
+            if existed:
+                _carry_over(dst, tmp)
+                mode = stat.S_IMODE(os.stat(dst).st_mode)
+            else:
+                umask = os.umask(0)
+                os.umask(umask)
+                mode = 0o777 & ~umask
+            os.chmod(tmp, mode)
+            _fsync_dir(tmp)
+            _step("complete")
+            if existed:
+                _exchange(tmp, dst)
+            else:
+                _rename_new(tmp, dst)
+            _fsync_dir(parent)
+            _step("switched")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # the new folder on failure, else the old one
+    _step("removed")

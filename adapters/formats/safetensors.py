@@ -17,6 +17,8 @@ from .errors import FormatError, _describe, import_optional
 from .files import _open_regular
 from .weightfile import WeightFile
 
+__all__ = ["DTYPE_BITS", "HEADER_MAX_BYTES", "Header", "load", "read_header", "save"]
+
 _SAFETENSORS_NUMPY_DTYPES = {"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "F32", "F64"}
 
 _SAFETENSORS_TO_NUMPY = {
@@ -61,6 +63,11 @@ DTYPE_BITS = {
 }
 
 
+#: The largest safetensors header read: the format's own limit (the ``safetensors``
+#: crate refuses larger ones as ``HeaderTooLarge``).
+HEADER_MAX_BYTES = 100_000_000
+
+
 class Header(NamedTuple):
     """The validated header of a safetensors file.
 
@@ -100,8 +107,9 @@ def read_header(path: str) -> Header:
     Raises
     ------
     FormatError
-        If the file is not a regular file, is truncated or corrupt, or holds a dtype
-        this module does not know.
+        If the file is not a regular file, is truncated or corrupt, its header is
+        larger than :data:`HEADER_MAX_BYTES` (refused before it is read), or it holds a
+        dtype this module does not know.
     """
     safe_open = import_optional("safetensors", path, "reading safetensors files").safe_open
     with _open_regular(path) as f:
@@ -110,6 +118,10 @@ def read_header(path: str) -> Header:
         if len(head) < 8:
             raise FormatError(path, "truncated safetensors file (no header)")
         n = int.from_bytes(head, "little")
+        if n > HEADER_MAX_BYTES:  # before reading it: a sparse file may claim gigabytes
+            raise FormatError(
+                path, f"safetensors header of {n} bytes, larger than the format's limit of {HEADER_MAX_BYTES}"
+            )
         if n > size - 8:
             raise FormatError(path, f"truncated or corrupt safetensors file (header of {n} bytes in a file of {size})")
         raw = f.read(n)

@@ -388,11 +388,34 @@ class SafetensorsFile:
         ``fill`` receives each tensor name's :class:`TensorWriter` and must write every
         tensor whole; its result is returned.
         """
+        return self.write_tensors(dst, self.metadata, self.tensors, fill)
+
+    @staticmethod
+    def write_tensors(
+        dst: str,
+        metadata: Mapping[str, str],
+        tensors: Mapping[str, StoredTensor],
+        fill: Callable[[Mapping[str, TensorWriter]], R],
+    ) -> R:
+        """Write one safetensors file `dst` atomically, holding `tensors` filled in by ``fill``.
+
+        Parameters
+        ----------
+        dst : str
+            The file.
+        metadata : mapping of str to str
+            Its ``__metadata__``.
+        tensors : mapping
+            Name to :class:`StoredTensor` (names, dtypes, shapes, sizes), from any files.
+        fill : callable
+            Receives each tensor name's :class:`TensorWriter` and must write every
+            tensor whole; its result is returned.
+        """
         result: list[R] = []
 
         def write(f: IO[bytes]) -> None:
-            writer = TensorWriter(f, self.metadata, self.tensors.values())
-            result.append(fill(dict.fromkeys(self.tensors, writer)))
+            writer = TensorWriter(f, metadata, tensors.values())
+            result.append(fill(dict.fromkeys(tensors, writer)))
             writer.finish()
 
         atomic_write(dst, write)

@@ -12,17 +12,28 @@ the index itself) into a :class:`ShardedCheckpoint` whose ``tensors`` map every 
 a :class:`~.safetensors_stream.StoredTensor` (nothing is read but headers), sorted by
 name: the order in which a safetensors file holding all the tensors would list them,
 and the order of the plan. :meth:`ShardedCheckpoint.write` writes a folder of the same
-shard names, each shard atomically, then the other files, then the index, last.
+shard names, the other files and the index, and switches it with the output folder as a
+whole (:func:`~.files.replace_folder`).
 
 Checks, before anything is written:
 
 - the index is a JSON object of at most :data:`INDEX_MAX_BYTES` with a ``weight_map``
-  of names to shard files, no name twice;
+  of names to shard files, no name twice, not nested deeper than the JSON parser goes;
 - shard names are plain file names in the checkpoint's folder: no absolute path, no
-  ``..``, no symlink leading out of the folder, only regular files (as for ONNX
-  external data);
+  ``..``, no NUL byte, no symlink leading out of the folder, only regular files (as for
+  ONNX external data);
 - each shard is a valid safetensors file; every tensor listed in the index is in its
   shard, every tensor of a shard is listed there, and no name is in two shards.
+
+A folder holding one ``*.safetensors`` file and no index (``model.safetensors`` beside
+``config.json`` and tokenizer files, as small models ship) is read the same way, that
+file being its one shard; it is written as a folder too, without an index.
+
+Hugging Face cache snapshots (``models--ORG--NAME/snapshots/REVISION/``, whose files
+are symlinks to ``../../blobs/SHA256``) are read like plain folders: a symlink of the
+folder may lead into the ``blobs`` folder of its own cache repository
+(:func:`~.files.cache_blobs`), nowhere else out of the folder. The output is regular
+files; the blobs are only read.
 
 Other files: the regular files at the top of the folder are copied unchanged, except
 hidden ones (``.name``), weight files the index does not list (``*.safetensors``,
@@ -43,8 +54,9 @@ import shutil
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from . import files
 from .errors import FormatError, _describe
-from .files import _open_regular, _require_regular, atomic_files, resolve_inside
+from .files import _open_regular, _require_regular, cache_blobs, replace_folder, resolve_inside
 from .safetensors_stream import SafetensorsFile, StoredTensor, TensorWriter, stored_tensors
 from .stream_pruning import PruneSummary, prune_source
 
@@ -56,6 +68,7 @@ __all__ = [
     "is_sharded",
     "open_checkpoint",
     "prune_checkpoint",
+    "writes_one_file",
 ]
 
 #: How the index of a sharded safetensors checkpoint is named.
@@ -86,15 +99,25 @@ def is_sharded(path: Any) -> bool:
     return os.path.isdir(path) or path.lower().endswith(".json")
 
 
-def _index_path(src: str) -> str:
+def _index_path(src: str) -> tuple[str, str | None]:
+    """The folder of a checkpoint and its index; or, for a folder holding one safetensors
+    file and no index, the folder and None."""
     if not os.path.isdir(src):
-        return src
+        return os.path.dirname(os.path.abspath(src)), os.path.abspath(src)
     names = sorted(n for n in os.listdir(src) if n.endswith(INDEX_SUFFIX) and not n.startswith("."))
-    if not names:
-        raise FormatError(src, f"is a directory without a sharded safetensors index (*{INDEX_SUFFIX})")
     if len(names) > 1:
         raise FormatError(src, f"a folder with several indexes ({', '.join(names)}): give one of them as IN")
-    return os.path.join(src, names[0])
+    if names:
+        return os.path.abspath(src), os.path.abspath(os.path.join(src, names[0]))
+    files = sorted(n for n in os.listdir(src) if n.endswith(".safetensors") and not n.startswith("."))
+    if not files:
+        raise FormatError(
+            src, f"is a directory without a sharded safetensors index (*{INDEX_SUFFIX}) or a .safetensors file"
+        )
+    if len(files) > 1:
+        shown = ", ".join(files[:3]) + (", ..." if len(files) > 3 else "")
+        raise FormatError(src, f"a folder with several safetensors files ({shown}) and no index")
+    return os.path.abspath(src), None
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -117,6 +140,8 @@ def _read_index(path: str) -> dict[str, str]:
         index = json.loads(data, object_pairs_hook=_unique_keys)
     except (ValueError, UnicodeDecodeError) as exc:
         raise FormatError(path, f"not a valid index: {_describe(exc)}") from None
+    except RecursionError:  # the JSON parser recurses per level of nesting
+        raise FormatError(path, "not a valid index: nested too deeply") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise FormatError(path, 'not a sharded checkpoint index: no "weight_map" of tensor names to shard files')
@@ -138,7 +163,11 @@ class ShardedCheckpoint:
     folder : str
         The checkpoint's folder.
     index : str
-        The index file.
+        The index file; empty for a folder holding one safetensors file and no index
+        (that file is then the one shard, and :attr:`kind` is ``"safetensors folder"``).
+    blobs : str or None
+        For a Hugging Face cache snapshot, the cache repository's ``blobs`` folder,
+        which the folder's symlinks may lead into (:func:`~.files.cache_blobs`).
     shards : list of str
         Shard file names, in the order the index first names them.
     metadata : dict
@@ -156,10 +185,18 @@ class ShardedCheckpoint:
     kind = "sharded safetensors"
 
     def __init__(self, src: Any):
-        self.index = os.path.abspath(_index_path(os.fspath(src)))
-        self.folder = os.path.dirname(self.index)
-        weight_map = _read_index(self.index)
-        self.shards = list(dict.fromkeys(weight_map.values()))
+        self.folder, index = _index_path(os.fspath(src))
+        self.blobs = cache_blobs(self.folder)
+        if index is None:  # a folder holding one safetensors file: its one shard
+            self.kind = "safetensors folder"
+            self.index = ""
+            name = next(n for n in sorted(os.listdir(self.folder)) if n.endswith(".safetensors") and n[0] != ".")
+            self.shards = [name]
+            weight_map = dict.fromkeys(stored_tensors(self._shard_path(name))[1], name)
+        else:
+            self.index = index
+            weight_map = _read_index(self.index)
+            self.shards = list(dict.fromkeys(weight_map.values()))
         self.metadata: dict[str, dict[str, str]] = {}
         found: dict[str, dict[str, StoredTensor]] = {}
         for shard in self.shards:
@@ -186,17 +223,20 @@ class ShardedCheckpoint:
         self.files, self.left = self._other_files()
 
     def _shard_path(self, shard: str) -> str:
-        real, problem = resolve_inside(self.folder, shard)
+        where = self.index or self.folder
+        if "\0" in shard:
+            raise FormatError(where, f"shard {shard!r}: a name holding a NUL byte")
+        real, problem = resolve_inside(self.folder, shard, blobs=self.blobs)
         if problem in ("empty", "absolute", "outside", "symlink"):
-            raise FormatError(self.index, f"shard {shard!r}: {_WHERE[problem]}")
+            raise FormatError(where, f"shard {shard!r}: {_WHERE[problem]}")
         if "/" in shard or "\\" in shard:
-            raise FormatError(self.index, f"shard {shard!r}: not a file name of the checkpoint's folder (a sub-folder)")
+            raise FormatError(where, f"shard {shard!r}: not a file name of the checkpoint's folder (a sub-folder)")
         if real is None:
-            raise FormatError(self.index, f"shard {shard!r}: {_WHERE.get(problem, problem)}")
+            raise FormatError(where, f"shard {shard!r}: {_WHERE.get(problem, problem)}")
         return real
 
     def _other_files(self) -> tuple[list[str], list[str]]:
-        ours = {*self.shards, os.path.basename(self.index)}
+        ours = {*self.shards, os.path.basename(self.index)}  # "" when there is no index
         files, left = [], []
         for name in sorted(os.listdir(self.folder)):
             if name in ours:
@@ -208,20 +248,22 @@ class ShardedCheckpoint:
                 left.append(f"{name}/ (a folder)")
             elif name.lower().endswith(WEIGHT_SUFFIXES):
                 left.append(f"{name} (weights the index does not list)")
-            elif (problem := resolve_inside(self.folder, name)[1]) is not None:
+            elif (problem := resolve_inside(self.folder, name, blobs=self.blobs)[1]) is not None:
                 left.append(f"{name} ({_WHERE.get(problem, problem)})")
             else:
                 files.append(name)
         return files, left
 
     def write(self, dst: str, fill: Callable[[Mapping[str, TensorWriter]], R]) -> R:
-        """Write the checkpoint to folder `dst`: shards filled by ``fill(writers)``, then the rest.
+        """Write the checkpoint to folder `dst` as a whole: shards filled by ``fill(writers)``, then the rest.
 
-        `dst` is created if it does not exist. Every shard is written to a temporary
-        file in `dst`; when all are complete they are synced and renamed into place,
-        then the other files, then the index (copied unchanged: pruning changes no
-        name, shape or size). On any failure every temporary file is removed (and `dst`,
-        if this call created it and it is empty).
+        Every file is written into a new hidden folder beside `dst`: the shards, then
+        the other files and the index (copied unchanged: pruning changes no name, shape
+        or size). When all are complete and synced, the entries of an existing `dst`
+        that the checkpoint does not write are carried over and the new folder replaces
+        `dst` in one step (:func:`~.files.replace_folder`), so that `dst` is the old
+        checkpoint or the new one, whole, whatever happens. On any failure the new
+        folder is removed and `dst` is left as it was (or absent).
 
         Parameters
         ----------
@@ -231,36 +273,47 @@ class ShardedCheckpoint:
             Receives each tensor name's :class:`~.safetensors_stream.TensorWriter` and
             must write every tensor whole; its result is returned.
         """
-        created = not os.path.exists(dst)
-        if created:
-            try:
-                os.mkdir(dst)
-            except OSError as exc:
-                raise FormatError(dst, f"cannot create the folder: {exc.strerror or _describe(exc)}") from None
-        same = os.path.samefile(dst, self.folder)
-        copies = [] if same else [*self.files, os.path.basename(self.index)]
-        try:
-            with atomic_files([os.path.join(dst, n) for n in [*self.shards, *copies]]) as handles:
+        if writes_one_file(dst):
+            return self._write_one_file(dst, fill)
+        names = self.written()
+        with replace_folder(dst) as tmp:
+            with contextlib.ExitStack() as stack:
+                handles = [stack.enter_context(open(os.path.join(tmp, n), "xb")) for n in self.shards]
                 writers = {}
-                for shard, f in zip(self.shards, handles, strict=False):
+                for shard, f in zip(self.shards, handles, strict=True):
                     mine = [t for name, t in self.tensors.items() if self.shard_of[name] == shard]
                     writers[shard] = TensorWriter(f, self.metadata[shard], mine)
                 result = fill({name: writers[self.shard_of[name]] for name in self.tensors})
-                for writer in writers.values():
-                    writer.finish()
-                for name, f in zip(copies, handles[len(self.shards) :], strict=True):
-                    with _open_regular(os.path.join(self.folder, name)) as src:
-                        shutil.copyfileobj(src, f, 1 << 20)
-        except BaseException:
-            if created:
-                with contextlib.suppress(OSError):
-                    os.rmdir(dst)
-            raise
+                for shard, f in zip(self.shards, handles, strict=True):
+                    writers[shard].finish()
+                    os.fsync(f.fileno())
+                    files._step(f"shard {shard}")
+            for name in names[len(self.shards) :]:
+                with _open_regular(os.path.join(self.folder, name)) as src, open(os.path.join(tmp, name), "xb") as f:
+                    shutil.copyfileobj(src, f, 1 << 20)
+                    f.flush()
+                    os.fsync(f.fileno())
+                files._step(f"copy {name}")
         return result
+
+    def _write_one_file(self, dst: str, fill: Callable[[Mapping[str, TensorWriter]], R]) -> R:
+        """Write every tensor into one safetensors file `dst`, atomically (bounded memory).
+
+        Its metadata is what all shards' metadata have in common.
+        """
+        first, *rest = (self.metadata[s] for s in self.shards)
+        metadata = {k: v for k, v in first.items() if all(m.get(k) == v for m in rest)}
+        return SafetensorsFile.write_tensors(dst, metadata, self.tensors, fill)
 
     def written(self) -> list[str]:
         """The names :meth:`write` writes, in order."""
-        return [*self.shards, *self.files, os.path.basename(self.index)]
+        return [*self.shards, *self.files, *([os.path.basename(self.index)] if self.index else [])]
+
+
+def writes_one_file(dst: Any) -> bool:
+    """Whether a checkpoint written to `dst` is one safetensors file (`dst` ends in
+    ``.safetensors``) rather than a folder."""
+    return os.fspath(dst).lower().endswith(".safetensors")
 
 
 def open_checkpoint(src: Any) -> ShardedCheckpoint | SafetensorsFile:
@@ -292,9 +345,11 @@ def check_destination(dst: Any, source: ShardedCheckpoint | SafetensorsFile, for
     """Refuse a destination that cannot receive `source`, before anything is written.
 
     A sharded checkpoint goes to a folder: a new one in an existing folder, or, with
-    `force`, an existing one (its files of the same names are replaced; others stay).
-    A single file goes to a file: an existing one (or the input itself) only with
-    `force`.
+    `force`, an existing one (its files of the same names are replaced; others stay),
+    which must not hold a folder named like a file of the checkpoint.
+    A single file, or a sharded checkpoint written to a ``.safetensors`` name (one file
+    holding every tensor), goes to a file: an existing one (or the input itself) only
+    with `force`.
 
     Raises
     ------
@@ -302,7 +357,7 @@ def check_destination(dst: Any, source: ShardedCheckpoint | SafetensorsFile, for
         Naming `dst` and the problem.
     """
     dst = os.fspath(dst)
-    sharded = isinstance(source, ShardedCheckpoint)
+    sharded = isinstance(source, ShardedCheckpoint) and not writes_one_file(dst)
     if not os.path.isdir(os.path.dirname(os.path.abspath(dst))):
         raise FormatError(dst, "its folder does not exist")
     if not os.path.lexists(dst):
@@ -311,9 +366,13 @@ def check_destination(dst: Any, source: ShardedCheckpoint | SafetensorsFile, for
         raise FormatError(dst, "exists and is not a folder (a sharded checkpoint is written to a folder)")
     if not sharded and os.path.isdir(dst):
         raise FormatError(dst, "is a directory")
+    if sharded:
+        for name in source.written():
+            if os.path.isdir(os.path.join(dst, name)):
+                raise FormatError(dst, f"holds a folder named {name!r}, a file of the checkpoint; not replaced")
     if force:
         return
-    what = source.folder if sharded else source.path
+    what = source.folder if isinstance(source, ShardedCheckpoint) else source.path
     if os.path.exists(dst) and os.path.samefile(dst, what):
         kind = "folder" if sharded else "file"
         raise FormatError(dst, f"is the input {kind}; refusing to overwrite it without --force")
@@ -435,7 +494,7 @@ def prune_checkpoint(
         raise ValueError("no tensor selected for pruning (see include, exclude, min_size)")
     global_method = method_for(None, "") if global_ else None
     summary = prune_source(source, dst, plan, method_for=method_for, global_method=global_method, progress=progress)
-    if isinstance(source, ShardedCheckpoint):
+    if isinstance(source, ShardedCheckpoint) and not writes_one_file(dst):
         summary.files, summary.left = source.written(), list(source.left)
     else:
         summary.files = [dst]
