@@ -59,9 +59,10 @@ and that the new model does not use (so data shared with other models is never r
 when ``OUT`` is the input, its old data is unlinked while the input's arrays stay valid:
 they are memory maps, which survive the unlink on POSIX). At every instant ``OUT`` loads
 as the complete old model or the complete new one; a failed write removes every file it
-created. Two processes writing the same file at once each rename a whole file into place,
-so the last rename wins; a sharded folder is exchanged as a whole (see
-:func:`.files.replace_folder`), so concurrent writers leave one whole checkpoint.
+created. Two processes writing one single-file destination at once each rename a whole
+file into place (the last rename wins), and a sharded folder is exchanged as a whole (see
+:func:`.files.replace_folder`); two processes writing one ONNX model with external data
+at once are not supported.
 
 A write in the main thread turns SIGTERM and SIGHUP (while they have their default
 action) into an exception, so that its temporary files are removed, and the process
