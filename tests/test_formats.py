@@ -253,7 +253,7 @@ def test_onnx_external_data_round_trip(tmp_path):
     dst = tmp_path / "dst" / "pruned.onnx"
     dst.parent.mkdir()
     fmt.save(dst, out, like=wf)
-    assert (dst.parent / "pruned.onnx.data").is_file(), "external data stays external, beside the output"
+    assert len(list(dst.parent.glob("pruned.onnx.*.data"))) == 1, "external data stays external, beside the output"
     back = fmt.load(dst)
     assert int((back.params["w1"] == 0).sum()) == 64
     np.testing.assert_array_equal(back.params["w2"], _rand((16, 4), 7))

@@ -7,17 +7,19 @@ every value read bit for bit, and the zeros that pruning writes.
 
 External data must lie inside the model's folder (absolute paths, ``..`` and symlinks
 leading out are refused) and be a regular file. A model with external data is written
-as a unit: new data under a fresh name first, the model renamed into place last, then
-the old model's own data files removed (see :mod:`arrayprune.adapters.formats`).
+as a unit: new data first, under a name made from its content
+(``OUT.onnx.<16 hex digits of its SHA-256>.data``: the same data, the same bytes), the
+model renamed into place last, then the old model's own data files removed (see
+:mod:`arrayprune.adapters.formats`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import math
 import os
 import re
-import secrets
 import stat
 from collections.abc import Mapping
 from typing import IO, Any
@@ -242,11 +244,20 @@ def _old_onnx_data(path: str) -> set[str]:
     return {loc for loc in _external_locations(old) if _named_after(base, loc)}
 
 
-def _fresh_data_name(folder: str, base: str) -> str:
-    """``BASE.data`` if no file has that name, else ``BASE.<8 random hex digits>.data``."""
-    name = base + ".data"
-    while os.path.lexists(os.path.join(folder, name)):
-        name = f"{base}.{secrets.token_hex(4)}.data"
+def _content_data_name(folder: str, base: str, digest: str, old: set[str]) -> str:
+    """The name of a data file holding the bytes whose SHA-256 is `digest`.
+
+    ``BASE.<first 16 hex digits of digest>.data``: a function of the content, so the same
+    data gets the same name (and the model referencing it the same bytes). A file of that
+    name is replaced only if the old model references it (`old`): it then holds these
+    very bytes, and the old model stays whole while the file is swapped for an equal one.
+    Any other file of that name is someone else's: ``-1``, ``-2``, ... are tried after it.
+    """
+    stem = f"{base}.{digest[:16]}"
+    name, n = stem + ".data", 0
+    while name not in old and os.path.lexists(os.path.join(folder, name)):
+        n += 1
+        name = f"{stem}-{n}.data"
     return name
 
 
@@ -303,8 +314,9 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
     use_external = bool(external) or model.ByteSize() > _PROTOBUF_LIMIT
     blob_parts: list[bytes] = []
     data_name = None
+    old_data = _old_onnx_data(path)
     if use_external:
-        data_name = _fresh_data_name(folder, base)  # never a file the old model (or another) uses
+        moved = []
         offset = 0
         for tensor in model.graph.initializer:
             if tensor.HasField("raw_data") and len(tensor.raw_data) >= _EXTERNAL_THRESHOLD:
@@ -314,15 +326,22 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
                     blob_parts.append(b"\0" * pad)
                     offset += pad
                 blob_parts.append(raw)
-                tensor.ClearField("raw_data")
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-                del tensor.external_data[:]
-                for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(len(raw)))):
-                    entry = tensor.external_data.add()
-                    entry.key, entry.value = key, value
+                moved.append((tensor, offset, len(raw)))
                 offset += len(raw)
+        digest = hashlib.sha256()
+        for part in blob_parts:
+            digest.update(part)
+        # never a file that another model uses, nor one the old model uses with other bytes
+        data_name = _content_data_name(folder, base, digest.hexdigest(), old_data)
+        for tensor, start, length in moved:
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            del tensor.external_data[:]
+            for key, value in (("location", data_name), ("offset", str(start)), ("length", str(length))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
     data = model.SerializeToString()
-    stale = _old_onnx_data(path) - _external_locations(model)
+    stale = old_data - _external_locations(model)
 
     def write_data(f: IO[bytes]) -> None:
         for part in blob_parts:
@@ -333,7 +352,8 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
         if data_name is not None:
             data_path = os.path.join(folder, data_name)
             files.atomic_write(data_path, write_data)  # complete and synced before any model refers to it
-            created = data_path
+            if data_name not in old_data:  # else the old model's own file, now with the same bytes: kept
+                created = data_path
         files.atomic_write(path, lambda f: f.write(data))  # the switch from the old model to the new one
     except BaseException:
         if created is not None:
