@@ -247,7 +247,8 @@ def test_onnx_external_data_round_trip(tmp_path):
     src_dir.mkdir()
     _save_external(model, src_dir / "m.onnx")
     wf = fmt.load(src_dir / "m.onnx")
-    assert set(wf.params) == {"w1", "b1", "w2"}, "only float initializers are exposed"
+    assert set(wf.params) == {"w1", "b1", "w2", "shape"}, "integer initializers are read too"
+    np.testing.assert_array_equal(wf.params["shape"], np.array([-1, 2, 2], np.int64))
     np.testing.assert_array_equal(wf.params["w1"], _rand((8, 16), 5))
     out = mp.apply_masks(mp.l1_unstructured(wf.params, "w1", 0.5))
     dst = tmp_path / "dst" / "pruned.onnx"

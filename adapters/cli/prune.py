@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -186,8 +187,12 @@ def _dry_run(args: argparse.Namespace, src: str) -> int:
         wf = fmt.load(src)
         _check_arrays(wf.params, src)
         params, roles, kind = wf.params, file_roles(wf), wf.format
+    plan = _plan(params, roles, args)
+    if kind == "onnx":  # bfloat16 read as float32: shown as stored
+        stored = wf.context.get("stored_dtypes", {})
+        plan = [dataclasses.replace(e, dtype=stored.get(e.name, e.dtype)) for e in plan]
     print(f"plan for {src} ({kind}), {args.method}; nothing is written (--dry-run)")
-    print(format_plan(_plan(params, roles, args)))
+    print(format_plan(plan))
     return 0
 
 
