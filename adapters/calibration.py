@@ -15,6 +15,8 @@ variant (each block calibrated on the output of the blocks already pruned) is no
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -119,7 +121,8 @@ def onnx_input_norms(
     ValueError
         If a weight cannot be calibrated (a use inside a subgraph, or by an integer
         operator), the calibration data does not match the graph's inputs, the model is
-        too large to hand to onnxruntime in memory, or onnxruntime fails.
+        over 2 GB without external data (onnxruntime takes such a model in memory), or
+        onnxruntime fails. A model with external data is handed to onnxruntime by path.
     ImportError
         If onnx or onnxruntime is missing.
     """
@@ -167,26 +170,63 @@ def _feature_squares(a: np.ndarray, axis: int) -> np.ndarray:
 
 
 def _session(wf: Any, activations: list[str]) -> Any:
-    """An onnxruntime session of the model whose outputs are `activations`."""
+    """An onnxruntime session of the model whose outputs are `activations`.
+
+    A model without external data is handed over in memory. One with external data is
+    handed over by path, so that onnxruntime reads the data files itself (no 2 GB limit
+    of protobuf, no copy of the weights): the graph, with the extra outputs, is written
+    to a temporary ``.onnx`` in the model's own folder, where its relative data locations
+    resolve, and removed once the session is made. Where that folder cannot be written,
+    the data is inlined in memory (under 2 GB).
+    """
     import onnx
-    import onnxruntime as ort
 
     from arrayprune.adapters.formats import onnx as onnx_format
 
     model = onnx.ModelProto()
     model.CopyFrom(wf.context["model"])
-    external = wf.context.get("external", {})
-    for tensor in model.graph.initializer:
-        if tensor.name in external:  # read and checked by the loader: inline it
-            tensor.CopyFrom(onnx_format.inline_tensor(tensor, external[tensor.name]))
     del model.graph.output[:]
     model.graph.output.extend(onnx.ValueInfoProto(name=a) for a in activations)
+    external = wf.context.get("external", {})
+    uses_external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx_format.iter_initializers(model))
+    if uses_external:
+        folder = os.path.dirname(os.path.abspath(wf.path))
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(wf.path)}.", suffix=".calibration.onnx", dir=folder)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(model.SerializeToString())
+                return _ort_session(tmp)
+            finally:
+                os.unlink(tmp)
+        for tensor in onnx_format.iter_initializers(model):
+            if tensor.name in external:  # read and checked by the loader: inline it
+                tensor.CopyFrom(onnx_format.inline_tensor(tensor, external[tensor.name]))
     if model.ByteSize() > onnx_format._PROTOBUF_LIMIT:
-        raise ValueError("calibration hands the model to onnxruntime in memory, which takes models under 2 GB")
+        raise ValueError(
+            "the model is over 2 GB without external data, or its folder cannot be written: onnxruntime "
+            "cannot be handed it"
+        )
+    return _ort_session(model.SerializeToString())
+
+
+def _ort_session(model: str | bytes) -> Any:
+    """An onnxruntime CPU session of a model (a path or its bytes), its log silenced.
+
+    Raises
+    ------
+    ValueError
+        If onnxruntime cannot load it (its message's last line).
+    """
+    import onnxruntime as ort
+
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     try:
-        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001
         raise ValueError(f"onnxruntime cannot load the model: {_first_line(exc)}") from None
 

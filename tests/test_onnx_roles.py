@@ -477,7 +477,7 @@ def test_if_loop_and_scan_bodies_read_outer_initializers():
     assert roles["trips"] == Role("other", why="Loop input (2 uses)")
 
 
-def test_subgraph_names_shadow_outer_initializers_and_subgraph_initializers_are_other():
+def test_subgraph_names_shadow_outer_initializers():
     inner = _branch(
         "then",
         [
@@ -514,7 +514,7 @@ def test_subgraph_names_shadow_outer_initializers_and_subgraph_initializers_are_
     roles = onnx_roles(model)
     assert roles["W"] == Role("other", why="unused")  # the branch reads its own W
     assert roles["V"] == Role("weight", 1, 0, "MatMul B [K, N] (in If then_branch)")  # not the Loop's V
-    assert roles["inner"] == Role("other", why="initializer of a subgraph (If then_branch): not loaded")
+    assert roles["inner"] == Role("other", why="unused")  # read in its own graph, which does not use it
 
 
 def test_initializer_used_with_different_axes_is_a_weight_without_axes():

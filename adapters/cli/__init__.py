@@ -5,7 +5,8 @@
     arrayprune prune IN -o OUT --amount A [--method M] [--global] [--n N] [--dim D]
                      [--nm N:M] [--block RxC] [--min-sparsity F] [--max-sparsity F] [--lamp]
                      [--include PATTERN ...] [--exclude PATTERN ...] [--min-size N]
-                     [--seed S] [--keep-masks] [--force] [--verify [--verify-tol RTOL[,ATOL]]]
+                     [--seed S] [--keep-masks] [--force]
+                     [--verify [--verify-tol RTOL[,ATOL]] [--verify-data NPZ]]
     arrayprune report FILE [--json]
 
 Files are ``.npz``, ``.safetensors``, ``.onnx`` or PyTorch state dicts (``.pt``,

@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 
 import arrayprune
 from arrayprune.adapters.calibration import BATCH_SIZE
+from arrayprune.adapters.verify import DEFAULT_TOL
 from arrayprune.registry import constructor_parameters
 
 from .errors import PROG, CliError
@@ -96,7 +97,7 @@ def _methods_with(flag: str) -> list[str]:
     return [m for m in METHODS if flag in method_flags(m).values()]
 
 
-DEFAULT_VERIFY_TOL = (1.0, 1e-6)
+DEFAULT_VERIFY_TOL = DEFAULT_TOL
 """``--verify`` default ``(rtol, atol)``. Pruning changes outputs by design, so the default
 fails only outputs that moved by more than their own largest magnitude or stopped being
 finite (a broken model, not a less accurate one); pass a smaller RTOL to gate accuracy."""
@@ -306,8 +307,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--verify",
         action="store_true",
-        help="ONNX: run original and pruned model on the same random inputs, print the largest difference of "
-        "each floating-point output, and exit with status 1 if one exceeds --verify-tol",
+        help="ONNX: run original and pruned model on the same inputs (--verify-data, else the --calibration "
+        "samples, else random), print the largest difference of each floating-point output, and exit with "
+        "status 1 if one exceeds --verify-tol",
+    )
+    p.add_argument(
+        "--verify-data",
+        metavar="DATA.npz",
+        default=None,
+        help="--verify: real inputs, graph input name -> array (random inputs need a size for every symbolic "
+        "dimension, which is searched)",
     )
     p.add_argument(
         "--verify-tol",
@@ -351,6 +360,8 @@ def _check_options(args: argparse.Namespace) -> None:
         )
     if args.verify_tol is not None and not args.verify:
         raise CliError("--verify-tol needs --verify")
+    if getattr(args, "verify_data", None) is not None and not args.verify:
+        raise CliError("--verify-data needs --verify")
     _check_norm_options(args)
     if args.verify_tol is None:
         args.verify_tol = DEFAULT_VERIFY_TOL

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
 
 import arrayprune
 from arrayprune.adapters import formats as fmt
@@ -186,8 +185,12 @@ def _dry_run(args: argparse.Namespace, src: str) -> int:
         wf = fmt.load(src)
         _check_arrays(wf.params, src)
         params, roles, kind = wf.params, file_roles(wf), wf.format
+    plan = _plan(params, roles, args)
+    if kind == "onnx":  # bfloat16 read as float32: shown as stored
+        stored = wf.context.get("stored_dtypes", {})
+        plan = [dataclasses.replace(e, dtype=stored.get(e.name, e.dtype)) for e in plan]
     print(f"plan for {src} ({kind}), {args.method}; nothing is written (--dry-run)")
-    print(format_plan(_plan(params, roles, args)))
+    print(format_plan(plan))
     return 0
 
 
@@ -329,6 +332,7 @@ def run_prune(args: argparse.Namespace) -> int:
     if not targets:
         raise CliError("no tensor selected for pruning (see --include, --exclude, --min-size)", src)
     norms = _input_norms(args, wf, targets, src)
+    prepared = _verify_inputs(args, src) if args.verify else None  # the original runs before OUT is written
     if args.keep_masks or mp.is_pruned(wf.params):
         params = _prune_params(wf.params, targets, args, src, norms)
         folded = mp.apply_masks(params)
@@ -352,8 +356,8 @@ def run_prune(args: argparse.Namespace) -> int:
         (pruned["zeros"], pruned["size"]),
         (everything["zeros"], everything["size"], everything["tensors"]),
     )
-    if args.verify:
-        return _verify(src, dst, args.seed, args.verify_tol)
+    if prepared is not None:
+        return _verify(prepared, dst, args.verify_tol)
     return 0
 
 
@@ -361,57 +365,48 @@ def _pct(part: int, whole: int) -> str:
     return f"{100.0 * part / whole if whole else 0.0:.2f}%"
 
 
-def _verify(src: str, dst: str, seed: int | None, tol: tuple[float, float]) -> int:
-    """Run both models on the same random inputs; 0 if every float output is within `tol`, else 1."""
-    ort = _optional("onnxruntime", "onnx", "--verify")
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sessions = []
-    for path in (src, dst):
+def _verify_inputs(args: argparse.Namespace, src: str) -> Any:
+    """Run the original model on the ``--verify`` inputs, before anything is written."""
+    from arrayprune.adapters import verify
+    from arrayprune.adapters.calibration import BATCH_SIZE, _read_npz
+
+    data = None
+    if args.verify_data:
         try:
-            sessions.append(ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"]))
-        except Exception as exc:
-            raise CliError(f"onnxruntime cannot load the model: {fmt._describe(exc)}", path) from None
-    rng = np.random.default_rng(stream_seed(0 if seed is None else seed, "verify"))
-    feeds = {}
-    for inp in sessions[0].get_inputs():
-        shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in inp.shape)
-        kind = inp.type
-        if kind in ("tensor(float)", "tensor(double)", "tensor(float16)"):
-            dtype = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16}[kind]
-            feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
-        elif kind == "tensor(bool)":
-            feeds[inp.name] = rng.integers(0, 2, shape).astype(bool)
-        elif kind.startswith("tensor(int") or kind.startswith("tensor(uint"):
-            feeds[inp.name] = rng.integers(0, 2, shape).astype(np.dtype(kind[7:-1]))
-        else:
-            raise CliError(f"--verify: input {inp.name!r} of type {kind} is not supported", src)
-    results = []
-    for path, session in zip((src, dst), sessions, strict=True):
-        try:
-            results.append(session.run(None, feeds))
-        except Exception as exc:
-            raise CliError(f"onnxruntime failed to run the model: {fmt._describe(exc)}", path) from None
-    rtol, atol = tol
-    failed, skipped = [], []
-    for out, a, b in zip(sessions[0].get_outputs(), *results, strict=True):
-        a, b = np.asarray(a), np.asarray(b)
-        if a.dtype.kind != "f" or b.dtype.kind != "f" or a.shape != b.shape:
-            skipped.append(out.name)  # labels, sequences, maps: not a distance
-            continue
-        a64, b64 = a.astype(np.float64), b.astype(np.float64)
-        diff = float(np.max(np.abs(a64 - b64))) if a.size else 0.0
-        scale = float(np.max(np.abs(a64))) if a.size else 0.0
-        bound = atol + rtol * scale
-        finite_lost = bool(np.any(np.isfinite(a64) & ~np.isfinite(b64)))
-        ok = not finite_lost and diff <= bound
-        verdict = "pass" if ok else "FAIL"
-        print(f"verify: output {out.name!r}: max abs output difference {diff:.6g}, tolerance {bound:.6g}: {verdict}")
-        if not ok:
-            failed.append(out.name)
+            data = _read_npz(args.verify_data)
+        except ValueError as exc:
+            raise CliError(_message(exc), args.verify_data) from None
+    elif args.calibration:
+        data = {k: v[:BATCH_SIZE] for k, v in read_calibration(args.calibration).items()}
+    try:
+        return verify.prepare(src, data=data, seed=args.seed)
+    except ValueError as exc:
+        raise CliError(f"--verify: {_message(exc)}", args.verify_data or src) from None
+
+
+def _verify(prepared: Any, dst: str, tol: tuple[float, float]) -> int:
+    """Run the pruned model on the prepared inputs; 0 if every float output is within `tol`, else 1."""
+    from arrayprune.adapters import verify
+
+    try:
+        checks = verify.compare(dst, prepared, tol)
+    except ValueError as exc:
+        raise CliError(f"--verify: {_message(exc)}", dst) from None
+    if prepared.sizes:
+        print(f"verify: random inputs, symbolic dimensions {', '.join(f'{k}={v}' for k, v in prepared.sizes.items())}")
+    skipped = [c.name for c in checks if c.difference is None]
+    for c in checks:
+        if c.difference is not None:
+            verdict = "pass" if c.passed else "FAIL"
+            print(
+                f"verify: output {c.name!r}: max abs output difference {c.difference:.6g}, "
+                f"tolerance {c.tolerance:.6g}: {verdict}"
+            )
     if skipped:
         print(f"verify: not compared (not floating point): {', '.join(map(repr, skipped))}")
+    failed = [c.name for c in checks if not c.passed]
     if failed:
+        rtol, atol = tol
         _error(
             f"{dst}: verify failed: output {failed[0]!r} differs from the original by more than "
             f"{atol:g} + {rtol:g} x its largest magnitude (see --verify-tol)"

@@ -152,6 +152,8 @@ def run_report(args: argparse.Namespace) -> int:
             wf = fmt.load(path)
             _check_arrays(wf.params, path)
             kind, rows = wf.format, report_rows(wf.params, roles=file_roles(wf))
+            for row in rows:  # bfloat16 read as float32 (ONNX): shown as stored
+                row["dtype"] = wf.context.get("stored_dtypes", {}).get(row["name"], row["dtype"])
     total = _totals(rows)
     prunable = _totals([r for r in rows if r["prunable"]])
     if args.json:

@@ -51,8 +51,10 @@ Writing is atomic: a destination is either left as it was or replaced whole, nev
 written. Each file goes to a temporary file ``.NAME.XXXXXXXX.tmp`` in the destination
 folder, is flushed to disk (``fsync``) and renamed into place with :func:`os.replace`.
 An ONNX model with external data is replaced as a unit: its data is written first under
-a name that no file has yet, ``OUT.onnx.data`` or else ``OUT.onnx.<8 hex digits>.data``
-(random), which only the new model references; the model is renamed into place last.
+a name made from its content, ``OUT.onnx.<16 hex digits>.data`` (the start of its
+SHA-256, so the same command writes the same bytes), which no other model references
+(a file of that name that the old ``OUT`` does not reference is left alone, and ``-1``,
+``-2``, ... appended); the model is renamed into place last.
 Only then are the data files of the old ``OUT`` removed, and only those that the old
 model referenced, that are named after ``OUT`` (``OUT.onnx.data``, ``OUT.onnx.*.data``)
 and that the new model does not use (so data shared with other models is never removed;

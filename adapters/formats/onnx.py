@@ -7,19 +7,21 @@ every value read bit for bit, and the zeros that pruning writes.
 
 External data must lie inside the model's folder (absolute paths, ``..`` and symlinks
 leading out are refused) and be a regular file. A model with external data is written
-as a unit: new data under a fresh name first, the model renamed into place last, then
-the old model's own data files removed (see :mod:`arrayprune.adapters.formats`).
+as a unit: new data first, under a name made from its content
+(``OUT.onnx.<16 hex digits of its SHA-256>.data``: the same data, the same bytes), the
+model renamed into place last, then the old model's own data files removed (see
+:mod:`arrayprune.adapters.formats`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import math
 import os
 import re
-import secrets
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
 import numpy as np
@@ -32,6 +34,7 @@ from .weightfile import WeightFile
 
 _ONNX_FLOAT_TYPES = (1, 10, 11)  # FLOAT, FLOAT16, DOUBLE
 _ONNX_BFLOAT16 = 16
+_ONNX_INT_TYPES = (2, 3, 4, 5, 6, 7, 9, 12, 13)  # UINT8, INT8, UINT16, INT16, INT32, INT64, BOOL, UINT32, UINT64
 _EXTERNAL_THRESHOLD = 1024  # bytes: smaller tensors stay inside an ONNX model written with external data
 _PROTOBUF_LIMIT = 2**31 - 2**20
 
@@ -122,12 +125,45 @@ def _narrow_bfloat16(x: np.ndarray) -> np.ndarray:
     return bits
 
 
-def load(path: str) -> WeightFile:
-    """Read the float initializers of an ONNX model; external data confined to its folder.
+def _graph_initializers(graph: Any) -> Iterator[Any]:
+    """The initializers of `graph`, then those of its subgraphs (the bodies of ``If``,
+    ``Loop``, ``Scan``: any graph attribute), depth first in node and attribute order."""
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("g"):
+                yield from _graph_initializers(a.g)
+            for sub in a.graphs:
+                yield from _graph_initializers(sub)
 
-    float16, float32 and float64 initializers are read as they are (external data
-    memory-mapped), bfloat16 ones as float32 (a widened copy), their names listed in
-    ``context["bfloat16"]`` so that :func:`save` writes them back as bfloat16.
+
+def iter_initializers(model: Any) -> Iterator[Any]:
+    """Every initializer of an ONNX model: the main graph's, then its subgraphs' (in the
+    order :func:`load` reads them).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model.
+
+    Yields
+    ------
+    onnx.TensorProto
+        Each initializer, as stored in `model` (changes to it change the model).
+    """
+    yield from _graph_initializers(model.graph)
+
+
+def load(path: str) -> WeightFile:
+    """Read the initializers of an ONNX model; external data confined to its folder.
+
+    Initializers of the main graph and of its subgraphs (``If`` branches, ``Loop`` and
+    ``Scan`` bodies) are read by name; a subgraph's initializer whose name an earlier one
+    has (another scope's) is not exposed, and is carried to the output unchanged.
+    float16, float32, float64, integer and boolean initializers are read as they are
+    (external data memory-mapped), bfloat16 ones as float32 (a widened copy), their names
+    listed in ``context["bfloat16"]`` so that :func:`save` writes them back as bfloat16,
+    and in ``context["stored_dtypes"]`` (name -> ``"bfloat16"``) for listings.
     """
     onnx = import_optional("onnx", path, "reading ONNX models")
     numpy_helper = import_optional("onnx.numpy_helper", path, "reading ONNX models")
@@ -137,28 +173,35 @@ def load(path: str) -> WeightFile:
     external: dict[str, np.ndarray] = {}
     bfloat16: set[str] = set()
     seen: set[str] = set()
-    for tensor in model.graph.initializer:
-        if tensor.name in seen:
-            raise FormatError(path, f"initializer {tensor.name!r} appears twice")
-        seen.add(tensor.name)
+    main = len(model.graph.initializer)
+    for i, tensor in enumerate(iter_initializers(model)):
         is_external = tensor.data_location == onnx.TensorProto.EXTERNAL
+        if is_external and tensor.data_type == onnx.TensorProto.STRING:
+            raise FormatError(path, f"initializer {tensor.name!r}: external string data is not supported")
+        if tensor.name in seen:
+            if i < main:
+                raise FormatError(path, f"initializer {tensor.name!r} appears twice")
+            if is_external:  # a subgraph's own tensor of a name already read: carried inline
+                tensor.CopyFrom(inline_tensor(tensor, _read_external(path, tensor)))
+            continue
+        seen.add(tensor.name)
         if is_external:
-            if tensor.data_type == onnx.TensorProto.STRING:
-                raise FormatError(path, f"initializer {tensor.name!r}: external string data is not supported")
             arr = _read_external(path, tensor)
             external[tensor.name] = arr
-        elif tensor.data_type in _ONNX_FLOAT_TYPES:
+        elif tensor.data_type in _ONNX_FLOAT_TYPES or tensor.data_type in _ONNX_INT_TYPES:
             arr = numpy_helper.to_array(tensor)
         elif tensor.data_type == _ONNX_BFLOAT16:
             arr = _bfloat16_bits(path, tensor)
         else:
             continue
-        if tensor.data_type in _ONNX_FLOAT_TYPES:
+        if tensor.data_type in _ONNX_FLOAT_TYPES or tensor.data_type in _ONNX_INT_TYPES:
             params[tensor.name] = arr
         elif tensor.data_type == _ONNX_BFLOAT16:
             params[tensor.name] = _widen_bfloat16(arr)
             bfloat16.add(tensor.name)
-    context = {"model": model, "external": external, "bfloat16": frozenset(bfloat16)}
+    # the dtype each tensor has in the file, where it differs from the array's: for listings
+    stored_dtypes = dict.fromkeys(sorted(bfloat16), "bfloat16")
+    context = {"model": model, "external": external, "bfloat16": frozenset(bfloat16), "stored_dtypes": stored_dtypes}
     return WeightFile(path, "onnx", params, context)
 
 
@@ -242,11 +285,20 @@ def _old_onnx_data(path: str) -> set[str]:
     return {loc for loc in _external_locations(old) if _named_after(base, loc)}
 
 
-def _fresh_data_name(folder: str, base: str) -> str:
-    """``BASE.data`` if no file has that name, else ``BASE.<8 random hex digits>.data``."""
-    name = base + ".data"
-    while os.path.lexists(os.path.join(folder, name)):
-        name = f"{base}.{secrets.token_hex(4)}.data"
+def _content_data_name(folder: str, base: str, digest: str, old: set[str]) -> str:
+    """The name of a data file holding the bytes whose SHA-256 is `digest`.
+
+    ``BASE.<first 16 hex digits of digest>.data``: a function of the content, so the same
+    data gets the same name (and the model referencing it the same bytes). A file of that
+    name is replaced only if the old model references it (`old`): it then holds these
+    very bytes, and the old model stays whole while the file is swapped for an equal one.
+    Any other file of that name is someone else's: ``-1``, ``-2``, ... are tried after it.
+    """
+    stem = f"{base}.{digest[:16]}"
+    name, n = stem + ".data", 0
+    while name not in old and os.path.lexists(os.path.join(folder, name)):
+        n += 1
+        name = f"{stem}-{n}.data"
     return name
 
 
@@ -262,13 +314,17 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
     model.CopyFrom(like.context["model"])
     external: dict[str, np.ndarray] = like.context.get("external", {})
     flat = _flat_arrays(path, params, "onnx")
-    by_name = {t.name: t for t in model.graph.initializer}
+    by_name = {t.name for t in iter_initializers(model)}
     unknown = [k for k in flat if k not in by_name]
     if unknown:
         raise FormatError(
             path, f"{unknown[0]!r} is not an initializer of the model (an ONNX model stores effective weights only)"
         )
-    for tensor in model.graph.initializer:
+    done: set[str] = set()
+    for tensor in iter_initializers(model):
+        if tensor.name in done:  # a later scope's tensor of that name: not read, left as it is
+            continue
+        done.add(tensor.name)
         is_bfloat16 = tensor.data_type == _ONNX_BFLOAT16
         if tensor.name in flat:
             arr = to_numpy(flat[tensor.name])
@@ -303,10 +359,11 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
     use_external = bool(external) or model.ByteSize() > _PROTOBUF_LIMIT
     blob_parts: list[bytes] = []
     data_name = None
+    old_data = _old_onnx_data(path)
     if use_external:
-        data_name = _fresh_data_name(folder, base)  # never a file the old model (or another) uses
+        moved = []
         offset = 0
-        for tensor in model.graph.initializer:
+        for tensor in iter_initializers(model):
             if tensor.HasField("raw_data") and len(tensor.raw_data) >= _EXTERNAL_THRESHOLD:
                 raw = tensor.raw_data
                 pad = (-offset) % 64
@@ -314,15 +371,22 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
                     blob_parts.append(b"\0" * pad)
                     offset += pad
                 blob_parts.append(raw)
-                tensor.ClearField("raw_data")
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-                del tensor.external_data[:]
-                for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(len(raw)))):
-                    entry = tensor.external_data.add()
-                    entry.key, entry.value = key, value
+                moved.append((tensor, offset, len(raw)))
                 offset += len(raw)
+        digest = hashlib.sha256()
+        for part in blob_parts:
+            digest.update(part)
+        # never a file that another model uses, nor one the old model uses with other bytes
+        data_name = _content_data_name(folder, base, digest.hexdigest(), old_data)
+        for tensor, start, length in moved:
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            del tensor.external_data[:]
+            for key, value in (("location", data_name), ("offset", str(start)), ("length", str(length))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
     data = model.SerializeToString()
-    stale = _old_onnx_data(path) - _external_locations(model)
+    stale = old_data - _external_locations(model)
 
     def write_data(f: IO[bytes]) -> None:
         for part in blob_parts:
@@ -333,7 +397,8 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
         if data_name is not None:
             data_path = os.path.join(folder, data_name)
             files.atomic_write(data_path, write_data)  # complete and synced before any model refers to it
-            created = data_path
+            if data_name not in old_data:  # else the old model's own file, now with the same bytes: kept
+                created = data_path
         files.atomic_write(path, lambda f: f.write(data))  # the switch from the old model to the new one
     except BaseException:
         if created is not None:

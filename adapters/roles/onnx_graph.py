@@ -53,7 +53,8 @@ constants: initializers or ``Constant`` nodes.
 ``If`` (any graph attribute, at any depth) that reads an initializer of the main graph
 by name counts the same, unless the subgraph defines that name itself (as an input, an
 initializer or a node output), which hides the outer one. Initializers stored *inside*
-subgraphs are listed as ``other``: they are not loaded, so they cannot be pruned.
+subgraphs get their roles from the nodes of their own graph (and of the graphs inside
+it) that read them, as the main graph's do; the first initializer of a name wins.
 
 **Several uses.** An initializer read by several operators, or through several chains:
 
@@ -480,22 +481,22 @@ def _combine(uses: list[_Use]) -> Role:
     return Role("other", why="used as " + _join([f"{r.kind} ({r.why})" for r in values]))
 
 
-def _subgraph_initializers(g: _Graph) -> list[tuple[str, str]]:
-    found = []
-    for sub in g.subgraphs:
-        found.extend((t.name, sub.where) for t in sub.proto.initializer)
-        found.extend((s.values.name, sub.where) for s in sub.proto.sparse_initializer)
-        found.extend(_subgraph_initializers(sub))
-    return found
-
-
 def _initializer_uses(onnx: ModuleType, model: Any, main: _Graph) -> dict[str, list[_Use]]:
-    """Every use of every initializer of the main graph, in graph order."""
+    """Every use of every initializer, in graph order: the main graph's, then those stored
+    inside subgraphs (depth first), each read in its own graph; a name seen before is
+    skipped (as the loader skips it)."""
     found: dict[str, list[_Use]] = {}
-    for tensor in model.graph.initializer:
-        if tensor.name not in found:
-            shape = tuple(int(d) for d in tensor.dims)
-            found[tensor.name] = _uses(onnx, main, tensor.name, _Track(tuple(range(len(shape))), shape), frozenset())
+
+    def visit(g: _Graph) -> None:
+        for tensor in g.proto.initializer:
+            if tensor.name not in found:
+                shape = tuple(int(d) for d in tensor.dims)
+                track = _Track(tuple(range(len(shape))), shape)
+                found[tensor.name] = _uses(onnx, g, tensor.name, track, frozenset())
+        for sub in g.subgraphs:
+            visit(sub)
+
+    visit(main)
     return found
 
 
@@ -511,9 +512,9 @@ def onnx_roles(model: Any) -> dict[str, Role]:
     Returns
     -------
     dict of str to Role
-        Every initializer of the main graph by name, in graph order, then the sparse
-        initializers of the main graph and the initializers stored inside subgraphs
-        (``other``: they are not loaded), unless a name is already there. Weights have
+        Every initializer of the main graph by name, in graph order, then those stored
+        inside subgraphs (read in their own graph), then the sparse initializers of the
+        main graph (``other``: they are not loaded), unless a name is already there. Weights have
         their output and reduction axes (of the initializer as stored); the why of each
         role names the operator inputs it was read from (see the module's notes).
 
@@ -527,8 +528,6 @@ def onnx_roles(model: Any) -> dict[str, Role]:
     roles = {name: _combine(uses) for name, uses in _initializer_uses(onnx, model, main).items()}
     for sparse in model.graph.sparse_initializer:
         roles.setdefault(sparse.values.name, Role("other", why="sparse initializer: not loaded"))
-    for name, where in _subgraph_initializers(main):
-        roles.setdefault(name, Role("other", why=f"initializer of a subgraph ({where}): not loaded"))
     return roles
 
 
