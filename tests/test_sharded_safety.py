@@ -441,3 +441,49 @@ def test_sharded_into_one_safetensors_file(tmp_path, capsys, dtype):
     summary = sharded.prune_checkpoint(src, tmp_path / "api.safetensors", amount=0.5, global_=True)
     assert summary.files == [str(tmp_path / "api.safetensors")]
     assert (tmp_path / "api.safetensors").read_bytes() == expected
+
+
+def test_onnx_external_data_in_a_cache_snapshot_subfolder(tmp_path):
+    """``snapshots/<rev>/onnx/model.onnx`` and its data, both symlinks to ``../../../blobs/``."""
+    import hashlib
+
+    onnx = pytest.importorskip("onnx")
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.arange(1, 65, dtype=np.float32).reshape(8, 8) * np.float32(0.5 - 1 / 64)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="/fc/MatMul")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [numpy_helper.from_array(w, "W")],
+    )
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, plain / "model.onnx", save_as_external_data=True, location="model.onnx_data",
+              size_threshold=0)
+    repo = tmp_path / "hub" / "models--org--name"
+    (repo / "blobs").mkdir(parents=True)
+    sub = repo / "snapshots" / "0123abcd" / "onnx"
+    sub.mkdir(parents=True)
+    for p in sorted(plain.iterdir()):
+        digest = hashlib.sha256(p.read_bytes()).hexdigest()
+        (repo / "blobs" / digest).write_bytes(p.read_bytes())
+        os.symlink(os.path.join("..", "..", "..", "blobs", digest), sub / p.name)
+    assert cli("prune", plain / "model.onnx", "-o", tmp_path / "want.onnx", "--amount", "0.5") == 0
+    assert cli("prune", sub / "model.onnx", "-o", tmp_path / "got.onnx", "--amount", "0.5") == 0
+    got = numpy_helper.to_array(onnx.load(str(tmp_path / "got.onnx")).graph.initializer[0])
+    want = numpy_helper.to_array(onnx.load(str(tmp_path / "want.onnx")).graph.initializer[0])
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, np.where(np.arange(64).reshape(8, 8) < 32, 0, w))  # the 32 smallest go
+
+    # A data file leading into another repository's blobs is still refused.
+    other = tmp_path / "hub" / "models--other--repo" / "blobs"
+    other.mkdir(parents=True)
+    (other / "x").write_bytes((plain / "model.onnx_data").read_bytes())
+    (sub / "model.onnx_data").unlink()
+    os.symlink(os.path.join("..", "..", "..", "..", "models--other--repo", "blobs", "x"), sub / "model.onnx_data")
+    assert cli("prune", sub / "model.onnx", "-o", tmp_path / "bad.onnx", "--amount", "0.5") == 2
+    assert not (tmp_path / "bad.onnx").exists()

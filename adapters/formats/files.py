@@ -273,8 +273,9 @@ def cache_blobs(folder: str) -> str | None:
 
     ``huggingface_hub`` downloads a repository into
     ``models--ORG--NAME/snapshots/REVISION/``, whose files are symlinks to
-    ``../../blobs/SHA256``. For such a `folder` (after following symlinks: a parent
-    named ``snapshots`` inside a folder named ``models--*``), this is the real path of
+    ``../../blobs/SHA256`` (``../../../blobs/SHA256`` in a sub-folder such as ``onnx/``).
+    For such a `folder` (after following symlinks: the snapshot itself or a folder inside
+    it, under ``snapshots`` inside a folder named ``models--*``), this is the real path of
     that repository's ``blobs`` folder, else None.
 
     Parameters
@@ -286,11 +287,15 @@ def cache_blobs(folder: str) -> str | None:
     -------
     str or None
     """
-    snapshots = os.path.dirname(os.path.realpath(folder))
-    repo = os.path.dirname(snapshots)
-    if os.path.basename(snapshots) != "snapshots" or not os.path.basename(repo).startswith("models--"):
-        return None
-    return os.path.join(repo, "blobs")
+    here = os.path.realpath(folder)
+    while True:
+        snapshots = os.path.dirname(here)
+        repo = os.path.dirname(snapshots)
+        if os.path.basename(snapshots) == "snapshots" and os.path.basename(repo).startswith("models--"):
+            return os.path.join(repo, "blobs")
+        if snapshots == here or repo == snapshots:  # the root: no snapshot above
+            return None
+        here = snapshots
 
 
 def resolve_inside(folder: str, name: str, *, blobs: str | None = None) -> tuple[str | None, str | None]:

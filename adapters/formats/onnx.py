@@ -29,7 +29,7 @@ import numpy as np
 from . import files
 from .arrays import _flat_arrays, to_numpy
 from .errors import FormatError, _describe, import_optional
-from .files import _fsync_dir, resolve_inside
+from .files import _fsync_dir, cache_blobs, resolve_inside
 from .weightfile import WeightFile
 
 _ONNX_FLOAT_TYPES = (1, 10, 11)  # FLOAT, FLOAT16, DOUBLE
@@ -52,7 +52,8 @@ def _parse_onnx(path: str) -> Any:
 
 def _check_inside(path: str, location: str, what: str) -> str:
     """Resolve an external-data `location` of the model at `path`, refusing escapes."""
-    real, problem = resolve_inside(os.path.dirname(os.path.abspath(path)), location)
+    folder = os.path.dirname(os.path.abspath(path))
+    real, problem = resolve_inside(folder, location, blobs=cache_blobs(folder))
     messages = {
         "empty": "external data without a location",
         "absolute": f"external data path {location!r} is absolute; it must lie inside the model's folder",
