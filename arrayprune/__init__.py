@@ -26,6 +26,7 @@ from .methods import (
 )
 from .norms import channel_norms
 from .patterns import is_nm_sparse
+from .reconstruction import HessianAccumulator, sparsegpt, unfold_patches
 from .registry import METHODS
 from .schedules import (
     ConstantSparsity,
@@ -60,6 +61,9 @@ __all__ = [
     "global_unstructured",
     "lamp_scores",
     "wanda_scores",
+    "sparsegpt",
+    "HessianAccumulator",
+    "unfold_patches",
     "is_nm_sparse",
     "ConstantSparsity",
     "PolynomialDecay",

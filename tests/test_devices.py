@@ -353,3 +353,30 @@ def test_packed_masks_and_pattern_checks():
         ]
 
     same_on_both_devices(call)
+
+
+def test_reconstruction():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((30, 12)) @ rng.standard_normal((12, 12))
+    x[:, 4] = 0.0  # a dead input
+    w = data("nan", (6, 12))
+    w[~np.isfinite(w)] = 0.5  # SparseGPT needs a finite weight
+    conv = rng.standard_normal((4, 3, 2, 2)).astype(np.float32)
+    images = rng.standard_normal((2, 4, 5, 5)).astype(np.float32)
+
+    def call(to):
+        acc = ap.HessianAccumulator(12)
+        acc.update(to(x[:10]))
+        acc.update(to(x[10:].reshape(4, 5, 12)))
+        h = acc.hessian()
+        patches = ap.unfold_patches(to(images), 2, stride=2, padding=1, dilation=1, groups=2)
+        return [
+            h,
+            patches,
+            ap.sparsegpt(to(w), h, 0.5, block_size=5),
+            ap.sparsegpt(to(w), h, n=2, m=4, block_size=8),
+            ap.sparsegpt(to(np.ascontiguousarray(w.T)), h, 17, reduction_axis=0),
+            ap.sparsegpt(to(conv), to(np.eye(12) + 0.5), 0.25, block_size=4),
+        ]
+
+    same_on_both_devices(call)
