@@ -60,7 +60,9 @@ def report_rows(
         ``prunable`` (whether ``prune`` selects it by default: a floating-point layer
         weight), ``reason`` (why not, or None),
         ``tied_to`` (the first name of the same tensor stored under several names, or
-        None), ``nm_2_4`` (whether the tensor is 2:4 sparse along its last axis) and
+        None), ``nm_2_4`` (whether the tensor is 2:4 sparse along its reduction axis, the
+        axis ``prune --method nm_structured`` uses, or its last axis when the role has
+        none) and
         ``bytes`` (the storage forms of :func:`arrayprune.sparse_nbytes`).
     """
     masked = set(mp.pruned_keys(params))
@@ -101,10 +103,20 @@ def report_rows(
             "tied_to": None if tied_to == name else tied_to,
         }
         if storage:
-            nbytes = arrayprune.sparse_nbytes(value) if is_float(value) else {"dense": _dense_nbytes(value)}
+            nbytes = (
+                arrayprune.sparse_nbytes(value, dim=_nm_axis(role, value))
+                if is_float(value)
+                else {"dense": _dense_nbytes(value)}
+            )
             row.update(nm_2_4="semi_structured_2_4" in nbytes, bytes=nbytes)
         rows.append(row)
     return rows
+
+
+def _nm_axis(role: Role, value: Any) -> int:
+    """The axis 2:4 groups of `value` run along: its role's reduction axis, else its last axis."""
+    axis = role.reduction_axis
+    return axis if axis is not None and 0 <= axis < len(value.shape) else -1
 
 
 def _dense_nbytes(x: Any) -> int:
