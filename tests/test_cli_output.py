@@ -80,9 +80,12 @@ def test_report_reads_2_4_along_the_reduction_axis_of_matmul_weights(tmp_path, c
 
     code, text, err = _main(capsys, "report", out)
     assert code == 0, err
-    lines = {line.split()[0]: line.split() for line in text.splitlines()[1:] if line.split()}
-    assert lines["W1"][6] == "yes" and lines["W2"][6] == "yes"
-    assert lines["b1"][6] == "no"
+    header = text.splitlines()[1].replace("read by", "read_by").split()
+    cells = [line.split() for line in text.splitlines()[2:] if line.split()]
+    lines = {c[0]: dict(zip(header, c, strict=False)) for c in cells}
+    assert lines["W1"]["2:4"] == "yes" and lines["W2"]["2:4"] == "yes"
+    assert lines["b1"]["2:4"] == "no"
+    assert lines["W1"]["read_by"] == "/layer1/MatMul"
     assert f"2:4 where it holds {488 / 2**20:.2f} MiB" in text
 
 
@@ -95,3 +98,107 @@ def test_sparse_nbytes_takes_the_axis_of_the_groups():
     assert ap.sparse_nbytes(w, dim=-2) == ap.sparse_nbytes(w, dim=0)
     with pytest.raises(IndexError):
         ap.sparse_nbytes(w, dim=2)
+
+
+# --------------------------------------------------------------------------------------
+# node names: shown by the plan and the report, matched by --include and --exclude
+# --------------------------------------------------------------------------------------
+
+
+def _nested_export(path):
+    """A torch.onnx.export of nested submodules: weights become ``onnx::MatMul_<n>``."""
+    import io
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.query, self.key = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.query(x) * self.key(x)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention, self.out = Attention(), nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.out(self.attention(x))
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.ModuleList([Layer(), Layer()])
+
+        def forward(self, x):
+            for layer in self.layer:
+                x = layer(x)
+            return x
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = Encoder()
+
+        def forward(self, x):
+            return self.encoder(x)
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.randn(1, 3, 8),), f, dynamo=False)
+    path.write_bytes(f.getvalue())
+    inits = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+
+    def stored(linear):  # the initializer holding linear.weight (transposed: MatMul B [K, N])
+        w = linear.weight.detach().numpy().T
+        (name,) = [n for n, a in inits.items() if a.shape == w.shape and np.array_equal(a, w)]
+        return name
+
+    return {
+        f"{i}.{part}": stored(getattr(layer.attention, part) if part != "out" else layer.out)
+        for i, layer in enumerate(net.encoder.layer)
+        for part in ("query", "key", "out")
+    }
+
+
+def test_include_matches_the_nodes_reading_a_weight(tmp_path, capsys):
+    src = tmp_path / "net.onnx"
+    names = _nested_export(src)
+    assert all(n.startswith("onnx::MatMul_") for n in names.values()), names
+    query = {names["0.query"], names["1.query"]}
+
+    pattern = "/encoder/*/query/MatMul"
+    code, text, err = _main(capsys, "prune", src, "--dry-run", "--amount", "0.5", "--include", pattern)
+    assert code == 0, err
+    chosen = {line.split()[0] for line in text.splitlines() if "  prune" in line}
+    assert chosen == query
+    line = next(ln for ln in text.splitlines() if ln.startswith(names["1.query"] + " "))
+    assert line.split()[1] == "/encoder/layer.1/attention/query/MatMul"
+    assert "2 of 12 tensors would be pruned (128 entries)" in text
+
+    out = tmp_path / "q.onnx"
+    code, _, err = _main(capsys, "prune", src, "-o", out, "--amount", "0.5", "--include", pattern)
+    assert code == 0, err
+    before, after = fmt.load(src).params, fmt.load(out).params
+    changed = {n for n in before if not np.array_equal(before[n], after[n])}
+    assert changed == query
+    assert all(int((after[n] == 0).sum()) == 32 for n in query)
+
+    # exclude by node name: the key and out projections of layer 0 stay
+    leave = ("/encoder/layer.0/attention/key/*", "*out/MatMul")
+    code, text, err = _main(capsys, "prune", src, "--dry-run", "--amount", "0.5", "--exclude", *leave)
+    assert code == 0, err
+    chosen = {line.split()[0] for line in text.splitlines() if "  prune" in line}
+    assert chosen == {names["0.query"], names["1.query"], names["1.key"]}
+
+    code, text, err = _main(capsys, "report", src, "--json")
+    rows = {r["name"]: r for r in json.loads(text)["tensors"]}
+    assert rows[names["0.key"]]["nodes"] == ["/encoder/layer.0/attention/key/MatMul"]
+    assert rows["encoder.layer.0.out.bias"]["nodes"] == ["/encoder/layer.0/out/Add"]

@@ -262,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         metavar="PATTERN",
-        help="prune tensors whose name matches (fnmatch glob)",
+        help="prune tensors whose name, or the name of an ONNX node reading them, matches (fnmatch glob)",
     )
     p.add_argument(
         "--exclude",
@@ -270,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         metavar="PATTERN",
-        help="leave tensors whose name matches (fnmatch glob)",
+        help="leave tensors whose name, or the name of an ONNX node reading them, matches (fnmatch glob)",
     )
     p.add_argument("--min-size", type=_non_negative, default=0, metavar="N", help="leave tensors with fewer entries")
     p.add_argument(

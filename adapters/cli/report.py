@@ -16,7 +16,7 @@ from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.safetensors_stream import TensorFiles
-from arrayprune.adapters.plan import _name, _size, alias_key, file_roles, make_plan
+from arrayprune.adapters.plan import _name, _size, alias_key, file_roles, make_plan, nodes_text
 from arrayprune.adapters.roles import Role
 from arrayprune.adapters.roles.names import dtype_name, is_float, tree_roles
 from arrayprune.adapters.state_dict import _fold
@@ -57,6 +57,7 @@ def report_rows(
     list of dict
         Per tensor: ``name``, ``shape``, ``dtype``, ``size``, ``zeros``, ``sparsity``,
         ``masked``, ``role`` (and ``output_axis``, ``reduction_axis`` of a weight),
+        ``nodes`` (the names of the graph nodes reading it, ONNX; else empty),
         ``prunable`` (whether ``prune`` selects it by default: a floating-point layer
         weight), ``reason`` (why not, or None),
         ``tied_to`` (the first name of the same tensor stored under several names, or
@@ -98,6 +99,7 @@ def report_rows(
             "role": role.kind,
             "output_axis": role.output_axis,
             "reduction_axis": role.reduction_axis,
+            "nodes": list(role.nodes),
             "prunable": reason is None,
             "reason": reason,
             "tied_to": None if tied_to == name else tied_to,
@@ -171,7 +173,7 @@ def run_report(args: argparse.Namespace) -> int:
         json.dump({**out, "covers": TOTALS_COVER}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    table = [("name", "shape", "dtype", "role", "zeros", "sparsity", "2:4", "prunable")]
+    table = [("name", "read by", "shape", "dtype", "role", "zeros", "sparsity", "2:4", "prunable")]
     for r in rows:
         name = r["name"] + (" (masked)" if r["masked"] else "")
         shape = "x".join(map(str, r["shape"])) or "scalar"
@@ -181,17 +183,20 @@ def run_report(args: argparse.Namespace) -> int:
         else:
             note = "yes" if r["prunable"] else f"no: {r['reason']}"
         zeros, sparsity = f"{r['zeros']}/{r['size']}", f"{100 * r['sparsity']:.2f}%"
-        table.append((name, shape, r["dtype"], r["role"], zeros, sparsity, nm, note))
+        table.append((name, nodes_text(tuple(r["nodes"])), shape, r["dtype"], r["role"], zeros, sparsity, nm, note))
     for label, t in (("prunable", prunable), ("total", total)):
         zeros, sparsity = f"{t['zeros']}/{t['size']}", f"{100 * t['sparsity']:.2f}%"
-        table.append((label, f"{t['tensors']} tensors", "", "", zeros, sparsity, "", ""))
-    widths = [max(len(row[i]) for row in table) for i in range(8)]
+        table.append((label, "", f"{t['tensors']} tensors", "", "", zeros, sparsity, "", ""))
+    if not any(r["nodes"] for r in rows):  # no graph: no "read by" column
+        table = [(row[0], *row[2:]) for row in table]
+    left = len(table[0]) - 4  # name, [read by,] shape, dtype, role; then zeros, sparsity, 2:4; prunable
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     print(f"{path} ({kind})")
     for i, row in enumerate(table):
         if i == len(table) - 2:
             print("  ".join("-" * w for w in widths))
-        cells = [row[i].ljust(widths[i]) for i in range(4)]
-        cells += [row[i].rjust(widths[i]) for i in range(4, 7)] + [row[7]]
+        cells = [row[i].ljust(widths[i]) for i in range(left)]
+        cells += [row[i].rjust(widths[i]) for i in range(left, left + 3)] + [row[-1]]
         print("  ".join(cells).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
