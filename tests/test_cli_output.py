@@ -202,3 +202,42 @@ def test_include_matches_the_nodes_reading_a_weight(tmp_path, capsys):
     rows = {r["name"]: r for r in json.loads(text)["tensors"]}
     assert rows[names["0.key"]]["nodes"] == ["/encoder/layer.0/attention/key/MatMul"]
     assert rows["encoder.layer.0.out.bias"]["nodes"] == ["/encoder/layer.0/out/Add"]
+
+
+# --------------------------------------------------------------------------------------
+# --dry-run without --amount: roles and axes
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "plan"),
+    [
+        ("ln_structured", "prune, dim 1 (MatMul B [K, N])"),  # output axis: N
+        ("l1_unstructured", "prune (MatMul B [K, N])"),
+        ("nm_structured", "prune, dim 0 (MatMul B [K, N])"),  # reduction axis: K (no amount anyway)
+    ],
+)
+def test_dry_run_without_amount_lists_roles_and_axes(tmp_path, capsys, method, plan):
+    src = _matmul_mlp(tmp_path / "mlp.onnx")
+    code, text, err = _main(capsys, "prune", src, "--dry-run", "--method", method)
+    assert (code, err) == (0, "")
+    lines = text.splitlines()
+    rows = {line.split()[0]: line for line in lines[2:-1]}
+    for name in ("W1", "W2"):
+        assert rows[name].endswith("  " + plan), rows[name]
+    assert rows["b1"].endswith("leave: not a layer weight (Add input)")
+    last = "2 of 4 tensors would be pruned (192 entries)"
+    if method != "nm_structured":
+        last = "2 of 4 tensors selected (192 entries); no --amount: roles and axes only"
+    assert lines[-1] == last
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.onnx"]
+
+
+def test_prune_without_amount_still_needs_one(tmp_path, capsys):
+    src = _matmul_mlp(tmp_path / "mlp.onnx")
+    code, _, err = _main(capsys, "prune", src, "-o", tmp_path / "out.onnx", "--method", "ln_structured")
+    assert code == 2
+    assert err == (
+        "arrayprune: error: --amount is required for ln_structured (--dry-run alone shows the roles and axes)\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.onnx"]

@@ -27,7 +27,7 @@ from arrayprune.adapters.roles.names import tree_roles
 from arrayprune.adapters.trees import lookup
 
 from .errors import CliError, _error, _message, _optional
-from .options import _check_options, method_arguments
+from .options import _check_options, method_arguments, method_flags
 from .report import _totals, report_rows
 from .tensors import _check_arrays, _progress
 
@@ -187,7 +187,8 @@ def _dry_run(args: argparse.Namespace, src: str) -> int:
         _check_arrays(wf.params, src)
         params, roles, kind = wf.params, file_roles(wf), wf.format
     print(f"plan for {src} ({kind}), {args.method}; nothing is written (--dry-run)")
-    print(format_plan(_plan(params, roles, args)))
+    takes_amount = "--amount" in method_flags(args.method).values()
+    print(format_plan(_plan(params, roles, args), amount=args.amount is not None or not takes_amount))
     return 0
 
 
