@@ -241,3 +241,68 @@ def test_prune_without_amount_still_needs_one(tmp_path, capsys):
         "arrayprune: error: --amount is required for ln_structured (--dry-run alone shows the roles and axes)\n"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.onnx"]
+
+
+# --------------------------------------------------------------------------------------
+# warnings and notes on stderr
+# --------------------------------------------------------------------------------------
+
+
+def _two_layers():
+    """A large layer of large weights and a small one of tiny weights (a pooler, say)."""
+    big = _rand((64, 64), 5) + np.where(_rand((64, 64), 6) >= 0, 1.0, -1.0).astype(np.float32)
+    small = (_rand((8, 16), 7) * 1e-3).astype(np.float32)
+    return {"encoder.weight": big, "pooler.weight": small}
+
+
+@pytest.mark.parametrize("suffix", ["npz", "safetensors"])  # in memory; tensor by tensor (radix passes)
+def test_global_warns_about_a_tensor_pruned_to_99_percent(tmp_path, capsys, suffix):
+    src, out = tmp_path / f"m.{suffix}", tmp_path / f"out.{suffix}"
+    fmt.save(src, _two_layers())
+    code, text, err = _main(capsys, "prune", src, "-o", out, "--global", "--amount", "0.3")
+    assert code == 0, err
+    assert fmt.load(out).params["pooler.weight"].tolist() == np.zeros((8, 16)).tolist()  # the smallest
+    assert err == (
+        "arrayprune: warning: --global pruned 1 tensor to 99% or more: pooler.weight (100.00%); such a layer "
+        "passes almost nothing on: cap every tensor with --max-sparsity (e.g. --max-sparsity 0.9) or leave it "
+        "with --exclude\n"
+    )
+    # the fix it names: no tensor above 90%, no warning
+    capped = ("--global", "--amount", "0.3", "--max-sparsity", "0.9")
+    code, _, err = _main(capsys, "prune", src, "-o", out, "--force", *capped)
+    assert (code, err) == (0, "")
+    assert int((fmt.load(out).params["pooler.weight"] == 0).sum()) == round(0.9 * 128)
+
+
+def test_no_warning_without_global_or_below_99_percent(tmp_path, capsys):
+    src, out = tmp_path / "m.npz", tmp_path / "out.npz"
+    fmt.save(src, _two_layers())
+    for extra in ([], ["--global"]):
+        code, _, err = _main(capsys, "prune", src, "-o", out, "--force", "--amount", "0.02", *extra)
+        assert (code, err) == (0, ""), extra
+
+
+@pytest.mark.parametrize(
+    ("extra", "note"),
+    [
+        ([], "50 entries pruned in each tensor"),
+        (["--global"], "50 entries pruned in total over the selected tensors (--global)"),
+        (["--method", "ln_structured"], "50 channels pruned in each tensor"),
+    ],
+)
+def test_an_integer_amount_is_noted_as_a_count(tmp_path, capsys, extra, note):
+    src, out = tmp_path / "m.npz", tmp_path / "out.npz"
+    fmt.save(src, _two_layers())
+    amount = "5" if "ln_structured" in extra else "50"
+    code, _, err = _main(capsys, "prune", src, "-o", out, "--amount", amount, *extra)
+    assert code == 0, err
+    expected = note.replace("50", amount)
+    assert err == (
+        f"arrayprune: note: --amount {amount} is a count, not a fraction: {expected}; "
+        "a fraction has a decimal point (0.5 is half)\n"
+    )
+    if not extra:
+        pruned = fmt.load(out).params
+        assert [int((pruned[k] == 0).sum()) for k in ("encoder.weight", "pooler.weight")] == [50, 50]
+    code, _, err = _main(capsys, "prune", src, "--dry-run", "--amount", "0.5", *extra)
+    assert (code, err) == (0, ""), "a fraction: no note"

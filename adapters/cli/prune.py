@@ -26,7 +26,7 @@ from arrayprune.adapters.plan import PlanEntry, _name, file_roles, format_plan, 
 from arrayprune.adapters.roles.names import tree_roles
 from arrayprune.adapters.trees import lookup
 
-from .errors import CliError, _error, _message, _optional
+from .errors import CliError, _error, _message, _optional, _warn
 from .options import _check_options, method_arguments, method_flags
 from .report import _totals, report_rows
 from .tensors import _check_arrays, _progress
@@ -189,6 +189,7 @@ def _dry_run(args: argparse.Namespace, src: str) -> int:
     print(f"plan for {src} ({kind}), {args.method}; nothing is written (--dry-run)")
     takes_amount = "--amount" in method_flags(args.method).values()
     print(format_plan(_plan(params, roles, args), amount=args.amount is not None or not takes_amount))
+    _note_count(args)
     return 0
 
 
@@ -250,6 +251,7 @@ def _prune_stored(args: argparse.Namespace, source: Any, dst: str) -> int:
         raise CliError(f"{'global pruning: ' if args.global_ else ''}{_message(exc)}", src) from None
     pruned, whole = summary.pruned, summary.whole
     _say_pruned(args, src, dst, len(targets), 0, (pruned.zeros, pruned.size), (whole.zeros, whole.size, whole.tensors))
+    _warn_nearly_empty(args, summary.by_tensor)
     if isinstance(source, sharded.ShardedCheckpoint):
         written = source.written()
         print(
@@ -277,6 +279,44 @@ def _say_pruned(
     names = f"{n_targets} tensors" + (f" (and {n_tied} tied names)" if n_tied else "")
     print(f"pruned {names} of {src} ({how}): {zeros} of {total} entries zero ({_pct(zeros, total)}) -> {dst}")
     print(f"whole file: {whole[0]} of {whole[1]} entries zero ({_pct(whole[0], whole[1])}) in {whole[2]} tensors")
+    _note_count(args)
+
+
+#: Sparsity from which ``--global`` warns that it emptied a tensor.
+NEARLY_EMPTY = 0.99
+
+_COUNTED = {"block_unstructured": "blocks", "wanda": "entries of each output unit"}
+
+
+def _note_count(args: argparse.Namespace) -> None:
+    """Say that an integer ``--amount`` is a count (of what, and per what), not a fraction."""
+    amount = args.amount
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount == 0:
+        return
+    cls = arrayprune.METHODS[args.method]
+    unit = _COUNTED.get(args.method, "channels" if cls.PRUNING_TYPE == "structured" else "entries")
+    where = "in total over the selected tensors (--global)" if args.global_ else "in each tensor"
+    _warn(
+        f"--amount {amount} is a count, not a fraction: {amount} {unit} pruned {where}; "
+        "a fraction has a decimal point (0.5 is half)",
+        "note",
+    )
+
+
+def _warn_nearly_empty(args: argparse.Namespace, counts: Mapping[str, tuple[int, int]]) -> None:
+    """Warn when ``--global`` left a tensor with :data:`NEARLY_EMPTY` of its entries zero or more."""
+    if not args.global_:
+        return
+    empty = [(name, z / n) for name, (z, n) in counts.items() if n and z / n >= NEARLY_EMPTY]
+    if not empty:
+        return
+    shown = ", ".join(f"{name} ({100 * f:.2f}%)" for name, f in empty[:5])
+    more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""
+    _warn(
+        f"--global pruned {len(empty)} tensor{'s' if len(empty) > 1 else ''} to {100 * NEARLY_EMPTY:g}% or more: "
+        f"{shown}{more}; such a layer passes almost nothing on: cap every tensor with --max-sparsity "
+        "(e.g. --max-sparsity 0.9) or leave it with --exclude"
+    )
 
 
 def run_prune(args: argparse.Namespace) -> int:
@@ -349,6 +389,7 @@ def run_prune(args: argparse.Namespace) -> int:
         (pruned["zeros"], pruned["size"]),
         (everything["zeros"], everything["size"], everything["tensors"]),
     )
+    _warn_nearly_empty(args, {r["name"]: (r["zeros"], r["size"]) for r in rows if r["name"] in selected})
     if args.verify:
         return _verify(src, dst, args.seed, args.verify_tol)
     return 0
