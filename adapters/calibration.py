@@ -220,7 +220,9 @@ def wanda_scores_for(weight: Any, role: Role, norms: InputNorms | np.ndarray, na
     role : Role
         Its role (the reduction axis, and the output axis for grouped convolutions).
     norms : InputNorms or ndarray
-        Its input norms (a vector means one group).
+        Its input norms. For a convolution weight (3 or more axes), a vector of ``g``
+        times the length of the reduction axis holds the norms of its ``g`` groups of input channels (as
+        :func:`arrayprune.adapters.torch.input_norms` gives them); otherwise one group.
     name : str
         Its name, for messages.
 
@@ -234,10 +236,16 @@ def wanda_scores_for(weight: Any, role: Role, norms: InputNorms | np.ndarray, na
     ValueError
         If the weight's reduction axis is unknown or the norms do not fit it.
     """
-    if not isinstance(norms, InputNorms):
-        norms = InputNorms(np.asarray(norms, dtype=np.float64))
     if role.reduction_axis is None:
         raise ValueError(f"{name!r}: its reduction axis is unknown ({role.why}), so its input norms cannot be placed")
+    if not isinstance(norms, InputNorms):
+        vector = np.asarray(norms, dtype=np.float64)
+        per_unit = int(weight.shape[role.reduction_axis]) if 0 <= role.reduction_axis < len(weight.shape) else 0
+        groups = 1
+        convolution = len(weight.shape) >= 3
+        if convolution and vector.ndim == 1 and 0 < per_unit < vector.shape[0] and vector.shape[0] % per_unit == 0:
+            groups = vector.shape[0] // per_unit  # a grouped convolution: the norms of all its input channels
+        norms = InputNorms(vector, groups)
     output_axis = role.output_axis if role.output_axis is not None else 0
     try:
         return arrayprune.wanda_scores(
