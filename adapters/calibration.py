@@ -15,7 +15,7 @@ variant (each block calibrated on the output of the blocks already pruned) is no
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -95,7 +95,12 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
 
 
 def onnx_input_norms(
-    wf: Any, calibration: Mapping[str, np.ndarray], names: Iterable[str], *, batch_size: int | None = None
+    wf: Any,
+    calibration: Mapping[str, np.ndarray],
+    names: Iterable[str],
+    *,
+    batch_size: int | None = None,
+    progress: Callable[[Sequence[Any], str], Iterable[Any]] | None = None,
 ) -> dict[str, InputNorms]:
     """Input-feature norms of ONNX weights over calibration data, in one onnxruntime pass.
 
@@ -109,6 +114,8 @@ def onnx_input_norms(
         The weights to calibrate.
     batch_size : int, optional
         Samples run at a time; :data:`BATCH_SIZE` if omitted.
+    progress : callable, optional
+        ``progress(items, description)`` wraps the loop over batches (a progress bar).
 
     Returns
     -------
@@ -140,7 +147,8 @@ def onnx_input_norms(
     batch_size = batch_size or BATCH_SIZE
     wanted = [o.name for o in session.get_outputs()]
     sums: dict[str, np.ndarray] = {}
-    for start in range(0, samples, batch_size):
+    starts = range(0, samples, batch_size)
+    for start in starts if progress is None else progress(starts, "calibration"):
         batch = {}
         for k, cast in casts.items():  # one batch cast at a time: memory holds one batch
             part = calibration[k][start : start + batch_size]

@@ -20,7 +20,7 @@ def _rand(shape, seed=0):
 
 
 def _matmul_mlp(path):
-    """x [1, 8] @ W1 [8, 16] + b1 -> Relu -> @ W2 [16, 4] + b2: MatMul weights [K, N]."""
+    """x [n, 8] @ W1 [8, 16] + b1 -> Relu -> @ W2 [16, 4] + b2: MatMul weights [K, N]."""
     inits = [
         numpy_helper.from_array(_rand((8, 16), 1), "W1"),
         numpy_helper.from_array(_rand((16,), 2), "b1"),
@@ -37,8 +37,8 @@ def _matmul_mlp(path):
     graph = helper.make_graph(
         nodes,
         "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
         inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -306,3 +306,45 @@ def test_an_integer_amount_is_noted_as_a_count(tmp_path, capsys, extra, note):
         assert [int((pruned[k] == 0).sum()) for k in ("encoder.weight", "pooler.weight")] == [50, 50]
     code, _, err = _main(capsys, "prune", src, "--dry-run", "--amount", "0.5", *extra)
     assert (code, err) == (0, ""), "a fraction: no note"
+
+
+# --------------------------------------------------------------------------------------
+# progress on a terminal: loading, calibration, the global threshold, the tensors
+# --------------------------------------------------------------------------------------
+
+
+def test_a_terminal_is_told_every_stage(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("onnxruntime")
+    from arrayprune.adapters.cli import tensors
+
+    src = _matmul_mlp(tmp_path / "mlp.onnx")
+    np.savez(tmp_path / "calib.npz", x=_rand((10, 8), 9))
+    calib = tmp_path / "calib.npz"
+    calibrated = ("--global", "--amount", "0.5", "--calibration", calib, "--calibration-batch", "4")
+    code, _, err = _main(capsys, "prune", src, "-o", tmp_path / "a.onnx", *calibrated)
+    assert (code, err) == (0, ""), "no progress when stderr is not a terminal"
+
+    monkeypatch.setattr(tensors, "_interactive", lambda: True)
+    code, _, err = _main(capsys, "prune", src, "-o", tmp_path / "b.onnx", *calibrated)
+    assert code == 0, err
+    stages = [line for line in err.splitlines() if line.startswith("arrayprune: ")]
+    assert stages == [
+        f"arrayprune: loading {src}",
+        "arrayprune: calibration: 10 samples through onnxruntime, 4 at a time",
+        "arrayprune: global threshold: ranking 192 entries of 2 tensors",
+    ]
+    assert "calibration" in err.replace(stages[1], "")  # the bar over the 3 batches (tqdm)
+    quiet, told = fmt.load(tmp_path / "a.onnx").params, fmt.load(tmp_path / "b.onnx").params
+    np.testing.assert_array_equal(quiet["W1"], told["W1"])
+
+    # tensor by tensor (safetensors): the radix passes are announced
+    fmt.save(tmp_path / "m.safetensors", {"a.weight": _rand((8, 8), 1), "b.weight": _rand((4, 8), 2)})
+    stored = (tmp_path / "m.safetensors", "-o", tmp_path / "o.safetensors", "--global", "--amount", "0.5")
+    code, _, err = _main(capsys, "prune", *stored)
+    assert code == 0, err
+    radix = "global threshold: ranking 96 entries of 2 tensors (one pass per 16 bits of the keys), then writing"
+    assert f"arrayprune: {radix}\n" in err
+    assert "pruning" in err  # the bar over the tensors
+
+    code, _, err = _main(capsys, "report", src)
+    assert code == 0 and err.splitlines() == [f"arrayprune: loading {src}"]

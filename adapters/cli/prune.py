@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -13,6 +14,7 @@ import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.calibration import (
+    BATCH_SIZE,
     ScoredMethod,
     onnx_input_norms,
     read_calibration,
@@ -29,7 +31,7 @@ from arrayprune.adapters.trees import lookup
 from .errors import CliError, _error, _message, _optional, _warn
 from .options import _check_options, method_arguments, method_flags
 from .report import _totals, report_rows
-from .tensors import _check_arrays, _progress
+from .tensors import _check_arrays, _progress, _stage
 
 __all__ = ["run_prune"]
 
@@ -76,8 +78,16 @@ def _input_norms(args: argparse.Namespace, wf: Any, targets: list[PlanEntry], sr
             calibration = read_calibration(args.calibration)
         except ValueError as exc:
             raise CliError(_message(exc), args.calibration) from None
+        samples = len(next(iter(calibration.values())))
+        _stage(f"calibration: {samples} samples through onnxruntime, {args.calibration_batch or BATCH_SIZE} at a time")
         try:
-            return onnx_input_norms(wf, calibration, [t.name for t in targets], batch_size=args.calibration_batch)
+            return onnx_input_norms(
+                wf,
+                calibration,
+                [t.name for t in targets],
+                batch_size=args.calibration_batch,
+                progress=lambda items, desc: _progress(items, desc, "batch"),
+            )
         except ValueError as exc:
             raise CliError(f"--calibration: {_message(exc)}", src) from None
     if args.input_norms:
@@ -113,6 +123,7 @@ def _prune_params(
     if args.global_:
         cls, kwargs = _global_arguments(args)
         scores = _scores(targets, norms, src)
+        _stage(_threshold_stage(targets))
         if scores is not None:
             kwargs["importance_scores"] = {t.path: s for t, s in zip(targets, scores, strict=True)}
         try:
@@ -145,6 +156,7 @@ def _prune_folded(
     if args.global_:
         cls, kwargs = _global_arguments(args)
         scores = _scores(targets, norms, src)
+        _stage(_threshold_stage(targets))
         try:
             masks = arrayprune.global_unstructured([t.value for t in targets], cls, scores, **kwargs)
         except (ValueError, TypeError, IndexError, KeyError) as exc:
@@ -162,6 +174,11 @@ def _prune_folded(
     for target in targets:
         folded.update(dict.fromkeys(target.tied, folded[target.path]))
     return mp.replace(params, folded)
+
+
+def _threshold_stage(targets: list[PlanEntry]) -> str:
+    n = sum(math.prod(t.shape) for t in targets)
+    return f"global threshold: ranking {n} entries of {len(targets)} tensors"
 
 
 def _plan(params: Mapping, roles: Mapping, args: argparse.Namespace) -> list[PlanEntry]:
@@ -183,6 +200,7 @@ def _dry_run(args: argparse.Namespace, src: str) -> int:
         source = sharded.open_checkpoint(src)
         params, roles, kind = source.tensors, tree_roles(source.tensors), source.kind
     else:
+        _stage(f"loading {src}")
         wf = fmt.load(src)
         _check_arrays(wf.params, src)
         params, roles, kind = wf.params, file_roles(wf), wf.format
@@ -238,6 +256,8 @@ def _prune_stored(args: argparse.Namespace, source: Any, dst: str) -> int:
     norms = _input_norms(args, None, targets, src)
     cls = arrayprune.METHODS[args.method]
     global_method = cls(**method_arguments(args, stream_seed(args.seed))) if args.global_ else None
+    if global_method is not None:
+        _stage(_threshold_stage(targets) + " (one pass per 16 bits of the keys), then writing")
     try:
         summary = prune_source(
             source,
@@ -358,6 +378,7 @@ def run_prune(args: argparse.Namespace) -> int:
         if not mp.is_pruned(source.tensors):
             return _prune_stored(args, source, dst)  # tensor by tensor: the file is never held whole
 
+    _stage(f"loading {src}")
     wf = fmt.load(src, in_format)
     _check_arrays(wf.params, src)
 

@@ -22,7 +22,7 @@ from arrayprune.adapters.roles.names import dtype_name, is_float, tree_roles
 from arrayprune.adapters.state_dict import _fold
 
 from .errors import CliError
-from .tensors import _check_arrays, _zeros
+from .tensors import _check_arrays, _stage, _zeros
 
 __all__ = ["TOTALS_COVER", "report_rows", "run_report"]
 
@@ -163,6 +163,7 @@ def run_report(args: argparse.Namespace) -> int:
             kind, params = source.kind, source.tensors
             rows = report_rows(params, roles=tree_roles(params), load=files.load)
         else:
+            _stage(f"loading {path}")
             wf = fmt.load(path)
             _check_arrays(wf.params, path)
             kind, rows = wf.format, report_rows(wf.params, roles=file_roles(wf))
