@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -97,7 +97,12 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
 
 
 def onnx_input_norms(
-    wf: Any, calibration: Mapping[str, np.ndarray], names: Iterable[str], *, batch_size: int | None = None
+    wf: Any,
+    calibration: Mapping[str, np.ndarray],
+    names: Iterable[str],
+    *,
+    batch_size: int | None = None,
+    progress: Callable[[Sequence[Any], str], Iterable[Any]] | None = None,
 ) -> dict[str, InputNorms]:
     """Input-feature norms of ONNX weights over calibration data, in one onnxruntime pass.
 
@@ -111,6 +116,8 @@ def onnx_input_norms(
         The weights to calibrate.
     batch_size : int, optional
         Samples run at a time; :data:`BATCH_SIZE` if omitted.
+    progress : callable, optional
+        ``progress(items, description)`` wraps the loop over batches (a progress bar).
 
     Returns
     -------
@@ -144,7 +151,8 @@ def onnx_input_norms(
     wanted = [o.name for o in session.get_outputs()]
     quiet = _quiet_run_options()
     sums: dict[str, np.ndarray] = {}
-    for start in range(0, samples, batch_size):
+    starts = range(0, samples, batch_size)
+    for start in starts if progress is None else progress(starts, "calibration"):
         batch = {}
         for k, cast in casts.items():  # one batch cast at a time: memory holds one batch
             part = calibration[k][start : start + batch_size]
@@ -307,7 +315,9 @@ def wanda_scores_for(weight: Any, role: Role, norms: InputNorms | np.ndarray, na
     role : Role
         Its role (the reduction axis, and the output axis for grouped convolutions).
     norms : InputNorms or ndarray
-        Its input norms (a vector means one group).
+        Its input norms. For a convolution weight (3 or more axes), a vector of ``g``
+        times the length of the reduction axis holds the norms of its ``g`` groups of input channels (as
+        :func:`arrayprune.adapters.torch.input_norms` gives them); otherwise one group.
     name : str
         Its name, for messages.
 
@@ -321,10 +331,16 @@ def wanda_scores_for(weight: Any, role: Role, norms: InputNorms | np.ndarray, na
     ValueError
         If the weight's reduction axis is unknown or the norms do not fit it.
     """
-    if not isinstance(norms, InputNorms):
-        norms = InputNorms(np.asarray(norms, dtype=np.float64))
     if role.reduction_axis is None:
         raise ValueError(f"{name!r}: its reduction axis is unknown ({role.why}), so its input norms cannot be placed")
+    if not isinstance(norms, InputNorms):
+        vector = np.asarray(norms, dtype=np.float64)
+        per_unit = int(weight.shape[role.reduction_axis]) if 0 <= role.reduction_axis < len(weight.shape) else 0
+        groups = 1
+        convolution = len(weight.shape) >= 3
+        if convolution and vector.ndim == 1 and 0 < per_unit < vector.shape[0] and vector.shape[0] % per_unit == 0:
+            groups = vector.shape[0] // per_unit  # a grouped convolution: the norms of all its input channels
+        norms = InputNorms(vector, groups)
     output_axis = role.output_axis if role.output_axis is not None else 0
     try:
         return arrayprune.wanda_scores(

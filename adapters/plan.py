@@ -11,6 +11,9 @@ it. From Python::
 Default selection: the layer weights (role ``weight``, see :mod:`arrayprune.adapters.roles`)
 only. ``include`` patterns replace that rule (every floating tensor whose name matches,
 whatever its role), ``exclude`` patterns remove tensors, ``min_size`` skips small ones.
+A pattern matches a tensor when it matches its name or, in an ONNX model, the name of a
+node reading it: ``--include "/encoder/*/query/MatMul"`` selects the weight of those
+nodes, whatever its initializer is called (``onnx::MatMul_925``).
 Methods that take a ``dim`` use each weight's own axis unless one is given: the output
 axis for structured methods (whole output channels), the reduction axis for N:M
 patterns (what sparse tensor cores need).
@@ -33,7 +36,7 @@ from arrayprune.adapters.roles import Role
 from arrayprune.adapters.roles.names import dtype_name, is_float, tree_roles
 from arrayprune.registry import constructor_parameters
 
-__all__ = ["PlanEntry", "alias_key", "file_roles", "format_plan", "make_plan", "stream_seed"]
+__all__ = ["PlanEntry", "alias_key", "file_roles", "format_plan", "make_plan", "nodes_text", "stream_seed"]
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,9 @@ def make_plan(
     method : str, default "l1_unstructured"
         A name of :data:`arrayprune.METHODS`; decides whether and which ``dim`` is needed.
     include, exclude : iterable of str
-        fnmatch patterns on tensor names (see the module docs).
+        fnmatch patterns on tensor names, or on the names of the graph nodes reading a
+        tensor (``role.nodes``, ONNX): a pattern matches a tensor when it matches one
+        of them (see the module docs).
     min_size : int, default 0
         Tensors with fewer entries are left alone.
     dim : int, optional
@@ -174,7 +179,7 @@ def make_plan(
         path, value = members[0]
         names = [_name(p) for p, _ in members]
         role = roles.get(path, Role("other", why="unknown"))
-        reason = _leave_reason(value, role, names, include, exclude, min_size)
+        reason = _leave_reason(value, role, [*names, *role.nodes], include, exclude, min_size)
         axis = None
         if reason is None and takes_dim:
             axis = dim if dim is not None else (role.output_axis if on_output else role.reduction_axis)
@@ -218,9 +223,31 @@ def _leave_reason(
     return None
 
 
-def format_plan(plan: list[PlanEntry]) -> str:
-    """The plan as a table for people: one line per tensor, then a count."""
-    rows = [("tensor", "role", "shape", "dtype", "plan")]
+def nodes_text(nodes: tuple[str, ...], most: int = 2) -> str:
+    """The names of the nodes reading a tensor, for people: at most `most`, the rest counted."""
+    shown = ", ".join(nodes[:most])
+    return shown + (f" (+{len(nodes) - most} more)" if len(nodes) > most else "")
+
+
+def format_plan(plan: list[PlanEntry], *, amount: bool = True) -> str:
+    """The plan as a table for people: one line per tensor, then a count.
+
+    Parameters
+    ----------
+    plan : list of PlanEntry
+        What :func:`make_plan` returned.
+    amount : bool, default True
+        Whether an amount was given; without one the plan lists roles and axes, and its
+        last line says so.
+
+    Returns
+    -------
+    str
+        The table, with a ``read by`` column (the graph nodes reading each tensor) when
+        any tensor has nodes.
+    """
+    with_nodes = any(e.role.nodes for e in plan)
+    rows = [("tensor", "read by", "role", "shape", "dtype", "plan")]
     for e in plan:
         if e.prune:
             what = "prune" + (f", dim {e.dim}" if e.dim is not None else "")
@@ -229,12 +256,17 @@ def format_plan(plan: list[PlanEntry]) -> str:
             what = f"leave: {e.reason}"
         shape = "x".join(map(str, e.shape)) or "scalar"
         name = e.name + (f" (= {', '.join(map(_name, e.tied))})" if e.tied else "")
-        rows.append((name, e.role.kind, shape, e.dtype, what))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4] for r in rows]
+        rows.append((name, nodes_text(e.role.nodes), e.role.kind, shape, e.dtype, what))
+    if not with_nodes:
+        rows = [(r[0], *r[2:]) for r in rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
     chosen = [e for e in plan if e.prune]
     n = sum(math.prod(e.shape) for e in chosen)
-    lines.append(f"{len(chosen)} of {len(plan)} tensors would be pruned ({n} entries)")
+    if amount:
+        lines.append(f"{len(chosen)} of {len(plan)} tensors would be pruned ({n} entries)")
+    else:
+        lines.append(f"{len(chosen)} of {len(plan)} tensors selected ({n} entries); no --amount: roles and axes only")
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ import array_api_compat as apc
 import numpy as np
 
 from ._namespace import namespace
+from .amount import normalize_dim
 from .patterns import is_nm_sparse
 
 __all__ = ["pack_mask", "unpack_mask", "to_csr", "to_semi_structured", "sparse_nbytes"]
@@ -147,7 +148,7 @@ def to_semi_structured(x: Array) -> Any:
     return convert(x)
 
 
-def sparse_nbytes(x: Array, index_bytes: int = 4) -> dict[str, int]:
+def sparse_nbytes(x: Array, index_bytes: int = 4, dim: int = -1) -> dict[str, int]:
     """Bytes `x` would take in each storage form.
 
     Parameters
@@ -156,6 +157,10 @@ def sparse_nbytes(x: Array, index_bytes: int = 4) -> dict[str, int]:
         Pruned weights.
     index_bytes : int, default 4
         Size of one CSR index (4 for int32, 8 for int64).
+    dim : int, default -1
+        The axis the 2:4 groups run along: the reduction axis of the layer (the last
+        axis of a PyTorch ``Linear`` weight ``[out, in]``, the first of an ONNX
+        ``MatMul`` weight ``[K, N]``).
 
     Returns
     -------
@@ -163,7 +168,12 @@ def sparse_nbytes(x: Array, index_bytes: int = 4) -> dict[str, int]:
         ``dense``; ``csr`` (values, column indices, row pointers over the
         ``(shape[0], -1)`` view); ``bitmask`` (non-zero values plus one bit per entry);
         ``semi_structured_2_4`` (half the values plus 2 bits of metadata per kept
-        value) only when `x` is 2:4 sparse along its last axis.
+        value) only when `x` is 2:4 sparse along `dim`.
+
+    Raises
+    ------
+    IndexError
+        If `dim` is not an axis of `x`.
     """
     xp = namespace(x)
     n = math.prod(x.shape)
@@ -175,6 +185,8 @@ def sparse_nbytes(x: Array, index_bytes: int = 4) -> dict[str, int]:
         "csr": nnz * (itemsize + index_bytes) + (rows + 1) * index_bytes,
         "bitmask": nnz * itemsize + -(-n // 8),
     }
-    if x.ndim >= 1 and x.shape[-1] % 4 == 0 and n and is_nm_sparse(x, 2, 4, dim=-1):
+    if x.ndim >= 1:
+        dim = normalize_dim(x.shape, dim)
+    if x.ndim >= 1 and x.shape[dim] % 4 == 0 and n and is_nm_sparse(x, 2, 4, dim=dim):
         out["semi_structured_2_4"] = n // 2 * itemsize + n // 2 * 2 // 8
     return out

@@ -112,6 +112,7 @@ EXTENSIONS = [
     "wanda",
     "prune_to_sparsity",
     "input_norms",
+    "save_input_norms",
     "wanda_importance",
 ]
 

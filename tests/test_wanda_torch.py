@@ -55,13 +55,13 @@ def _captured_inputs(net, batches):
 def test_norms_equal_activations_reduced_by_hand():
     net, batches = _net_and_batches()
     norms = prune.input_norms(net, batches)
-    assert list(norms) == ["conv", "grouped", "fc1", "fc2"]
+    assert list(norms) == ["conv.weight", "grouped.weight", "fc1.weight", "fc2.weight"]
     for name, xs in _captured_inputs(net, batches).items():
         axis = 1 if name in ("conv", "grouped") else -1
         stacked = np.concatenate([np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis]) for x in xs]).astype(np.float64)
         want = np.sqrt((stacked**2).sum(axis=0))
-        np.testing.assert_allclose(norms[name].numpy(), want, rtol=1e-12)
-        assert norms[name].dtype == torch.float64
+        np.testing.assert_allclose(norms[f"{name}.weight"].numpy(), want, rtol=1e-12)
+        assert norms[f"{name}.weight"].dtype == torch.float64
 
 
 def test_batches_as_tuples_and_mappings_and_chosen_modules():
@@ -69,9 +69,11 @@ def test_batches_as_tuples_and_mappings_and_chosen_modules():
     by_tensor = prune.input_norms(net, batches, modules=["fc2"])
     by_tuple = prune.input_norms(net, [(b,) for b in batches], modules=[net.fc2])
     by_mapping = prune.input_norms(net, [{"x": b} for b in batches], modules=[net.fc2])
-    assert list(by_tensor) == ["fc2"]
-    torch.testing.assert_close(by_tensor["fc2"], by_tuple["fc2"], rtol=0, atol=0)
-    torch.testing.assert_close(by_tensor["fc2"], by_mapping["fc2"], rtol=0, atol=0)
+    by_weight_name = prune.input_norms(net, batches, modules=["fc2.weight"])
+    assert list(by_tensor) == list(by_weight_name) == ["fc2.weight"]
+    torch.testing.assert_close(by_tensor["fc2.weight"], by_tuple["fc2.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(by_tensor["fc2.weight"], by_mapping["fc2.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(by_tensor["fc2.weight"], by_weight_name["fc2.weight"], rtol=0, atol=0)
 
 
 def test_scores_and_masks_per_output_unit():
@@ -80,10 +82,10 @@ def test_scores_and_masks_per_output_unit():
     scores = prune.wanda_importance(net, batches)
     # Linear [out, in]: |W| * norm[in]
     w = net.fc1.weight.detach().numpy().astype(np.float64)
-    np.testing.assert_allclose(scores[net.fc1].numpy(), np.abs(w) * norms["fc1"].numpy()[None, :], rtol=1e-6)
+    np.testing.assert_allclose(scores[net.fc1].numpy(), np.abs(w) * norms["fc1.weight"].numpy()[None, :], rtol=1e-6)
     # Grouped convolution: output channel o reads input channels of its group only
     g = net.grouped.weight.detach().numpy().astype(np.float64)  # [6, 2, 1, 1], 2 groups
-    n = norms["grouped"].numpy()
+    n = norms["grouped.weight"].numpy()
     want = np.abs(g) * np.stack([n[0:2]] * 3 + [n[2:4]] * 3)[:, :, None, None]
     np.testing.assert_allclose(scores[net.grouped].numpy(), want, rtol=1e-6)
     for module, s in scores.items():
@@ -138,3 +140,58 @@ def test_errors():
     extra.forward = lambda x: net(x)  # the second layer is never run
     with pytest.raises(ValueError, match="never reached"):
         prune.input_norms(extra, batches)
+
+
+def test_saved_norms_prune_a_safetensors_file_as_the_drop_in_prunes_the_module(tmp_path):
+    """input_norms -> save_input_norms -> ``arrayprune prune --method wanda --input-norms``: same masks."""
+    from arrayprune.adapters import cli
+    from arrayprune.adapters import formats as fmt
+
+    net, batches = _net_and_batches(2)
+    norms = prune.input_norms(net, batches)
+    prune.save_input_norms(norms, tmp_path / "norms.npz")
+    saved = dict(np.load(tmp_path / "norms.npz", allow_pickle=False))
+    assert list(saved) == ["conv.weight", "grouped.weight", "fc1.weight", "fc2.weight"]
+    assert {k: v.shape for k, v in saved.items()} == {
+        "conv.weight": (3,),
+        "grouped.weight": (4,),  # every input channel of the grouped convolution
+        "fc1.weight": (96,),
+        "fc2.weight": (16,),
+    }
+    np.testing.assert_array_equal(saved["fc1.weight"], norms["fc1.weight"].numpy())
+
+    fmt.save(tmp_path / "model.safetensors", {k: v.detach().numpy() for k, v in net.state_dict().items()})
+    out = tmp_path / "pruned.safetensors"
+    code = cli.main(
+        [
+            "prune",
+            str(tmp_path / "model.safetensors"),
+            "-o",
+            str(out),
+            "--method",
+            "wanda",
+            "--amount",
+            "0.5",
+            "--input-norms",
+            str(tmp_path / "norms.npz"),
+        ]
+    )
+    assert code == 0
+    pruned = fmt.load(out).params
+
+    scores = prune.wanda_importance(net, batches)
+    for module, s in scores.items():
+        prune.wanda(module, "weight", amount=0.5, importance_scores=s)
+    for name, module in (("conv", net.conv), ("grouped", net.grouped), ("fc1", net.fc1), ("fc2", net.fc2)):
+        kept = pruned[f"{name}.weight"] != 0
+        np.testing.assert_array_equal(kept, module.weight_mask.numpy() != 0, err_msg=name)
+        np.testing.assert_array_equal(pruned[f"{name}.weight"], module.weight.detach().numpy())
+        np.testing.assert_array_equal(pruned[f"{name}.bias"], module.bias.detach().numpy())
+
+
+def test_save_input_norms_refuses_what_the_command_line_cannot_read(tmp_path):
+    with pytest.raises(ValueError, match="keyed by weight name"):
+        prune.save_input_norms({nn.Linear(2, 2): torch.ones(2)}, tmp_path / "n.npz")
+    with pytest.raises(ValueError, match="'fc.weight': expected a 1-D vector of non-negative numbers"):
+        prune.save_input_norms({"fc.weight": torch.tensor([1.0, -1.0])}, tmp_path / "n.npz")
+    assert list(tmp_path.iterdir()) == []

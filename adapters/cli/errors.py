@@ -44,6 +44,13 @@ def _optional(module: str, extra: str, what: str) -> Any:
         raise CliError(f'{what} needs the {module!r} package: pip install "arrayprune[{extra}]"') from None
 
 
+def _warn(message: str, kind: str = "warning") -> None:
+    """One line on stderr, ``arrayprune: warning: ...`` (or ``note``); the run goes on."""
+    sys.stdout.flush()
+    sys.stderr.write(f"{PROG}: {kind}: {' '.join(message.split())}\n")
+    sys.stderr.flush()
+
+
 def _error(message: str) -> None:
     sys.stdout.flush()
     sys.stderr.write(f"{PROG}: error: {' '.join(message.split())}\n")

@@ -263,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         metavar="PATTERN",
-        help="prune tensors whose name matches (fnmatch glob)",
+        help="prune tensors whose name, or the name of an ONNX node reading them, matches (fnmatch glob)",
     )
     p.add_argument(
         "--exclude",
@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         metavar="PATTERN",
-        help="leave tensors whose name matches (fnmatch glob)",
+        help="leave tensors whose name, or the name of an ONNX node reading them, matches (fnmatch glob)",
     )
     p.add_argument("--min-size", type=_non_negative, default=0, metavar="N", help="leave tensors with fewer entries")
     p.add_argument(
@@ -334,7 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_options(args: argparse.Namespace) -> None:
-    """Refuse options that do not apply to the method, then fill in the defaults."""
+    """Refuse options that do not apply to the method, then fill in the defaults.
+
+    ``--dry-run`` needs no ``--amount``: without one, the plan lists roles and axes.
+    """
     cls = arrayprune.METHODS[args.method]
     if args.global_ and cls.PRUNING_TYPE != "unstructured":
         unstructured = [m for m in METHODS if arrayprune.METHODS[m].PRUNING_TYPE == "unstructured"]
@@ -350,8 +353,9 @@ def _check_options(args: argparse.Namespace) -> None:
             raise CliError(f"{flag} does not apply to {args.method} (only to {', '.join(_methods_with(flag))})")
     if args.amount is not None and "--amount" not in flags:
         raise CliError(f"{args.method} prunes a pattern (--nm N:M), not an --amount")
-    if args.amount is None and "--amount" in flags:
-        raise CliError(f"--amount is required for {args.method}")
+    plan_only = args.command == "prune" and args.dry_run and args.amount is None
+    if args.amount is None and "--amount" in flags and not plan_only:
+        raise CliError(f"--amount is required for {args.method} (--dry-run alone shows the roles and axes)")
     if args.nm is None and "--nm" in flags:
         args.nm = (2, 4)
     if args.seed is not None and "--seed" not in flags and not args.verify:
@@ -365,6 +369,8 @@ def _check_options(args: argparse.Namespace) -> None:
     _check_norm_options(args)
     if args.verify_tol is None:
         args.verify_tol = DEFAULT_VERIFY_TOL
+    if plan_only and "--amount" in flags:
+        return  # nothing to construct: the plan needs the method's axes only
     try:
         cls(**method_arguments(args))
     except (TypeError, ValueError) as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -12,6 +13,7 @@ import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.calibration import (
+    BATCH_SIZE,
     ScoredMethod,
     onnx_input_norms,
     read_calibration,
@@ -25,10 +27,10 @@ from arrayprune.adapters.plan import PlanEntry, _name, file_roles, format_plan, 
 from arrayprune.adapters.roles.names import tree_roles
 from arrayprune.adapters.trees import lookup
 
-from .errors import CliError, _error, _message, _optional
-from .options import _check_options, method_arguments
+from .errors import CliError, _error, _message, _optional, _warn
+from .options import _check_options, method_arguments, method_flags
 from .report import _totals, report_rows
-from .tensors import _check_arrays, _progress
+from .tensors import _check_arrays, _progress, _stage
 
 __all__ = ["run_prune"]
 
@@ -75,8 +77,16 @@ def _input_norms(args: argparse.Namespace, wf: Any, targets: list[PlanEntry], sr
             calibration = read_calibration(args.calibration)
         except ValueError as exc:
             raise CliError(_message(exc), args.calibration) from None
+        samples = len(next(iter(calibration.values())))
+        _stage(f"calibration: {samples} samples through onnxruntime, {args.calibration_batch or BATCH_SIZE} at a time")
         try:
-            return onnx_input_norms(wf, calibration, [t.name for t in targets], batch_size=args.calibration_batch)
+            return onnx_input_norms(
+                wf,
+                calibration,
+                [t.name for t in targets],
+                batch_size=args.calibration_batch,
+                progress=lambda items, desc: _progress(items, desc, "batch"),
+            )
         except ValueError as exc:
             raise CliError(f"--calibration: {_message(exc)}", src) from None
     if args.input_norms:
@@ -112,6 +122,7 @@ def _prune_params(
     if args.global_:
         cls, kwargs = _global_arguments(args)
         scores = _scores(targets, norms, src)
+        _stage(_threshold_stage(targets))
         if scores is not None:
             kwargs["importance_scores"] = {t.path: s for t, s in zip(targets, scores, strict=True)}
         try:
@@ -144,6 +155,7 @@ def _prune_folded(
     if args.global_:
         cls, kwargs = _global_arguments(args)
         scores = _scores(targets, norms, src)
+        _stage(_threshold_stage(targets))
         try:
             masks = arrayprune.global_unstructured([t.value for t in targets], cls, scores, **kwargs)
         except (ValueError, TypeError, IndexError, KeyError) as exc:
@@ -161,6 +173,11 @@ def _prune_folded(
     for target in targets:
         folded.update(dict.fromkeys(target.tied, folded[target.path]))
     return mp.replace(params, folded)
+
+
+def _threshold_stage(targets: list[PlanEntry]) -> str:
+    n = sum(math.prod(t.shape) for t in targets)
+    return f"global threshold: ranking {n} entries of {len(targets)} tensors"
 
 
 def _plan(params: Mapping, roles: Mapping, args: argparse.Namespace) -> list[PlanEntry]:
@@ -182,6 +199,7 @@ def _dry_run(args: argparse.Namespace, src: str) -> int:
         source = sharded.open_checkpoint(src)
         params, roles, kind = source.tensors, tree_roles(source.tensors), source.kind
     else:
+        _stage(f"loading {src}")
         wf = fmt.load(src)
         _check_arrays(wf.params, src)
         params, roles, kind = wf.params, file_roles(wf), wf.format
@@ -190,7 +208,9 @@ def _dry_run(args: argparse.Namespace, src: str) -> int:
         stored = wf.context.get("stored_dtypes", {})
         plan = [dataclasses.replace(e, dtype=stored.get(e.name, e.dtype)) for e in plan]
     print(f"plan for {src} ({kind}), {args.method}; nothing is written (--dry-run)")
-    print(format_plan(plan))
+    takes_amount = "--amount" in method_flags(args.method).values()
+    print(format_plan(plan, amount=args.amount is not None or not takes_amount))
+    _note_count(args)
     return 0
 
 
@@ -241,6 +261,8 @@ def _prune_stored(args: argparse.Namespace, source: Any, dst: str) -> int:
     norms = _input_norms(args, None, targets, src)
     cls = arrayprune.METHODS[args.method]
     global_method = cls(**method_arguments(args, stream_seed(args.seed))) if args.global_ else None
+    if global_method is not None:
+        _stage(_threshold_stage(targets) + " (one pass per 16 bits of the keys), then writing")
     try:
         summary = prune_source(
             source,
@@ -254,6 +276,7 @@ def _prune_stored(args: argparse.Namespace, source: Any, dst: str) -> int:
         raise CliError(f"{'global pruning: ' if args.global_ else ''}{_message(exc)}", src) from None
     pruned, whole = summary.pruned, summary.whole
     _say_pruned(args, src, dst, len(targets), 0, (pruned.zeros, pruned.size), (whole.zeros, whole.size, whole.tensors))
+    _warn_nearly_empty(args, summary.by_tensor)
     if isinstance(source, sharded.ShardedCheckpoint) and sharded.writes_one_file(dst):
         print(f"wrote one safetensors file holding the tensors of {len(source.shards)} shards; other files not copied")
     elif isinstance(source, sharded.ShardedCheckpoint):
@@ -283,6 +306,44 @@ def _say_pruned(
     names = f"{n_targets} tensors" + (f" (and {n_tied} tied names)" if n_tied else "")
     print(f"pruned {names} of {src} ({how}): {zeros} of {total} entries zero ({_pct(zeros, total)}) -> {dst}")
     print(f"whole file: {whole[0]} of {whole[1]} entries zero ({_pct(whole[0], whole[1])}) in {whole[2]} tensors")
+    _note_count(args)
+
+
+#: Sparsity from which ``--global`` warns that it emptied a tensor.
+NEARLY_EMPTY = 0.99
+
+_COUNTED = {"block_unstructured": "blocks", "wanda": "entries of each output unit"}
+
+
+def _note_count(args: argparse.Namespace) -> None:
+    """Say that an integer ``--amount`` is a count (of what, and per what), not a fraction."""
+    amount = args.amount
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount == 0:
+        return
+    cls = arrayprune.METHODS[args.method]
+    unit = _COUNTED.get(args.method, "channels" if cls.PRUNING_TYPE == "structured" else "entries")
+    where = "in total over the selected tensors (--global)" if args.global_ else "in each tensor"
+    _warn(
+        f"--amount {amount} is a count, not a fraction: {amount} {unit} pruned {where}; "
+        "a fraction has a decimal point (0.5 is half)",
+        "note",
+    )
+
+
+def _warn_nearly_empty(args: argparse.Namespace, counts: Mapping[str, tuple[int, int]]) -> None:
+    """Warn when ``--global`` left a tensor with :data:`NEARLY_EMPTY` of its entries zero or more."""
+    if not args.global_:
+        return
+    empty = [(name, z / n) for name, (z, n) in counts.items() if n and z / n >= NEARLY_EMPTY]
+    if not empty:
+        return
+    shown = ", ".join(f"{name} ({100 * f:.2f}%)" for name, f in empty[:5])
+    more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""
+    _warn(
+        f"--global pruned {len(empty)} tensor{'s' if len(empty) > 1 else ''} to {100 * NEARLY_EMPTY:g}% or more: "
+        f"{shown}{more}; such a layer passes almost nothing on: cap every tensor with --max-sparsity "
+        "(e.g. --max-sparsity 0.9) or leave it with --exclude"
+    )
 
 
 def run_prune(args: argparse.Namespace) -> int:
@@ -324,6 +385,7 @@ def run_prune(args: argparse.Namespace) -> int:
         if not mp.is_pruned(source.tensors):
             return _prune_stored(args, source, dst)  # tensor by tensor: the file is never held whole
 
+    _stage(f"loading {src}")
     wf = fmt.load(src, in_format)
     _check_arrays(wf.params, src)
 
@@ -356,6 +418,7 @@ def run_prune(args: argparse.Namespace) -> int:
         (pruned["zeros"], pruned["size"]),
         (everything["zeros"], everything["size"], everything["tensors"]),
     )
+    _warn_nearly_empty(args, {r["name"]: (r["zeros"], r["size"]) for r in rows if r["name"] in selected})
     if prepared is not None:
         return _verify(prepared, dst, args.verify_tol)
     return 0

@@ -16,13 +16,13 @@ from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.safetensors_stream import TensorFiles
-from arrayprune.adapters.plan import _name, _size, alias_key, file_roles, make_plan
+from arrayprune.adapters.plan import _name, _size, alias_key, file_roles, make_plan, nodes_text
 from arrayprune.adapters.roles import Role
 from arrayprune.adapters.roles.names import dtype_name, is_float, tree_roles
 from arrayprune.adapters.state_dict import _fold
 
 from .errors import CliError
-from .tensors import _check_arrays, _zeros
+from .tensors import _check_arrays, _stage, _zeros
 
 __all__ = ["TOTALS_COVER", "report_rows", "run_report"]
 
@@ -57,10 +57,13 @@ def report_rows(
     list of dict
         Per tensor: ``name``, ``shape``, ``dtype``, ``size``, ``zeros``, ``sparsity``,
         ``masked``, ``role`` (and ``output_axis``, ``reduction_axis`` of a weight),
+        ``nodes`` (the names of the graph nodes reading it, ONNX; else empty),
         ``prunable`` (whether ``prune`` selects it by default: a floating-point layer
         weight), ``reason`` (why not, or None),
         ``tied_to`` (the first name of the same tensor stored under several names, or
-        None), ``nm_2_4`` (whether the tensor is 2:4 sparse along its last axis) and
+        None), ``nm_2_4`` (whether the tensor is 2:4 sparse along its reduction axis, the
+        axis ``prune --method nm_structured`` uses, or its last axis when the role has
+        none) and
         ``bytes`` (the storage forms of :func:`arrayprune.sparse_nbytes`).
     """
     masked = set(mp.pruned_keys(params))
@@ -96,15 +99,26 @@ def report_rows(
             "role": role.kind,
             "output_axis": role.output_axis,
             "reduction_axis": role.reduction_axis,
+            "nodes": list(role.nodes),
             "prunable": reason is None,
             "reason": reason,
             "tied_to": None if tied_to == name else tied_to,
         }
         if storage:
-            nbytes = arrayprune.sparse_nbytes(value) if is_float(value) else {"dense": _dense_nbytes(value)}
+            nbytes = (
+                arrayprune.sparse_nbytes(value, dim=_nm_axis(role, value))
+                if is_float(value)
+                else {"dense": _dense_nbytes(value)}
+            )
             row.update(nm_2_4="semi_structured_2_4" in nbytes, bytes=nbytes)
         rows.append(row)
     return rows
+
+
+def _nm_axis(role: Role, value: Any) -> int:
+    """The axis 2:4 groups of `value` run along: its role's reduction axis, else its last axis."""
+    axis = role.reduction_axis
+    return axis if axis is not None and 0 <= axis < len(value.shape) else -1
 
 
 def _dense_nbytes(x: Any) -> int:
@@ -149,6 +163,7 @@ def run_report(args: argparse.Namespace) -> int:
             kind, params = source.kind, source.tensors
             rows = report_rows(params, roles=tree_roles(params), load=files.load)
         else:
+            _stage(f"loading {path}")
             wf = fmt.load(path)
             _check_arrays(wf.params, path)
             kind, rows = wf.format, report_rows(wf.params, roles=file_roles(wf))
@@ -161,7 +176,7 @@ def run_report(args: argparse.Namespace) -> int:
         json.dump({**out, "covers": TOTALS_COVER}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    table = [("name", "shape", "dtype", "role", "zeros", "sparsity", "2:4", "prunable")]
+    table = [("name", "read by", "shape", "dtype", "role", "zeros", "sparsity", "2:4", "prunable")]
     for r in rows:
         name = r["name"] + (" (masked)" if r["masked"] else "")
         shape = "x".join(map(str, r["shape"])) or "scalar"
@@ -171,17 +186,20 @@ def run_report(args: argparse.Namespace) -> int:
         else:
             note = "yes" if r["prunable"] else f"no: {r['reason']}"
         zeros, sparsity = f"{r['zeros']}/{r['size']}", f"{100 * r['sparsity']:.2f}%"
-        table.append((name, shape, r["dtype"], r["role"], zeros, sparsity, nm, note))
+        table.append((name, nodes_text(tuple(r["nodes"])), shape, r["dtype"], r["role"], zeros, sparsity, nm, note))
     for label, t in (("prunable", prunable), ("total", total)):
         zeros, sparsity = f"{t['zeros']}/{t['size']}", f"{100 * t['sparsity']:.2f}%"
-        table.append((label, f"{t['tensors']} tensors", "", "", zeros, sparsity, "", ""))
-    widths = [max(len(row[i]) for row in table) for i in range(8)]
+        table.append((label, "", f"{t['tensors']} tensors", "", "", zeros, sparsity, "", ""))
+    if not any(r["nodes"] for r in rows):  # no graph: no "read by" column
+        table = [(row[0], *row[2:]) for row in table]
+    left = len(table[0]) - 4  # name, [read by,] shape, dtype, role; then zeros, sparsity, 2:4; prunable
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     print(f"{path} ({kind})")
     for i, row in enumerate(table):
         if i == len(table) - 2:
             print("  ".join("-" * w for w in widths))
-        cells = [row[i].ljust(widths[i]) for i in range(4)]
-        cells += [row[i].rjust(widths[i]) for i in range(4, 7)] + [row[7]]
+        cells = [row[i].ljust(widths[i]) for i in range(left)]
+        cells += [row[i].rjust(widths[i]) for i in range(left, left + 3)] + [row[-1]]
         print("  ".join(cells).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))

@@ -12,7 +12,7 @@ from typing import Any
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.plan import _name, stream_seed
 
-from .errors import CliError
+from .errors import PROG, CliError
 
 __all__ = ["stream_seed"]
 
@@ -34,11 +34,24 @@ def _check_arrays(params: Mapping, src: str) -> None:
         raise CliError(f"cannot walk the file's contents: {exc}", src) from None
 
 
-def _progress(items: Sequence[Any], desc: str) -> Any:
-    if not sys.stderr.isatty():
+def _interactive() -> bool:
+    """Whether progress is shown: stderr is a terminal."""
+    return sys.stderr.isatty()
+
+
+def _stage(what: str) -> None:
+    """Announce a stage of the run (loading, calibration, global threshold) on a terminal."""
+    if _interactive():
+        sys.stderr.write(f"{PROG}: {what}\n")
+        sys.stderr.flush()
+
+
+def _progress(items: Sequence[Any], desc: str, unit: str = "tensor") -> Any:
+    """`items`, with a progress bar on a terminal (tqdm, when installed)."""
+    if not _interactive():
         return items
     try:
         from tqdm import tqdm
     except ImportError:
         return items
-    return tqdm(items, desc=desc, unit="tensor", file=sys.stderr, leave=False)
+    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, leave=False)

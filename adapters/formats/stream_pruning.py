@@ -81,12 +81,15 @@ class PruneSummary:
         Files written (for a checkpoint folder: shards, copied files, the index).
     left : list of str
         Files of a checkpoint folder that were not copied, each with the reason.
+    by_tensor : dict of str to (int, int)
+        Each pruned tensor's zeros and entries, by name.
     """
 
     pruned: Totals = field(default_factory=Totals)
     whole: Totals = field(default_factory=Totals)
     files: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
+    by_tensor: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def fold(raw: np.ndarray, keep: np.ndarray, code: str) -> np.ndarray:
@@ -265,6 +268,7 @@ def prune_stored(
                 text = str(exc.args[0] if exc.args else exc)
                 raise type(exc)(text if text.startswith("tensor ") else f"tensor {entry.name!r}: {text}") from None
         summary.pruned.add(t.size, zeros)
+        summary.by_tensor[entry.name] = (zeros, t.size)
         summary.whole.add(t.size, zeros)
     return summary
 

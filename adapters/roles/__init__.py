@@ -12,7 +12,7 @@ axis* (the axis summed over by the layer: where N:M groups run) decide the defau
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["ROLES", "Role"]
 
@@ -36,12 +36,18 @@ class Role:
     why : str
         What the role was read from, for people: ``"MatMul B [K, N]"``,
         ``"name matches *LayerNorm*"``, ``"optimizer state"``, ...
+    nodes : tuple of str
+        The names of the graph nodes reading the tensor (ONNX: the operators at the end
+        of each chain, ``"/encoder/layer.0/attention/self/query/MatMul"``), in graph
+        order; empty where there is no graph or the nodes have no names. Not part of
+        comparisons: two roles with the same kind, axes and why are equal.
     """
 
     kind: str
     output_axis: int | None = None
     reduction_axis: int | None = None
     why: str = ""
+    nodes: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in ROLES:

@@ -75,7 +75,7 @@ Nothing is guessed silently: every role carries the uses it was read from in its
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
@@ -500,6 +500,11 @@ def _initializer_uses(onnx: ModuleType, model: Any, main: _Graph) -> dict[str, l
     return found
 
 
+def _node_names(uses: list[_Use]) -> tuple[str, ...]:
+    """The names of the operators reading an initializer (at the end of each chain), once each."""
+    return tuple(dict.fromkeys(u.site[0].name for u in uses if u.site is not None and u.site[0].name))
+
+
 def onnx_roles(model: Any) -> dict[str, Role]:
     """The role of every initializer of an ONNX model, read from its graph.
 
@@ -516,7 +521,8 @@ def onnx_roles(model: Any) -> dict[str, Role]:
         inside subgraphs (read in their own graph), then the sparse initializers of the
         main graph (``other``: they are not loaded), unless a name is already there. Weights have
         their output and reduction axes (of the initializer as stored); the why of each
-        role names the operator inputs it was read from (see the module's notes).
+        role names the operator inputs it was read from (see the module's notes), and
+        its ``nodes`` the names of those operators.
 
     Raises
     ------
@@ -525,7 +531,10 @@ def onnx_roles(model: Any) -> dict[str, Role]:
     """
     onnx = _onnx()
     main = _build(onnx, model.graph, "", None)
-    roles = {name: _combine(uses) for name, uses in _initializer_uses(onnx, model, main).items()}
+    roles = {
+        name: replace(_combine(uses), nodes=_node_names(uses))
+        for name, uses in _initializer_uses(onnx, model, main).items()
+    }
     for sparse in model.graph.sparse_initializer:
         roles.setdefault(sparse.values.name, Role("other", why="sparse initializer: not loaded"))
     return roles

@@ -28,7 +28,7 @@ from ._compat import *  # noqa: F403 (PyTorch's private helpers)
 from ._methods import CLASSES as _CLASSES
 from ._methods import VERBS as _VERBS
 from ._verbs import global_unstructured, is_pruned, prune_to_sparsity, remove
-from .calibration import input_norms, wanda_importance
+from .calibration import input_norms, save_input_norms, wanda_importance
 
 globals().update({cls.__name__: cls for cls in _CLASSES.values()}, **_VERBS)
 
@@ -42,6 +42,7 @@ __all__ = [
     "remove",
     "is_pruned",
     "input_norms",
+    "save_input_norms",
     "wanda_importance",
 ]
 

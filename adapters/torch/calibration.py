@@ -3,8 +3,13 @@
 :func:`input_norms` runs calibration batches through the dense model once, with a
 forward pre-hook on each chosen ``Linear`` and convolution, and keeps per layer only a
 running sum of squares per input feature (float64, on the layer's device): memory is
-one vector per layer, whatever the number of batches. :func:`wanda_importance` turns the
-norms into Wanda's scores, ready for the verbs::
+one vector per layer, whatever the number of batches. Norms are keyed by *weight name*
+(``"encoder.fc1.weight"``), the names of the model's ``state_dict`` and of the command
+line's ``--input-norms``: :func:`save_input_norms` writes them in that file's format, so
+that a model saved as safetensors or a state dict is pruned by ``arrayprune prune
+model.safetensors --method wanda --input-norms norms.npz`` with the masks of the
+drop-in's Wanda. :func:`wanda_importance` turns the norms into Wanda's scores, ready for
+the verbs::
 
     scores = prune.wanda_importance(model, batches)          # one pass, no gradients
     for module, s in scores.items():
@@ -26,7 +31,7 @@ from torch import nn
 
 import arrayprune
 
-__all__ = ["input_norms", "wanda_importance"]
+__all__ = ["input_norms", "save_input_norms", "wanda_importance"]
 
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -40,6 +45,8 @@ def _chosen(model: nn.Module, modules: Iterable[Any] | None) -> dict[str, nn.Mod
     chosen = {}
     for item in modules:
         name = item if isinstance(item, str) else by_module.get(id(item))
+        if isinstance(name, str) and name not in named and name.endswith(".weight"):
+            name = name[: -len(".weight")]  # a weight name: its layer
         if name is None or name not in named:
             raise ValueError(f"{item!r} is not a submodule of the model")
         if not isinstance(named[name], _LAYERS):
@@ -77,16 +84,20 @@ def input_norms(
     batches : iterable
         Calibration batches: each a tensor (``model(batch)``), a tuple or list
         (``model(*batch)``) or a mapping (``model(**batch)``).
-    modules : iterable of modules or qualified names, optional
-        The layers to calibrate; every ``Linear``, ``Conv1d``, ``Conv2d`` and ``Conv3d``
-        of `model` if omitted.
+    modules : iterable of modules or names, optional
+        The layers to calibrate, as modules, qualified names (``"encoder.fc1"``) or
+        weight names (``"encoder.fc1.weight"``); every ``Linear``, ``Conv1d``,
+        ``Conv2d`` and ``Conv3d`` of `model` if omitted.
 
     Returns
     -------
     dict of str to torch.Tensor
-        Per layer (by qualified name), ``sqrt(sum of x_j**2)`` over every token, batch
-        entry and spatial position seen, one float64 value per input feature ``j``
-        (``in_features``, or the input channels of a convolution).
+        Per layer, by the name of its weight (``"encoder.fc1.weight"``, as in
+        ``model.state_dict()`` and the command line's ``--input-norms``),
+        ``sqrt(sum of x_j**2)`` over every token, batch entry and spatial position seen,
+        one float64 value per input feature ``j`` (``in_features``, or all the input
+        channels of a convolution, groups included). :func:`save_input_norms` writes
+        them for the command line.
 
     Raises
     ------
@@ -123,7 +134,50 @@ def input_norms(
     missing = sorted(set(layers) - set(sums))
     if missing:
         raise ValueError(f"the calibration batches never reached {missing[0]!r}")
-    return {name: torch.sqrt(sums[name]) for name in layers}
+    return {_weight_name(name): torch.sqrt(sums[name]) for name in layers}
+
+
+def _weight_name(module_name: str) -> str:
+    return f"{module_name}.weight" if module_name else "weight"
+
+
+def save_input_norms(norms: Mapping[str, Any], path: Any) -> None:
+    """Write input norms in the format of the command line's ``--input-norms``.
+
+    The file maps weight names to one float64 norm per input feature (an ``.npz``, or
+    any format of :func:`arrayprune.adapters.formats.save` by the suffix of `path`),
+    written to a temporary name and renamed into place.
+
+    Parameters
+    ----------
+    norms : mapping of str to tensor or array
+        What :func:`input_norms` returned (weight name to a 1-D vector).
+    path : str or os.PathLike
+        The file to write.
+
+    Raises
+    ------
+    ValueError
+        If a name is not a string or a vector is not 1-D, real and non-negative
+        (nothing is written then).
+    FormatError
+        If the file cannot be written.
+    """
+    import numpy as np
+
+    from arrayprune.adapters import formats
+
+    arrays = {}
+    for name, value in norms.items():
+        if not isinstance(name, str):
+            raise ValueError(f"input norms are keyed by weight name (a str), not {type(name).__name__}")
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu()
+        vector = np.asarray(value)
+        if vector.ndim != 1 or vector.dtype.kind not in "fiu" or not np.all(vector >= 0):
+            raise ValueError(f"input norms {name!r}: expected a 1-D vector of non-negative numbers")
+        arrays[name] = vector.astype(np.float64)
+    formats.save(path, arrays)
 
 
 def _layer_scores(module: nn.Module, norms: torch.Tensor) -> torch.Tensor:
@@ -153,4 +207,5 @@ def wanda_importance(
     """
     norms = input_norms(model, batches, modules)
     named = dict(model.named_modules())
-    return {named[name]: _layer_scores(named[name], n) for name, n in norms.items()}
+    layers = [named[name[: -len(".weight")] if name != "weight" else ""] for name in norms]
+    return {m: _layer_scores(m, n) for m, n in zip(layers, norms.values(), strict=True)}
