@@ -28,6 +28,7 @@ from arrayprune.adapters.roles import Role
 __all__ = [
     "InputNorms",
     "ScoredMethod",
+    "graph_inputs",
     "onnx_input_norms",
     "read_calibration",
     "read_input_norms",
@@ -280,18 +281,44 @@ def _check_values(name: str, values: np.ndarray, want: Any) -> None:
         )
 
 
+def graph_inputs(session: Any, data: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """The graph inputs of an onnxruntime `session` by name, once `data` names exactly them.
+
+    Parameters
+    ----------
+    session : onnxruntime.InferenceSession
+        The model's session.
+    data : mapping
+        Graph input name to samples.
+    what : str
+        What `data` is, for the message (``"the calibration data"``).
+
+    Returns
+    -------
+    dict
+        Name to the input's ``NodeArg``, in the graph's order.
+
+    Raises
+    ------
+    ValueError
+        If `data` lacks a graph input or has a name that is not one (the first named).
+    """
+    inputs = {i.name: i for i in session.get_inputs()}
+    missing = [n for n in inputs if n not in data]
+    extra = [n for n in data if n not in inputs]
+    if missing or extra:
+        problem = f"lacks graph input {missing[0]!r}" if missing else f"has {extra[0]!r}, not a graph input"
+        raise ValueError(f"{what} {problem} (graph inputs: {', '.join(map(repr, inputs))})")
+    return inputs
+
+
 def _check_inputs(session: Any, calibration: Mapping[str, np.ndarray]) -> tuple[dict[str, Any], int]:
     """Check the calibration arrays against the graph inputs: the dtype to cast each to, the sample count.
 
     Values must be finite and fit the float dtype the graph input takes: NaN or
     infinity would make every norm they reach meaningless.
     """
-    inputs = {i.name: i for i in session.get_inputs()}
-    missing = [n for n in inputs if n not in calibration]
-    extra = [n for n in calibration if n not in inputs]
-    if missing or extra:
-        what = f"lacks graph input {missing[0]!r}" if missing else f"has {extra[0]!r}, not a graph input"
-        raise ValueError(f"the calibration data {what} (graph inputs: {', '.join(map(repr, inputs))})")
+    inputs = graph_inputs(session, calibration, "the calibration data")
     casts = {}
     for name, info in inputs.items():
         want, have = _ORT_FLOATS.get(info.type), calibration[name].dtype

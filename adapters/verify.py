@@ -30,6 +30,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .calibration import graph_inputs
+
 __all__ = ["DEFAULT_TOL", "OutputCheck", "Prepared", "compare", "prepare", "verify_onnx"]
 
 DEFAULT_TOL = (1.0, 1e-6)
@@ -133,12 +135,7 @@ def _run(session: Any, feeds: Mapping[str, np.ndarray]) -> list[tuple[str, np.nd
 
 def _given_feeds(session: Any, data: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """`data` checked against the graph inputs, each cast to its input's type."""
-    inputs = {i.name: i for i in session.get_inputs()}
-    missing = [n for n in inputs if n not in data]
-    extra = [n for n in data if n not in inputs]
-    if missing or extra:
-        what = f"lacks graph input {missing[0]!r}" if missing else f"has {extra[0]!r}, not a graph input"
-        raise ValueError(f"the verify data {what} (graph inputs: {', '.join(map(repr, inputs))})")
+    inputs = graph_inputs(session, data, "the verify data")
     feeds = {}
     for name, info in inputs.items():
         arr = np.asarray(data[name])
