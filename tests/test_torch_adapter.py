@@ -113,6 +113,7 @@ EXTENSIONS = [
     "prune_to_sparsity",
     "input_norms",
     "wanda_importance",
+    "sparsegpt",
 ]
 
 
