@@ -446,3 +446,28 @@ def test_unreached_layer_refused():
         with pytest.raises(ValueError, match=f"{what} never reached 'unused'"):
             prune.sparsegpt(net, _batches(), 0.5, sequential=sequential)
         assert not prune.is_pruned(net)
+
+
+class _Twice(nn.Module):
+    """One square layer applied twice: its Hessian holds both calls' inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 12)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.fc(x)))
+
+
+@pytest.mark.parametrize("sequential", [True, False])
+def test_layer_called_twice_accumulates_both_inputs(sequential):
+    torch.manual_seed(5)
+    net = _Twice().double()
+    batches = _batches()
+    w, b = _np(net.fc.weight), _np(net.fc.bias)
+    x = np.concatenate([_np(t) for t in batches])
+    both = np.concatenate([x, _relu(x @ w.T + b)])  # 2 x 64 rows
+    new, keep = arrayprune.sparsegpt(w, _hessian(both), 0.5, block_size=8, reduction_axis=1)
+    prune.sparsegpt(net, batches, 0.5, block_size=8, sequential=sequential)
+    np.testing.assert_array_equal(net.fc.weight_mask.numpy(), keep.astype(np.float64))
+    np.testing.assert_allclose(net.fc.weight_orig.detach().numpy(), new, rtol=1e-9, atol=1e-12)
