@@ -114,6 +114,7 @@ EXTENSIONS = [
     "input_norms",
     "save_input_norms",
     "wanda_importance",
+    "sparsegpt",
 ]
 
 

@@ -29,6 +29,7 @@ from ._methods import CLASSES as _CLASSES
 from ._methods import VERBS as _VERBS
 from ._verbs import global_unstructured, is_pruned, prune_to_sparsity, remove
 from .calibration import input_norms, save_input_norms, wanda_importance
+from .reconstruction import sparsegpt
 
 globals().update({cls.__name__: cls for cls in _CLASSES.values()}, **_VERBS)
 
@@ -44,6 +45,7 @@ __all__ = [
     "input_norms",
     "save_input_norms",
     "wanda_importance",
+    "sparsegpt",
 ]
 
 # Public names and PyTorch's private helpers belong to this package wherever they are

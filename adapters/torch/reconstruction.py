@@ -1,0 +1,409 @@
+"""SparseGPT on a PyTorch model: calibration hooks, per-layer reconstruction, the usual reparametrization.
+
+:func:`sparsegpt` prunes the ``Linear``, ``Conv1d`` and ``Conv2d`` layers of a model with
+:func:`arrayprune.sparsegpt` (Frantar & Alistarh, ICML 2023): each layer's Hessian
+``X^T X / n`` is accumulated from its calibration inputs by a forward pre-hook into an
+:class:`arrayprune.HessianAccumulator` (float64, on the layer's device; the activations
+are never stored), the weight is pruned and the entries it keeps are updated, and the
+layer gets PyTorch's reparametrization (``weight_orig`` holding the updated values,
+``weight_mask``, a forward pre-hook), so ``prune.remove``, ``prune.is_pruned``, state
+dicts and :mod:`torch.nn.utils.prune` work on it as on any other pruned module::
+
+    import arrayprune.adapters.torch as prune
+    prune.sparsegpt(model, batches, 0.5)          # or n=2, m=4
+    for module in model.modules():
+        if prune.is_pruned(module) and hasattr(module, "weight_mask"):
+            prune.remove(module, "weight")
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import arrayprune
+from arrayprune.reconstruction import _check_pattern, _positive_int
+
+from ._apply import apply_method, pruning_hooks, transaction
+from ._methods import CLASSES
+from .calibration import _run
+
+__all__ = ["sparsegpt"]
+
+_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d)
+
+
+class _Captured(Exception):
+    """Raised by a capturing hook once a layer's inputs of a forward are taken: the rest
+    of the model is not run."""
+
+
+def _batch_list(calibration_batches: Any) -> list[Any] | tuple[Any, ...]:
+    """The batches as a list or tuple (other iterables are read once, here)."""
+    if isinstance(calibration_batches, (torch.Tensor, Mapping, str, bytes)) or not isinstance(
+        calibration_batches, Iterable
+    ):
+        raise TypeError(
+            "calibration_batches must be an iterable of batches (a list of tensors or of tuples of "
+            f"positional arguments), got {type(calibration_batches).__name__}; wrap a single batch in a list"
+        )
+    if not isinstance(calibration_batches, (list, tuple)):
+        calibration_batches = list(calibration_batches)
+    if not calibration_batches:
+        raise ValueError("no calibration batch was given")
+    return calibration_batches
+
+
+def _chosen(model: nn.Module, modules: Iterable[Any] | None) -> dict[str, nn.Module]:
+    """Qualified name -> layer to prune, in model order, checked (nothing is changed)."""
+    named = dict(model.named_modules())
+    if modules is None:
+        chosen = {name: m for name, m in named.items() if isinstance(m, _LAYERS)}
+    else:
+        if isinstance(modules, (nn.Module, str)) or not isinstance(modules, Iterable):
+            raise TypeError(f"modules must be an iterable of modules or qualified names, got {type(modules).__name__}")
+        by_module = {id(m): name for name, m in named.items()}
+        chosen = {}
+        for item in modules:
+            name = item if isinstance(item, str) else by_module.get(id(item))
+            if name is None or name not in named:
+                shown = repr(item) if isinstance(item, str) else type(item).__name__
+                raise ValueError(f"{shown} is not a submodule of the model")
+            layer = named[name]
+            if not isinstance(layer, _LAYERS):
+                raise TypeError(
+                    f"{name!r} is a {type(layer).__name__}: sparsegpt prunes Linear, Conv1d and Conv2d layers"
+                )
+            chosen[name] = layer
+    weights: dict[int, str] = {}
+    for name, layer in chosen.items():
+        if "weight_orig" in layer._parameters or pruning_hooks(layer, "weight"):
+            raise ValueError(
+                f"the weight of {name!r} is already pruned: sparsegpt prunes dense weights "
+                "(make the earlier pruning permanent with prune.remove, or leave the layer out of modules)"
+            )
+        weight = layer._parameters.get("weight")
+        if not isinstance(weight, nn.Parameter):
+            raise TypeError(f"the weight of {name!r} is not a Parameter of the layer (parametrized?)")
+        if not weight.is_floating_point():
+            raise TypeError(f"sparsegpt needs a floating weight, got dtype {weight.dtype} in {name!r}")
+        if id(weight) in weights:
+            raise ValueError(f"{weights[id(weight)]!r} and {name!r} share their weight: prune it once")
+        weights[id(weight)] = name
+    return chosen
+
+
+def _counts(layer: nn.Module, amount: Any) -> list[int] | None:
+    """Entries to prune per group of `layer` (they sum to the layer's count), None for N:M."""
+    if amount is None:
+        return None
+    numel = layer.weight.numel()
+    arrayprune.validate_pruning_amount(amount, numel)
+    total = arrayprune.compute_nparams_toprune(amount, numel)
+    groups = getattr(layer, "groups", 1)
+    share = [(2 * total * g + groups) // (2 * groups) for g in range(groups + 1)]
+    return [b - a for a, b in zip(share, share[1:], strict=False)]
+
+
+def _accumulators(layer: nn.Module) -> list[arrayprune.HessianAccumulator]:
+    """One Hessian accumulator per group of `layer` (one for a Linear)."""
+    k = math.prod(layer.weight.shape[1:])
+    return [arrayprune.HessianAccumulator(k) for _ in range(getattr(layer, "groups", 1))]
+
+
+def _feed(layer: nn.Module, accs: list[arrayprune.HessianAccumulator], x: torch.Tensor) -> None:
+    """Add `layer`'s input `x` to its accumulators: rows of its matrix product, per group."""
+    x = x.detach()
+    if isinstance(layer, nn.Linear):
+        accs[0].update(x)
+        return
+    spatial = len(layer.kernel_size)
+    if x.ndim == spatial + 1:  # unbatched
+        x = x.unsqueeze(0)
+    mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
+    x = F.pad(x, layer._reversed_padding_repeated_twice, mode=mode)  # what the layer's forward pads
+    kernel, stride, dilation = layer.kernel_size, layer.stride, layer.dilation
+    if spatial == 1:  # a row of a 2-D convolution
+        x = x.unsqueeze(2)
+        kernel, stride, dilation = (1, *kernel), (1, *stride), (1, *dilation)
+    patches = arrayprune.unfold_patches(x, kernel, stride=stride, dilation=dilation, groups=layer.groups)
+    for g, acc in enumerate(accs):
+        acc.update(patches[g])
+
+
+def _input_of(args: tuple, kwargs: dict) -> torch.Tensor:
+    return args[0] if args else kwargs["input"]
+
+
+def _reconstruct(
+    layer: nn.Module,
+    accs: list[arrayprune.HessianAccumulator],
+    counts: list[int] | None,
+    pattern: tuple[int, int] | None,
+    block_size: int,
+    damp: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`layer`'s updated weight and boolean keep mask, group by group."""
+    weight = layer.weight.detach()
+    rows = weight.shape[0] // len(accs)
+    n, m = pattern if pattern is not None else (None, None)
+    news, keeps = [], []
+    for g, acc in enumerate(accs):
+        amount = None if counts is None else counts[g]
+        new, keep = arrayprune.sparsegpt(
+            weight[g * rows : (g + 1) * rows],
+            acc.hessian(),
+            amount,
+            n=n,
+            m=m,
+            block_size=block_size,
+            damp=damp,
+            reduction_axis=1,
+        )
+        news.append(new)
+        keeps.append(keep)
+    if len(accs) == 1:
+        return news[0], keeps[0]
+    return torch.cat(news), torch.cat(keeps)
+
+
+def _run_capturing(model: nn.Module, batches: Any, hooks: dict[nn.Module, Any], stop: bool) -> None:
+    """Run every batch with `hooks` on their layers; with `stop`, a hook raising
+    :class:`_Captured` ends its forward."""
+    handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer, hook in hooks.items()]
+    try:
+        for batch in batches:
+            for hook in hooks.values():
+                if isinstance(hook, _Capture):
+                    hook.reset()
+            try:
+                _run(model, batch)
+            except _Captured:
+                if not stop:
+                    raise
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def sparsegpt(
+    model: nn.Module,
+    calibration_batches: Iterable[Any],
+    amount: int | float | None = None,
+    *,
+    n: int | None = None,
+    m: int | None = None,
+    modules: Iterable[nn.Module | str] | None = None,
+    block_size: int = 128,
+    damp: float = 0.01,
+    sequential: bool = True,
+) -> nn.Module:
+    """Prune a model's layers with SparseGPT, updating the weights they keep; return `model`.
+
+    Not in :mod:`torch.nn.utils.prune`. Each layer's weight is pruned and reconstructed by
+    :func:`arrayprune.sparsegpt` from the Hessian ``X^T X / n`` of its inputs over the
+    calibration batches, then reparametrized as by every verb: ``weight_orig`` (the same
+    Parameter, now holding the updated values), the buffer ``weight_mask`` (dtype of the
+    weight) and a forward pre-hook (a :class:`CustomFromMask`), so that
+    ``weight == weight_orig * weight_mask``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model. It is run in eval mode (dropout off, batch norms neither updating nor
+        using batch statistics), under :func:`torch.no_grad`; every submodule's
+        train/eval mode is restored afterwards.
+    calibration_batches : iterable
+        The calibration inputs: each batch a tensor (``model(batch)``), a tuple or list of
+        positional arguments (``model(*batch)``) or a mapping of keyword arguments
+        (``model(**batch)``). A list or tuple is iterated once per pruned layer
+        (`sequential`) or once; any other iterable (an iterator, a generator, a
+        ``DataLoader``) is read once into a list first, so its batches are held in memory
+        and are the same on every pass. A tensor on its own is refused (TypeError):
+        give ``[batch]``.
+    amount : int or float, optional
+        Unstructured pruning: each layer's weight loses exactly
+        ``round(amount * weight.numel())`` entries for a float in ``[0, 1]``, `amount`
+        entries for an int, chosen over the whole weight (over each group of a grouped
+        convolution, the groups' counts summing to the layer's).
+    n, m : int, optional
+        N:M pruning instead of `amount`: `n` of every `m` consecutive entries of each
+        output row along the input axis (for a convolution, along ``in/groups x k``
+        flattened in C order, as :func:`arrayprune.sparsegpt` does).
+    modules : iterable of modules or qualified names, optional
+        The layers to prune, each a ``Linear``, ``Conv1d`` or ``Conv2d`` of `model`;
+        every such layer of `model` if omitted. A layer whose weight is already pruned is
+        refused (ValueError), whether given or found: make that pruning permanent with
+        :func:`remove` first (its zeros are then pruned first), or leave it out.
+    block_size : int, default 128
+        Input columns processed together (a multiple of `m` for N:M).
+    damp : float, default 0.01
+        Relative dampening of the Hessians, as in :func:`arrayprune.sparsegpt`.
+    sequential : bool, default True
+        The paper's setting: the layers are pruned in the order the model first calls
+        them (found by one forward of the first batch), each calibrated on the model whose
+        earlier layers are already pruned and updated. For each layer the batches are run
+        again, stopping each forward once that layer's inputs are taken (the layers after
+        it are not run); one layer's Hessians are held at a time. With ``False``, every
+        Hessian comes from the dense model in a single pass over the batches, all held
+        until the end (memory: the sum of every layer's ``K x K``, ``K`` its input length
+        per group).
+
+    Returns
+    -------
+    torch.nn.Module
+        `model`, pruned.
+
+    Raises
+    ------
+    TypeError
+        If `calibration_batches` is a tensor or no iterable, a layer given is not a
+        ``Linear``, ``Conv1d`` or ``Conv2d``, its weight is not a floating Parameter, or an
+        amount or integer parameter has the wrong type.
+    ValueError
+        If there is no batch, the amount or pattern is bad (both or neither given, out of
+        range), a module given is not part of `model`, a layer is already pruned or
+        shares its weight with another, a layer is never reached by the batches, or a
+        Hessian is not positive definite after damping.
+
+    Notes
+    -----
+    Every argument and layer is checked before anything is run; any failure later (a
+    forward raising, a Hessian that cannot be inverted) restores every weight, and the
+    reparametrization is installed on all layers at the end or on none, so the model is
+    never left half-pruned. The pruned values are written into the weights while the
+    layers are calibrated (sequential mode runs through them), and a copy of each
+    original weight is kept until the end for that restore.
+
+    A layer's input is read from its forward pre-hook (the first positional argument,
+    or the keyword ``input``). A layer called several times in a forward accumulates every
+    call (as many as on the first batch, in sequential mode). Convolution inputs are padded
+    as the layer pads them (any ``padding_mode``, ``padding='same'``) and unfolded by
+    :func:`arrayprune.unfold_patches`, one Hessian per group (a ``Conv1d`` is a 2-D
+    convolution of height 1); the weight rows of group ``g`` are pruned with the
+    Hessian of group ``g``. Hessians are float64 on the layer's device (where the device
+    has float64).
+
+    Examples
+    --------
+    >>> import torch
+    >>> import torch.nn as nn
+    >>> import arrayprune.adapters.torch as prune
+    >>> _ = torch.manual_seed(0)
+    >>> net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> batches = [torch.randn(16, 8) for _ in range(4)]
+    >>> _ = prune.sparsegpt(net, batches, 0.5)
+    >>> [int((layer.weight_mask == 0).sum()) for layer in (net[0], net[2])]
+    [32, 8]
+    >>> torch.equal(net[0].weight, net[0].weight_orig * net[0].weight_mask)
+    True
+    """
+    pattern = _check_pattern(amount, n, m)
+    if pattern is None:
+        arrayprune.validate_pruning_amount_init(amount)
+    block_size = _positive_int("block_size", block_size)
+    if pattern is not None and block_size % pattern[1]:
+        raise ValueError(f"block_size={block_size} must be a multiple of m={pattern[1]} for {pattern[0]}:{pattern[1]}")
+    if isinstance(damp, bool) or not isinstance(damp, numbers.Real) or not 0 <= float(damp) < math.inf:
+        raise ValueError(f"damp must be a finite non-negative number, got {damp!r}")
+    if not isinstance(sequential, bool):
+        raise TypeError(f"sequential must be a bool, got {type(sequential).__name__}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    layers = _chosen(model, modules)
+    counts = {name: _counts(layer, amount) for name, layer in layers.items()}
+    batches = _batch_list(calibration_batches)
+    if not layers:
+        return model
+
+    modes = {sub: sub.training for sub in model.modules()}
+    saved: list[tuple[nn.Parameter, torch.Tensor]] = []  # (weight, its original values), to restore
+    results: dict[str, torch.Tensor] = {}  # name -> boolean keep mask
+
+    def write(name: str, new: torch.Tensor, keep: torch.Tensor) -> None:
+        weight = layers[name].weight
+        saved.append((weight, weight.detach().clone()))
+        weight.copy_(new)
+        results[name] = keep
+
+    try:
+        model.eval()
+        with torch.no_grad():
+            if sequential:
+                for name, calls in _execution_order(model, batches, layers).items():
+                    layer = layers[name]
+                    accs = _accumulators(layer)
+                    _run_capturing(model, batches, {layer: _Capture(accs, calls)}, stop=True)
+                    new, keep = _reconstruct(layer, accs, counts[name], pattern, block_size, damp)
+                    del accs
+                    write(name, new, keep)
+            else:
+                all_accs = {name: _accumulators(layer) for name, layer in layers.items()}
+                hooks = {layers[name]: _Capture(accs, None) for name, accs in all_accs.items()}
+                _run_capturing(model, batches, hooks, stop=False)
+                reached = {name for name, accs in all_accs.items() if accs[0].rows}
+                _check_reached(layers, reached, "the calibration batches")
+                computed = {
+                    name: _reconstruct(layers[name], accs, counts[name], pattern, block_size, damp)
+                    for name, accs in all_accs.items()
+                }
+                del all_accs
+                for name, (new, keep) in computed.items():
+                    write(name, new, keep)
+            with transaction(layers.values()):
+                for name, keep in results.items():
+                    weight = layers[name].weight
+                    hook = CLASSES["custom_from_mask"](keep.to(dtype=weight.dtype))
+                    apply_method(layers[name], "weight", hook, None, precomputed=hook.mask)
+    except BaseException:
+        with torch.no_grad():
+            for weight, values in reversed(saved):
+                weight.copy_(values)
+        raise
+    finally:
+        for sub, mode in modes.items():
+            sub.training = mode
+    return model
+
+
+class _Capture:
+    """A forward pre-hook feeding a layer's inputs to `accs`; after `calls` calls in one
+    forward (if given) it raises :class:`_Captured`. :meth:`reset` starts a forward."""
+
+    def __init__(self, accs: list[arrayprune.HessianAccumulator], calls: int | None):
+        self.accs, self.calls, self.seen = accs, calls, 0
+
+    def reset(self) -> None:
+        self.seen = 0
+
+    def __call__(self, layer: nn.Module, args: tuple, kwargs: dict) -> None:
+        _feed(layer, self.accs, _input_of(args, kwargs))
+        self.seen += 1
+        if self.calls is not None and self.seen >= self.calls:
+            raise _Captured
+
+
+def _execution_order(model: nn.Module, batches: Any, layers: dict[str, nn.Module]) -> dict[str, int]:
+    """Layer name -> calls per forward, in the order of first call on the first batch."""
+    names = {id(layer): name for name, layer in layers.items()}
+    order: dict[str, int] = {}
+
+    def hook(layer: nn.Module, args: tuple, kwargs: dict) -> None:
+        name = names[id(layer)]
+        order[name] = order.get(name, 0) + 1
+
+    _run_capturing(model, batches[:1], dict.fromkeys(layers.values(), hook), stop=False)
+    _check_reached(layers, set(order), "the first calibration batch")
+    return order
+
+
+def _check_reached(layers: dict[str, nn.Module], reached: set[str], what: str) -> None:
+    missing = [name for name in layers if name not in reached]
+    if missing:
+        raise ValueError(f"{what} never reached {missing[0]!r}")
