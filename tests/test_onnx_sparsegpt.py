@@ -439,3 +439,104 @@ def test_digits_accuracy_against_magnitude_and_wanda(tmp_path):
         assert f["SparseGPT"] >= f["Wanda"] + 0.1, figures
         assert f["SparseGPT, global counts"] >= max(f["magnitude, global"], f["Wanda, global"]) + 0.05, figures
     assert figures[0.7]["SparseGPT"] >= figures[0.7]["magnitude, global"] + 0.05, figures
+
+
+def test_a_bfloat16_weight_is_fed_as_float32_and_cast_back(tmp_path):
+    """A bfloat16 initializer (read as float32) is fed as float32 and cast to bfloat16 in the graph."""
+    w1 = _rand((6, 5), 91)
+    w1_bits = (w1.view(np.uint32) >> 16).astype(np.uint16)
+    w1 = (w1_bits.astype(np.uint32) << 16).view(np.float32)  # exactly representable in bfloat16
+    w2 = _rand((5, 3), 92)
+    b1 = helper.make_tensor("W1", TensorProto.BFLOAT16, [6, 5], w1_bits.tobytes(), raw=True)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["W1"], ["W1f"], to=TensorProto.FLOAT),
+            helper.make_node("MatMul", ["x", "W1f"], ["h"]),
+            helper.make_node("Relu", ["h"], ["r"]),
+            helper.make_node("MatMul", ["r", "W2"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 3])],
+        initializer=[b1, numpy_helper.from_array(w2, "W2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    wf = _save(model, tmp_path)
+    np.testing.assert_array_equal(wf.params["W1"], w1)
+    x = _rand((40, 6), 93)
+    got = onnx_sparsegpt(wf, ["W1", "W2"], {"x": x}, amount=0.5)
+    w1_new = ap.sparsegpt(w1, _gram(x), 0.5, reduction_axis=0)[0]
+    # the graph sees W1 rounded to bfloat16 (round to nearest even), as it would be written
+    bits = w1_new.view(np.uint32)
+    rounded = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    r = _relu(x.astype(np.float64) @ rounded.astype(np.float64))
+    np.testing.assert_allclose(got["W1"].weight, w1_new, rtol=1e-6)
+    np.testing.assert_allclose(
+        got["W2"].weight, ap.sparsegpt(w2, _gram(r), 0.5, reduction_axis=0)[0], rtol=1e-5, atol=1e-6
+    )
+
+
+def test_per_weight_amounts_and_their_errors(tmp_path):
+    inits = _mlp_inits()
+    wf = _save(_mlp(inits), tmp_path)
+    x = _rand((30, 12), 95)
+    got = onnx_sparsegpt(wf, ["W1", "W2"], {"x": x}, amount={"W1": 7, "W2": 0.9}, sequential=False)
+    assert [int((~got[k].mask).sum()) for k in ("W1", "W2")] == [7, 45]
+    np.testing.assert_allclose(
+        got["W1"].weight, ap.sparsegpt(inits["W1"], _gram(x), 7, reduction_axis=0)[0], rtol=1e-5, atol=1e-6
+    )
+    with pytest.raises(ValueError, match="without an entry for 'W2'"):
+        onnx_sparsegpt(wf, ["W1", "W2"], {"x": x}, amount={"W1": 0.5})
+    with pytest.raises(ValueError, match="'W1': .*amount"):
+        onnx_sparsegpt(wf, ["W1"], {"x": x}, amount={"W1": 1.5})
+    assert amounts_from_masks({"a": np.array([True, False, False]), "b": np.ones((2, 2))}) == {"a": 2, "b": 0}
+
+
+def test_weights_feeding_each_other_need_one_pass(tmp_path):
+    """W used before and after V: no order calibrates each on the other already pruned."""
+    inits = {"W": _rand((4, 4), 96), "V": _rand((4, 4), 97)}
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["a"]),
+        helper.make_node("MatMul", ["a", "V"], ["b"]),
+        helper.make_node("MatMul", ["b", "W"], ["y"]),
+    ]
+    wf = _save(_model(nodes, inits, [4], [4]), tmp_path)
+    x = _rand((20, 4), 98)
+    with pytest.raises(ValueError, match="depend on each other.*sequential=False"):
+        onnx_sparsegpt(wf, ["W", "V"], {"x": x}, amount=0.5)
+    got = onnx_sparsegpt(wf, ["W", "V"], {"x": x}, amount=0.5, sequential=False)
+    a = x.astype(np.float64) @ inits["W"]
+    h = (x.astype(np.float64).T @ x + (a @ inits["V"]).T @ (a @ inits["V"])) / 40  # both uses of W
+    np.testing.assert_allclose(
+        got["W"].weight, ap.sparsegpt(inits["W"], h, 0.5, reduction_axis=0)[0], rtol=1e-5, atol=1e-6
+    )
+
+
+def test_rows_of_a_matmul_input_of_rank_three_are_all_its_leading_axes(tmp_path):
+    w = _rand((8, 3), 99)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 5, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 5, 3])],
+        initializer=[numpy_helper.from_array(w, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = _rand((7, 5, 8), 100)
+    got = onnx_sparsegpt(_save(model, tmp_path), ["W"], {"x": x}, amount=0.5, batch_size=3)
+    want = ap.sparsegpt(w, _gram(x.reshape(35, 8)), 0.5, reduction_axis=0)
+    np.testing.assert_array_equal(got["W"].mask, want[1])
+    np.testing.assert_allclose(got["W"].weight, want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_gemm_trans_a_input_rows_are_its_columns(tmp_path):
+    w = _rand((6, 4), 101)  # B [K, N], A given as [K, M] with transA=1
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"]), helper.make_node("Gemm", ["xt", "W"], ["y"], transA=1)]
+    wf = _save(_model(nodes, {"W": w}, [6], [4]), tmp_path)
+    x = _rand((9, 6), 102)
+    got = onnx_sparsegpt(wf, ["W"], {"x": x}, amount=0.25)
+    want = ap.sparsegpt(w, _gram(x), 0.25, reduction_axis=0)
+    np.testing.assert_array_equal(got["W"].mask, want[1])
+    np.testing.assert_allclose(got["W"].weight, want[0], rtol=1e-5, atol=1e-6)
