@@ -318,7 +318,7 @@ def _prune(target: _Target, weight: np.ndarray, hessians: list[Any], options: Ma
     try:
         if target.groups == 1:
             new, keep = arrayprune.sparsegpt(weight, hessians[0], reduction_axis=target.reduction_axis, **options)
-            return Reconstructed(new, keep)
+            return Reconstructed(np.ascontiguousarray(new), np.ascontiguousarray(keep))
         total = None if amount is None else _amount.compute_nparams_toprune(amount, weight.size)
         size = weight.shape[0] // target.groups
         parts = []
