@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -148,20 +148,9 @@ def onnx_input_norms(
         feeds[name] = found
     session = _session(wf, sorted({f.activation for fs in feeds.values() for f in fs}))
     casts, samples = _check_inputs(session, calibration)
-    batch_size = batch_size or BATCH_SIZE
     wanted = [o.name for o in session.get_outputs()]
-    quiet = _quiet_run_options()
     sums: dict[str, np.ndarray] = {}
-    starts = range(0, samples, batch_size)
-    for start in starts if progress is None else progress(starts, "calibration"):
-        batch = {}
-        for k, cast in casts.items():  # one batch cast at a time: memory holds one batch
-            part = calibration[k][start : start + batch_size]
-            batch[k] = part if cast is None else part.astype(cast)
-        try:
-            outputs = dict(zip(wanted, session.run(wanted, batch, quiet), strict=True))
-        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
-            raise ValueError(f"onnxruntime cannot run the calibration data: {_first_line(exc)}") from None
+    for outputs in _run_batches(session, calibration, casts, samples, wanted, batch_size, progress=progress):
         for name, fs in feeds.items():
             for f in fs:
                 squares = _feature_squares(outputs[f.activation], f.feature_axis)
@@ -178,8 +167,68 @@ def _feature_squares(a: np.ndarray, axis: int) -> np.ndarray:
     return np.einsum("ij,ij->j", flat, flat)
 
 
-def _session(wf: Any, activations: list[str]) -> Any:
+def _run_batches(
+    session: Any,
+    calibration: Mapping[str, np.ndarray],
+    casts: Mapping[str, Any],
+    samples: int,
+    wanted: list[str],
+    batch_size: int | None = None,
+    fixed: Mapping[str, np.ndarray] | None = None,
+    progress: Callable[[Sequence[Any], str], Iterable[Any]] | None = None,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Run the calibration data through `session` a batch at a time: the `wanted` outputs of each.
+
+    Parameters
+    ----------
+    session : onnxruntime.InferenceSession
+    calibration : mapping of str to ndarray
+        Graph input name to samples along axis 0 (checked by :func:`_check_inputs`).
+    casts : mapping of str to dtype or None
+        The dtype each input is cast to, a batch at a time (from :func:`_check_inputs`).
+    samples : int
+        Number of samples.
+    wanted : list of str
+        The outputs to fetch.
+    batch_size : int, optional
+        Samples run at a time; :data:`BATCH_SIZE` if omitted.
+    fixed : mapping of str to ndarray, optional
+        Further inputs fed unchanged with every batch (weights made graph inputs).
+    progress : callable, optional
+        ``progress(items, description)`` wraps the loop over batches (a progress bar).
+
+    Yields
+    ------
+    dict of str to ndarray
+        Output name to its value for one batch.
+
+    Raises
+    ------
+    ValueError
+        If onnxruntime fails (its message's last line).
+    """
+    batch_size = batch_size or BATCH_SIZE
+    quiet = _quiet_run_options()
+    starts = range(0, samples, batch_size)
+    for start in starts if progress is None else progress(starts, "calibration"):
+        batch = dict(fixed or {})
+        for k, cast in casts.items():  # one batch cast at a time: memory holds one batch
+            part = calibration[k][start : start + batch_size]
+            batch[k] = part if cast is None else part.astype(cast)
+        try:
+            values = session.run(wanted, batch, quiet)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
+            raise ValueError(f"onnxruntime cannot run the calibration data: {_first_line(exc)}") from None
+        yield dict(zip(wanted, values, strict=True))
+
+
+def _session(wf: Any, activations: list[str], fed: Mapping[str, np.dtype] | None = None) -> Any:
     """An onnxruntime session of the model whose outputs are `activations`.
+
+    `fed` names initializers of the main graph that become graph inputs instead, of the
+    given dtypes, so that their current values are fed with every run
+    (:func:`_fed_inputs` names the inputs; a weight stored in another dtype, bfloat16
+    say, is cast to it inside the graph).
 
     A model without external data is handed over in memory. One with external data is
     handed over by path, so that onnxruntime reads the data files itself (no 2 GB limit
@@ -196,6 +245,8 @@ def _session(wf: Any, activations: list[str]) -> Any:
     model.CopyFrom(wf.context["model"])
     del model.graph.output[:]
     model.graph.output.extend(onnx.ValueInfoProto(name=a) for a in activations)
+    if fed:
+        _feed_initializers(model, fed)
     external = wf.context.get("external", {})
     uses_external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx_format.iter_initializers(model))
     if uses_external:
@@ -220,6 +271,54 @@ def _session(wf: Any, activations: list[str]) -> Any:
             "cannot be handed it"
         )
     return _ort_session(model.SerializeToString())
+
+
+def _fed_inputs(model: Any, fed: Mapping[str, Any]) -> dict[str, str]:
+    """The graph input that feeds each initializer named in `fed` (name -> dtype fed).
+
+    The initializer's own name, or ``name + "::fed"`` where it is stored in another
+    dtype than the one fed (bfloat16, fed as float32): a ``Cast`` makes it.
+    """
+    from onnx import helper
+
+    inputs = {}
+    for tensor in model.graph.initializer:
+        if tensor.name in fed:
+            same = helper.np_dtype_to_tensor_dtype(np.dtype(fed[tensor.name])) == tensor.data_type
+            inputs[tensor.name] = tensor.name if same else tensor.name + "::fed"
+    return inputs
+
+
+def _feed_initializers(model: Any, fed: Mapping[str, Any]) -> None:
+    """Turn initializers of the main graph into graph inputs of the given dtypes, in place.
+
+    Each is fed under the name :func:`_fed_inputs` gives; one stored in another dtype is
+    cast back to it by a ``Cast`` node at the start of the graph.
+    """
+    from onnx import helper
+
+    names = _fed_inputs(model, fed)
+    given = {v.name for v in model.graph.input}
+    kept, casts, inputs = [], [], []
+    for tensor in model.graph.initializer:
+        if tensor.name not in names:
+            kept.append(tensor)
+            continue
+        name = names[tensor.name]
+        elem = helper.np_dtype_to_tensor_dtype(np.dtype(fed[tensor.name]))
+        if name != tensor.name:
+            casts.append(helper.make_node("Cast", [name], [tensor.name], to=tensor.data_type))
+        if name not in given:
+            inputs.append(helper.make_tensor_value_info(name, elem, list(tensor.dims)))
+    # an old-style model lists initializers among its inputs too: a cast one is no input any more
+    kept_inputs = [v for v in model.graph.input if v.name not in names or names[v.name] == v.name]
+    del model.graph.input[:]
+    model.graph.input.extend([*kept_inputs, *inputs])
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    nodes = [*casts, *model.graph.node]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
 
 
 def _ort_session(model: str | bytes) -> Any:
@@ -281,7 +380,7 @@ def _check_values(name: str, values: np.ndarray, want: Any) -> None:
         )
 
 
-def graph_inputs(session: Any, data: Mapping[str, Any], what: str) -> dict[str, Any]:
+def graph_inputs(session: Any, data: Mapping[str, Any], what: str, skip: Iterable[str] = ()) -> dict[str, Any]:
     """The graph inputs of an onnxruntime `session` by name, once `data` names exactly them.
 
     Parameters
@@ -292,6 +391,8 @@ def graph_inputs(session: Any, data: Mapping[str, Any], what: str) -> dict[str, 
         Graph input name to samples.
     what : str
         What `data` is, for the message (``"the calibration data"``).
+    skip : iterable of str, optional
+        Graph inputs that are not data (weights the caller feeds).
 
     Returns
     -------
@@ -303,7 +404,8 @@ def graph_inputs(session: Any, data: Mapping[str, Any], what: str) -> dict[str, 
     ValueError
         If `data` lacks a graph input or has a name that is not one (the first named).
     """
-    inputs = {i.name: i for i in session.get_inputs()}
+    skip = set(skip)
+    inputs = {i.name: i for i in session.get_inputs() if i.name not in skip}
     missing = [n for n in inputs if n not in data]
     extra = [n for n in data if n not in inputs]
     if missing or extra:
@@ -312,13 +414,16 @@ def graph_inputs(session: Any, data: Mapping[str, Any], what: str) -> dict[str, 
     return inputs
 
 
-def _check_inputs(session: Any, calibration: Mapping[str, np.ndarray]) -> tuple[dict[str, Any], int]:
+def _check_inputs(
+    session: Any, calibration: Mapping[str, np.ndarray], fed: Iterable[str] = ()
+) -> tuple[dict[str, Any], int]:
     """Check the calibration arrays against the graph inputs: the dtype to cast each to, the sample count.
 
     Values must be finite and fit the float dtype the graph input takes: NaN or
-    infinity would make every norm they reach meaningless.
+    infinity would make every norm they reach meaningless. The inputs named in `fed`
+    (weights fed by the caller) are not calibration inputs.
     """
-    inputs = graph_inputs(session, calibration, "the calibration data")
+    inputs = graph_inputs(session, calibration, "the calibration data", skip=fed)
     casts = {}
     for name, info in inputs.items():
         want, have = _ORT_FLOATS.get(info.type), calibration[name].dtype

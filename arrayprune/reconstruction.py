@@ -28,7 +28,7 @@ from ._namespace import namespace, widest_float
 from .patterns import NMStructured, _check_nm
 from .selection import smallest_magnitude_keep
 
-__all__ = ["sparsegpt", "HessianAccumulator", "unfold_patches"]
+__all__ = ["sparsegpt", "HessianAccumulator", "unfold_patches", "check_sparsegpt_options"]
 
 Array = Any
 
@@ -150,12 +150,7 @@ def sparsegpt(
         raise ValueError(
             f"a weight of {weight.ndim} dimensions has its output axis first; reduction_axis=0 is not allowed"
         )
-    pattern = _check_pattern(amount, n, m)
-    block_size = _positive_int("block_size", block_size)
-    if pattern is not None and block_size % pattern[1]:
-        raise ValueError(f"block_size={block_size} must be a multiple of m={pattern[1]} for {pattern[0]}:{pattern[1]}")
-    if isinstance(damp, bool) or not isinstance(damp, numbers.Real) or not 0 <= float(damp) < math.inf:
-        raise ValueError(f"damp must be a finite non-negative number, got {damp!r}")
+    pattern, block_size = check_sparsegpt_options(amount, n, m, block_size, damp)
     if weight.ndim == 2:
         w = weight if axis == 1 else xp.permute_dims(weight, (1, 0))
     else:
@@ -219,6 +214,46 @@ def sparsegpt(
     if axis == 0:
         return xp.permute_dims(new, (1, 0)), xp.permute_dims(keep, (1, 0))
     return new, keep
+
+
+def check_sparsegpt_options(
+    amount: Any, n: Any, m: Any, block_size: Any, damp: Any, size: int | None = None
+) -> tuple[tuple[int, int] | None, int]:
+    """Check the options of :func:`sparsegpt` without a weight: the N:M pattern and block size.
+
+    Callers that compute Hessians first (from calibration data) check here, so that a bad
+    option is an error before anything is computed; :func:`sparsegpt` checks the same way.
+
+    Parameters
+    ----------
+    amount, n, m, block_size, damp
+        As for :func:`sparsegpt`.
+    size : int, optional
+        The number of entries of the weight, to check `amount` against (a count may not
+        exceed it).
+
+    Returns
+    -------
+    pattern : tuple of two ints, or None
+        ``(n, m)``, or None for an amount.
+    block_size : int
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`sparsegpt` raises them for these options.
+    """
+    pattern = _check_pattern(amount, n, m)
+    block_size = _positive_int("block_size", block_size)
+    if pattern is not None and block_size % pattern[1]:
+        raise ValueError(f"block_size={block_size} must be a multiple of m={pattern[1]} for {pattern[0]}:{pattern[1]}")
+    if isinstance(damp, bool) or not isinstance(damp, numbers.Real) or not 0 <= float(damp) < math.inf:
+        raise ValueError(f"damp must be a finite non-negative number, got {damp!r}")
+    if pattern is None:
+        _amount.validate_pruning_amount_init(amount)
+        if size is not None:
+            _amount.validate_pruning_amount(amount, size)
+    return pattern, block_size
 
 
 def _block_share(total: int, k: int, column: int) -> int:

@@ -81,7 +81,7 @@ from typing import Any
 
 from . import Role
 
-__all__ = ["Feed", "onnx_roles", "weight_feeds"]
+__all__ = ["Feed", "onnx_roles", "weight_feeds", "weight_levels"]
 
 # Operators that pass a tensor on with its axes intact, and the input they pass.
 _SAME_AXES = {"Cast": 0, "CastLike": 0, "Identity": 0, "QuantizeLinear": 0, "DequantizeLinear": 0}
@@ -256,6 +256,7 @@ class _Use:
     role: Role
     shape_only: bool = False
     site: tuple[Any, int, str] | None = None  # the operator reading it: (node, input index, graph)
+    chain: tuple[str, ...] = ()  # the operators passed between the initializer and the reader
 
 
 def _axes_of(
@@ -445,7 +446,8 @@ def _consume(onnx: ModuleType, g: _Graph, node: Any, i: int, track: _Track, seen
         return None if axis is None else track.axes[axis]
 
     why = _prefix(track) + role.why + where
-    return [_Use(Role(role.kind, back(role.output_axis), back(role.reduction_axis), why), site=(node, i, g.where))]
+    role = Role(role.kind, back(role.output_axis), back(role.reduction_axis), why)
+    return [_Use(role, site=(node, i, g.where), chain=track.chain)]
 
 
 def _join(whys: list[str]) -> str:
@@ -558,12 +560,20 @@ class Feed:
         (``Conv`` ``groups``); 1 otherwise.
     why : str
         The operator input, as in the weight's role.
+    chain : tuple of str
+        The operators between the initializer and the product (``("Transpose",)``, ...),
+        in order; empty when the product reads the initializer itself.
+    node : onnx.NodeProto or None
+        The operator that multiplies (for its attributes: a convolution's strides, pads,
+        dilations); not compared.
     """
 
     activation: str
     feature_axis: int
     groups: int
     why: str
+    chain: tuple[str, ...] = ()
+    node: Any = field(default=None, compare=False, repr=False)
 
 
 def _feed(onnx: ModuleType, use: _Use) -> Feed | str:
@@ -573,17 +583,17 @@ def _feed(onnx: ModuleType, use: _Use) -> Feed | str:
     if where:
         return f"{use.role.why}: inside a subgraph"
     if op in ("MatMul", "FusedMatMul") and i in (0, 1):
-        return Feed(node.input[1 - i], -1 if i == 1 else -2, 1, use.role.why)
+        return Feed(node.input[1 - i], -1 if i == 1 else -2, 1, use.role.why, use.chain, node)
     if op in _GEMMS and i in (0, 1):
         if i == 1:
             axis = 0 if int(_attr(onnx, node, "transA", 0)) else 1
         else:
             axis = 1 if int(_attr(onnx, node, "transB", 0)) else 0
-        return Feed(node.input[1 - i], axis, 1, use.role.why)
+        return Feed(node.input[1 - i], axis, 1, use.role.why, use.chain, node)
     if op in ("Conv", "FusedConv") and i == 1:
-        return Feed(node.input[0], 1, int(_attr(onnx, node, "group", 1)), use.role.why)
+        return Feed(node.input[0], 1, int(_attr(onnx, node, "group", 1)), use.role.why, use.chain, node)
     if op == "ConvTranspose" and i == 1:
-        return Feed(node.input[0], 1, 1, use.role.why)  # W [in, out/groups]: one norm per row
+        return Feed(node.input[0], 1, 1, use.role.why, use.chain, node)  # W [in, out/groups]: one norm per row
     return f"{use.role.why}: {op} reads integer or quantized inputs"
 
 
@@ -612,3 +622,81 @@ def weight_feeds(model: Any) -> dict[str, list[Feed] | str]:
         problems = [f for f in found if isinstance(f, str)]
         feeds[name] = problems[0] if problems else found
     return feeds
+
+
+def _read_by(onnx: ModuleType, node: Any) -> list[str]:
+    """The values of its graph a node reads: its inputs, and what its subgraphs read from outside."""
+    read = [x for x in node.input if x]
+    for attr in node.attribute:
+        subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else []
+        if attr.type == onnx.AttributeProto.GRAPHS:
+            subs = list(attr.graphs)
+        for sub in subs:
+            read.extend(sorted(_build(onnx, sub, "", None).free))
+    return read
+
+
+def weight_levels(model: Any, feeds: dict[str, list[Feed]]) -> list[list[str]]:
+    """Weights grouped by their depth in the data flow, for sequential calibration.
+
+    A weight depends on another when a value the other multiplies reaches one of the
+    activations it multiplies (through any operator, subgraphs included). Level 0 holds
+    the weights that depend on none, level ``l`` those whose deepest dependency is at
+    level ``l - 1``: the weights of one level have their inputs fixed once every earlier
+    level is done, so one calibration pass serves a whole level.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model (its nodes in topological order, as ONNX requires).
+    feeds : dict of str to list of Feed
+        The weights to order and their feeds (from :func:`weight_feeds`).
+
+    Returns
+    -------
+    list of list of str
+        The levels, first to last; in each, the weights in the order of the first node
+        that multiplies them.
+
+    Raises
+    ------
+    ValueError
+        If two weights depend on each other (a weight used both before and after
+        another): no order calibrates each on the other already pruned.
+    """
+    onnx = _onnx()
+    names = list(feeds)
+    reaches: dict[str, frozenset[str]] = {name: frozenset({name}) for name in names}
+    position: dict[str, int] = {}
+    for index, node in enumerate(model.graph.node):
+        found = frozenset().union(*(reaches.get(x, frozenset()) for x in _read_by(onnx, node)))
+        for out in node.output:
+            if out:
+                reaches[out] = found
+                position.setdefault(out, index)
+    depends = {
+        name: sorted(frozenset().union(*(reaches.get(f.activation, frozenset()) for f in feeds[name])) - {name})
+        for name in names
+    }
+    first = {
+        name: min((position.get(f.node.output[0], -1) for f in feeds[name] if f.node is not None), default=-1)
+        for name in names
+    }
+    level: dict[str, int] = {}
+
+    def depth(name: str, path: tuple[str, ...]) -> int:
+        if name in path:
+            raise ValueError(
+                f"weights {name!r} and {path[-1]!r} depend on each other (a weight used both before and after "
+                "another): calibrate them from the dense model (sequential=False)"
+            )
+        if name not in level:
+            level[name] = 1 + max((depth(d, (*path, name)) for d in depends[name]), default=-1)
+        return level[name]
+
+    for name in names:
+        depth(name, ())
+    levels: list[list[str]] = [[] for _ in range(1 + max(level.values(), default=-1))]
+    for name in sorted(names, key=lambda n: (first[n], names.index(n))):
+        levels[level[name]].append(name)
+    return levels
