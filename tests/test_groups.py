@@ -179,3 +179,23 @@ def test_bad_input_raises_before_anything_changes(call, error, match):
         call(data)
     for k in data:
         np.testing.assert_array_equal(data[k], before[k])
+
+
+def test_shrink_arrays_adapter_keeps_mapping_type_and_seeds_each_group(backend):
+    from collections import OrderedDict
+
+    from arrayprune.adapters.plan import stream_seed
+    from arrayprune.adapters.shrink import shrink_arrays
+
+    data = _ffn(seed=2)
+    data["w3"] = np.random.default_rng(4).standard_normal((4, 2)).astype(np.float32)
+    params = OrderedDict((k, backend.asarray(v)) for k, v in data.items())
+    g2 = ChannelGroup([("w2", 1), ("w3", 0)], 4, name="out")
+    out, kept = shrink_arrays(params, [GROUP, g2], 0.5, "random_structured", seed=5)
+    assert type(out) is OrderedDict and out["other"] is params["other"]
+    for g, k in zip((GROUP, g2), kept, strict=True):
+        drawn = to_numpy(ap.rng.uniform_like(params["w1"], (g.channels,), seed=stream_seed(5, g.name)))
+        expect = np.sort(np.argsort(drawn, kind="stable")[g.channels // 2 :])
+        np.testing.assert_array_equal(to_numpy(k), expect)
+    out, kept = shrink_arrays(params, [GROUP], 0.5)
+    np.testing.assert_array_equal(to_numpy(kept[0]), _reference_keep(data, 4))
