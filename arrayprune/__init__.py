@@ -16,6 +16,7 @@ from .amount import (
 )
 from .functional import mask_for
 from .global_pruning import global_unstructured, lamp_scores
+from .groups import ChannelGroup
 from .methods import (
     AmountPruningMethod,
     BasePruningMethod,
@@ -60,6 +61,7 @@ __all__ = [
     *_METHOD_EXPORTS,
     "global_unstructured",
     "lamp_scores",
+    "ChannelGroup",
     "wanda_scores",
     "sparsegpt",
     "HessianAccumulator",

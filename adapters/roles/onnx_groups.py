@@ -1,0 +1,466 @@
+"""Coupled channel groups of an ONNX model, read from its graph.
+
+A layer's output channels can only go if every tensor that holds them loses the same
+indices: the layer's weight and bias, per-channel constants applied on the way, norm
+statistics, and the input channels of the next layer. :func:`onnx_groups` starts at
+every layer (a *producer*) and follows its output forward; it either closes a
+:class:`~arrayprune.groups.ChannelGroup` or leaves the producer's channels, saying why.
+
+Producers
+---------
+``MatMul`` with an initializer B ``[K, N]`` (axis 1), ``Gemm`` with an initializer B
+(axis 1, or 0 with ``transB=1``; its C when it is ``[N]`` or ``[1, N]``), ``Conv`` with
+an initializer W ``[out, in, k...]`` and ``group=1`` (axis 0; its B). The weight must be a
+``weight`` of :func:`~arrayprune.adapters.roles.onnx_graph.onnx_roles` with that output
+axis, read by this operator input only, stored directly (not behind a Transpose or
+DequantizeLinear).
+
+Followed
+--------
+* element-wise operators of one activation: ``Relu``, ``LeakyRelu``, ``Gelu``, ``Sigmoid``,
+  ``HardSigmoid``, ``HardSwish``, ``Tanh``, ``Erf``, ``Elu``, ``Selu``, ``Celu``,
+  ``Softplus``, ``Softsign``, ``Mish``, ``Neg``, ``Abs``, ``Sqrt``, ``Exp``, ``Cast``,
+  ``Identity``, ``Dropout`` (its mask unused), ``Clip`` (constant bounds);
+* ``Add``, ``Sub``, ``Mul``, ``Div`` whose other inputs are constants (an initializer or a
+  ``Constant``): a scalar or broadcast constant is not touched, a per-channel one (length
+  C along the channel axis, as broadcasting aligns it) is a member, scaled down with
+  the rest; or whose other inputs are themselves in the group (the ``x * 0.5 *
+  (1 + erf(x / sqrt(2)))`` chain of an exported GELU, ``x * sigmoid(x)``);
+* ``BatchNormalization`` on the channel axis 1: scale, B, mean and var are members;
+* a depthwise ``Conv`` (``group`` equal to the channels, W ``[C, 1, k...]``): its W axis 0
+  and B are members, its ``group`` attribute follows the channel count, and the group
+  goes on through its output.
+
+Closed by
+---------
+``MatMul`` A (the activation's last axis; B ``[K, N]`` axis 0 is a member), ``Gemm`` A
+with ``transA=0`` (B axis 0, or 1 with ``transB=1``), ``Conv`` X with ``group=1`` (W axis 1).
+
+Left
+----
+Everything else leaves the producer's channels as they are, with the reason: a
+residual ``Add`` (or any element-wise operator) of an activation from outside the group,
+``Concat``, ``Reshape``, ``Transpose``, ``Flatten``, a norm over the channels, ``Shape``,
+a graph output, a grouped (not depthwise) ``Conv``, a depthwise ``Conv`` with a channel
+multiplier, a value read inside a subgraph, a member initializer read elsewhere too,
+a per-channel constant that is a ``Constant`` node, an axis that cannot be known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from arrayprune.groups import ChannelGroup, Member
+
+from .onnx_graph import _attr, _build, _node_label, _onnx, onnx_roles
+
+__all__ = ["OnnxGroup", "LeftGroup", "OnnxGroups", "onnx_groups"]
+
+_UNARY = {
+    "Relu", "LeakyRelu", "Gelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Elu", "Selu", "Celu",
+    "Softplus", "Softsign", "Mish", "Neg", "Abs", "Sqrt", "Exp", "Cast", "Identity", "Dropout", "Clip",
+}  # fmt: skip
+_BINARY = {"Add", "Sub", "Mul", "Div"}
+
+
+@dataclass(frozen=True)
+class OnnxGroup:
+    """A channel group of an ONNX model.
+
+    Attributes
+    ----------
+    group : ChannelGroup
+        The members (initializer names and axes; weights score, biases, per-channel
+        constants and norm statistics do not) and the channel count. Its name is the
+        producer's output value.
+    producer : str
+        The producing operator (``"MatMul '/0/l1/MatMul'"``).
+    consumers : tuple of str
+        The operators whose input channels close the group.
+    values : tuple of (str, int)
+        The activations holding the channels, with their channel axis (negative:
+        counted from the end), for shape updates.
+    depthwise : tuple of int
+        Indices (in ``graph.node``) of depthwise convolutions whose ``group`` attribute
+        is the channel count.
+    """
+
+    group: ChannelGroup
+    producer: str
+    consumers: tuple[str, ...]
+    values: tuple[tuple[str, int], ...]
+    depthwise: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class LeftGroup:
+    """A producer whose channels stay, and why.
+
+    Attributes
+    ----------
+    name : str
+        The producer's output value.
+    producer : str
+        The producing operator.
+    weight : str
+        The producer's weight initializer.
+    channels : int
+        Its output channels.
+    reason : str
+        Why they stay (``"residual Add: Add '/0/Add' also reads 'x'"``).
+    """
+
+    name: str
+    producer: str
+    weight: str
+    channels: int
+    reason: str
+
+
+@dataclass
+class OnnxGroups:
+    """The groups of a model and the producers left.
+
+    Attributes
+    ----------
+    groups : list of OnnxGroup
+        In graph order of their producers.
+    left : list of LeftGroup
+        In graph order.
+    """
+
+    groups: list[OnnxGroup] = field(default_factory=list)
+    left: list[LeftGroup] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """Lines for people: each group with its members, each left producer with its reason."""
+        lines = []
+        for g in self.groups:
+            members = ", ".join(f"{m.key}[{m.axis}]" + ("" if m.weight else "*") for m in g.group.members)
+            lines.append(f"group {g.group.name} ({g.group.channels} channels, {g.producer}): {members}")
+        for lf in self.left:
+            lines.append(f"left {lf.name} ({lf.channels} channels, {lf.producer}): {lf.reason}")
+        return "\n".join(lines)
+
+
+class _Left(Exception):
+    """A trace that stops: the reason."""
+
+
+class _Model:
+    """What the search needs of the main graph."""
+
+    def __init__(self, onnx: Any, model: Any):
+        self.onnx = onnx
+        g = model.graph
+        self.nodes = list(g.node)
+        self.index = {id(n): i for i, n in enumerate(self.nodes)}
+        self.inits = {t.name: t for t in g.initializer}
+        self.constants = {n.output[0]: n for n in self.nodes if n.op_type == "Constant" and n.output}
+        self.outputs = {v.name for v in g.output}
+        main = _build(onnx, g, "", None)
+        self.consumers = main.consumers
+        self.in_subgraph: set[str] = set()
+        for sub in main.subgraphs:
+            self.in_subgraph |= sub.free
+        self.roles = onnx_roles(model)
+        self.ranks: dict[str, int] = {}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model).graph
+        except Exception:  # noqa: BLE001 - no ranks from inference: rank checks then leave
+            inferred = g
+        for v in [*inferred.value_info, *inferred.input, *inferred.output]:
+            t = v.type.tensor_type
+            if t.HasField("shape"):
+                self.ranks[v.name] = len(t.shape.dim)
+
+    def uses(self, name: str) -> int:
+        n = len(self.consumers.get(name, ())) + (name in self.outputs) + (name in self.in_subgraph)
+        return n
+
+    def label(self, node: Any) -> str:
+        return _node_label(node)
+
+    def dims(self, name: str) -> tuple[int, ...] | None:
+        """Shape of an initializer or ``Constant`` value, None for an activation."""
+        if name in self.inits:
+            return tuple(int(d) for d in self.inits[name].dims)
+        node = self.constants.get(name)
+        if node is not None:
+            for a in node.attribute:
+                if a.name == "value":
+                    return tuple(int(d) for d in a.t.dims)
+                if a.name in ("value_float", "value_int"):
+                    return ()
+                if a.name in ("value_floats", "value_ints"):
+                    return (len(a.floats) or len(a.ints),)
+        return None
+
+    def own(self, name: str, what: str) -> None:
+        """Raise unless initializer `name` is read once, by the operator at hand."""
+        if name not in self.inits:
+            raise _Left(f"{what} {name!r} is not an initializer")
+        if self.uses(name) != 1:
+            raise _Left(f"{what} {name!r} is also read elsewhere")
+
+
+def _producer(m: _Model, node: Any) -> tuple[str, int, list[Member], int] | None | str:
+    """(weight, channels, members, channel axis of the output) of a producer, None if the
+    node is no producer, or a reason if it is one whose channels cannot go."""
+    op, ins = node.op_type, list(node.input)
+    if op == "MatMul" and len(ins) == 2 and ins[1] in m.inits and ins[0] not in m.inits:
+        w, axis = ins[1], 1
+        dims = m.dims(w)
+        if len(dims) != 2:
+            return None
+        members = [Member(w, 1)]
+        out_axis = -1
+    elif op == "Gemm" and len(ins) >= 2 and ins[1] in m.inits and ins[0] not in m.inits:
+        w = ins[1]
+        dims = m.dims(w)
+        axis = 0 if int(_attr(m.onnx, node, "transB", 0)) else 1
+        members = [Member(w, axis)]
+        out_axis = -1
+        if len(ins) > 2 and ins[2]:
+            c = m.dims(ins[2])
+            if c is None or ins[2] not in m.inits:
+                return (w, dims[axis], "Gemm C is not an initializer")
+            if c in ((dims[axis],), (1, dims[axis])):
+                members.append(Member(ins[2], len(c) - 1, False))
+            elif c and c[-1] != 1:
+                return (w, dims[axis], f"Gemm C of shape {list(c)}")
+    elif op == "Conv" and len(ins) >= 2 and ins[1] in m.inits:
+        w = ins[1]
+        dims = m.dims(w)
+        groups = int(_attr(m.onnx, node, "group", 1))
+        if groups != 1:
+            if dims[1] == 1 and dims[0] == groups:
+                return None  # depthwise: its channels are its input's
+            return (w, dims[0], f"grouped Conv (group={groups})")
+        axis = 0
+        members = [Member(w, 0)]
+        out_axis = 1 - len(dims)
+        if len(ins) > 2 and ins[2]:
+            members.append(Member(ins[2], 0, False))
+    else:
+        return None
+    channels = dims[axis]
+    role = m.roles.get(w)
+    if role is None or role.kind != "weight" or role.output_axis != axis:
+        why = role.why if role is not None else "no role"
+        return (w, channels, f"weight {w!r} is not a plain {op} weight here ({why})")
+    try:
+        for mem in members:
+            m.own(mem.key, "weight" if mem.weight else "bias")
+    except _Left as exc:
+        return (w, channels, str(exc))
+    return (w, channels, members, out_axis)
+
+
+def _trace(m: _Model, start: str, axis: int, channels: int, members: list[Member]) -> tuple[list[str], dict, list]:
+    """Follow `start` forward; return (consumers, values -> axis, depthwise node indices)."""
+    values = {start: axis}
+    queue = [start]
+    done: set[int] = set()
+    pending: dict[int, Any] = {}
+    consumers: list[str] = []
+    depthwise: list[int] = []
+
+    def add_value(name: str, ax: int) -> None:
+        if name in values:
+            if values[name] != ax:
+                raise _Left(f"{name!r} holds the channels on two axes")
+            return
+        values[name] = ax
+        queue.append(name)
+
+    def rank(name: str) -> int:
+        r = m.ranks.get(name)
+        if r is None:
+            raise _Left(f"the rank of {name!r} is unknown")
+        return r
+
+    def constant_member(name: str, ax: int, node: Any) -> None:
+        dims = m.dims(name)
+        p = len(dims) + ax
+        if p < 0 or dims[p] == 1:
+            return  # broadcast over the channels: untouched
+        if dims[p] != channels:
+            raise _Left(f"{m.label(node)} constant {name!r} of shape {list(dims)} does not fit {channels} channels")
+        if name not in m.inits:
+            raise _Left(f"per-channel constant {name!r} of {m.label(node)} is a Constant node")
+        m.own(name, "per-channel constant")
+        members.append(Member(name, p, False))
+
+    def binary(node: Any) -> bool:
+        """Take an element-wise node whose inputs are all constants or group values."""
+        acts = [x for x in node.input if m.dims(x) is None]
+        if any(x not in values for x in acts):
+            return False
+        axes = {values[x] for x in acts}
+        if len(axes) != 1:
+            raise _Left(f"{m.label(node)} combines the channels on different axes")
+        ax = axes.pop()
+        for x in node.input:
+            if x not in values:
+                constant_member(x, ax, node)
+        add_value(node.output[0], ax)
+        return True
+
+    def step(node: Any, i: int, name: str, ax: int) -> None:
+        op = node.op_type
+        idx = m.index[id(node)]
+        if op in _UNARY and i == 0:
+            if idx in done:
+                return
+            done.add(idx)
+            if op == "Dropout" and len(node.output) > 1 and node.output[1] and m.uses(node.output[1]):
+                raise _Left(f"the mask of {m.label(node)} is read")
+            if op == "Clip":
+                for x in node.input[1:]:
+                    if x and m.dims(x) not in ((), (1,)):
+                        raise _Left(f"{m.label(node)} bound {x!r} is not a scalar constant")
+            add_value(node.output[0], ax)
+        elif op in _BINARY:
+            if idx in done or idx in pending:
+                return
+            if not binary(node):
+                pending[idx] = node
+            else:
+                done.add(idx)
+        elif op == "BatchNormalization" and i == 0:
+            if ax != 1 - rank(name):
+                raise _Left(f"{m.label(node)} normalizes axis 1, not the channel axis")
+            for x in node.input[1:5]:
+                m.own(x, "BatchNormalization input")
+                members.append(Member(x, 0, False))
+            if any(o and m.uses(o) for o in node.output[1:]):
+                raise _Left(f"the running statistics of {m.label(node)} are read")
+            done.add(idx)
+            add_value(node.output[0], ax)
+        elif op == "MatMul" and i == 0:
+            w = node.input[1]
+            if ax != -1:
+                raise _Left(f"{m.label(node)} reduces the last axis, not the channel axis")
+            dims = m.dims(w)
+            if dims is None or len(dims) != 2 or dims[0] != channels:
+                raise _Left(f"{m.label(node)} B {w!r} is not a [K, N] initializer with K = {channels}")
+            m.own(w, "weight")
+            members.append(Member(w, 0))
+            consumers.append(m.label(node))
+        elif op == "Gemm" and i == 0:
+            w = node.input[1]
+            if int(_attr(m.onnx, node, "transA", 0)) or ax != -1:
+                raise _Left(f"{m.label(node)} with transA=1")
+            dims = m.dims(w)
+            k_axis = 1 if int(_attr(m.onnx, node, "transB", 0)) else 0
+            if dims is None or len(dims) != 2 or dims[k_axis] != channels:
+                raise _Left(f"{m.label(node)} B {w!r} is not an initializer with {channels} input features")
+            m.own(w, "weight")
+            members.append(Member(w, k_axis))
+            consumers.append(m.label(node))
+        elif op == "Conv" and i == 0:
+            w = node.input[1]
+            dims = m.dims(w)
+            if dims is None:
+                raise _Left(f"{m.label(node)} W {w!r} is not an initializer")
+            if ax != 1 - len(dims):
+                raise _Left(f"{m.label(node)} reads channels on axis 1, not the channel axis")
+            groups = int(_attr(m.onnx, node, "group", 1))
+            if groups == 1:
+                if dims[1] != channels:
+                    raise _Left(f"{m.label(node)} W {w!r} has {dims[1]} input channels, not {channels}")
+                m.own(w, "weight")
+                members.append(Member(w, 1))
+                consumers.append(m.label(node))
+            elif groups == channels and dims[1] == 1 and dims[0] == channels:
+                m.own(w, "depthwise weight")
+                members.append(Member(w, 0))
+                if len(node.input) > 2 and node.input[2]:
+                    m.own(node.input[2], "bias")
+                    members.append(Member(node.input[2], 0, False))
+                depthwise.append(idx)
+                add_value(node.output[0], ax)
+            elif groups == channels and dims[1] == 1:
+                raise _Left(f"depthwise {m.label(node)} with a channel multiplier of {dims[0] // channels}")
+            else:
+                raise _Left(f"grouped {m.label(node)} (group={groups})")
+        elif op in ("Shape", "Size"):
+            raise _Left(f"its shape is read ({m.label(node)})")
+        else:
+            raise _Left(f"{m.label(node)} reads {name!r}")
+
+    while queue or pending:
+        while queue:
+            name = queue.pop(0)
+            ax = values[name]
+            if name in m.outputs:
+                raise _Left(f"{name!r} is a graph output")
+            if name in m.in_subgraph:
+                raise _Left(f"{name!r} is read inside a subgraph")
+            uses = m.consumers.get(name, ())
+            if not uses:
+                raise _Left(f"{name!r} is not used")
+            for node, i in uses:
+                step(node, i, name, ax)
+        progress = False
+        for idx, node in list(pending.items()):
+            if binary(node):
+                del pending[idx]
+                done.add(idx)
+                progress = True
+        if not progress and pending:
+            node = next(iter(pending.values()))
+            other = [x for x in node.input if m.dims(x) is None and x not in values]
+            if node.op_type == "Add":
+                raise _Left(f"residual Add: {m.label(node)} also reads {other[0]!r}")
+            raise _Left(f"{m.label(node)} also reads {other[0]!r}, from outside the group")
+    if not consumers:
+        raise _Left("no layer reads the channels")
+    return consumers, values, depthwise
+
+
+def onnx_groups(model: Any) -> OnnxGroups:
+    """The channel groups of an ONNX model, and the producers whose channels stay.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model (only the main graph's layers are producers; see the module's notes).
+
+    Returns
+    -------
+    OnnxGroups
+        ``groups`` (each with its :class:`~arrayprune.groups.ChannelGroup`) and
+        ``left`` (each with its reason), in graph order of the producers.
+
+    Raises
+    ------
+    ImportError
+        If the ``onnx`` package is missing.
+    TypeError
+        If `model` is not an ``onnx.ModelProto``.
+    """
+    onnx = _onnx()
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"expected an onnx.ModelProto, got {type(model).__name__}")
+    m = _Model(onnx, model)
+    out = OnnxGroups()
+    for node in m.nodes:
+        found = _producer(m, node)
+        if found is None:
+            continue
+        name = node.output[0]
+        if isinstance(found[2], str):
+            out.left.append(LeftGroup(name, m.label(node), found[0], found[1], found[2]))
+            continue
+        w, channels, members, axis = found
+        try:
+            consumers, values, depthwise = _trace(m, name, axis, channels, members)
+        except _Left as exc:
+            out.left.append(LeftGroup(name, m.label(node), w, channels, str(exc)))
+            continue
+        group = ChannelGroup(members, channels, name=name)
+        out.groups.append(OnnxGroup(group, m.label(node), tuple(consumers), tuple(values.items()), tuple(depthwise)))
+    return out

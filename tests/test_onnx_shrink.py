@@ -1,0 +1,256 @@
+"""Shrinking ONNX models: groups read from torch.onnx exports, outputs checked with onnxruntime.
+
+Each model is shrunk, checked (``full_check=True``), run, and compared with the dense
+model in which the dropped channels are zeroed where the closing layers read them (the
+input channels of the consumers): the same function. Initializers outside the groups
+must be bit-identical, members equal the original sliced with the kept indices.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+torch = pytest.importorskip("torch")
+
+from onnx import numpy_helper  # noqa: E402
+
+from arrayprune.adapters.roles.onnx_groups import onnx_groups  # noqa: E402
+from arrayprune.adapters.shrink import shrink_onnx  # noqa: E402
+
+
+def export(module: torch.nn.Module, x: torch.Tensor, dynamo: bool = False, opset: int | None = None) -> onnx.ModelProto:
+    torch.manual_seed(0)
+    module.eval()
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module, (x,), f, dynamo=dynamo, input_names=["x"], output_names=["y"], opset_version=opset
+        )
+    return onnx.load_from_string(f.getvalue())
+
+
+def run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+def consumer_members(model: onnx.ModelProto) -> set[tuple[str, int]]:
+    """(initializer, axis) pairs read as input channels by a layer: MatMul B axis 0,
+    Gemm B axis 0 (1 with transB), Conv W axis 1 with group=1."""
+    out = set()
+    for n in model.graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        if n.op_type == "MatMul":
+            out.add((n.input[1], 0))
+        elif n.op_type == "Gemm":
+            out.add((n.input[1], 1 if attrs.get("transB", 0) else 0))
+        elif n.op_type == "Conv" and attrs.get("group", 1) == 1:
+            out.add((n.input[1], 1))
+    return out
+
+
+def check(model: onnx.ModelProto, x: np.ndarray, amount, expected_drop: int, **kw):
+    """Shrink, and check function, untouched tensors, members and parameter counts."""
+    before = model.SerializeToString()
+    small, report = shrink_onnx(model, amount, **kw)
+    assert model.SerializeToString() == before  # the input is not modified
+    onnx.checker.check_model(small, full_check=True)
+    onnx.shape_inference.infer_shapes(small, check_type=True, strict_mode=True)
+
+    dense = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    consumers = consumer_members(model)
+    zeroed = onnx.ModelProto()
+    zeroed.CopyFrom(model)
+    zero = {}
+    slices: dict[str, np.ndarray] = {}
+    for g in report.groups.groups:
+        kept = np.array(report.kept[g.group.name])
+        dropped = np.setdiff1d(np.arange(g.group.channels), kept)
+        drop = amount if isinstance(amount, int) else round(amount * g.group.channels)
+        assert kept.size == g.group.channels - drop
+        for m in g.group.members:
+            slices[m.key] = np.take(slices.get(m.key, dense[m.key]), kept, axis=m.axis)
+            if (m.key, m.axis) in consumers:
+                a = zero.get(m.key, dense[m.key].copy())
+                idx = [slice(None)] * a.ndim
+                idx[m.axis] = dropped
+                a[tuple(idx)] = 0
+                zero[m.key] = a
+    assert zero, "no consumer found"
+    for t in zeroed.graph.initializer:
+        if t.name in zero:
+            t.CopyFrom(numpy_helper.from_array(zero[t.name], t.name))
+
+    new = {t.name: t for t in small.graph.initializer}
+    assert list(new) == [t.name for t in model.graph.initializer]
+    for t in model.graph.initializer:
+        if t.name in slices:
+            got = numpy_helper.to_array(new[t.name])
+            assert got.dtype == slices[t.name].dtype
+            np.testing.assert_array_equal(got, slices[t.name])
+        else:
+            assert new[t.name].SerializeToString() == t.SerializeToString()
+    assert [n.op_type for n in small.graph.node] == [n.op_type for n in model.graph.node]
+
+    y_small, y_zero, y_dense = run(small, x), run(zeroed, x), run(model, x)
+    np.testing.assert_allclose(y_small, y_zero, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(y_small, y_dense, atol=1e-4)  # channels really went
+    n_before = sum(a.size for a in dense.values())
+    assert report.params_before == n_before
+    assert report.params_before - report.params_after == expected_drop
+    assert sum(numpy_helper.to_array(t).size for t in small.graph.initializer) == report.params_after
+    return small, report
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d: int = 16, h: int = 64):
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(d, h), torch.nn.Linear(h, d)
+
+    def forward(self, x):
+        return x + self.l2(torch.relu(self.l1(x)))
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_residual_ffn_stack(dynamo):
+    torch.manual_seed(0)
+    model = export(torch.nn.Sequential(Block(), Block()), torch.randn(2, 5, 16), dynamo=dynamo)
+    found = onnx_groups(model)
+    assert [g.group.channels for g in found.groups] == [64, 64]
+    assert [m.weight for m in found.groups[0].group.members] == [True, False, True]
+    assert len(found.left) == 2
+    assert all(lf.reason.startswith("residual Add") and lf.channels == 16 for lf in found.left)
+    x = np.random.default_rng(0).standard_normal((2, 5, 16)).astype(np.float32)
+    # each block loses 32 hidden channels: 16 (W1 column) + 1 (bias) + 16 (W2 row)
+    small, report = check(model, x, 0.5, expected_drop=2 * 32 * 33)
+    # kept channels = the 32 of largest L2 norm over W1 columns and W2 rows together
+    init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    g = found.groups[0].group
+    w1, w2 = init[g.members[0].key], init[g.members[2].key]
+    norms = np.linalg.norm(np.concatenate([w1.T, w2], axis=1).astype(np.float64), axis=1)
+    np.testing.assert_array_equal(report.kept[g.name], np.sort(np.argsort(norms, kind="stable")[32:]))
+    assert run(small, x).shape == (2, 5, 16)
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 4, 3)
+        self.scale = torch.nn.Parameter(torch.rand(1, 8, 1, 1) + 0.5)
+
+    def forward(self, x):
+        return self.c2(torch.relu(self.c1(x)) * self.scale)
+
+
+def test_conv_relu_conv_with_per_channel_constant():
+    model = export(ConvNet(), torch.randn(2, 3, 9, 9))
+    found = onnx_groups(model)
+    (g,) = found.groups
+    assert [(m.axis, m.weight) for m in g.group.members] == [(0, True), (0, False), (1, False), (1, True)]
+    assert [lf.reason for lf in found.left] == ["'y' is a graph output"]
+    x = np.random.default_rng(1).standard_normal((2, 3, 9, 9)).astype(np.float32)
+    # 3 of 8 channels: c1 W 27 + bias 1 + scale 1 + c2 W 4*9 = 65 each
+    check(model, x, 3, expected_drop=3 * 65)
+
+
+class DepthwiseNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.dw = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.c2 = torch.nn.Conv2d(8, 6, 1)
+        self.grouped = torch.nn.Conv2d(6, 6, 3, groups=2)
+
+    def forward(self, x):
+        h = self.bn(torch.relu(self.c1(x)))
+        return self.grouped(self.c2(torch.relu(self.dw(h))))
+
+
+def test_depthwise_and_grouped_conv():
+    net = DepthwiseNet()
+    with torch.no_grad():
+        net.bn.running_mean.uniform_(-1, 1)
+        net.bn.running_var.uniform_(0.5, 2)
+        net.bn.weight.uniform_(0.5, 2)
+    model = export(net, torch.randn(2, 3, 8, 8))
+    found = onnx_groups(model)
+    (g,) = found.groups
+    # c1 W, c1 B, BN scale/B/mean/var, depthwise W axis 0 (scores), its B, c2 W axis 1
+    assert [(m.axis, m.weight) for m in g.group.members] == [
+        (0, True), (0, False), (0, False), (0, False), (0, False), (0, False), (0, True), (0, False), (1, True)
+    ]  # fmt: skip
+    reasons = [lf.reason for lf in found.left]
+    assert reasons == ["grouped Conv '/grouped/Conv' (group=2)", "grouped Conv (group=2)"]
+    x = np.random.default_rng(2).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    # 4 of 8: c1 W 3 + B 1 + BN 4 + dw W 9 + dw B 1 + c2 W 6 = 24 each
+    small, report = check(model, x, 0.5, expected_drop=4 * 24)
+    (dw,) = [n for n in small.graph.node if n.op_type == "Conv" and n.input[1] == g.group.members[6].key]
+    assert {a.name: a.i for a in dw.attribute}["group"] == 4
+
+
+class ConcatNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2, self.w3 = torch.nn.Linear(8, 12), torch.nn.Linear(12, 6), torch.nn.Linear(8, 5)
+        self.w4 = torch.nn.Linear(11, 3)
+
+    def forward(self, x):
+        a = self.w2(torch.nn.functional.gelu(self.w1(x)))
+        return self.w4(torch.cat([a, self.w3(x)], dim=-1))
+
+
+@pytest.mark.parametrize("opset", [17, 20])
+def test_concat_channels_are_left_and_gelu_chain_is_followed(opset):
+    model = export(ConcatNet(), torch.randn(4, 8), opset=opset)
+    ops = [n.op_type for n in model.graph.node]
+    found = onnx_groups(model)
+    (g,) = found.groups
+    assert g.group.channels == 12
+    if opset == 17:  # GELU exported as x * 0.5 * (1 + erf(x / sqrt(2))): Div, Erf, Add, Mul, Mul
+        assert "Erf" in ops and "Gelu" not in ops
+        assert len(g.values) == 6
+    else:
+        assert "Gelu" in ops
+    left = {lf.channels: lf.reason for lf in found.left}
+    assert set(left) == {6, 5, 3}
+    assert "Concat" in left[6] and "Concat" in left[5]
+    assert left[3] == "'y' is a graph output"
+    x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
+    # round(0.25 * 12) = 3 channels: w1 row 8 + bias 1 + w2 column 6 = 15 each
+    check(model, x, 0.25, expected_drop=3 * 15)
+
+
+def test_random_structured_seeded_per_group():
+    model = export(torch.nn.Sequential(Block(), Block()), torch.randn(2, 5, 16))
+    x = np.random.default_rng(0).standard_normal((2, 5, 16)).astype(np.float32)
+    _, r1 = check(model, x, 0.5, expected_drop=2 * 32 * 33, method="random_structured", seed=4)
+    _, r2 = shrink_onnx(model, 0.5, "random_structured", seed=4)
+    assert r1.kept == r2.kept
+    a, b = r1.kept.values()
+    assert a != b  # each group draws from its own stream
+
+
+def test_bad_input():
+    model = export(torch.nn.Sequential(Block()), torch.randn(2, 16))
+    before = model.SerializeToString()
+    with pytest.raises(ValueError, match="every channel"):
+        shrink_onnx(model, 1.0)
+    with pytest.raises(ValueError, match="amount"):
+        shrink_onnx(model, 1.5)
+    with pytest.raises(ValueError, match="smaller than"):
+        shrink_onnx(model, 65)
+    with pytest.raises(TypeError, match="whole channels"):
+        shrink_onnx(model, 0.5, "l1_unstructured")
+    with pytest.raises(ValueError, match="unknown method"):
+        shrink_onnx(model, 0.5, "nope")
+    with pytest.raises(TypeError, match="ModelProto"):
+        shrink_onnx(model.SerializeToString(), 0.5)
+    assert model.SerializeToString() == before
