@@ -767,7 +767,7 @@ def prune_file(src: Any, dst: Any = None, *, hooks: Hooks = Hooks(), **options: 
     >>> plan = prune_file("examples/mlp.onnx", dry_run=True, amount=0.5, global_=True).plan  # doctest: +SKIP
     >>> result = prune_file("examples/mlp.onnx", "mlp-pruned.onnx", amount=0.5, global_=True)  # doctest: +SKIP
     >>> result.written.pruned.zeros, result.written.pruned.size  # doctest: +SKIP
-    (40192, 80384)
+    (42240, 84480)
     >>> prune_file("model.onnx", "model-24.onnx", method="nm_structured", nm=(2, 4))  # doctest: +SKIP
     >>> prune_file("Llama-3-8B", "Llama-3-8B-50", amount=0.5, global_=True)  # doctest: +SKIP
     """
