@@ -50,6 +50,7 @@ import sys
 from collections.abc import Sequence
 
 from arrayprune.adapters import formats as fmt
+from arrayprune.adapters.request import PruneError
 
 from .errors import CliError, _error
 from .options import build_parser
@@ -83,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "prune":
                 return run_prune(args)
             return run_report(args)
-    except CliError as exc:
+    except PruneError as exc:  # CliError too
         _error(str(exc))
     except fmt.FormatError as exc:
         _error(str(exc))

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-import os
 import sys
-from typing import Any
+
+from arrayprune.adapters.request import PruneError
 
 __all__ = ["PROG", "CliError"]
 
@@ -13,8 +12,9 @@ __all__ = ["PROG", "CliError"]
 PROG = "arrayprune"
 
 
-class CliError(Exception):
-    """An error reported as one line, ``arrayprune: error: [file: ]problem``.
+class CliError(PruneError):
+    """An error of the command line itself (its arguments), reported as one line,
+    ``arrayprune: error: [file: ]problem``; the pipeline's are :class:`PruneError`.
 
     Parameters
     ----------
@@ -23,25 +23,6 @@ class CliError(Exception):
     file : str, optional
         The file concerned.
     """
-
-    def __init__(self, problem: str, file: Any = None):
-        self.file = None if file is None else os.fspath(file)
-        self.problem = problem
-        super().__init__(f"{self.file}: {problem}" if self.file else problem)
-
-
-def _message(exc: BaseException) -> str:
-    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-    return " ".join(str(text).split())
-
-
-def _optional(module: str, extra: str, what: str) -> Any:
-    """Import an optional dependency, or a one-line error naming the extra that installs it."""
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise CliError(f'{what} needs the {module!r} package: pip install "arrayprune[{extra}]"') from None
 
 
 def _warn(message: str, kind: str = "warning") -> None:

@@ -1,100 +1,32 @@
-"""The options of ``arrayprune``: the parser, the types of values, and which option applies to which method."""
+"""The options of ``arrayprune``: the parser and the types of values.
+
+Which option applies to which method is the request's business
+(:class:`arrayprune.adapters.request.PruneSpec`): every ``prune`` flag fills the field of
+the same name.
+"""
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import re
 from typing import Any, NoReturn
 
 import arrayprune
 from arrayprune.adapters.calibration import BATCH_SIZE
+from arrayprune.adapters.request import (
+    METHODS,
+    PARAMETER_FLAGS,
+    SCORED_METHODS,
+    method_arguments,
+    method_flags,
+    methods_with,
+)
 from arrayprune.adapters.verify import DEFAULT_TOL
-from arrayprune.registry import constructor_parameters
 
 from .errors import PROG, CliError
 
 __all__ = ["METHODS", "PARAMETER_FLAGS", "DEFAULT_VERIFY_TOL", "build_parser", "method_arguments", "method_flags"]
-
-
-#: The command line's name for each constructor parameter it can set. A method with
-#: both ``n`` and ``m`` (an N:M pattern) takes them together as ``--nm N:M``.
-PARAMETER_FLAGS = {"amount": "--amount", "dim": "--dim", "n": "--n", "block_shape": "--block", "seed": "--seed"}
-
-#: Values of required constructor parameters that the command line fills in.
-_REQUIRED_DEFAULTS = {"n": 2, "block_shape": (1, 4)}
-
-
-def method_flags(name: str) -> dict[str, str]:
-    """The flags of method `name` of :data:`arrayprune.METHODS`: constructor parameter -> flag.
-
-    Parameters the command line cannot give (a mask, a generator) are left out.
-    """
-    params = [p.name for p in constructor_parameters(arrayprune.METHODS[name])]
-    flags = {p: PARAMETER_FLAGS[p] for p in params if p in PARAMETER_FLAGS}
-    if {"n", "m"} <= set(params):
-        flags.update(n="--nm", m="--nm")
-    return flags
-
-
-def _runnable(name: str) -> bool:
-    """Whether the command line can give every required parameter of method `name`."""
-    flags = method_flags(name)
-    return all(
-        p.name in flags or p.default is not inspect.Parameter.empty
-        for p in constructor_parameters(arrayprune.METHODS[name])
-    )
-
-
-#: The ``--method`` choices: the methods of the table that prune something the command
-#: line can describe (``identity`` has nothing to set; ``custom_from_mask`` needs a mask).
-METHODS = tuple(name for name in arrayprune.METHODS if method_flags(name) and _runnable(name))
-
-
-def method_arguments(args: argparse.Namespace, seed: int | None = None, dim: int | None = None) -> dict[str, Any]:
-    """Constructor arguments of ``args.method`` from the parsed options.
-
-    `seed` is the seed to give a random method (the CLI derives one per tensor), `dim`
-    the axis of the tensor at hand (``--dim``, or the tensor's own axis from the plan).
-    """
-    cls = arrayprune.METHODS[args.method]
-    flags = method_flags(args.method)
-    values = {"amount": args.amount, "dim": args.dim if dim is None else dim, "block_shape": args.block, "seed": seed}
-    if flags.get("n") == "--nm":
-        values["n"], values["m"] = args.nm
-    else:
-        values["n"] = args.n
-    kwargs = {}
-    for p in constructor_parameters(cls):
-        if p.name in flags and values.get(p.name) is not None:
-            kwargs[p.name] = values[p.name]
-        elif p.default is inspect.Parameter.empty:
-            kwargs[p.name] = _REQUIRED_DEFAULTS[p.name]
-    return kwargs
-
-
-#: Methods that rank by scores Wanda's input norms can make (``--calibration``, ``--input-norms``).
-SCORED_METHODS = ("wanda", "l1_unstructured", "nm_structured")
-
-
-def _check_norm_options(args: argparse.Namespace) -> None:
-    """Input norms go with the methods that rank by scores, and Wanda needs them."""
-    given = [f for f, v in (("--calibration", args.calibration), ("--input-norms", args.input_norms)) if v]
-    if len(given) == 2:
-        raise CliError("--calibration and --input-norms both give input norms: pass one")
-    if given and args.method not in SCORED_METHODS:
-        raise CliError(f"{given[0]} makes Wanda's scores, for {', '.join(SCORED_METHODS)}; not for {args.method}")
-    if not given and args.method == "wanda":
-        raise CliError(
-            "--method wanda needs input norms: --calibration calib.npz (ONNX models) or --input-norms norms.npz"
-        )
-    if args.calibration_batch is not None and not args.calibration:
-        raise CliError("--calibration-batch needs --calibration")
-
-
-def _methods_with(flag: str) -> list[str]:
-    return [m for m in METHODS if flag in method_flags(m).values()]
 
 
 DEFAULT_VERIFY_TOL = DEFAULT_TOL
@@ -234,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="one threshold over all selected tensors (unstructured methods only)",
     )
-    for_ = {flag: ", ".join(_methods_with(flag)) for flag in ("--n", "--dim", "--nm", "--block")}
+    for_ = {flag: ", ".join(methods_with(flag)) for flag in ("--n", "--dim", "--nm", "--block")}
     p.add_argument(
         "--n",
         type=_norm_order,
@@ -331,48 +263,3 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("file", metavar="FILE")
     r.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
-
-
-def _check_options(args: argparse.Namespace) -> None:
-    """Refuse options that do not apply to the method, then fill in the defaults.
-
-    ``--dry-run`` needs no ``--amount``: without one, the plan lists roles and axes.
-    """
-    cls = arrayprune.METHODS[args.method]
-    if args.global_ and cls.PRUNING_TYPE != "unstructured":
-        unstructured = [m for m in METHODS if arrayprune.METHODS[m].PRUNING_TYPE == "unstructured"]
-        raise CliError(f"--global needs an unstructured method ({' or '.join(unstructured)}), not {args.method}")
-    if not args.global_ and (args.min_sparsity is not None or args.max_sparsity is not None or args.lamp):
-        raise CliError("--min-sparsity, --max-sparsity and --lamp shape global pruning: add --global")
-    if args.lamp and args.method != "l1_unstructured":
-        raise CliError("--lamp ranks magnitudes: use it with --method l1_unstructured")
-    flags = set(method_flags(args.method).values())
-    given = {"--n": args.n, "--dim": args.dim, "--nm": args.nm, "--block": args.block}
-    for flag, value in given.items():
-        if value is not None and flag not in flags:
-            raise CliError(f"{flag} does not apply to {args.method} (only to {', '.join(_methods_with(flag))})")
-    if args.amount is not None and "--amount" not in flags:
-        raise CliError(f"{args.method} prunes a pattern (--nm N:M), not an --amount")
-    plan_only = args.command == "prune" and args.dry_run and args.amount is None
-    if args.amount is None and "--amount" in flags and not plan_only:
-        raise CliError(f"--amount is required for {args.method} (--dry-run alone shows the roles and axes)")
-    if args.nm is None and "--nm" in flags:
-        args.nm = (2, 4)
-    if args.seed is not None and "--seed" not in flags and not args.verify:
-        raise CliError(
-            f"--seed does not apply to {args.method}, which is deterministic (it seeds random methods and --verify)"
-        )
-    if args.verify_tol is not None and not args.verify:
-        raise CliError("--verify-tol needs --verify")
-    if getattr(args, "verify_data", None) is not None and not args.verify:
-        raise CliError("--verify-data needs --verify")
-    _check_norm_options(args)
-    if args.verify_tol is None:
-        args.verify_tol = DEFAULT_VERIFY_TOL
-    if plan_only and "--amount" in flags:
-        return  # nothing to construct: the plan needs the method's axes only
-    try:
-        cls(**method_arguments(args))
-    except (TypeError, ValueError) as exc:
-        flag = "--nm" if "--nm" in flags else "--amount" if "--amount" in flags else "--method"
-        raise CliError(f"{flag}: {exc}") from None

@@ -1,4 +1,4 @@
-"""The tensors of a file as the command line sees them: checks, counts, seeds, progress.
+"""How the command line shows a run on a terminal: stages and progress bars.
 
 Which tensors are pruned is the plan's business (:mod:`arrayprune.adapters.plan`).
 """
@@ -6,32 +6,14 @@ Which tensors are pruned is the plan's business (:mod:`arrayprune.adapters.plan`
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from arrayprune.adapters import mapping as mp
-from arrayprune.adapters.plan import _name, stream_seed
+from arrayprune.adapters.plan import stream_seed
 
-from .errors import PROG, CliError
+from .errors import PROG
 
 __all__ = ["stream_seed"]
-
-
-def _zeros(x: Any) -> int:
-    import array_api_compat as apc
-
-    xp = apc.array_namespace(x)
-    return int(xp.count_nonzero(x == 0))
-
-
-def _check_arrays(params: Mapping, src: str) -> None:
-    """Refuse trees that cannot be walked and tensors that hold no values."""
-    try:
-        for path, value in mp.iter_arrays(params):
-            if getattr(value, "is_meta", False):
-                raise CliError(f"tensor {_name(path)!r} is on the meta device: it holds no values to prune", src)
-    except mp.TreeError as exc:
-        raise CliError(f"cannot walk the file's contents: {exc}", src) from None
 
 
 def _interactive() -> bool:

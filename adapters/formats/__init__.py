@@ -84,9 +84,10 @@ that :func:`load` and :func:`save` dispatch to: :mod:`.npz` (with the size check
 :mod:`.arrays` (:func:`to_numpy`, flattening) and :mod:`.weightfile`
 (:class:`WeightFile`). Safetensors tensor by tensor, in bounded memory:
 :mod:`.safetensors_stream` (stored tensors read from memory maps that give their pages
-back, a writer that puts each tensor in place), :mod:`.stream_pruning` (the exact global
-threshold by radix passes, per-tensor methods one tensor at a time) and :mod:`.sharded`
-(sharded checkpoints and their index; :func:`.sharded.prune_checkpoint`).
+back, a writer that puts each tensor in place) and :mod:`.sharded` (sharded checkpoints
+and their index). This package only reads and writes: pruning stored tensors one at a
+time is :mod:`arrayprune.adapters.stream_pruning`, beside the pipeline
+(:mod:`arrayprune.adapters.pipeline`).
 :data:`MEMORY_LIMIT`, :data:`NPZ_MAX_RATIO` and :data:`NPZ_RATIO_MIN_SIZE` are set on
 this package, as before: an assignment here reaches the npz module, which reads them.
 """

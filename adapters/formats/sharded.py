@@ -42,7 +42,8 @@ out of the folder; sub-folders are not copied. :attr:`ShardedCheckpoint.left` sa
 was left and why.
 
 :func:`prune_checkpoint` prunes a sharded checkpoint or a single safetensors file in
-bounded memory (see :mod:`.stream_pruning`).
+bounded memory: an alias of the pipeline's (:mod:`arrayprune.adapters.pipeline`, which
+prunes with :mod:`arrayprune.adapters.stream_pruning`).
 """
 
 from __future__ import annotations
@@ -51,14 +52,13 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from . import files
 from .errors import FormatError, _describe
 from .files import _open_regular, _require_regular, cache_blobs, replace_folder, resolve_inside
 from .safetensors_stream import SafetensorsFile, StoredTensor, TensorWriter, stored_tensors
-from .stream_pruning import PruneSummary, prune_source
 
 __all__ = [
     "INDEX_MAX_BYTES",
@@ -379,78 +379,13 @@ def check_destination(dst: Any, source: ShardedCheckpoint | SafetensorsFile, for
     raise FormatError(dst, "exists; use --force to overwrite it")
 
 
-def prune_checkpoint(
-    src: Any,
-    dst: Any,
-    *,
-    method: str = "l1_unstructured",
-    amount: int | float | None = None,
-    global_: bool = False,
-    include: Iterable[str] = (),
-    exclude: Iterable[str] = (),
-    min_size: int = 0,
-    dim: int | None = None,
-    seed: int | None = None,
-    force: bool = False,
-    progress: Callable[[Any, str], Iterable[Any]] | None = None,
-    **method_args: Any,
-) -> PruneSummary:
+def prune_checkpoint(src: Any, dst: Any, **options: Any) -> Any:
     """Prune a safetensors checkpoint, sharded or not, in bounded memory.
 
-    What ``arrayprune prune SRC -o DST`` does for safetensors: the plan of
-    :mod:`arrayprune.adapters.plan` selects the layer weights (or `include` /
-    `exclude`), each is pruned and folded (``w * mask``), every other tensor is copied
-    unchanged, and the output has the input's tensors, dtypes, metadata and layout.
-    Peak memory is a few chunks for magnitude pruning (global or not) and about three
-    times the largest tensor for the other methods, whatever the size of the model.
-
-    Parameters
-    ----------
-    src : str or os.PathLike
-        A folder holding ``*.safetensors`` shards and their ``*.safetensors.index.json``,
-        that index, or a single ``.safetensors`` file.
-    dst : str or os.PathLike
-        The output folder (sharded input: it receives the same shard names, the index
-        and the other files of the folder) or file (single input).
-    method : str, default "l1_unstructured"
-        A name of :data:`arrayprune.METHODS`.
-    amount : int or float, optional
-        The amount of the method (required by the methods that take one).
-    global_ : bool, default False
-        One exact magnitude threshold across all selected tensors of all shards, as
-        :func:`arrayprune.global_unstructured` computes on them in name order (only
-        with ``l1_unstructured``).
-    include, exclude : iterable of str
-        fnmatch patterns on tensor names, as ``--include`` / ``--exclude``.
-    min_size : int, default 0
-        Tensors with fewer entries are left.
-    dim : int, optional
-        The axis of structured and N:M methods for every tensor (default: each
-        weight's own).
-    seed : int, optional
-        Random methods: mixed with each tensor's name, as ``--seed``
-        (:func:`arrayprune.adapters.plan.stream_seed`).
-    force : bool, default False
-        Overwrite an existing `dst`.
-    progress : callable, optional
-        ``progress(items, description)`` wraps the loop over tensors.
-    **method_args
-        Other arguments of the method (``n``, ``m``, ``block_shape``).
-
-    Returns
-    -------
-    PruneSummary
-        Counts of the pruned tensors and of the whole checkpoint, and the files.
-
-    Raises
-    ------
-    FormatError
-        For a missing, damaged or hostile checkpoint, or a destination that exists
-        without `force`; nothing is written then.
-    ValueError, TypeError
-        For a method, amount or option that cannot apply (global pruning other than
-        magnitude, tensors pruned before in the ``name_orig`` + ``name_mask``
-        convention, no tensor selected, an amount too large).
+    An alias of :func:`arrayprune.adapters.pipeline.prune_checkpoint` (the pipeline's
+    :func:`~arrayprune.adapters.pipeline.prune_file`, returning its
+    :class:`~arrayprune.adapters.stream_pruning.PruneSummary`): this module only reads
+    and writes checkpoints.
 
     Examples
     --------
@@ -458,44 +393,6 @@ def prune_checkpoint(
     >>> summary = sharded.prune_checkpoint("Llama-3-8B", "Llama-3-8B-50", amount=0.5, global_=True)
     ... # doctest: +SKIP
     """
-    import arrayprune
-    from arrayprune.adapters import mapping as mp
-    from arrayprune.adapters.plan import make_plan, stream_seed
-    from arrayprune.adapters.roles.names import tree_roles
-    from arrayprune.registry import constructor_parameters
+    from arrayprune.adapters.pipeline import prune_checkpoint
 
-    if method not in arrayprune.METHODS:
-        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(arrayprune.METHODS)}")
-    cls = arrayprune.METHODS[method]
-    params = {p.name for p in constructor_parameters(cls)}
-
-    def method_for(entry: Any, name: str | None = None) -> Any:
-        kwargs = dict(method_args)
-        if "amount" in params and amount is not None:
-            kwargs["amount"] = amount
-        if "dim" in params and entry is not None:
-            kwargs["dim"] = entry.dim
-        if "seed" in params and seed is not None:
-            kwargs["seed"] = stream_seed(seed, entry.name if name is None else name)
-        return cls(**kwargs)
-
-    if global_ and cls is not arrayprune.L1Unstructured:
-        raise ValueError(f"global pruning of a checkpoint ranks magnitudes: use l1_unstructured, not {method}")
-    source = open_checkpoint(src)
-    dst = os.fspath(dst)
-    check_destination(dst, source, force)
-    if mp.is_pruned(source.tensors):
-        raise ValueError("tensors pruned before (name_orig + name_mask) are not pruned further here")
-    plan = make_plan(
-        source.tensors, tree_roles(source.tensors), method=method, include=include, exclude=exclude,
-        min_size=min_size, dim=dim,
-    )
-    if not any(e.prune for e in plan):
-        raise ValueError("no tensor selected for pruning (see include, exclude, min_size)")
-    global_method = method_for(None, "") if global_ else None
-    summary = prune_source(source, dst, plan, method_for=method_for, global_method=global_method, progress=progress)
-    if isinstance(source, ShardedCheckpoint) and not writes_one_file(dst):
-        summary.files, summary.left = source.written(), list(source.left)
-    else:
-        summary.files = [dst]
-    return summary
+    return prune_checkpoint(src, dst, **options)

@@ -1,9 +1,9 @@
 """Pruning the tensors of safetensors files in bounded memory, tensor by tensor.
 
-The tensors are :class:`~.safetensors_stream.StoredTensor` descriptors, planned like
+The tensors are :class:`~arrayprune.adapters.formats.safetensors_stream.StoredTensor` descriptors, planned like
 arrays (:func:`arrayprune.adapters.plan.make_plan`); :func:`prune_stored` reads them
 from memory-mapped files and writes every tensor of the plan, pruned or not, through a
-:class:`~.safetensors_stream.TensorWriter`, so that no more than a chunk or a tensor is
+:class:`~arrayprune.adapters.formats.safetensors_stream.TensorWriter`, so that no more than a chunk or a tensor is
 in memory at a time.
 
 * **Global magnitude pruning** (``global_unstructured`` with ``L1Unstructured``): one
@@ -39,10 +39,9 @@ from typing import Any
 import numpy as np
 
 from arrayprune import L1Unstructured
+from arrayprune.adapters.formats.errors import FormatError, _describe
+from arrayprune.adapters.formats.safetensors_stream import TensorFiles, TensorWriter, zero_count
 from arrayprune.selection import radix
-
-from .errors import FormatError, _describe
-from .safetensors_stream import TensorFiles, TensorWriter, zero_count
 
 __all__ = ["MAGNITUDE_DTYPES", "PruneSummary", "Totals", "fold", "prune_source", "prune_stored"]
 
@@ -98,7 +97,7 @@ def fold(raw: np.ndarray, keep: np.ndarray, code: str) -> np.ndarray:
     Parameters
     ----------
     raw : ndarray
-        Entries of safetensors dtype `code` as :class:`~.safetensors_stream.TensorFiles`
+        Entries of safetensors dtype `code` as :class:`~arrayprune.adapters.formats.safetensors_stream.TensorFiles`
         reads them.
     keep : ndarray of bool
         Same shape: False where the entry is pruned.
@@ -212,11 +211,11 @@ def prune_stored(
     ----------
     plan : sequence of PlanEntry
         :func:`~arrayprune.adapters.plan.make_plan` of a mapping of names to
-        :class:`~.safetensors_stream.StoredTensor` (no tensor pruned before in the
+        :class:`~arrayprune.adapters.formats.safetensors_stream.StoredTensor` (no tensor pruned before in the
         ``name_orig`` + ``name_mask`` convention). The order of the plan is the order
         of the global ranking's ties.
     writers : mapping
-        Tensor name to the :class:`~.safetensors_stream.TensorWriter` of its output file.
+        Tensor name to the :class:`~arrayprune.adapters.formats.safetensors_stream.TensorWriter` of its output file.
     files : TensorFiles
         Reads the tensors.
     method_for : callable

@@ -1,0 +1,830 @@
+"""The file pipeline: open, plan, scores, prune, write, summary; what ``arrayprune prune`` runs.
+
+:func:`prune_file` is the command from Python: the same options under the flags' names,
+the same files written byte for byte, the plan and the counts returned. The command line
+(:mod:`arrayprune.adapters.cli`) only translates its flags into a
+:class:`~arrayprune.adapters.request.PruneSpec`, calls :func:`run` and prints the
+:class:`PruneResult`.
+
+Stages, in order:
+
+* **open**: the format is detected and the file opened as a storage: a
+  :class:`WholeFile` (every format, read into memory) or a :class:`StreamedCheckpoint`
+  (safetensors files and sharded checkpoints, headers only, pruned tensor by tensor in
+  bounded memory). Each storage says which options it cannot honour
+  (:meth:`StreamedCheckpoint.refusal`): a single safetensors file falls back to memory
+  then, a sharded checkpoint refuses.
+* **plan**: roles and selection (:func:`arrayprune.adapters.plan.make_plan`).
+* **scores**: Wanda's input norms from calibration data (onnxruntime) or a file
+  (:func:`input_norms`).
+* **prune**: per tensor (the method built for each entry by :func:`method_for`) or
+  global (one threshold over the selected tensors): the pipeline is the only caller of
+  global pruning, in memory (:func:`arrayprune.global_unstructured`, the mapping
+  adapter for masks) or by radix selection over stored tensors
+  (:mod:`arrayprune.adapters.stream_pruning`).
+* **write**: atomic (:func:`arrayprune.adapters.formats.save`, or the checkpoint's own
+  writer), then ``verify`` (ONNX) on what was written.
+* **summary**: the counts of zeros (:mod:`arrayprune.adapters.summary`) and what to
+  warn about, in the :class:`PruneResult`.
+
+A new stage is a function here that :func:`run` calls in its place; a new option is a
+field of :class:`~arrayprune.adapters.request.PruneSpec` (see CONTRIBUTING.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import arrayprune
+from arrayprune.adapters import formats as fmt
+from arrayprune.adapters import mapping as mp
+from arrayprune.adapters.calibration import (
+    BATCH_SIZE,
+    ScoredMethod,
+    onnx_input_norms,
+    read_calibration,
+    read_input_norms,
+    wanda_scores_for,
+)
+from arrayprune.adapters.formats import sharded
+from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile
+from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, stream_seed
+from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module, spec_from
+from arrayprune.adapters.roles.names import tree_roles
+from arrayprune.adapters.stream_pruning import PruneSummary, Totals, prune_source
+from arrayprune.adapters.summary import report_rows, totals
+from arrayprune.adapters.trees import lookup
+
+__all__ = [
+    "NEARLY_EMPTY",
+    "Hooks",
+    "PruneError",
+    "PruneResult",
+    "PruneSpec",
+    "StreamedCheckpoint",
+    "WholeFile",
+    "check_arrays",
+    "input_norms",
+    "method_for",
+    "open_storage",
+    "prune_checkpoint",
+    "prune_file",
+    "run",
+]
+
+#: Sparsity from which global pruning warns that it emptied a tensor.
+NEARLY_EMPTY = 0.99
+
+_COUNTED = {"block_unstructured": "blocks", "wanda": "entries of each output unit"}
+
+_FAILURES = (ValueError, TypeError, IndexError, KeyError)
+
+
+def _same(items: Sequence[Any], desc: str, unit: str = "tensor") -> Iterable[Any]:
+    return items
+
+
+def _nothing(what: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """How a run shows itself: the command line announces stages and draws progress bars.
+
+    Attributes
+    ----------
+    stage : callable
+        ``stage(text)``: a stage begins (loading, calibration, the global threshold).
+    progress : callable
+        ``progress(items, description, unit="tensor")``: `items`, wrapped (a progress bar).
+    """
+
+    stage: Callable[[str], None] = _nothing
+    progress: Callable[..., Iterable[Any]] = _same
+
+
+# --------------------------------------------------------------------------------------
+# open
+# --------------------------------------------------------------------------------------
+
+
+def check_arrays(params: Mapping, src: str) -> None:
+    """Refuse trees that cannot be walked and tensors that hold no values.
+
+    Raises
+    ------
+    PruneError
+        Naming `src` and the tensor.
+    """
+    try:
+        for path, value in mp.iter_arrays(params):
+            if getattr(value, "is_meta", False):
+                raise PruneError(f"tensor {_name(path)!r} is on the meta device: it holds no values to prune", src)
+    except mp.TreeError as exc:
+        raise PruneError(f"cannot walk the file's contents: {exc}", src) from None
+
+
+class WholeFile:
+    """A model file read into memory, any format: every option applies.
+
+    Parameters
+    ----------
+    src : str
+        The file.
+    format : str, optional
+        Its format (detected if omitted).
+    hooks : Hooks, optional
+        Told of the loading stage.
+    """
+
+    streamed = False
+
+    def __init__(self, src: str, format: str | None = None, hooks: Hooks = Hooks()):
+        hooks.stage(f"loading {src}")
+        self.wf = fmt.load(src) if format is None else fmt.load(src, format)
+        check_arrays(self.wf.params, src)
+        self.src, self.kind, self.params = src, self.wf.format, self.wf.params
+        self.roles = file_roles(self.wf)
+
+    @staticmethod
+    def refusal(spec: PruneSpec) -> str | None:
+        """The option this storage cannot honour: none."""
+        return None
+
+    def shown(self, plan: list[PlanEntry]) -> list[PlanEntry]:
+        """The plan with each tensor's dtype as stored (ONNX bfloat16 is read as float32)."""
+        stored = self.wf.context.get("stored_dtypes", {})
+        return [dataclasses.replace(e, dtype=stored.get(e.name, e.dtype)) for e in plan] if stored else plan
+
+
+class StreamedCheckpoint:
+    """A safetensors file or a sharded checkpoint, read from its headers, pruned tensor by tensor.
+
+    Parameters
+    ----------
+    source : SafetensorsFile or ShardedCheckpoint
+        From :func:`arrayprune.adapters.formats.sharded.open_checkpoint`.
+    src : str
+        The path it was opened from, as given.
+    """
+
+    streamed = True
+
+    def __init__(self, source: Any, src: str):
+        self.src, self.source, self.kind, self.params = src, source, source.kind, source.tensors
+        self.roles = tree_roles(self.params)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the checkpoint is a folder of shards (or one file in a folder)."""
+        return isinstance(self.source, sharded.ShardedCheckpoint)
+
+    @staticmethod
+    def refusal(spec: PruneSpec) -> str | None:
+        """The option that tensor-by-tensor pruning cannot honour, as the command line names it, or None."""
+        if spec.keep_masks:
+            return "--keep-masks"
+        if spec.lamp:
+            return "--lamp"
+        if spec.min_sparsity is not None or spec.max_sparsity is not None:
+            return "--min-sparsity and --max-sparsity"
+        if spec.global_ and spec.method != "l1_unstructured":
+            return f"--global with {spec.method}"
+        if spec.global_ and (spec.calibration or spec.input_norms):
+            return "--global with input norms"
+        if spec.verify:
+            return "--verify (ONNX only)"
+        return None
+
+    def shown(self, plan: list[PlanEntry]) -> list[PlanEntry]:
+        """The plan as stored."""
+        return plan
+
+
+def open_storage(src: str, hooks: Hooks = Hooks()) -> WholeFile | StreamedCheckpoint:
+    """Open a file to read it: safetensors (one file or sharded) from headers, the others whole.
+
+    Parameters
+    ----------
+    src : str
+        A model file, a sharded checkpoint's folder or its index.
+    hooks : Hooks, optional
+        Told of the loading stage.
+
+    Returns
+    -------
+    WholeFile or StreamedCheckpoint
+    """
+    if sharded.is_sharded(src) or fmt.detect_format(src) == "safetensors":
+        return StreamedCheckpoint(sharded.open_checkpoint(src), src)
+    return WholeFile(src, hooks=hooks)
+
+
+# --------------------------------------------------------------------------------------
+# plan, scores, methods
+# --------------------------------------------------------------------------------------
+
+
+def _plan(storage: Any, spec: PruneSpec) -> list[PlanEntry]:
+    return make_plan(
+        storage.params,
+        storage.roles,
+        method=spec.method,
+        include=spec.include,
+        exclude=spec.exclude,
+        min_size=spec.min_size,
+        dim=spec.dim,
+    )
+
+
+def _targets(plan: list[PlanEntry], src: str) -> list[PlanEntry]:
+    targets = [e for e in plan if e.prune]
+    if not targets:
+        raise PruneError("no tensor selected for pruning (see --include, --exclude, --min-size)", src)
+    return targets
+
+
+def input_norms(
+    spec: PruneSpec, storage: Any, targets: list[PlanEntry], src: str, hooks: Hooks = Hooks()
+) -> dict[str, Any] | None:
+    """Wanda's input norms of every target, from ``calibration`` or ``input_norms``; None without.
+
+    Raises
+    ------
+    PruneError
+        If calibration needs an ONNX model or onnxruntime, the data do not fit the
+        model, or a target has no norms.
+    """
+    if spec.calibration:
+        if not isinstance(storage, WholeFile) or storage.kind != "onnx":
+            raise PruneError(
+                "--calibration runs the model with onnxruntime: IN must be an ONNX model (or use --input-norms)", src
+            )
+        optional_module("onnxruntime", "onnx", "--calibration")
+        try:
+            calibration = read_calibration(spec.calibration)
+        except ValueError as exc:
+            raise PruneError(error_text(exc), spec.calibration) from None
+        samples = len(next(iter(calibration.values())))
+        batch = spec.calibration_batch or BATCH_SIZE
+        hooks.stage(f"calibration: {samples} samples through onnxruntime, {batch} at a time")
+        try:
+            return onnx_input_norms(
+                storage.wf,
+                calibration,
+                [t.name for t in targets],
+                batch_size=spec.calibration_batch,
+                progress=lambda items, desc: hooks.progress(items, desc, "batch"),
+            )
+        except ValueError as exc:
+            raise PruneError(f"--calibration: {error_text(exc)}", src) from None
+    if spec.input_norms:
+        try:
+            norms = read_input_norms(spec.input_norms)
+        except ValueError as exc:
+            raise PruneError(error_text(exc), spec.input_norms) from None
+        missing = [t.name for t in targets if t.name not in norms]
+        if missing:
+            raise PruneError(f"no input norms for {missing[0]!r} (selected for pruning)", spec.input_norms)
+        return norms
+    return None
+
+
+def _scores(targets: list[PlanEntry], norms: Mapping | None, src: str) -> list[Any] | None:
+    """Wanda's scores of every target (for global pruning); None without input norms."""
+    if norms is None:
+        return None
+    try:
+        return [wanda_scores_for(t.value, t.role, norms[t.name], t.name) for t in targets]
+    except ValueError as exc:
+        raise PruneError(error_text(exc), src) from None
+
+
+def method_for(target: PlanEntry, spec: PruneSpec, norms: Mapping | None = None) -> Any:
+    """The method instance that prunes `target` on its own: its axis, a seed from its name.
+
+    With input norms, it ranks by Wanda's scores of the weight it is given. This is the
+    one place that builds the method of an entry.
+    """
+    kwargs = method_arguments(spec, stream_seed(spec.seed, target.name), dim=target.dim)
+    method = spec.method_class()(**kwargs)
+    if norms is None:
+        return method
+    return ScoredMethod(method, lambda t: wanda_scores_for(t, target.role, norms[target.name], target.name))
+
+
+def _global_arguments(spec: PruneSpec) -> tuple[type, dict[str, Any]]:
+    """The method class and keyword arguments of a ``global_unstructured`` call."""
+    kwargs: dict[str, Any] = {
+        **method_arguments(spec, stream_seed(spec.seed)),
+        "min_sparsity": spec.min_sparsity,
+        "max_sparsity": spec.max_sparsity,
+        "normalization": "lamp" if spec.lamp else None,
+    }
+    return spec.method_class(), kwargs
+
+
+def _threshold_stage(targets: list[PlanEntry]) -> str:
+    n = sum(math.prod(t.shape) for t in targets)
+    return f"global threshold: ranking {n} entries of {len(targets)} tensors"
+
+
+# --------------------------------------------------------------------------------------
+# prune: in memory (folded, or with masks) and tensor by tensor
+# --------------------------------------------------------------------------------------
+
+
+def _prune_params(
+    params: Mapping, targets: list[PlanEntry], spec: PruneSpec, src: str, norms: Mapping | None, hooks: Hooks
+) -> Mapping:
+    """`params` with the targets pruned, as ``name_orig`` + ``name_mask`` entries.
+
+    The other names of a tied tensor get its mask (their ``_orig`` entries stay the one
+    shared tensor).
+    """
+    if spec.global_:
+        cls, kwargs = _global_arguments(spec)
+        scores = _scores(targets, norms, src)
+        hooks.stage(_threshold_stage(targets))
+        if scores is not None:
+            kwargs["importance_scores"] = {t.path: s for t, s in zip(targets, scores, strict=True)}
+        try:
+            params = mp.global_unstructured(params, [t.path for t in targets], cls, **kwargs)
+        except _FAILURES as exc:
+            raise PruneError(f"global pruning: {error_text(exc)}", src) from None
+    else:
+        for target in hooks.progress(targets, "pruning"):
+            try:
+                params = mp.prune(params, target.path, method_for(target, spec, norms))
+            except _FAILURES as exc:
+                raise PruneError(f"tensor {_name(target.path)!r}: {error_text(exc)}", src) from None
+    for target in targets:
+        path = target.path
+        for other in target.tied:
+            params = mp.custom_from_mask(params, other, lookup(params, (*path[:-1], path[-1] + mp.MASK_SUFFIX)))
+    return params
+
+
+def _prune_folded(
+    params: Mapping, targets: list[PlanEntry], spec: PruneSpec, src: str, norms: Mapping | None, hooks: Hooks
+) -> Mapping:
+    """`params` with the targets pruned and folded, for inputs without masks.
+
+    No mask outlives its tensor's folding: global pruning keeps the core's boolean masks
+    (a byte per entry) until each is folded, and tensor by tensor only the current
+    tensor's mask exists at a time. Tied names get the same folded array object.
+    """
+    folded = {}
+    if spec.global_:
+        cls, kwargs = _global_arguments(spec)
+        scores = _scores(targets, norms, src)
+        hooks.stage(_threshold_stage(targets))
+        try:
+            masks = arrayprune.global_unstructured([t.value for t in targets], cls, scores, **kwargs)
+        except _FAILURES as exc:
+            raise PruneError(f"global pruning: {error_text(exc)}", src) from None
+        for i, target in enumerate(targets):
+            folded[target.path] = target.value * masks[i]
+            masks[i] = None
+    else:
+        for target in hooks.progress(targets, "pruning"):
+            path = target.path
+            try:
+                pruned = mp.prune({"t": target.value}, "t", method_for(target, spec, norms))
+                folded[path] = mp.remove(pruned, "t")["t"]
+            except _FAILURES as exc:
+                raise PruneError(f"tensor {_name(path)!r}: {error_text(exc)}", src) from None
+    for target in targets:
+        folded.update(dict.fromkeys(target.tied, folded[target.path]))
+    return mp.replace(params, folded)
+
+
+def _write_whole(
+    storage: WholeFile,
+    dst: str,
+    out_format: str,
+    targets: list[PlanEntry],
+    spec: PruneSpec,
+    norms: Mapping | None,
+    hooks: Hooks,
+) -> PruneSummary:
+    """Prune in memory, write `dst` atomically, count the zeros of what was written."""
+    src, params = storage.src, storage.params
+    if spec.keep_masks or mp.is_pruned(params):
+        masked = _prune_params(params, targets, spec, src, norms, hooks)
+        folded = mp.apply_masks(masked)
+        folded = mp.replace(folded, {other: lookup(folded, t.path) for t in targets for other in t.tied})
+        out_params = masked if spec.keep_masks else folded
+    else:
+        folded = out_params = _prune_folded(params, targets, spec, src, norms, hooks)
+    fmt.save(dst, out_params, out_format, like=storage.wf)
+
+    rows = report_rows(folded, storage=False, roles=storage.roles)  # one count of zeros per tensor
+    selected = {t.name for t in targets}
+    pruned, whole = totals([r for r in rows if r["name"] in selected]), totals(rows)
+    return PruneSummary(
+        pruned=Totals(pruned["tensors"], pruned["size"], pruned["zeros"]),
+        whole=Totals(whole["tensors"], whole["size"], whole["zeros"]),
+        files=[dst],
+        by_tensor={r["name"]: (r["zeros"], r["size"]) for r in rows if r["name"] in selected},
+    )
+
+
+def _write_streamed(
+    storage: StreamedCheckpoint,
+    dst: str,
+    plan: list[PlanEntry],
+    targets: list[PlanEntry],
+    spec: PruneSpec,
+    norms: Mapping | None,
+    hooks: Hooks,
+) -> PruneSummary:
+    """Prune tensor by tensor in bounded memory while the checkpoint writes `dst` atomically."""
+    global_method = spec.method_class()(**method_arguments(spec, stream_seed(spec.seed))) if spec.global_ else None
+    if global_method is not None:
+        hooks.stage(_threshold_stage(targets) + " (one pass per 16 bits of the keys), then writing")
+    try:
+        summary = prune_source(
+            storage.source,
+            dst,
+            plan,
+            method_for=lambda target: method_for(target, spec, norms),
+            global_method=global_method,
+            progress=hooks.progress,
+        )
+    except _FAILURES as exc:
+        raise PruneError(f"{'global pruning: ' if spec.global_ else ''}{error_text(exc)}", storage.src) from None
+    if storage.sharded and not sharded.writes_one_file(dst):
+        summary.files, summary.left = storage.source.written(), list(storage.source.left)
+    else:
+        summary.files = [dst]
+    return summary
+
+
+# --------------------------------------------------------------------------------------
+# the run, and what it returns
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class PruneResult:
+    """What a run planned, wrote and counted, and what to warn about.
+
+    Attributes
+    ----------
+    src, dst : str
+        Input and output (``dst`` None for a dry run).
+    kind : str
+        The input's format (``"onnx"``, ``"sharded safetensors"``, ...).
+    spec : PruneSpec
+        The request, its defaults filled in.
+    plan : list of PlanEntry
+        Every tensor, its role, and whether it was (or would be) pruned.
+    written : PruneSummary or None
+        Counts of the pruned tensors and of the whole output, each pruned tensor's
+        ``(zeros, size)``, the files written and those left (None for a dry run).
+    tied : int
+        Other names of the pruned tensors (tied weights), pruned with them.
+    shards, copied : int
+        A sharded input's shards and the other files copied with them.
+    notes, warnings : list of str
+        What the command prints on stderr: an integer amount is a count; global
+        pruning left a tensor :data:`NEARLY_EMPTY` or more.
+    verify : list of OutputCheck or None
+        ``verify``: each output of the pruned model against the original's.
+    verify_sizes : dict
+        ``verify`` on random inputs: the sizes chosen for symbolic dimensions.
+    """
+
+    src: str
+    dst: str | None
+    kind: str
+    spec: PruneSpec
+    plan: list[PlanEntry]
+    written: PruneSummary | None = None
+    tied: int = 0
+    shards: int = 0
+    copied: int = 0
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    verify: list[Any] | None = None
+    verify_sizes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def targets(self) -> list[PlanEntry]:
+        """The entries of the plan that were (or would be) pruned."""
+        return [e for e in self.plan if e.prune]
+
+    @property
+    def verify_failed(self) -> list[str]:
+        """The outputs that failed ``verify`` (empty without ``verify``)."""
+        return [c.name for c in self.verify or () if not c.passed]
+
+
+def count_note(spec: PruneSpec) -> str | None:
+    """Say that an integer amount is a count (of what, and per what), not a fraction; None otherwise."""
+    amount = spec.amount
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount == 0:
+        return None
+    cls = spec.method_class()
+    unit = _COUNTED.get(spec.method, "channels" if cls.PRUNING_TYPE == "structured" else "entries")
+    where = "in total over the selected tensors (--global)" if spec.global_ else "in each tensor"
+    return (
+        f"--amount {amount} is a count, not a fraction: {amount} {unit} pruned {where}; "
+        "a fraction has a decimal point (0.5 is half)"
+    )
+
+
+def nearly_empty_warning(spec: PruneSpec, counts: Mapping[str, tuple[int, int]]) -> str | None:
+    """The warning when global pruning left a tensor :data:`NEARLY_EMPTY` zero or more; None otherwise."""
+    if not spec.global_:
+        return None
+    empty = [(name, z / n) for name, (z, n) in counts.items() if n and z / n >= NEARLY_EMPTY]
+    if not empty:
+        return None
+    shown = ", ".join(f"{name} ({100 * f:.2f}%)" for name, f in empty[:5])
+    more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""
+    return (
+        f"--global pruned {len(empty)} tensor{'s' if len(empty) > 1 else ''} to {100 * NEARLY_EMPTY:g}% or more: "
+        f"{shown}{more}; such a layer passes almost nothing on: cap every tensor with --max-sparsity "
+        "(e.g. --max-sparsity 0.9) or leave it with --exclude"
+    )
+
+
+def _notes(spec: PruneSpec) -> list[str]:
+    note = count_note(spec)
+    return [] if note is None else [note]
+
+
+def _dry_run(src: str, spec: PruneSpec, hooks: Hooks) -> PruneResult:
+    """The plan, nothing written (safetensors from their headers alone)."""
+    spec = spec.checked()
+    storage = open_storage(src, hooks)
+    plan = storage.shown(_plan(storage, spec))
+    return PruneResult(src, None, storage.kind, spec, plan, notes=_notes(spec))
+
+
+def _check_output(src: str, dst: str | None, spec: PruneSpec) -> str:
+    """Refuse an output that cannot be written (a whole file), before anything is read."""
+    if dst is None:
+        raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
+    if os.path.isdir(dst):
+        raise PruneError("is a directory", dst)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(dst))):
+        raise PruneError("folder does not exist", dst)
+    if os.path.exists(dst):
+        if os.path.samefile(src, dst) and not spec.force:
+            raise PruneError("is the input file; refusing to overwrite it without --force", dst)
+        if not spec.force:
+            raise PruneError("exists; use --force to overwrite it", dst)
+    return dst
+
+
+def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> StreamedCheckpoint:
+    """Open a sharded checkpoint for pruning into `dst`, after the checks nothing is written without."""
+    if dst is None:
+        raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
+    storage = StreamedCheckpoint(sharded.open_checkpoint(src), src)
+    sharded.check_destination(dst, storage.source, spec.force)
+    if mp.is_pruned(storage.params):
+        raise PruneError("tensors pruned before (name_orig + name_mask) are not pruned further here", src)
+    return storage
+
+
+def _open_file(src: str, dst: str, spec: PruneSpec, hooks: Hooks) -> tuple[WholeFile | StreamedCheckpoint, str]:
+    """Open one file for pruning into `dst`: tensor by tensor where the storage honours every option."""
+    in_format = fmt.detect_format(src)
+    out_format = fmt.format_from_suffix(dst) or in_format
+    if out_format == "onnx" and in_format != "onnx":
+        raise PruneError(f"an ONNX model can only be written from an ONNX model, and {src} is {in_format}", dst)
+    if spec.keep_masks and out_format == "onnx":
+        raise PruneError(
+            "--keep-masks needs an .npz, .safetensors or PyTorch output: an ONNX graph uses the effective weights", dst
+        )
+    if spec.verify and not (in_format == "onnx" and out_format == "onnx"):
+        raise PruneError("--verify runs ONNX models: IN and OUT must both be .onnx")
+    if spec.verify:
+        optional_module("onnxruntime", "onnx", "--verify")  # before anything is written
+    if in_format == out_format == "safetensors" and StreamedCheckpoint.refusal(spec) is None:
+        source = SafetensorsFile(src)
+        if not mp.is_pruned(source.tensors):
+            return StreamedCheckpoint(source, src), out_format  # the file is never held whole
+    return WholeFile(src, in_format, hooks), out_format
+
+
+def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneResult:
+    """Run the pipeline: open, plan, scores, prune, write (then verify), summary.
+
+    Parameters
+    ----------
+    src : str or os.PathLike
+        The input: a model file, a sharded checkpoint's folder or its index.
+    dst : str or os.PathLike or None
+        The output (None only for a dry run).
+    spec : PruneSpec
+        The request (checked here, at the point the command checks it).
+    hooks : Hooks, optional
+        Stage announcements and progress bars.
+
+    Returns
+    -------
+    PruneResult
+
+    Raises
+    ------
+    PruneError
+        For options that do not apply, inputs and outputs that cannot be used, a method
+        that fails on a tensor; nothing is written then.
+    FormatError
+        For files that cannot be read or written.
+    """
+    src, dst = os.fspath(src), None if dst is None else os.fspath(dst)
+    if not os.path.exists(src):
+        raise PruneError("no such file", src)
+    out_format = None
+    if sharded.is_sharded(src):
+        refused = StreamedCheckpoint.refusal(spec)
+        if refused:
+            raise PruneError(
+                f"{refused} is not supported for sharded checkpoints, which are pruned tensor by tensor", src
+            )
+        if dst is not None and fmt.format_from_suffix(dst) not in (None, "safetensors"):
+            raise PruneError("a sharded checkpoint is written to a folder or to one .safetensors file", dst)
+        if spec.dry_run:
+            return _dry_run(src, spec, hooks)
+        spec = spec.checked()
+        storage: WholeFile | StreamedCheckpoint = _open_sharded(src, dst, spec)
+    elif spec.dry_run:
+        return _dry_run(src, spec, hooks)
+    else:
+        dst = _check_output(src, dst, spec)
+        spec = spec.checked()
+        storage, out_format = _open_file(src, dst, spec, hooks)
+
+    plan = _plan(storage, spec)
+    targets = _targets(plan, src)
+    norms = input_norms(spec, storage, targets, src, hooks)
+    prepared = _verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written
+    if isinstance(storage, StreamedCheckpoint):
+        written = _write_streamed(storage, dst, plan, targets, spec, norms, hooks)
+        tied = 0
+    else:
+        written = _write_whole(storage, dst, out_format, targets, spec, norms, hooks)
+        tied = sum(len(t.tied) for t in targets)
+    result = PruneResult(src, dst, storage.kind, spec, plan, written, tied, notes=_notes(spec))
+    warning = nearly_empty_warning(spec, written.by_tensor)
+    if warning:
+        result.warnings.append(warning)
+    if isinstance(storage, StreamedCheckpoint) and storage.sharded:
+        result.shards, result.copied = len(storage.source.shards), len(storage.source.files)
+    if prepared is not None:
+        result.verify, result.verify_sizes = _compare(prepared, dst, spec.verify_tol), dict(prepared.sizes)
+    return result
+
+
+def _verify_inputs(spec: PruneSpec, src: str) -> Any:
+    """Run the original model on the ``verify`` inputs, before anything is written."""
+    from arrayprune.adapters import verify
+    from arrayprune.adapters.calibration import _read_npz
+
+    data = None
+    if spec.verify_data:
+        try:
+            data = _read_npz(spec.verify_data)
+        except ValueError as exc:
+            raise PruneError(error_text(exc), spec.verify_data) from None
+    elif spec.calibration:
+        data = {k: v[:BATCH_SIZE] for k, v in read_calibration(spec.calibration).items()}
+    try:
+        return verify.prepare(src, data=data, seed=spec.seed)
+    except ValueError as exc:
+        raise PruneError(f"--verify: {error_text(exc)}", spec.verify_data or src) from None
+
+
+def _compare(prepared: Any, dst: str, tol: tuple[float, float]) -> list[Any]:
+    """Run the pruned model on the prepared inputs: each output's check."""
+    from arrayprune.adapters import verify
+
+    try:
+        return verify.compare(dst, prepared, tol)
+    except ValueError as exc:
+        raise PruneError(f"--verify: {error_text(exc)}", dst) from None
+
+
+# --------------------------------------------------------------------------------------
+# the Python entry points
+# --------------------------------------------------------------------------------------
+
+
+def prune_file(src: Any, dst: Any = None, *, hooks: Hooks = Hooks(), **options: Any) -> PruneResult:
+    """Prune a model file as ``arrayprune prune SRC -o DST`` does, with the same options.
+
+    Every option of the command is a keyword under its flag's name (``--global`` is
+    ``global_``, ``--nm 2:4`` is ``nm=(2, 4)``, ``--block 4x4`` is ``block=(4, 4)``,
+    ``--verify-tol 0.1`` is ``verify_tol=(0.1, 1e-6)``); the output is the command's,
+    byte for byte, and the errors are its messages (:class:`PruneError`, a
+    ``ValueError``, or :class:`~arrayprune.adapters.formats.FormatError`).
+
+    Parameters
+    ----------
+    src : str or os.PathLike
+        ``.onnx`` (external data included), ``.npz``, ``.safetensors``, a PyTorch state
+        dict or checkpoint, or a sharded safetensors checkpoint (folder or index).
+    dst : str or os.PathLike, optional
+        The output; its suffix gives its format. Not needed with ``dry_run=True``.
+    hooks : Hooks, optional
+        Stage announcements and progress bars (none by default).
+    **options
+        ``method``, ``amount``, ``global_``, ``nm``, ``block``, ``n``, ``dim``,
+        ``include``, ``exclude``, ``min_size``, ``min_sparsity``, ``max_sparsity``,
+        ``lamp``, ``calibration``, ``calibration_batch``, ``input_norms``, ``seed``,
+        ``keep_masks``, ``force``, ``dry_run``, ``verify``, ``verify_data``,
+        ``verify_tol``: see :class:`~arrayprune.adapters.request.PruneSpec`.
+
+    Returns
+    -------
+    PruneResult
+        The plan; for a run that writes, the counts (``result.written.pruned``,
+        ``result.written.whole``), what to warn about, and the ``verify`` checks.
+
+    Raises
+    ------
+    PruneError
+        An option that does not apply, an output that exists without ``force``, a
+        method that fails on a tensor (nothing is written then).
+    FormatError
+        A file that cannot be read or written.
+
+    Examples
+    --------
+    >>> from arrayprune.adapters import prune_file
+    >>> plan = prune_file("examples/mlp.onnx", dry_run=True, amount=0.5, global_=True).plan  # doctest: +SKIP
+    >>> result = prune_file("examples/mlp.onnx", "mlp-pruned.onnx", amount=0.5, global_=True)  # doctest: +SKIP
+    >>> result.written.pruned.zeros, result.written.pruned.size  # doctest: +SKIP
+    (42240, 84480)
+    >>> prune_file("model.onnx", "model-24.onnx", method="nm_structured", nm=(2, 4))  # doctest: +SKIP
+    >>> prune_file("Llama-3-8B", "Llama-3-8B-50", amount=0.5, global_=True)  # doctest: +SKIP
+    """
+    return run(src, dst, spec_from(options.items()), hooks)
+
+
+def prune_checkpoint(
+    src: Any,
+    dst: Any,
+    *,
+    method: str = "l1_unstructured",
+    amount: int | float | None = None,
+    global_: bool = False,
+    include: Iterable[str] = (),
+    exclude: Iterable[str] = (),
+    min_size: int = 0,
+    dim: int | None = None,
+    seed: int | None = None,
+    force: bool = False,
+    progress: Callable[[Any, str], Iterable[Any]] | None = None,
+    **method_args: Any,
+) -> PruneSummary:
+    """Prune a safetensors checkpoint, sharded or not, in bounded memory: :func:`prune_file`.
+
+    The options are :func:`prune_file`'s; the method's other arguments are its
+    constructor's names (``n`` and ``m`` of an N:M pattern, ``block_shape``).
+
+    Returns
+    -------
+    PruneSummary
+        Counts of the pruned tensors and of the whole checkpoint, and the files.
+
+    Raises
+    ------
+    ValueError
+        For a method, amount or option that cannot apply (``PruneError``).
+    FormatError
+        For a missing, damaged or hostile checkpoint, or a destination that exists
+        without `force`; nothing is written then.
+
+    Examples
+    --------
+    >>> from arrayprune.adapters.formats import sharded
+    >>> summary = sharded.prune_checkpoint("Llama-3-8B", "Llama-3-8B-50", amount=0.5, global_=True)
+    ... # doctest: +SKIP
+    """
+    if method not in arrayprune.METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(arrayprune.METHODS)}")
+    if global_ and arrayprune.METHODS[method] is not arrayprune.L1Unstructured:
+        raise ValueError(f"global pruning of a checkpoint ranks magnitudes: use l1_unstructured, not {method}")
+    options = dict(method=method, amount=amount, global_=global_, include=include, exclude=exclude)
+    options.update(min_size=min_size, dim=dim, seed=seed, force=force)
+    if "n" in method_args and "m" in method_args:
+        options["nm"] = (method_args.pop("n"), method_args.pop("m"))
+    if "block_shape" in method_args:
+        options["block"] = tuple(method_args.pop("block_shape"))
+    options.update(method_args)
+    hooks = Hooks() if progress is None else Hooks(progress=lambda items, desc, unit="tensor": progress(items, desc))
+    result = prune_file(src, dst, hooks=hooks, **options)
+    return result.written if result.written is not None else PruneSummary()

@@ -1,0 +1,358 @@
+"""What to prune and how: the request of a file pipeline, validated once, here.
+
+:class:`PruneSpec` holds every option of ``arrayprune prune`` under the name of its flag
+(``global_`` for ``--global``); :meth:`PruneSpec.checked` refuses an option that does
+not apply to the method, fills in the defaults (``nm=(2, 4)``, the ``verify`` tolerance)
+and returns the request the pipeline (:mod:`arrayprune.adapters.pipeline`) runs. Errors
+are :class:`PruneError`, one line naming the option as the command line spells it; the
+command prints it as ``arrayprune: error: ...`` and exits with status 2.
+
+The method table's constructor parameters become options here too
+(:data:`PARAMETER_FLAGS`): ``amount``, ``dim``, ``n``, ``nm`` (``n`` and ``m`` of an N:M
+pattern), ``block`` (``block_shape``) and ``seed``. A new option of the pipeline is a
+field of :class:`PruneSpec`, its check in :meth:`PruneSpec.checked`, and a flag in
+:mod:`arrayprune.adapters.cli.options` that fills it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import math
+import numbers
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import arrayprune
+from arrayprune.adapters.verify import DEFAULT_TOL
+from arrayprune.registry import constructor_parameters
+
+__all__ = [
+    "DEFAULT_VERIFY_TOL",
+    "METHODS",
+    "PARAMETER_FLAGS",
+    "SCORED_METHODS",
+    "PruneError",
+    "PruneSpec",
+    "method_arguments",
+    "method_flags",
+    "methods_with",
+]
+
+
+class PruneError(ValueError):
+    """An error of a pruning request or run, reported as one line, ``[file: ]problem``.
+
+    Parameters
+    ----------
+    problem : str
+        What went wrong.
+    file : str or os.PathLike, optional
+        The file concerned.
+    """
+
+    def __init__(self, problem: str, file: Any = None):
+        self.file = None if file is None else os.fspath(file)
+        self.problem = problem
+        super().__init__(f"{self.file}: {problem}" if self.file else problem)
+
+
+def error_text(exc: BaseException) -> str:
+    """The one-line message of `exc` (a ``KeyError``'s text without its quotes)."""
+    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    return " ".join(str(text).split())
+
+
+def optional_module(module: str, extra: str, what: str) -> Any:
+    """Import an optional dependency, or a :class:`PruneError` naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise PruneError(f'{what} needs the {module!r} package: pip install "arrayprune[{extra}]"') from None
+
+
+#: The command line's name for each constructor parameter it can set. A method with
+#: both ``n`` and ``m`` (an N:M pattern) takes them together as ``--nm N:M``.
+PARAMETER_FLAGS = {"amount": "--amount", "dim": "--dim", "n": "--n", "block_shape": "--block", "seed": "--seed"}
+
+#: Values of required constructor parameters that the command line fills in.
+_REQUIRED_DEFAULTS = {"n": 2, "block_shape": (1, 4)}
+
+#: ``(rtol, atol)`` of ``verify`` when none is given (see :mod:`arrayprune.adapters.verify`).
+DEFAULT_VERIFY_TOL = DEFAULT_TOL
+
+#: Methods that rank by scores Wanda's input norms can make (``calibration``, ``input_norms``).
+SCORED_METHODS = ("wanda", "l1_unstructured", "nm_structured")
+
+
+def method_flags(name: str) -> dict[str, str]:
+    """The flags of method `name` of :data:`arrayprune.METHODS`: constructor parameter -> flag.
+
+    Parameters the command line cannot give (a mask, a generator) are left out.
+    """
+    params = [p.name for p in constructor_parameters(arrayprune.METHODS[name])]
+    flags = {p: PARAMETER_FLAGS[p] for p in params if p in PARAMETER_FLAGS}
+    if {"n", "m"} <= set(params):
+        flags.update(n="--nm", m="--nm")
+    return flags
+
+
+def _runnable(name: str) -> bool:
+    """Whether the options can give every required parameter of method `name`."""
+    flags = method_flags(name)
+    return all(
+        p.name in flags or p.default is not inspect.Parameter.empty
+        for p in constructor_parameters(arrayprune.METHODS[name])
+    )
+
+
+#: The methods a request can name: those of the table that prune something the options
+#: can describe (``identity`` has nothing to set; ``custom_from_mask`` needs a mask).
+METHODS = tuple(name for name in arrayprune.METHODS if method_flags(name) and _runnable(name))
+
+
+def methods_with(flag: str) -> list[str]:
+    """The methods of :data:`METHODS` that take `flag` (``"--n"``, ``"--dim"``, ...)."""
+    return [m for m in METHODS if flag in method_flags(m).values()]
+
+
+def method_arguments(spec: Any, seed: int | None = None, dim: int | None = None) -> dict[str, Any]:
+    """Constructor arguments of ``spec.method`` from the request's options.
+
+    Parameters
+    ----------
+    spec : PruneSpec
+        The request (any object with its attributes).
+    seed : int, optional
+        The seed to give a random method (the pipeline derives one per tensor).
+    dim : int, optional
+        The axis of the tensor at hand (``spec.dim``, or the tensor's own axis from the plan).
+
+    Returns
+    -------
+    dict
+        Keyword arguments of ``arrayprune.METHODS[spec.method]``.
+    """
+    cls = arrayprune.METHODS[spec.method]
+    flags = method_flags(spec.method)
+    values = {"amount": spec.amount, "dim": spec.dim if dim is None else dim, "block_shape": spec.block, "seed": seed}
+    if flags.get("n") == "--nm":
+        values["n"], values["m"] = spec.nm
+    else:
+        values["n"] = spec.n
+    kwargs = {}
+    for p in constructor_parameters(cls):
+        if p.name in flags and values.get(p.name) is not None:
+            kwargs[p.name] = values[p.name]
+        elif p.default is inspect.Parameter.empty:
+            kwargs[p.name] = _REQUIRED_DEFAULTS[p.name]
+    return kwargs
+
+
+@dataclass(frozen=True)
+class PruneSpec:
+    """A request to prune a file: the options of ``arrayprune prune``, under their flags' names.
+
+    Parameters
+    ----------
+    method : str, default "l1_unstructured"
+        A name of :data:`METHODS` (``--method``).
+    amount : int or float, optional
+        Fraction in ``[0, 1]`` or count (``--amount``); required by the methods that take one.
+    global_ : bool, default False
+        One threshold over all selected tensors (``--global``, unstructured methods).
+    nm : tuple of (int, int), optional
+        ``(N, M)`` of ``nm_structured`` (``--nm N:M``; default ``(2, 4)``).
+    block : tuple of int, optional
+        Block shape of ``block_unstructured`` (``--block RxC``).
+    n : int, float or str, optional
+        Norm order of ``ln_structured``, power of ``block_unstructured`` (``--n``).
+    dim : int, optional
+        The axis of structured and N:M methods for every tensor (default: each weight's own).
+    include, exclude : tuple of str
+        fnmatch patterns on tensor names, or the names of ONNX nodes reading them.
+    min_size : int, default 0
+        Tensors with fewer entries are left.
+    min_sparsity, max_sparsity : float, optional
+        ``global_``: bounds on every tensor's sparsity.
+    lamp : bool, default False
+        ``global_``: rank by layer-adaptive (LAMP) scores.
+    calibration : str, optional
+        ONNX: calibration samples (``.npz``) for Wanda's input norms.
+    calibration_batch : int, optional
+        Samples run at a time with `calibration`.
+    input_norms : str, optional
+        Precomputed input norms (``.npz``) for Wanda's scores.
+    seed : int, optional
+        Random methods and `verify` inputs.
+    keep_masks : bool, default False
+        Write ``name_orig`` + ``name_mask`` instead of folded weights.
+    force : bool, default False
+        Overwrite an existing output (even the input).
+    dry_run : bool, default False
+        Plan only: nothing is written.
+    verify : bool, default False
+        ONNX: run the original and the pruned model on the same inputs.
+    verify_data : str, optional
+        ``verify``: real inputs (``.npz``).
+    verify_tol : tuple of (float, float), optional
+        ``verify``: ``(rtol, atol)``; :data:`DEFAULT_VERIFY_TOL` if omitted.
+    """
+
+    method: str = "l1_unstructured"
+    amount: int | float | None = None
+    global_: bool = False
+    nm: tuple[int, int] | None = None
+    block: tuple[int, ...] | None = None
+    n: Any = None
+    dim: int | None = None
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    min_size: int = 0
+    min_sparsity: float | None = None
+    max_sparsity: float | None = None
+    lamp: bool = False
+    calibration: str | None = None
+    calibration_batch: int | None = None
+    input_norms: str | None = None
+    seed: int | None = None
+    keep_masks: bool = False
+    force: bool = False
+    dry_run: bool = False
+    verify: bool = False
+    verify_data: str | None = None
+    verify_tol: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("include", "exclude"):  # a single pattern, or any iterable: a tuple
+            value = getattr(self, name)
+            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+        for name in ("calibration", "input_norms", "verify_data"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, os.fspath(value))
+
+    @property
+    def plan_only(self) -> bool:
+        """A dry run without an amount: the plan lists roles and axes, nothing is constructed."""
+        return self.dry_run and self.amount is None and "--amount" in method_flags(self.method).values()
+
+    def method_class(self) -> type:
+        """The class of :data:`arrayprune.METHODS` the request names."""
+        return arrayprune.METHODS[self.method]
+
+    def checked(self) -> PruneSpec:
+        """Refuse options that do not apply to the method; the request with its defaults filled in.
+
+        ``dry_run`` needs no ``amount``: without one, the plan lists roles and axes.
+
+        Returns
+        -------
+        PruneSpec
+            This request with ``nm`` (``(2, 4)`` for N:M methods) and ``verify_tol`` set.
+
+        Raises
+        ------
+        PruneError
+            Naming the option as the command line spells it.
+        """
+        self._check_values()
+        cls = self.method_class()
+        if self.global_ and cls.PRUNING_TYPE != "unstructured":
+            unstructured = [m for m in METHODS if arrayprune.METHODS[m].PRUNING_TYPE == "unstructured"]
+            raise PruneError(f"--global needs an unstructured method ({' or '.join(unstructured)}), not {self.method}")
+        if not self.global_ and (self.min_sparsity is not None or self.max_sparsity is not None or self.lamp):
+            raise PruneError("--min-sparsity, --max-sparsity and --lamp shape global pruning: add --global")
+        if self.lamp and self.method != "l1_unstructured":
+            raise PruneError("--lamp ranks magnitudes: use it with --method l1_unstructured")
+        flags = set(method_flags(self.method).values())
+        given = {"--n": self.n, "--dim": self.dim, "--nm": self.nm, "--block": self.block}
+        for flag, value in given.items():
+            if value is not None and flag not in flags:
+                raise PruneError(f"{flag} does not apply to {self.method} (only to {', '.join(methods_with(flag))})")
+        if self.amount is not None and "--amount" not in flags:
+            raise PruneError(f"{self.method} prunes a pattern (--nm N:M), not an --amount")
+        plan_only = self.dry_run and self.amount is None
+        if self.amount is None and "--amount" in flags and not plan_only:
+            raise PruneError(f"--amount is required for {self.method} (--dry-run alone shows the roles and axes)")
+        filled: dict[str, Any] = {}
+        if self.nm is None and "--nm" in flags:
+            filled["nm"] = (2, 4)
+        if self.seed is not None and "--seed" not in flags and not self.verify:
+            raise PruneError(
+                f"--seed does not apply to {self.method}, which is deterministic (it seeds random methods and --verify)"
+            )
+        if self.verify_tol is not None and not self.verify:
+            raise PruneError("--verify-tol needs --verify")
+        if self.verify_data is not None and not self.verify:
+            raise PruneError("--verify-data needs --verify")
+        self._check_norm_options()
+        if self.verify_tol is None:
+            filled["verify_tol"] = DEFAULT_VERIFY_TOL
+        spec = dataclasses.replace(self, **filled) if filled else self
+        if plan_only and "--amount" in flags:
+            return spec  # nothing to construct: the plan needs the method's axes only
+        try:
+            cls(**method_arguments(spec))
+        except (TypeError, ValueError) as exc:
+            flag = "--nm" if "--nm" in flags else "--amount" if "--amount" in flags else "--method"
+            raise PruneError(f"{flag}: {exc}") from None
+        return spec
+
+    def _check_values(self) -> None:
+        """What the command line's parser checks of each value alone (Python callers skip it)."""
+        if self.method not in METHODS:
+            raise PruneError(f"invalid choice for --method: {self.method!r} (choose from {', '.join(METHODS)})")
+        amount = self.amount
+        if amount is not None and (
+            isinstance(amount, bool)
+            or not isinstance(amount, numbers.Real)
+            or (isinstance(amount, float) and not math.isfinite(amount))
+        ):
+            raise PruneError(f"invalid amount {amount!r}: a fraction like 0.5 or a count like 100")
+        for flag, value in (("--min-sparsity", self.min_sparsity), ("--max-sparsity", self.max_sparsity)):
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise PruneError(f"{flag}: invalid fraction {value!r}: must be in [0, 1]")
+        if _negative(self.min_size):
+            raise PruneError(f"--min-size: invalid count {self.min_size!r}: must be >= 0")
+        if self.calibration_batch is not None and (_negative(self.calibration_batch) or self.calibration_batch == 0):
+            raise PruneError(f"--calibration-batch: expected a positive integer, got {self.calibration_batch!r}")
+        if self.nm is not None and (len(self.nm) != 2 or _negative(self.nm[0]) or _negative(self.nm[1])):
+            raise PruneError(f"--nm: invalid pattern {self.nm!r}: write (N, M), like (2, 4)")
+        if self.verify_tol is not None and (
+            len(self.verify_tol) != 2 or not all(math.isfinite(v) and v >= 0 for v in self.verify_tol)
+        ):
+            raise PruneError(f"--verify-tol: invalid tolerance {self.verify_tol!r}: (RTOL, ATOL), numbers >= 0")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
+            raise PruneError(f"--seed: invalid seed {self.seed!r}: an integer")
+
+    def _check_norm_options(self) -> None:
+        """Input norms go with the methods that rank by scores, and Wanda needs them."""
+        given = [f for f, v in (("--calibration", self.calibration), ("--input-norms", self.input_norms)) if v]
+        if len(given) == 2:
+            raise PruneError("--calibration and --input-norms both give input norms: pass one")
+        if given and self.method not in SCORED_METHODS:
+            raise PruneError(f"{given[0]} makes Wanda's scores, for {', '.join(SCORED_METHODS)}; not for {self.method}")
+        if not given and self.method == "wanda":
+            raise PruneError(
+                "--method wanda needs input norms: --calibration calib.npz (ONNX models) or --input-norms norms.npz"
+            )
+        if self.calibration_batch is not None and not self.calibration:
+            raise PruneError("--calibration-batch needs --calibration")
+
+
+def _negative(value: Any) -> bool:
+    return isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0
+
+
+def spec_from(options: Iterable[tuple[str, Any]]) -> PruneSpec:
+    """A :class:`PruneSpec` from option names and values; an unknown name is a :class:`PruneError`."""
+    fields = {f.name for f in dataclasses.fields(PruneSpec)}
+    options = dict(options)
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise PruneError(f"unknown option {unknown[0]!r}; the options are {', '.join(sorted(fields))}")
+    return PruneSpec(**options)

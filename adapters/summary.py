@@ -1,0 +1,168 @@
+"""The summary stage of the pipeline: every tensor's counts, and totals that say what they cover.
+
+``arrayprune report`` prints these rows; ``arrayprune prune`` and
+:func:`arrayprune.adapters.pipeline.prune_file` count the zeros of what they wrote with
+them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+import arrayprune
+from arrayprune.adapters import mapping as mp
+from arrayprune.adapters.plan import _name, _size, alias_key, make_plan
+from arrayprune.adapters.roles import Role
+from arrayprune.adapters.roles.names import dtype_name, is_float, tree_roles
+from arrayprune.adapters.state_dict import _fold
+
+__all__ = ["TOTALS_COVER", "count_zeros", "report_rows", "totals"]
+
+
+def count_zeros(x: Any) -> int:
+    """The number of entries of array `x` equal to zero."""
+    import array_api_compat as apc
+
+    xp = apc.array_namespace(x)
+    return int(xp.count_nonzero(x == 0))
+
+
+def report_rows(
+    params: Mapping,
+    *,
+    storage: bool = True,
+    roles: Mapping[tuple, Role] | None = None,
+    load: Callable[[Any], Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Per-tensor statistics of every array of a mapping.
+
+    Pruned tensors (``name_orig`` + ``name_mask``) appear once, as their effective array.
+
+    Parameters
+    ----------
+    params : mapping
+        Names to arrays (possibly nested), or to stored tensors that `load` reads.
+    storage : bool, default True
+        Whether to compute ``nm_2_4`` and ``bytes`` (a pass over each tensor).
+    roles : mapping, optional
+        Path to role (:func:`arrayprune.adapters.plan.file_roles`); from the names and
+        layout of `params` if omitted.
+    load : callable, optional
+        Reads one value of `params` as an array (one tensor in memory at a time):
+        ``TensorFiles.load`` for :class:`~arrayprune.adapters.formats.safetensors_stream.StoredTensor`
+        values.
+
+    Returns
+    -------
+    list of dict
+        Per tensor: ``name``, ``shape``, ``dtype``, ``size``, ``zeros``, ``sparsity``,
+        ``masked``, ``role`` (and ``output_axis``, ``reduction_axis`` of a weight),
+        ``nodes`` (the names of the graph nodes reading it, ONNX; else empty),
+        ``prunable`` (whether ``prune`` selects it by default: a floating-point layer
+        weight), ``reason`` (why not, or None),
+        ``tied_to`` (the first name of the same tensor stored under several names, or
+        None), ``nm_2_4`` (whether the tensor is 2:4 sparse along its reduction axis, the
+        axis ``prune --method nm_structured`` uses, or its last axis when the role has
+        none) and
+        ``bytes`` (the storage forms of :func:`arrayprune.sparse_nbytes`).
+    """
+    masked = set(mp.pruned_keys(params))
+    if roles is None:
+        roles = tree_roles(params)
+    plan = {e.path: e for e in make_plan(params, roles)}
+    first_name: dict[Any, str] = {}
+    rows = []
+    for path, value, mask in mp.iter_entries(params):
+        if not (hasattr(value, "shape") and hasattr(value, "dtype")):
+            continue  # plain numbers and strings of a checkpoint: not tensors
+        key = alias_key(value)  # of the stored tensor: copies read one at a time may reuse memory
+        if load is not None:
+            value, mask = load(value), None if mask is None else load(mask)
+        if mask is not None:
+            value = _fold(value, mask)
+        if load is None:
+            key = alias_key(value)
+        name = _name(path)
+        tied_to = first_name.setdefault(key, name)
+        n, z = _size(value), count_zeros(value)
+        entry = plan.get(path)
+        role = roles.get(path, Role("other", why="unknown"))
+        reason = entry.reason if entry is not None else "tied"
+        row = {
+            "name": name,
+            "shape": [int(s) for s in value.shape],
+            "dtype": dtype_name(value),
+            "size": n,
+            "zeros": z,
+            "sparsity": z / n if n else 0.0,
+            "masked": path in masked,
+            "role": role.kind,
+            "output_axis": role.output_axis,
+            "reduction_axis": role.reduction_axis,
+            "nodes": list(role.nodes),
+            "prunable": reason is None,
+            "reason": reason,
+            "tied_to": None if tied_to == name else tied_to,
+        }
+        if storage:
+            nbytes = (
+                arrayprune.sparse_nbytes(value, dim=_nm_axis(role, value))
+                if is_float(value)
+                else {"dense": _dense_nbytes(value)}
+            )
+            row.update(nm_2_4="semi_structured_2_4" in nbytes, bytes=nbytes)
+        rows.append(row)
+    return rows
+
+
+def _nm_axis(role: Role, value: Any) -> int:
+    """The axis 2:4 groups of `value` run along: its role's reduction axis, else its last axis."""
+    axis = role.reduction_axis
+    return axis if axis is not None and 0 <= axis < len(value.shape) else -1
+
+
+def _dense_nbytes(x: Any) -> int:
+    itemsize = getattr(x.dtype, "itemsize", None)
+    if itemsize is None:
+        itemsize = np.dtype(dtype_name(x)).itemsize if dtype_name(x) in np.sctypeDict else 0
+    return _size(x) * int(itemsize)
+
+
+def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sums over `rows`, each tensor once (tied names are not counted again).
+
+    Parameters
+    ----------
+    rows : list of dict
+        Rows of :func:`report_rows`.
+
+    Returns
+    -------
+    dict
+        ``tensors``, ``size``, ``zeros``, ``sparsity``, and ``bytes`` (each storage form)
+        when every row has them.
+    """
+    rows = [r for r in rows if r["tied_to"] is None]
+    size = sum(r["size"] for r in rows)
+    zeros = sum(r["zeros"] for r in rows)
+    total: dict[str, Any] = {
+        "tensors": len(rows),
+        "size": size,
+        "zeros": zeros,
+        "sparsity": zeros / size if size else 0.0,
+    }
+    if all("bytes" in r for r in rows):
+        total["bytes"] = {
+            form: sum(r["bytes"].get(form, r["bytes"]["dense"]) for r in rows)
+            for form in ("dense", "csr", "bitmask", "semi_structured_2_4")
+        }
+    return total
+
+
+TOTALS_COVER = {
+    "total": "every tensor of the file, each counted once",
+    "prunable": "the tensors prune selects by default: the floating-point layer weights",
+}
