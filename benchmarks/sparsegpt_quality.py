@@ -611,10 +611,12 @@ def report(args: argparse.Namespace, d: dict | None, c: dict | None, mini: dict 
             "onnxsim's SparseGPT is one-pass: its C++ `ApplySparseGptPruning` takes every Hessian from the dense"
             " model in one calibration run. The peak RSS column is the whole process's, imports included (onnxsim's"
             " extension module is large); the extra column is what the call itself adds. The"
-            f" `{ONE_THREAD}` row is the same sequential run with OpenBLAS on one thread: in a fresh process on this"
-            " loaded 2-core machine, most of arrayprune's time goes to NumPy's first `cholesky` and `inv` calls on"
-            " the 64/256 x 256 Hessians (about 0.1 s each under cProfile, against well under 1 ms warm), not to"
-            " the SparseGPT loop or onnxruntime.",
+            f" `{ONE_THREAD.strip()}` row is the same sequential run with OpenBLAS on one thread: in a fresh process"
+            " on this 2-core machine, much of arrayprune's time goes to NumPy's first `cholesky` and `inv` calls"
+            " on the Hessians (about 0.1-0.2 s each under cProfile, against about 1 ms warm): the first"
+            " multi-threaded OpenBLAS call after an onnxruntime session has run is slow (a 256 x 256 `cholesky`:"
+            " 170 ms, `inv`: 100 ms; 35 ms and 10 ms without the session; under 1 ms and 2 ms with one OpenBLAS"
+            " thread), not the SparseGPT loop.",
             "",
         ]
         for w in ("arrayprune-sequential", "arrayprune-one-pass", ONE_THREAD + "arrayprune-sequential"):
@@ -679,19 +681,24 @@ def plot(d: dict | None, mini: dict | None, path: Path) -> None:
         print("matplotlib missing: no plot")
         return
     panels = [p for p in (d, mini) if p is not None]
-    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 5.5), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(8.5 * len(panels), 5.5), squeeze=False, width_ratios=[1.5, 1][: len(panels)]
+    )
+    colors = plt.get_cmap("tab20").colors
     for ax, part in zip(axes[0], panels, strict=True):
         columns = (*AMOUNTS, NM) if part is d else (*MINILM_AMOUNTS, NM)
         xs = list(range(len(columns)))
-        for label, accs in part["results"].items():
-            if "one-pass, global" in label:
-                continue
-            style = "--" if label.startswith("onnxsim") else "-"
+        for i, (label, accs) in enumerate(part["results"].items()):
+            onnxsim = label.startswith("onnxsim")
             marker = "s" if "SparseGPT" in label else ("^" if "Wanda" in label else "o")
             pts = [(x, accs[c][0]) for x, c in zip(xs, columns, strict=True) if c in accs and c != NM]
-            (line,) = ax.plot(*zip(*pts, strict=True), style, marker=marker, label=label)
+            # onnxsim dashed with hollow markers, so that its curves show where they coincide with arrayprune's.
+            kw = {"color": colors[(2 * i) % 20 + (i * 2 // 20) % 2], "marker": marker, "markersize": 6}
+            if onnxsim:
+                kw.update(linestyle="--", markerfacecolor="none", markersize=9)
+            ax.plot(*zip(*pts, strict=True), label=label, **kw)
             if NM in accs:
-                ax.plot([xs[-1]], [accs[NM][0]], marker=marker, color=line.get_color(), linestyle="none")
+                ax.plot([xs[-1]], [accs[NM][0]], **{**kw, "linestyle": "none"})
         ax.set_xticks(xs, [f"{c:.0%}" if not isinstance(c, str) else "2:4 (50%)" for c in columns])
         ax.set_xlabel("sparsity of the pruned layer weights")
         ax.grid(alpha=0.3)
@@ -699,6 +706,9 @@ def plot(d: dict | None, mini: dict | None, path: Path) -> None:
             ax.axhline(d["dense"], color="grey", linewidth=0.8, linestyle=":", label=f"dense ({d['dense']:.4f})")
             ax.set_ylabel("test accuracy (onnxruntime)")
             ax.set_title("Digits MLP 64-256-256-10: test accuracy")
+            ax.set_ylim(0, 1.02)
+            ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+            continue
         else:
             ax.set_ylabel("mean cosine to the dense embeddings")
             ax.set_title("MiniLM-L6: sentence-embedding cosine")
