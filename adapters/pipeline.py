@@ -21,7 +21,8 @@ Stages, in order:
   global (one threshold over the selected tensors): the pipeline is the only caller of
   global pruning, in memory (:func:`arrayprune.global_unstructured`, the mapping
   adapter for masks) or by radix selection over stored tensors
-  (:mod:`arrayprune.adapters.stream_pruning`).
+  (:mod:`arrayprune.adapters.stream_pruning`); or, for a reconstruction method
+  (``--method sparsegpt``), :mod:`arrayprune.adapters.reconstruct_stage`.
 * **write**: atomic (:func:`arrayprune.adapters.formats.save`, or the checkpoint's own
   writer), then ``verify`` (ONNX) on what was written.
 * **summary**: the counts of zeros (:mod:`arrayprune.adapters.summary`) and what to
@@ -54,6 +55,7 @@ from arrayprune.adapters.calibration import (
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile
 from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, stream_seed
+from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
 from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module, spec_from
 from arrayprune.adapters.roles.names import tree_roles
 from arrayprune.adapters.stream_pruning import PruneSummary, Totals, prune_source
@@ -235,7 +237,7 @@ def _plan(storage: Any, spec: PruneSpec) -> list[PlanEntry]:
     return make_plan(
         storage.params,
         storage.roles,
-        method=spec.method,
+        method=spec.mask_method,
         include=spec.include,
         exclude=spec.exclude,
         min_size=spec.min_size,
@@ -382,13 +384,7 @@ def _prune_folded(
     """
     folded = {}
     if spec.global_:
-        cls, kwargs = _global_arguments(spec)
-        scores = _scores(targets, norms, src)
-        hooks.stage(_threshold_stage(targets))
-        try:
-            masks = arrayprune.global_unstructured([t.value for t in targets], cls, scores, **kwargs)
-        except _FAILURES as exc:
-            raise PruneError(f"global pruning: {error_text(exc)}", src) from None
+        masks = _global_masks(targets, spec, src, hooks, _scores(targets, norms, src))
         for i, target in enumerate(targets):
             folded[target.path] = target.value * masks[i]
             masks[i] = None
@@ -405,6 +401,16 @@ def _prune_folded(
     return mp.replace(params, folded)
 
 
+def _global_masks(targets: list[PlanEntry], spec: PruneSpec, src: str, hooks: Hooks, scores: Any = None) -> list:
+    """The keep masks of one global ranking of the targets (by `scores`, else by their values)."""
+    cls, kwargs = _global_arguments(spec)
+    hooks.stage(_threshold_stage(targets))
+    try:
+        return arrayprune.global_unstructured([t.value for t in targets], cls, scores, **kwargs)
+    except _FAILURES as exc:
+        raise PruneError(f"global pruning: {error_text(exc)}", src) from None
+
+
 def _write_whole(
     storage: WholeFile,
     dst: str,
@@ -416,7 +422,9 @@ def _write_whole(
 ) -> PruneSummary:
     """Prune in memory, write `dst` atomically, count the zeros of what was written."""
     src, params = storage.src, storage.params
-    if spec.keep_masks or mp.is_pruned(params):
+    if spec.method in RECONSTRUCTIONS:  # weights pruned and updated (reconstruct_stage)
+        folded = out_params = reconstruct(storage, targets, spec, hooks, lambda t, s: _global_masks(t, s, src, hooks))
+    elif spec.keep_masks or mp.is_pruned(params):
         masked = _prune_params(params, targets, spec, src, norms, hooks)
         folded = mp.apply_masks(masked)
         folded = mp.replace(folded, {other: lookup(folded, t.path) for t in targets for other in t.tied})
@@ -647,6 +655,8 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     src, dst = os.fspath(src), None if dst is None else os.fspath(dst)
     if not os.path.exists(src):
         raise PruneError("no such file", src)
+    if input_refusal(spec, src):
+        raise PruneError(input_refusal(spec, src), src)
     out_format = None
     if sharded.is_sharded(src):
         refused = StreamedCheckpoint.refusal(spec)
@@ -669,7 +679,7 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
 
     plan = _plan(storage, spec)
     targets = _targets(plan, src)
-    norms = input_norms(spec, storage, targets, src, hooks)
+    norms = None if spec.method in RECONSTRUCTIONS else input_norms(spec, storage, targets, src, hooks)
     prepared = _verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written
     if isinstance(storage, StreamedCheckpoint):
         written = _write_streamed(storage, dst, plan, targets, spec, norms, hooks)
@@ -745,7 +755,7 @@ def prune_file(src: Any, dst: Any = None, *, hooks: Hooks = Hooks(), **options: 
         ``include``, ``exclude``, ``min_size``, ``min_sparsity``, ``max_sparsity``,
         ``lamp``, ``calibration``, ``calibration_batch``, ``input_norms``, ``seed``,
         ``keep_masks``, ``force``, ``dry_run``, ``verify``, ``verify_data``,
-        ``verify_tol``: see :class:`~arrayprune.adapters.request.PruneSpec`.
+        ``verify_tol``, ``one_pass``: see :class:`~arrayprune.adapters.request.PruneSpec`.
 
     Returns
     -------

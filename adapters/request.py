@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import arrayprune
+from arrayprune.adapters.reconstruct_stage import OWN_OPTIONS, RECONSTRUCTIONS, refusal
 from arrayprune.adapters.verify import DEFAULT_TOL
 from arrayprune.registry import constructor_parameters
 
@@ -93,6 +94,8 @@ def method_flags(name: str) -> dict[str, str]:
 
     Parameters the command line cannot give (a mask, a generator) are left out.
     """
+    if name in RECONSTRUCTIONS:
+        return dict(RECONSTRUCTIONS[name].flags)
     params = [p.name for p in constructor_parameters(arrayprune.METHODS[name])]
     flags = {p: PARAMETER_FLAGS[p] for p in params if p in PARAMETER_FLAGS}
     if {"n", "m"} <= set(params):
@@ -110,8 +113,9 @@ def _runnable(name: str) -> bool:
 
 
 #: The methods a request can name: those of the table that prune something the options
-#: can describe (``identity`` has nothing to set; ``custom_from_mask`` needs a mask).
-METHODS = tuple(name for name in arrayprune.METHODS if method_flags(name) and _runnable(name))
+#: can describe (``identity`` has nothing to set; ``custom_from_mask`` needs a mask), and
+#: the reconstruction methods (:data:`~arrayprune.adapters.reconstruct_stage.RECONSTRUCTIONS`).
+METHODS = (*(name for name in arrayprune.METHODS if method_flags(name) and _runnable(name)), *RECONSTRUCTIONS)
 
 
 def methods_with(flag: str) -> list[str]:
@@ -181,7 +185,7 @@ class PruneSpec:
     lamp : bool, default False
         ``global_``: rank by layer-adaptive (LAMP) scores.
     calibration : str, optional
-        ONNX: calibration samples (``.npz``) for Wanda's input norms.
+        ONNX: calibration samples (``.npz``) for Wanda's input norms or ``sparsegpt``.
     calibration_batch : int, optional
         Samples run at a time with `calibration`.
     input_norms : str, optional
@@ -200,6 +204,8 @@ class PruneSpec:
         ``verify``: real inputs (``.npz``).
     verify_tol : tuple of (float, float), optional
         ``verify``: ``(rtol, atol)``; :data:`DEFAULT_VERIFY_TOL` if omitted.
+    one_pass : bool, default False
+        Reconstruction methods: every Hessian from the dense model (else layer by layer).
     """
 
     method: str = "l1_unstructured"
@@ -225,6 +231,7 @@ class PruneSpec:
     verify: bool = False
     verify_data: str | None = None
     verify_tol: tuple[float, float] | None = None
+    one_pass: bool = False
 
     def __post_init__(self) -> None:
         for name in ("include", "exclude"):  # a single pattern, or any iterable: a tuple
@@ -238,11 +245,17 @@ class PruneSpec:
     @property
     def plan_only(self) -> bool:
         """A dry run without an amount: the plan lists roles and axes, nothing is constructed."""
-        return self.dry_run and self.amount is None and "--amount" in method_flags(self.method).values()
+        given = self.amount is not None or self.nm is not None
+        return self.dry_run and not given and "--amount" in method_flags(self.method).values()
+
+    @property
+    def mask_method(self) -> str:
+        """The method of :data:`arrayprune.METHODS` that plans (and masks) for this request."""
+        return RECONSTRUCTIONS[self.method].stand_in(self) if self.method in RECONSTRUCTIONS else self.method
 
     def method_class(self) -> type:
-        """The class of :data:`arrayprune.METHODS` the request names."""
-        return arrayprune.METHODS[self.method]
+        """The class of :data:`arrayprune.METHODS` the request names (a reconstruction's stand-in)."""
+        return arrayprune.METHODS[self.mask_method]
 
     def checked(self) -> PruneSpec:
         """Refuse options that do not apply to the method; the request with its defaults filled in.
@@ -260,9 +273,15 @@ class PruneSpec:
             Naming the option as the command line spells it.
         """
         self._check_values()
+        if refusal(self):
+            raise PruneError(refusal(self))
+        if self.method in RECONSTRUCTIONS:  # its other options as its stand-in mask method's
+            own = {name: getattr(self, name) for name in OWN_OPTIONS}
+            stand_in = dataclasses.replace(self, method=self.mask_method, one_pass=False)
+            return dataclasses.replace(stand_in.checked(), **own)
         cls = self.method_class()
         if self.global_ and cls.PRUNING_TYPE != "unstructured":
-            unstructured = [m for m in METHODS if arrayprune.METHODS[m].PRUNING_TYPE == "unstructured"]
+            unstructured = [m for m in METHODS if PruneSpec(m).method_class().PRUNING_TYPE == "unstructured"]
             raise PruneError(f"--global needs an unstructured method ({' or '.join(unstructured)}), not {self.method}")
         if not self.global_ and (self.min_sparsity is not None or self.max_sparsity is not None or self.lamp):
             raise PruneError("--min-sparsity, --max-sparsity and --lamp shape global pruning: add --global")

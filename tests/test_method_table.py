@@ -101,6 +101,7 @@ def test_command_line_choices_are_the_runnable_table_methods():
         "nm_structured",
         "block_unstructured",
         "wanda",
+        "sparsegpt",
     )
 
 

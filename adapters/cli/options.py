@@ -156,7 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the plan (each tensor: role, shape, axis used, pruned or why not) and write nothing",
     )
-    p.add_argument("--method", choices=METHODS, default="l1_unstructured", help="pruning method (default: %(default)s)")
+    p.add_argument(
+        "--method",
+        choices=METHODS,
+        default="l1_unstructured",
+        help="pruning method (default: %(default)s); sparsegpt (ONNX, needs --calibration, --amount or --nm) also"
+        " updates the weights it keeps, calibrated layer by layer",
+    )
     p.add_argument(
         "--amount", type=_amount, default=None, help="fraction in [0, 1] to prune, or a count (not for nm_structured)"
     )
@@ -210,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibration",
         metavar="NPZ",
         help="ONNX: calibration batches (graph input name -> samples along axis 0) for Wanda's input norms; "
-        f"with {', '.join(SCORED_METHODS)}",
+        f"with {', '.join(SCORED_METHODS)}; or for sparsegpt's Hessians",
     )
     p.add_argument(
         "--calibration-batch",
@@ -218,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help=f"--calibration: samples run at a time (default: {BATCH_SIZE})",
+    )
+    p.add_argument(
+        "--one-pass", action="store_true", help="sparsegpt: every Hessian from the dense model, in one pass"
     )
     p.add_argument(
         "--input-norms",
