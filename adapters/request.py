@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import arrayprune
+from arrayprune.adapters.shrink_request import check_shrink
 from arrayprune.adapters.verify import DEFAULT_TOL
 from arrayprune.registry import constructor_parameters
 
@@ -200,6 +201,10 @@ class PruneSpec:
         ``verify``: real inputs (``.npz``).
     verify_tol : tuple of (float, float), optional
         ``verify``: ``(rtol, atol)``; :data:`DEFAULT_VERIFY_TOL` if omitted.
+    shrink : bool, default False
+        ONNX: remove the channels a structured method drops (see :mod:`arrayprune.adapters.shrinking`).
+    groups : {"channels", "heads"}, optional
+        ``shrink``: what a group is (``"channels"``, the default; ``"heads"`` not yet).
     """
 
     method: str = "l1_unstructured"
@@ -225,6 +230,8 @@ class PruneSpec:
     verify: bool = False
     verify_data: str | None = None
     verify_tol: tuple[float, float] | None = None
+    shrink: bool = False
+    groups: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("include", "exclude"):  # a single pattern, or any iterable: a tuple
@@ -260,6 +267,7 @@ class PruneSpec:
             Naming the option as the command line spells it.
         """
         self._check_values()
+        check_shrink(self)
         cls = self.method_class()
         if self.global_ and cls.PRUNING_TYPE != "unstructured":
             unstructured = [m for m in METHODS if arrayprune.METHODS[m].PRUNING_TYPE == "unstructured"]
