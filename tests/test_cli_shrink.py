@@ -112,9 +112,9 @@ def test_command_writes_what_shrink_onnx_returns(model, tmp_path, capsys, method
     assert list(got.graph.node) == list(small.graph.node)
     assert list(got.graph.value_info) == list(small.graph.value_info)
     assert report.params_after < report.params_before
-    lines = printed.splitlines()
+    lines, n = printed.splitlines(), len(report.kept)
     assert lines[0] == (
-        f"shrunk {len(report.kept)} channel groups of {src} ({method}, amount 0.5): "
+        f"shrunk {n} channel group{'s' if n > 1 else ''} of {src} ({method}, amount 0.5): "
         f"{report.params_before} -> {report.params_after} parameters "
         f"({100 * report.params_after / report.params_before:.2f}%) -> {out}"
     )

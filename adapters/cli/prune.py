@@ -82,9 +82,9 @@ def _print_shrink(result: PruneResult) -> None:
         print(f"channel groups of {result.src} ({result.kind}), {spec.method}{amount}; nothing is written (--dry-run)")
         print(shrink.describe() or "no layer whose output channels could be removed")
         return
-    before, after = shrink.params_before, shrink.params_after
+    before, after, n = shrink.params_before, shrink.params_after, len(shrink.kept)
     print(
-        f"shrunk {len(shrink.kept)} channel groups of {result.src} ({spec.method}{amount}): "
+        f"shrunk {n} channel group{'s' if n > 1 else ''} of {result.src} ({spec.method}{amount}): "
         f"{before} -> {after} parameters ({_pct(after, before)}) -> {result.dst}"
     )
     for g in shrink.groups.groups:
