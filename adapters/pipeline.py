@@ -508,6 +508,8 @@ class PruneResult:
         ``verify``: each output of the pruned model against the original's.
     verify_sizes : dict
         ``verify`` on random inputs: the sizes chosen for symbolic dimensions.
+    shrink : ShrinkResult or None
+        ``shrink``: groups, channels kept, parameters (:mod:`arrayprune.adapters.shrinking`).
     """
 
     src: str
@@ -523,6 +525,7 @@ class PruneResult:
     warnings: list[str] = field(default_factory=list)
     verify: list[Any] | None = None
     verify_sizes: dict[str, int] = field(default_factory=dict)
+    shrink: Any = None
 
     @property
     def targets(self) -> list[PlanEntry]:
@@ -657,6 +660,10 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
         raise PruneError("no such file", src)
     if input_refusal(spec, src):
         raise PruneError(input_refusal(spec, src), src)
+    if spec.shrink:  # a stage of its own, in place of plan and prune: channel groups, sliced away
+        from arrayprune.adapters.shrinking import run_shrink
+
+        return run_shrink(src, dst, spec, hooks)
     out_format = None
     if sharded.is_sharded(src):
         refused = StreamedCheckpoint.refusal(spec)
@@ -698,8 +705,8 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     return result
 
 
-def _verify_inputs(spec: PruneSpec, src: str) -> Any:
-    """Run the original model on the ``verify`` inputs, before anything is written."""
+def _verify_inputs(spec: PruneSpec, src: str, original: Any = None) -> Any:
+    """Run the original model (`src`, or `original` in memory) on the ``verify`` inputs, before anything is written."""
     from arrayprune.adapters import verify
     from arrayprune.adapters.calibration import _read_npz
 
@@ -712,7 +719,7 @@ def _verify_inputs(spec: PruneSpec, src: str) -> Any:
     elif spec.calibration:
         data = {k: v[:BATCH_SIZE] for k, v in read_calibration(spec.calibration).items()}
     try:
-        return verify.prepare(src, data=data, seed=spec.seed)
+        return verify.prepare(src if original is None else original, data=data, seed=spec.seed)
     except ValueError as exc:
         raise PruneError(f"--verify: {error_text(exc)}", spec.verify_data or src) from None
 
@@ -755,7 +762,7 @@ def prune_file(src: Any, dst: Any = None, *, hooks: Hooks = Hooks(), **options: 
         ``include``, ``exclude``, ``min_size``, ``min_sparsity``, ``max_sparsity``,
         ``lamp``, ``calibration``, ``calibration_batch``, ``input_norms``, ``seed``,
         ``keep_masks``, ``force``, ``dry_run``, ``verify``, ``verify_data``,
-        ``verify_tol``, ``one_pass``: see :class:`~arrayprune.adapters.request.PruneSpec`.
+        ``verify_tol``, ``one_pass``, ``shrink``, ``groups``: see :class:`~arrayprune.adapters.request.PruneSpec`.
 
     Returns
     -------

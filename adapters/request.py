@@ -28,6 +28,7 @@ from typing import Any
 
 import arrayprune
 from arrayprune.adapters.reconstruct_stage import OWN_OPTIONS, RECONSTRUCTIONS, refusal
+from arrayprune.adapters.shrink_request import check_shrink
 from arrayprune.adapters.verify import DEFAULT_TOL
 from arrayprune.registry import constructor_parameters
 
@@ -206,6 +207,10 @@ class PruneSpec:
         ``verify``: ``(rtol, atol)``; :data:`DEFAULT_VERIFY_TOL` if omitted.
     one_pass : bool, default False
         Reconstruction methods: every Hessian from the dense model (else layer by layer).
+    shrink : bool, default False
+        ONNX: remove the channels a structured method drops (see :mod:`arrayprune.adapters.shrinking`).
+    groups : {"channels", "heads"}, optional
+        ``shrink``: what a group is (``"channels"``, the default; ``"heads"`` not yet).
     """
 
     method: str = "l1_unstructured"
@@ -232,6 +237,8 @@ class PruneSpec:
     verify_data: str | None = None
     verify_tol: tuple[float, float] | None = None
     one_pass: bool = False
+    shrink: bool = False
+    groups: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("include", "exclude"):  # a single pattern, or any iterable: a tuple
@@ -275,6 +282,7 @@ class PruneSpec:
         self._check_values()
         if refusal(self):
             raise PruneError(refusal(self))
+        check_shrink(self)
         if self.method in RECONSTRUCTIONS:  # its other options as its stand-in mask method's
             own = {name: getattr(self, name) for name in OWN_OPTIONS}
             stand_in = dataclasses.replace(self, method=self.mask_method, one_pass=False)

@@ -95,16 +95,23 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _session(path: str) -> Any:
-    """An onnxruntime CPU session of the model at `path` (by path: its external data beside it)."""
+def _label(model: Any) -> str:
+    """How messages name a model: its path, or what a model in memory is."""
+    return "the reference model (in memory)" if hasattr(model, "SerializeToString") else str(model)
+
+
+def _session(path: Any) -> Any:
+    """An onnxruntime CPU session of the model at `path` (by path: its external data beside it),
+    or of an ``onnx.ModelProto`` in memory (its data inline)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # fatal only: failures come back as one-line errors
+    source = path.SerializeToString() if hasattr(path, "SerializeToString") else str(path)
     try:
-        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
-        raise ValueError(f"onnxruntime cannot load {path}: {_first_line(exc)}") from None
+        raise ValueError(f"onnxruntime cannot load {_label(path)}: {_first_line(exc)}") from None
 
 
 def _bfloat16_bits(x: np.ndarray) -> np.ndarray:
@@ -195,13 +202,14 @@ def _size_choices(n: int) -> list[tuple[int, ...]]:
     return combos[:_MAX_TRIES]
 
 
-def prepare(original: str, *, data: Mapping[str, Any] | None = None, seed: int | None = None) -> Prepared:
+def prepare(original: Any, *, data: Mapping[str, Any] | None = None, seed: int | None = None) -> Prepared:
     """Choose the inputs and run the original model on them.
 
     Parameters
     ----------
-    original : str
-        Path of the original ONNX model.
+    original : str or onnx.ModelProto
+        Path of the original ONNX model, or the model to compare with, in memory (the
+        dense model with the channels that shrinking removed zeroed, for instance).
     data : mapping of str to array, optional
         Real inputs: every graph input name -> array. Random inputs if omitted.
     seed : int, optional
@@ -226,7 +234,8 @@ def prepare(original: str, *, data: Mapping[str, Any] | None = None, seed: int |
         try:
             return Prepared(feeds, _run(session, feeds), {})
         except Exception as exc:  # noqa: BLE001
-            raise ValueError(f"onnxruntime cannot run {original} on the verify data: {_first_line(exc)}") from None
+            what = _label(original)
+            raise ValueError(f"onnxruntime cannot run {what} on the verify data: {_first_line(exc)}") from None
     from arrayprune.adapters.plan import stream_seed
 
     symbols = _symbols(session)
@@ -241,7 +250,7 @@ def prepare(original: str, *, data: Mapping[str, Any] | None = None, seed: int |
             first_error = first_error or _first_line(exc)
     named = ", ".join(f"{s!r} ({where})" for s, where in symbols)
     raise ValueError(
-        f"onnxruntime cannot run {original} on random inputs with its symbolic dimensions {named} set to "
+        f"onnxruntime cannot run {_label(original)} on random inputs with its symbolic dimensions {named} set to "
         f"sizes 1..{_SIZES[-1]} ({first_error}); give real inputs with --verify-data inputs.npz"
     )
 

@@ -187,6 +187,9 @@ INVALID = [
     ({"amount": 0.5, "method": "random_unstructured", "input_norms": "n.npz"}, "makes Wanda's scores"),
     ({"amount": 0.5, "method": "wanda"}, "--method wanda needs input norms"),
     ({"amount": 0.5, "calibration_batch": 4}, "--calibration-batch needs --calibration"),
+    ({"amount": 0.5, "shrink": True}, "--shrink removes whole channels"),
+    ({"amount": 0.5, "method": "ln_structured", "shrink": True, "keep_masks": True}, "--keep-masks does not go"),
+    ({"amount": 0.5, "groups": "channels"}, "--groups says what --shrink removes"),
     ({"amount": 2.5}, "--amount:"),
     ({"method": "nm_structured", "nm": (5, 4)}, "--nm:"),
 ]

@@ -5,7 +5,7 @@
     arrayprune prune IN -o OUT --amount A [--method M] [--global] [--n N] [--dim D]
                      [--nm N:M] [--block RxC] [--min-sparsity F] [--max-sparsity F] [--lamp]
                      [--include PATTERN ...] [--exclude PATTERN ...] [--min-size N]
-                     [--seed S] [--keep-masks] [--force]
+                     [--seed S] [--keep-masks] [--force] [--shrink [--groups {channels,heads}]]
                      [--verify [--verify-tol RTOL[,ATOL]] [--verify-data NPZ]]
     arrayprune report FILE [--json]
 

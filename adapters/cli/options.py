@@ -22,6 +22,7 @@ from arrayprune.adapters.request import (
     method_flags,
     methods_with,
 )
+from arrayprune.adapters.shrink_request import GROUPS, channel_methods
 from arrayprune.adapters.verify import DEFAULT_TOL
 
 from .errors import PROG, CliError
@@ -245,6 +246,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="write name_orig and name_mask (the PyTorch state-dict convention) instead of folded weights",
     )
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists (even if it is IN)")
+    p.add_argument(
+        "--shrink",
+        action="store_true",
+        help=f"ONNX: remove the channels {' or '.join(channel_methods())} drop from every tensor holding them",
+    )
+    p.add_argument(
+        "--groups", choices=GROUPS, default=None, help="--shrink: what a group is (default: channels; heads: not yet)"
+    )
     p.add_argument(
         "--verify",
         action="store_true",

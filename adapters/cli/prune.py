@@ -31,7 +31,9 @@ def spec_of(args: argparse.Namespace) -> PruneSpec:
 def run_prune(args: argparse.Namespace) -> int:
     """Run ``arrayprune prune``; the exit status (1 if ``--verify`` fails)."""
     result = run(args.input, args.output, spec_of(args), HOOKS)
-    if result.written is None:
+    if result.shrink is not None:
+        _print_shrink(result)
+    elif result.written is None:
         _print_plan(result)
     else:
         _print_pruned(result)
@@ -70,6 +72,26 @@ def _print_pruned(result: PruneResult) -> None:
         f"whole file: {whole.zeros} of {whole.size} entries zero ({_pct(whole.zeros, whole.size)}) "
         f"in {whole.tensors} tensors"
     )
+
+
+def _print_shrink(result: PruneResult) -> None:
+    """The groups (dry run), or the parameters before and after and the channels kept per group."""
+    spec, shrink = result.spec, result.shrink
+    amount = "" if spec.amount is None else f", amount {spec.amount}"
+    if result.written is None:
+        print(f"channel groups of {result.src} ({result.kind}), {spec.method}{amount}; nothing is written (--dry-run)")
+        print(shrink.describe() or "no layer whose output channels could be removed")
+        return
+    before, after, n = shrink.params_before, shrink.params_after, len(shrink.kept)
+    print(
+        f"shrunk {n} channel group{'s' if n > 1 else ''} of {result.src} ({spec.method}{amount}): "
+        f"{before} -> {after} parameters ({_pct(after, before)}) -> {result.dst}"
+    )
+    for g in shrink.groups.groups:
+        print(f"group {g.group.name}: {g.group.channels} -> {len(shrink.kept[g.group.name])} channels kept")
+    if shrink.groups.left:
+        n = len(shrink.groups.left)
+        print(f"left as they are: the channels of {n} producer{'s' if n > 1 else ''} (--dry-run --shrink says why)")
 
 
 def _print_files(result: PruneResult) -> None:

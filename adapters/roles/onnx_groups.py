@@ -51,6 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from arrayprune.amount import compute_nparams_toprune
 from arrayprune.groups import ChannelGroup, Member
 
 from .onnx_graph import _attr, _build, _node_label, _onnx, onnx_roles
@@ -133,12 +134,20 @@ class OnnxGroups:
     groups: list[OnnxGroup] = field(default_factory=list)
     left: list[LeftGroup] = field(default_factory=list)
 
-    def describe(self) -> str:
-        """Lines for people: each group with its members, each left producer with its reason."""
+    def describe(self, amount: int | float | None = None) -> str:
+        """Lines for people: each group with its members, each left producer with its reason.
+
+        Members are ``name[axis]``, marked ``*`` if they do not score (biases, constants,
+        norm statistics). With `amount` (a fraction or a count per group, as
+        :func:`~arrayprune.adapters.shrink.shrink_onnx` takes it), each group's channels
+        are ``before -> after``.
+        """
         lines = []
         for g in self.groups:
             members = ", ".join(f"{m.key}[{m.axis}]" + ("" if m.weight else "*") for m in g.group.members)
-            lines.append(f"group {g.group.name} ({g.group.channels} channels, {g.producer}): {members}")
+            n = g.group.channels
+            count = f"{n}" if amount is None else f"{n} -> {n - compute_nparams_toprune(amount, n)}"
+            lines.append(f"group {g.group.name} ({count} channels, {g.producer}): {members}")
         for lf in self.left:
             lines.append(f"left {lf.name} ({lf.channels} channels, {lf.producer}): {lf.reason}")
         return "\n".join(lines)

@@ -1,0 +1,60 @@
+"""The options of a request that shrinks (``--shrink``, ``--groups``): what goes with them.
+
+Checked by :meth:`arrayprune.adapters.request.PruneSpec.checked`, before the other
+options, so that an option that cannot go with ``--shrink`` is named as such. What a
+file cannot do with them (not ONNX, heads in an ONNX graph) is the shrink stage's
+:func:`arrayprune.adapters.shrinking.refusal`, by the format of the input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import arrayprune
+
+__all__ = ["GROUPS", "channel_methods", "check_shrink"]
+
+#: The values of ``--groups``: the coupled channels of layers, or attention heads.
+GROUPS = ("channels", "heads")
+
+
+def channel_methods() -> list[str]:
+    """The methods of the table that remove whole channels: those that score channels."""
+    return [name for name, cls in arrayprune.METHODS.items() if callable(getattr(cls, "channel_scores", None))]
+
+
+def check_shrink(spec: Any) -> None:
+    """Refuse what cannot go with ``shrink`` (or ``groups`` without it).
+
+    Raises
+    ------
+    PruneError
+        One line naming the flags.
+    """
+    from arrayprune.adapters.request import PruneError
+
+    if spec.groups is not None and spec.groups not in GROUPS:
+        raise PruneError(f"invalid choice for --groups: {spec.groups!r} (choose from {', '.join(GROUPS)})")
+    if not spec.shrink:
+        if spec.groups is not None:
+            raise PruneError("--groups says what --shrink removes: add --shrink")
+        return
+    if not callable(getattr(spec.method_class(), "channel_scores", None)):
+        raise PruneError(
+            f"--shrink removes whole channels: use a method that scores channels "
+            f"({' or '.join(channel_methods())}), not {spec.method}"
+        )
+    if spec.global_:
+        raise PruneError(
+            "--global does not go with --shrink yet: each channel group loses --amount of its own channels "
+            "(one ranking across groups of different sizes and scales is not implemented)"
+        )
+    if spec.keep_masks:
+        raise PruneError("--keep-masks does not go with --shrink: shrinking changes the shapes that masks would keep")
+    if spec.dim is not None:
+        raise PruneError("--dim does not apply to --shrink: each tensor of a channel group has its own axis")
+    if spec.include or spec.exclude or spec.min_size:
+        raise PruneError(
+            "--include, --exclude and --min-size select tensors; --shrink removes every channel group of the "
+            "graph (selecting groups is not supported yet)"
+        )

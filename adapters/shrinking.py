@@ -1,0 +1,261 @@
+"""The shrink stage of the file pipeline: ``arrayprune prune --shrink``, ``prune_file(..., shrink=True)``.
+
+A structured method that removes whole channels (one that scores channels:
+``ln_structured``, ``random_structured``) drops ``amount`` of the channels of every
+channel group of an ONNX graph, and the channels go: every tensor holding them is
+sliced (:func:`arrayprune.adapters.shrink.shrink_onnx`; groups from
+:func:`arrayprune.adapters.roles.onnx_groups.onnx_groups`). :func:`arrayprune.adapters.pipeline.run`
+hands a request with ``shrink`` to :func:`run_shrink`, which runs in its place:
+
+* **request**: :func:`arrayprune.adapters.shrink_request.check_shrink` (through
+  ``PruneSpec.checked``) refuses the options that cannot go with it;
+* **open**: :func:`refusal` says what the input's format cannot do (only an ONNX graph
+  has channel groups to read; heads come from Hugging Face configs, not yet read);
+* **groups**: the dry run lists each group (members, channels before and after) and each
+  producer left, with its reason;
+* **shrink**, then **write**: through the ONNX writer (:func:`arrayprune.adapters.formats.save`),
+  atomically, inline or with external data as the input had it;
+* **verify**: the shrunk model against the dense model with the dropped channels zeroed
+  where the next layers read them, built in memory: the same function, so any tolerance
+  holds up to rounding;
+* **summary**: parameters before and after, the channels kept per group
+  (:class:`ShrinkResult`, ``PruneResult.shrink``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from arrayprune import amount as _amount
+from arrayprune.adapters import formats as fmt
+from arrayprune.adapters.formats import sharded
+from arrayprune.adapters.formats.onnx import _PROTOBUF_LIMIT, inline_tensor, iter_initializers
+from arrayprune.adapters.formats.weightfile import WeightFile
+from arrayprune.adapters.pipeline import (
+    Hooks,
+    PruneResult,
+    WholeFile,
+    _check_output,
+    _compare,
+    _plan,
+    _verify_inputs,
+)
+from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module
+from arrayprune.adapters.roles.onnx_groups import OnnxGroups, onnx_groups
+from arrayprune.adapters.shrink import shrink_onnx
+from arrayprune.adapters.stream_pruning import PruneSummary, Totals
+from arrayprune.adapters.summary import report_rows, totals
+
+__all__ = ["ShrinkResult", "refusal", "run_shrink", "zeroed_reference"]
+
+_CLOSING = ("MatMul", "Gemm", "Conv")
+
+
+@dataclass(frozen=True)
+class ShrinkResult:
+    """What the shrink stage found and did: ``PruneResult.shrink``.
+
+    Attributes
+    ----------
+    groups : OnnxGroups
+        The channel groups of the graph and the producers left, with reasons.
+    amount : int or float or None
+        The amount each group lost (None: a dry run without one).
+    kept : dict of str to list of int, or None
+        Per group name, the channels kept, ascending (None for a dry run).
+    params_before, params_after : int or None
+        Entries of all initializers of the main graph, before and after (None for a dry run).
+    """
+
+    groups: OnnxGroups
+    amount: int | float | None = None
+    kept: dict[str, list[int]] | None = None
+    params_before: int | None = None
+    params_after: int | None = None
+
+    def describe(self) -> str:
+        """Each group (members, channels before and after the amount) and each producer left, one a line."""
+        return self.groups.describe(self.amount)
+
+
+def refusal(kind: str, spec: PruneSpec) -> str | None:
+    """What an input of format `kind` cannot do with ``shrink``, as one line; None if it can."""
+    if not spec.shrink:
+        return None
+    if kind != "onnx":
+        return "--shrink reads channel groups from an ONNX graph; Hugging Face checkpoints are not supported yet"
+    if spec.groups == "heads":
+        return (
+            "--groups heads reads attention heads from a Hugging Face config.json, which is not supported yet; "
+            "an ONNX model shrinks by --groups channels"
+        )
+    return None
+
+
+def _check_amount(found: OnnxGroups, amount: int | float, src: str) -> None:
+    """Refuse an amount that a group cannot lose (a count above its channels, or all of them)."""
+    for g in found.groups:
+        n = g.group.channels
+        k = _amount.compute_nparams_toprune(amount, n)
+        if k >= n or (_amount.is_count(amount) and amount > n):
+            raise PruneError(f"--amount {amount} would remove every channel of group {g.group.name!r} ({n})", src)
+
+
+def _notes(spec: PruneSpec) -> list[str]:
+    amount = spec.amount
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount == 0:
+        return []
+    return [
+        f"--amount {amount} is a count, not a fraction: {amount} channels removed from each channel group; "
+        "a fraction has a decimal point (0.5 is half)"
+    ]
+
+
+def _members_inline(wf: WeightFile, found: OnnxGroups) -> Any:
+    """A copy of the model whose group members hold their data (external data read in)."""
+    onnx = optional_module("onnx", "onnx", "--shrink")
+    model = onnx.ModelProto()
+    model.CopyFrom(wf.context["model"])
+    names = {m.key for g in found.groups for m in g.group.members}
+    external = wf.context.get("external", {})
+    for t in model.graph.initializer:
+        if t.name in names and t.data_location == onnx.TensorProto.EXTERNAL:
+            t.CopyFrom(inline_tensor(t, external[t.name]))
+    return model
+
+
+def zeroed_reference(wf: WeightFile, found: OnnxGroups, kept: dict[str, list[int]]) -> Any:
+    """The dense model with the dropped channels zeroed where the next layers read them, in memory.
+
+    The input channels of each group's closing layers (``MatMul``/``Gemm`` B rows,
+    ``Conv`` W input channels) are zeroed: the dense model then computes what the
+    shrunk one computes (a dropped channel's activation, whatever it is after biases and
+    norms, is multiplied by zero). Every initializer holds its data (external data read
+    in), so that onnxruntime can run it from memory.
+
+    Raises
+    ------
+    PruneError
+        If the model does not fit in one protobuf (2 GB).
+    """
+    onnx = optional_module("onnx", "onnx", "--verify")
+    model = onnx.ModelProto()
+    model.CopyFrom(wf.context["model"])
+    zero: dict[str, np.ndarray] = {}
+    for g in found.groups:
+        values = {v for v, _ in g.values}
+        closing = {
+            n.input[1]
+            for i, n in enumerate(model.graph.node)
+            if n.op_type in _CLOSING and len(n.input) > 1 and n.input[0] in values and i not in g.depthwise
+        }
+        dropped = np.setdiff1d(np.arange(g.group.channels), np.asarray(kept[g.group.name], dtype=np.int64))
+        for m in g.group.members:
+            if m.weight and m.key in closing:
+                a = zero[m.key] if m.key in zero else np.array(wf.params[m.key], copy=True)
+                index: list[Any] = [slice(None)] * a.ndim
+                index[m.axis] = dropped
+                a[tuple(index)] = 0
+                zero[m.key] = a
+    external = wf.context.get("external", {})
+    seen: set[str] = set()
+    for t in iter_initializers(model):
+        if t.name in seen:
+            continue
+        seen.add(t.name)
+        if t.name in zero:
+            t.CopyFrom(inline_tensor(t, zero[t.name]))
+        elif t.data_location == onnx.TensorProto.EXTERNAL and t.name in external:
+            t.CopyFrom(inline_tensor(t, external[t.name]))
+    if model.ByteSize() > _PROTOBUF_LIMIT:
+        raise PruneError(
+            "--verify with --shrink runs the zeroed dense model from memory: models over 2 GB are not supported yet",
+            wf.path,
+        )
+    return model
+
+
+def _summary(params: dict, found: OnnxGroups, roles: Any, dst: str) -> PruneSummary:
+    rows = report_rows(params, storage=False, roles=roles)
+    members = {m.key for g in found.groups for m in g.group.members}
+    pruned, whole = totals([r for r in rows if r["name"] in members]), totals(rows)
+    return PruneSummary(
+        pruned=Totals(pruned["tensors"], pruned["size"], pruned["zeros"]),
+        whole=Totals(whole["tensors"], whole["size"], whole["zeros"]),
+        files=[dst],
+        by_tensor={r["name"]: (r["zeros"], r["size"]) for r in rows if r["name"] in members},
+    )
+
+
+def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> PruneResult:
+    """Run the pipeline with the shrink stage: open, groups, shrink, write (then verify), summary.
+
+    Parameters
+    ----------
+    src, dst : str
+        Input (an ONNX model) and output (``.onnx``; None for a dry run).
+    spec : PruneSpec
+        A request with ``shrink`` (checked here).
+    hooks : Hooks
+        Stage announcements.
+
+    Returns
+    -------
+    PruneResult
+        With ``shrink`` (:class:`ShrinkResult`); ``written`` counts the member tensors
+        (``pruned``) and the whole output.
+
+    Raises
+    ------
+    PruneError
+        For options that cannot go with ``shrink``, an input that is not ONNX, an amount
+        a group cannot lose; nothing is written then.
+    """
+    spec = spec.checked()
+    kind = "sharded safetensors" if sharded.is_sharded(src) else fmt.detect_format(src)
+    refused = refusal(kind, spec)
+    if refused:
+        raise PruneError(refused, src)
+    if not spec.dry_run:
+        dst = _check_output(src, dst, spec)
+        if (fmt.format_from_suffix(dst) or kind) != "onnx":
+            raise PruneError("--shrink writes an ONNX model: OUT must be .onnx", dst)
+        if spec.verify:
+            optional_module("onnxruntime", "onnx", "--verify")  # before anything is written
+    storage = WholeFile(src, "onnx", hooks)
+    wf = storage.wf
+    plan = storage.shown(_plan(storage, spec))
+    found = onnx_groups(wf.context["model"])
+    if spec.amount is not None:
+        _check_amount(found, spec.amount, src)
+    if spec.dry_run:
+        return PruneResult(src, None, kind, spec, plan, notes=_notes(spec), shrink=ShrinkResult(found, spec.amount))
+    if not found.groups:
+        raise PruneError("--shrink: no channel group in the graph (--dry-run --shrink says why)", src)
+
+    hooks.stage(f"shrinking {len(found.groups)} channel groups")
+    args = method_arguments(spec, spec.seed)
+    args.pop("amount", None)
+    args.pop("dim", None)
+    try:
+        small, report = shrink_onnx(_members_inline(wf, found), spec.amount, spec.method, **args)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise PruneError(f"--shrink: {error_text(exc)}", src) from None
+    # the dense model runs before OUT is written
+    prepared = _verify_inputs(spec, src, zeroed_reference(wf, found, report.kept)) if spec.verify else None
+
+    numpy_helper = optional_module("onnx.numpy_helper", "onnx", "--shrink")
+    members = {m.key for g in found.groups for m in g.group.members}
+    params = dict(wf.params)
+    params.update((t.name, numpy_helper.to_array(t)) for t in small.graph.initializer if t.name in members)
+    fmt.save(dst, params, "onnx", like=WeightFile(src, "onnx", params, {**wf.context, "model": small}))
+
+    shrunk = ShrinkResult(found, spec.amount, report.kept, report.params_before, report.params_after)
+    written = _summary(params, found, storage.roles, dst)
+    result = PruneResult(src, dst, kind, spec, plan, written, notes=_notes(spec), shrink=shrunk)
+    if prepared is not None:
+        result.verify, result.verify_sizes = _compare(prepared, dst, spec.verify_tol), dict(prepared.sizes)
+    return result
