@@ -40,6 +40,7 @@ __all__ = [
     "PruneError",
     "PruneSpec",
     "method_arguments",
+    "method_options",
     "method_flags",
     "methods_with",
 ]
@@ -157,14 +158,71 @@ def method_arguments(spec: Any, seed: int | None = None, dim: int | None = None)
     return kwargs
 
 
+def method_options(method: Any) -> dict[str, Any]:
+    """A method object as a request's options: its name in the table and its arguments.
+
+    Parameters
+    ----------
+    method : BasePruningMethod
+        An object of a class of :data:`arrayprune.METHODS` whose constructor parameters
+        the options can express (:data:`METHODS`).
+
+    Returns
+    -------
+    dict
+        ``method`` (its name) and each constructor parameter under its option's name
+        (``amount``, ``dim``, ``n``, ``nm`` for N and M, ``block`` for ``block_shape``,
+        ``seed``).
+
+    Raises
+    ------
+    TypeError
+        If `method` is not an object of a class of the table, or holds a generator (a
+        request draws from seeds, one stream per tensor).
+    PruneError
+        If its method cannot be run from a request (``identity``, ``custom_from_mask``).
+
+    Examples
+    --------
+    >>> import arrayprune as ap
+    >>> method_options(ap.NMStructured(2, 4, dim=0))
+    {'method': 'nm_structured', 'nm': (2, 4), 'dim': 0}
+    """
+    name = {cls: n for n, cls in arrayprune.METHODS.items()}.get(type(method))
+    if name is None:
+        raise TypeError(
+            f"method must be a name of {', '.join(METHODS)} or an object of a class of arrayprune.METHODS, "
+            f"not {type(method).__name__} (add a new method to the table: see CONTRIBUTING)"
+        )
+    if name not in METHODS:
+        raise PruneError(f"{name} cannot be run on a file (choose from {', '.join(METHODS)})")
+    if getattr(method, "generator", None) is not None:
+        raise TypeError(f"{type(method).__name__} with a generator: give it a seed (one stream per tensor)")
+    options: dict[str, Any] = {"method": name}
+    flags = method_flags(name)
+    for p in constructor_parameters(type(method)):
+        if p.name not in flags or p.name == "m":
+            continue
+        value = getattr(method, p.name)
+        if flags[p.name] == "--nm":
+            options["nm"] = (value, method.m)
+        else:
+            options[{"block_shape": "block"}.get(p.name, p.name)] = value
+    return options
+
+
 @dataclass(frozen=True)
 class PruneSpec:
     """A request to prune a file: the options of ``arrayprune prune``, under their flags' names.
 
     Parameters
     ----------
-    method : str, default "l1_unstructured"
-        A name of :data:`METHODS` (``--method``).
+    method : str or method object, default "l1_unstructured"
+        A name of :data:`METHODS` (``--method``), or an object of a class of
+        :data:`arrayprune.METHODS` (``ap.LnStructured(0.5, n=1, dim=0)``), which carries
+        its own arguments: they become the options above (see :func:`method_options`), so
+        its ``dim`` applies to every tensor and its ``seed`` is mixed with each tensor's
+        name as ``seed`` is.
     amount : int or float, optional
         Fraction in ``[0, 1]`` or count (``--amount``); required by the methods that take one.
     global_ : bool, default False
@@ -241,6 +299,17 @@ class PruneSpec:
     groups: str | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.method, str):  # a method object: its name and arguments as options
+            options = method_options(self.method)
+            given = sorted(
+                f.name
+                for f in dataclasses.fields(self)
+                if f.name in options and f.name != "method" and getattr(self, f.name) != f.default
+            )
+            if given:
+                raise PruneError(f"the method object carries its own arguments: do not give {', '.join(given)} too")
+            for name, value in options.items():
+                object.__setattr__(self, name, value)
         for name in ("include", "exclude"):  # a single pattern, or any iterable: a tuple
             value = getattr(self, name)
             object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))

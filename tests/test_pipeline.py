@@ -220,3 +220,57 @@ def test_python_values_the_parser_would_refuse(tmp_path):
     assert issubclass(PruneError, ValueError)
     assert PruneSpec(include="*.weight").include == ("*.weight",)
     assert PruneSpec(method="nm_structured").checked().nm == (2, 4)
+
+
+# --------------------------------------------------------------------------------------
+# A method object instead of a name
+# --------------------------------------------------------------------------------------
+
+
+def _method_objects():
+    import arrayprune as ap
+
+    return [
+        (ap.L1Unstructured(0.3), {"method": "l1_unstructured", "amount": 0.3}),
+        (ap.LnStructured(0.5, n=1, dim=0), {"method": "ln_structured", "amount": 0.5, "n": 1, "dim": 0}),
+        (ap.NMStructured(2, 4, dim=0), {"method": "nm_structured", "nm": (2, 4), "dim": 0}),
+        (ap.BlockUnstructured(0.5, (2, 4)), {"method": "block_unstructured", "amount": 0.5, "block": (2, 4), "n": 1}),
+        (ap.RandomUnstructured(0.25, seed=7), {"method": "random_unstructured", "amount": 0.25, "seed": 7}),
+    ]
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_a_method_object_prunes_as_its_name_and_arguments(tmp_path, index):
+    """``method=ap.LnStructured(0.5, n=1, dim=0)`` writes what the same name and options write."""
+    obj, options = _method_objects()[index]
+    by_object = prune_file(EXAMPLE, tmp_path / "object.onnx", method=obj)
+    by_name = prune_file(EXAMPLE, tmp_path / "name.onnx", **options)
+    assert _files(tmp_path / "object.onnx") == {"object.onnx": (tmp_path / "name.onnx").read_bytes()}
+    assert by_object.written.pruned.zeros == by_name.written.pruned.zeros > 0
+    spec = PruneSpec(method=obj)
+    assert {k: getattr(spec, k) for k in options} == options
+
+
+def test_a_method_object_global_is_the_global_threshold(tmp_path):
+    import arrayprune as ap
+
+    prune_file(EXAMPLE, tmp_path / "object.onnx", method=ap.L1Unstructured(0.6), global_=True)
+    prune_file(EXAMPLE, tmp_path / "name.onnx", method="l1_unstructured", amount=0.6, global_=True)
+    assert (tmp_path / "object.onnx").read_bytes() == (tmp_path / "name.onnx").read_bytes()
+
+
+def test_method_objects_that_a_request_cannot_take(tmp_path):
+    import arrayprune as ap
+
+    class Mine(ap.L1Unstructured):
+        pass
+
+    with pytest.raises(TypeError, match=r"not Mine \(add a new method to the table: see CONTRIBUTING\)"):
+        PruneSpec(method=Mine(0.5))
+    with pytest.raises(TypeError, match="RandomUnstructured with a generator: give it a seed"):
+        PruneSpec(method=ap.RandomUnstructured(0.5, generator=np.random.default_rng(0)))
+    with pytest.raises(PruneError, match="^the method object carries its own arguments: do not give amount, dim too$"):
+        prune_file(EXAMPLE, tmp_path / "x.onnx", method=ap.LnStructured(0.5, n=2, dim=0), amount=0.3, dim=1)
+    with pytest.raises(PruneError, match="^identity cannot be run on a file"):
+        PruneSpec(method=ap.Identity())
+    assert not (tmp_path / "x.onnx").exists()
