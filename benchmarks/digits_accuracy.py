@@ -33,18 +33,26 @@ import numpy as np
 AMOUNTS = (0.5, 0.7, 0.9)
 
 
-def train_and_export(folder: Path, seed: int = 0) -> tuple[Path, np.ndarray, np.ndarray, float]:
-    """Train the MLP, export it, and return the ONNX path, the test split and its accuracy."""
-    from skl2onnx import to_onnx
+def digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The digits scaled to [0, 1] as float32, split 70/30: ``x_train, x_test, y_train, y_test``."""
     from sklearn.datasets import load_digits
-    from sklearn.exceptions import ConvergenceWarning
     from sklearn.model_selection import train_test_split
-    from sklearn.neural_network import MLPClassifier
 
     data = load_digits()
     x = (data.data / 16.0).astype(np.float32)
-    x_train, x_test, y_train, y_test = train_test_split(x, data.target, test_size=0.3, random_state=seed)
-    clf = MLPClassifier(hidden_layer_sizes=(64, 32), max_iter=300, random_state=seed)
+    return tuple(train_test_split(x, data.target, test_size=0.3, random_state=seed))
+
+
+def train_and_export(
+    folder: Path, seed: int = 0, hidden: tuple[int, ...] = (64, 32)
+) -> tuple[Path, np.ndarray, np.ndarray, float]:
+    """Train the MLP (64-`hidden`-10), export it, and return the ONNX path, the test split and its accuracy."""
+    from skl2onnx import to_onnx
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPClassifier
+
+    x_train, x_test, y_train, y_test = digits_split(seed)
+    clf = MLPClassifier(hidden_layer_sizes=hidden, max_iter=300, random_state=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         clf.fit(x_train, y_train)

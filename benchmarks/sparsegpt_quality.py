@@ -37,17 +37,17 @@ import copy
 import datetime
 import json
 import os
-import pickle
 import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
+
+from .digits_accuracy import accuracy, digits_split, train_and_export
 
 AMOUNTS = (0.5, 0.7, 0.9)
 NM = "2:4"
@@ -166,39 +166,6 @@ def _column(c: object) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def train_and_export(folder: Path, seed: int = 0):
-    """The issue's digits MLP (64-256-256-10), exported by skl2onnx.
-
-    Returns ``(path, x_train, x_test, y_test, scikit-learn's test accuracy)``.
-    """
-    from skl2onnx import to_onnx
-    from sklearn.datasets import load_digits
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.model_selection import train_test_split
-    from sklearn.neural_network import MLPClassifier
-
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    x_train, x_test, y_train, y_test = train_test_split(x, data.target, test_size=0.3, random_state=seed)
-    clf = MLPClassifier(hidden_layer_sizes=(256, 256), max_iter=300, random_state=seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        clf.fit(x_train, y_train)
-    path = folder / "digits.onnx"
-    onx = to_onnx(clf, x_train[:1], options={id(clf): {"zipmap": False}}, target_opset=17)
-    path.write_bytes(onx.SerializeToString())
-    return path, x_train, x_test, y_test, float(clf.score(x_test, y_test))
-
-
-def onnx_accuracy(path: Path, x: np.ndarray, y: np.ndarray) -> float:
-    """Test accuracy of an ONNX classifier (its first output: the labels)."""
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    labels = sess.run(None, {sess.get_inputs()[0].name: x})[0]
-    return float(np.mean(np.asarray(labels).reshape(-1) == y))
-
-
 def _onnxsim_batches(x: np.ndarray, batch: int = 64) -> list[dict[str, np.ndarray]]:
     return [{"X": x[i : i + batch]} for i in range(0, len(x), batch)]
 
@@ -215,7 +182,8 @@ def digits(folder: Path) -> dict:
     from arrayprune.adapters.plan import file_roles
     from arrayprune.adapters.reconstruction import amounts_from_masks, onnx_sparsegpt
 
-    path, x_train, x_test, y_test, sk_acc = train_and_export(folder)
+    path, x_test, y_test, sk_acc = train_and_export(folder, hidden=(256, 256))  # the issue's 64-256-256-10
+    x_train = digits_split()[0]
     calib_x = x_train[:CALIBRATION_IMAGES]
     calib = {"X": calib_x}
     wf = formats.load(str(path))
@@ -229,7 +197,7 @@ def digits(folder: Path) -> dict:
     def evaluate(new: dict[str, np.ndarray]) -> tuple[float, float]:
         formats.save(str(out), {**wf.params, **new}, "onnx", like=wf)
         zeros = sum(int(np.count_nonzero(new[k] == 0)) for k in names)
-        return onnx_accuracy(out, x_test, y_test), zeros / sum(w.size for w in weights.values())
+        return accuracy(out, x_test, y_test), zeros / sum(w.size for w in weights.values())
 
     def masked(masks: dict[str, np.ndarray]) -> tuple[float, float]:
         return evaluate({k: weights[k] * masks[k] for k in names})
@@ -254,7 +222,7 @@ def digits(folder: Path) -> dict:
         if changed:
             raise RuntimeError(f"onnxsim changed tensors that are not layer weights: {changed}")
         zeros = sum(int(np.count_nonzero(after[u] == 0)) for u in used)
-        return onnx_accuracy(out, x_test, y_test), zeros / sum(w.size for w in weights.values())
+        return accuracy(out, x_test, y_test), zeros / sum(w.size for w in weights.values())
 
     batches = _onnxsim_batches(calib_x)
     results: dict[str, dict[object, tuple[float, float]]] = {}
@@ -336,7 +304,7 @@ def digits(folder: Path) -> dict:
     return {
         "path": path,
         "calib": folder / "calib.npy",
-        "dense": onnx_accuracy(path, x_test, y_test),
+        "dense": accuracy(path, x_test, y_test),
         "sklearn": sk_acc,
         "results": results,
         "shapes": {k: tuple(weights[k].shape) for k in names},
@@ -529,7 +497,7 @@ def report(args: argparse.Namespace, d: dict | None, c: dict | None, mini: dict 
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         "- command: `python -m benchmarks.sparsegpt_quality"
         + (f" --parts {args.parts}" if args.parts != "all" else "")
-        + (" --minilm-cache FILE` (MiniLM figures from the run that wrote FILE)" if args.minilm_cache else "`"),
+        + "`",
         f"- machine: {platform.machine()}, {os.cpu_count()} cores (shared), load average at the end {_load_average()}",
         f"- versions: {_versions()}",
         f"- run time: {seconds:.0f} s",
@@ -724,9 +692,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.sparsegpt_quality", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"), help="folder for the report and plot")
     parser.add_argument("--parts", default="all", help="comma-separated: digits, cost, minilm (default: all)")
-    parser.add_argument(
-        "--minilm-cache", help="pickle of the MiniLM figures: written after computing them, read if it exists"
-    )
     parser.add_argument("--worker", nargs=4, metavar=("WHICH", "MODEL", "CALIB", "AMOUNT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -748,20 +713,13 @@ def main(argv: list[str] | None = None) -> int:
             if "digits" not in parts:
                 d = None
         if "minilm" in parts:
-            cache = Path(args.minilm_cache) if args.minilm_cache else None
-            if cache is not None and cache.exists():
-                mini = pickle.loads(cache.read_bytes())
-                print(f"MiniLM figures read from {cache} (the run that wrote it)")
-            else:
-                (folder / "minilm").mkdir()
-                t0 = time.perf_counter()
-                mini = minilm(folder / "minilm")
-                mini["computed"] = (
-                    f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC,"
-                    f" {time.perf_counter() - t0:.0f} s, load average then {_load_average()}"
-                )
-                if cache is not None:
-                    cache.write_bytes(pickle.dumps(mini))
+            (folder / "minilm").mkdir()
+            t0 = time.perf_counter()
+            mini = minilm(folder / "minilm")
+            mini["computed"] = (
+                f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC,"
+                f" {time.perf_counter() - t0:.0f} s, load average then {_load_average()}"
+            )
     text = report(args, d, c, mini, time.perf_counter() - start)
     print(text)
     out = Path(args.out)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .digits_accuracy import accuracy, train_and_export
+from .digits_accuracy import accuracy, digits_split, train_and_export
 from .memprobe import _peak, _reset_peak, _status
 
 AMOUNTS = (0.5, 0.7, 0.9)
@@ -153,12 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _training_images() -> np.ndarray:
     """The training split of :func:`train_and_export`, in the same order."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    return train_test_split(x, data.target, test_size=0.3, random_state=0)[0]
+    return digits_split()[0]
 
 
 def _plot(results: dict[str, dict[float, float]], dense: float, path: Path) -> None:

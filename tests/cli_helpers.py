@@ -31,3 +31,21 @@ def assert_error(proc, *fragments):
     for frag in fragments:
         assert str(frag) in lines[0], (frag, lines[0])
     return lines[0]
+
+
+def flags(options):
+    """``prune_file`` options as the command line's flags (``global_=True`` -> ``--global``)."""
+    args = []
+    for name, value in options.items():
+        flag = "--" + name.rstrip("_").replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif name == "nm":
+            args += [flag, f"{value[0]}:{value[1]}"]
+        elif name == "verify_tol":
+            args += [flag, ",".join(map(str, value))]
+        elif name in ("include", "exclude"):
+            args += [flag, *([value] if isinstance(value, str) else value)]
+        else:
+            args += [flag, str(value)]
+    return args

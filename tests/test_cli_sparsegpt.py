@@ -22,6 +22,7 @@ from arrayprune.adapters import formats, prune_file  # noqa: E402
 from arrayprune.adapters.cli import main  # noqa: E402
 from arrayprune.adapters.reconstruction import amounts_from_masks, onnx_sparsegpt  # noqa: E402
 from arrayprune.adapters.request import METHODS, PruneError, PruneSpec  # noqa: E402
+from cli_helpers import flags  # noqa: E402
 
 NAMES = ["W1", "W2", "W3"]
 
@@ -61,19 +62,6 @@ def _calibration(folder, samples=40, **arrays):
     return path
 
 
-def _flags(options):
-    args = []
-    for name, value in options.items():
-        flag = "--" + name.rstrip("_").replace("_", "-")
-        if value is True:
-            args.append(flag)
-        elif name == "nm":
-            args += [flag, f"{value[0]}:{value[1]}"]
-        else:
-            args += [flag, str(value)]
-    return args
-
-
 def _files(path):
     return {p.name: p.read_bytes() for p in sorted(path.parent.glob(path.name + "*"))}
 
@@ -84,7 +72,7 @@ def _command_and_prune_file(tmp_path, capsys, src, **options):
     (tmp_path / "api").mkdir()
     out_cli, out_api = tmp_path / "cli" / "out.onnx", tmp_path / "api" / "out.onnx"
     capsys.readouterr()
-    assert main(["prune", str(src), "-o", str(out_cli), *_flags(options)]) == 0
+    assert main(["prune", str(src), "-o", str(out_cli), *flags(options)]) == 0
     printed = capsys.readouterr()
     result = prune_file(src, out_api, **options)
     assert capsys.readouterr().out == ""
@@ -250,7 +238,7 @@ def _refused(tmp_path, capsys, src, options, message, out="o.onnx"):
         prune_file(src, dst, method="sparsegpt", **options)
     assert str(info.value) == message
     capsys.readouterr()
-    assert main(["prune", str(src), "-o", str(dst), "--method", "sparsegpt", *_flags(options)]) == 2
+    assert main(["prune", str(src), "-o", str(dst), "--method", "sparsegpt", *flags(options)]) == 2
     err = capsys.readouterr().err
     assert err == f"arrayprune: error: {message}\n"
     assert list(tmp_path.glob(out + "*")) == []

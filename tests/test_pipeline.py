@@ -17,7 +17,7 @@ from arrayprune.adapters import prune_file
 from arrayprune.adapters.cli import main
 from arrayprune.adapters.pipeline import PruneResult
 from arrayprune.adapters.request import PruneError, PruneSpec
-from cli_helpers import EXAMPLE  # noqa: E402
+from cli_helpers import EXAMPLE, flags  # noqa: E402
 
 COUNTS = re.compile(r"^pruned (\d+) tensors.*: (\d+) of (\d+) entries zero .*\nwhole file: (\d+) of (\d+) entries zero")
 
@@ -29,30 +29,13 @@ def _files(path):
     return {p.name: p.read_bytes() for p in sorted(path.parent.glob(path.name + "*"))}
 
 
-def _flags(options):
-    args = []
-    for name, value in options.items():
-        flag = "--" + name.rstrip("_").replace("_", "-")
-        if value is True:
-            args.append(flag)
-        elif name == "nm":
-            args += [flag, f"{value[0]}:{value[1]}"]
-        elif name == "verify_tol":
-            args += [flag, ",".join(map(str, value))]
-        elif name in ("include", "exclude"):
-            args += [flag, *value]
-        else:
-            args += [flag, str(value)]
-    return args
-
-
 def _same(tmp_path, capsys, src, suffix, **options):
     """The command and ``prune_file`` on `src`: identical outputs, identical counts."""
     (tmp_path / "cli").mkdir(parents=True)
     (tmp_path / "api").mkdir()
     out_cli, out_api = tmp_path / "cli" / f"out{suffix}", tmp_path / "api" / f"out{suffix}"
     capsys.readouterr()
-    assert main(["prune", str(src), "-o", str(out_cli), *_flags(options)]) == 0
+    assert main(["prune", str(src), "-o", str(out_cli), *flags(options)]) == 0
     printed = capsys.readouterr().out
     result = prune_file(src, out_api, **options)
     assert isinstance(result, PruneResult)
@@ -201,7 +184,7 @@ def test_request_errors(tmp_path, capsys, options, fragment):
         PruneSpec(**options).checked()
     with pytest.raises(PruneError, match=re.escape(fragment)):
         prune_file(EXAMPLE, tmp_path / "o.onnx", **options)
-    assert main(["prune", EXAMPLE, "-o", str(tmp_path / "o.onnx"), *_flags(options)]) == 2
+    assert main(["prune", EXAMPLE, "-o", str(tmp_path / "o.onnx"), *flags(options)]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("arrayprune: error: ") and fragment in err[0]
     assert not (tmp_path / "o.onnx").exists()
