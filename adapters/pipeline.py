@@ -658,8 +658,8 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     src, dst = os.fspath(src), None if dst is None else os.fspath(dst)
     if not os.path.exists(src):
         raise PruneError("no such file", src)
-    if input_refusal(spec, src):
-        raise PruneError(input_refusal(spec, src), src)
+    if refused := input_refusal(spec, src):
+        raise PruneError(refused, src)
     if spec.shrink:  # a stage of its own, in place of plan and prune: channel groups, sliced away
         from arrayprune.adapters.shrinking import run_shrink
 

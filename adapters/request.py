@@ -349,8 +349,8 @@ class PruneSpec:
             Naming the option as the command line spells it.
         """
         self._check_values()
-        if refusal(self):
-            raise PruneError(refusal(self))
+        if refused := refusal(self):
+            raise PruneError(refused)
         check_shrink(self)
         if self.method in RECONSTRUCTIONS:  # its other options as its stand-in mask method's
             own = {name: getattr(self, name) for name in OWN_OPTIONS}
