@@ -269,6 +269,10 @@ class PruneSpec:
         ONNX: remove the channels a structured method drops (see :mod:`arrayprune.adapters.shrinking`).
     groups : {"channels", "heads"}, optional
         ``shrink``: what a group is (``"channels"``, the default; ``"heads"`` not yet).
+    allocation : str, optional
+        Each weight's share of `amount`: a sensitivity scan's JSON file (``arrayprune
+        scan``) or ``"owl"`` (see :mod:`arrayprune.adapters.allocation`); bounded by
+        `min_sparsity` and `max_sparsity`.
     """
 
     method: str = "l1_unstructured"
@@ -297,6 +301,7 @@ class PruneSpec:
     one_pass: bool = False
     shrink: bool = False
     groups: str | None = None
+    allocation: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str):  # a method object: its name and arguments as options
@@ -313,7 +318,7 @@ class PruneSpec:
         for name in ("include", "exclude"):  # a single pattern, or any iterable: a tuple
             value = getattr(self, name)
             object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
-        for name in ("calibration", "input_norms", "verify_data"):
+        for name in ("calibration", "input_norms", "verify_data", "allocation"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, os.fspath(value))
@@ -351,6 +356,10 @@ class PruneSpec:
         self._check_values()
         if refused := refusal(self):
             raise PruneError(refused)
+        from arrayprune.adapters.allocation import check_allocation
+
+        if refused := check_allocation(self):
+            raise PruneError(refused)
         check_shrink(self)
         if self.method in RECONSTRUCTIONS:  # its other options as its stand-in mask method's
             own = {name: getattr(self, name) for name in OWN_OPTIONS}
@@ -360,7 +369,8 @@ class PruneSpec:
         if self.global_ and cls.PRUNING_TYPE != "unstructured":
             unstructured = [m for m in METHODS if PruneSpec(m).method_class().PRUNING_TYPE == "unstructured"]
             raise PruneError(f"--global needs an unstructured method ({' or '.join(unstructured)}), not {self.method}")
-        if not self.global_ and (self.min_sparsity is not None or self.max_sparsity is not None or self.lamp):
+        bounded = self.min_sparsity is not None or self.max_sparsity is not None
+        if not self.global_ and (self.lamp or (bounded and not self.allocation)):
             raise PruneError("--min-sparsity, --max-sparsity and --lamp shape global pruning: add --global")
         if self.lamp and self.method != "l1_unstructured":
             raise PruneError("--lamp ranks magnitudes: use it with --method l1_unstructured")

@@ -153,7 +153,8 @@ def predicted_error(
 
 def _check_sparsities(sparsities: Sequence[float]) -> list[float]:
     values = [float(s) for s in sparsities]
-    if not values or any(not 0.0 < s <= 1.0 for s in values) or any(b <= a for a, b in zip(values, values[1:], strict=False)):
+    ascending = all(a < b for a, b in zip(values, values[1:], strict=False))
+    if not values or any(not 0.0 < s <= 1.0 for s in values) or not ascending:
         raise ValueError(f"sparsities must be ascending, in (0, 1], got {values}")
     return values
 
@@ -321,7 +322,9 @@ def counts_near(
         else:
             above = middle
     real = spread(above)
-    result = [min(max(math.floor(x / step) * step, lo), hi) for x, step, lo, hi in zip(real, steps, least, most, strict=True)]
+    result = [
+        min(max(math.floor(x / step) * step, lo), hi) for x, step, lo, hi in zip(real, steps, least, most, strict=True)
+    ]
     left = total - sum(result)
     order = sorted(range(len(sizes)), key=lambda i: (-(real[i] - result[i]) / steps[i], i))
     while left > 0:
@@ -387,8 +390,9 @@ def owl_allocation(
     m : float, default :data:`OWL_M` (5)
         Outlier threshold, in means of the array's scores.
     lam : float, default :data:`OWL_LAMBDA` (0.08)
-        Spread: outlier ratios are scaled to ``[0, 2 * lam]`` and subtracted from the
-        target sparsity, which is then shifted so that the total is met.
+        Spread: outlier ratios are scaled to ``[0, 2 * lam]``, centred on their mean and
+        subtracted from the target sparsity ``S``; every array stays within
+        ``[S - lam, S + lam]`` (and `min_sparsity`, `max_sparsity`).
     min_sparsity, max_sparsity, steps
         As for :func:`allocate_from_curves`.
 
@@ -406,9 +410,10 @@ def owl_allocation(
     Notes
     -----
     The paper sets the density of layer ``l`` to ``1 - S + (r_l - mean(r))`` where ``r``
-    are the outlier ratios scaled to ``[0, 2 * lam]``; its layers (decoder blocks) have one
-    size. Here arrays may differ in size, so the common shift is the one that meets the
-    total number of entries (:func:`counts_near`), which is the paper's mean for equal sizes.
+    are the outlier ratios scaled to ``[0, 2 * lam]``, keeping every sparsity within
+    ``[S - lam, S + lam]``; its layers (decoder blocks) have one size. Here arrays may
+    differ in size, so those sparsities are shifted by the one offset that meets the total
+    number of entries (:func:`counts_near`, nothing for equal sizes), within those bounds.
     """
     if not (math.isfinite(m) and m >= 0 and math.isfinite(lam) and lam >= 0):
         raise ValueError(f"m and lam must be finite and >= 0, got m={m}, lam={lam}")
@@ -419,5 +424,9 @@ def owl_allocation(
     scaled = [0.0 if high == low else (r - low) / (high - low) * 2 * lam for r in ratios]
     _, _, total = _checked(sizes, steps, amount)
     target = total / sum(sizes) if sum(sizes) else 0.0
-    wished = [target - r for r in scaled]
-    return counts_near(wished, sizes, amount, min_sparsity=min_sparsity, max_sparsity=max_sparsity, steps=steps)
+    mean = sum(scaled) / len(scaled) if scaled else 0.0
+    wished = [target - (r - mean) for r in scaled]
+    lows = [max(lo, target - lam) for lo in _per_array(min_sparsity, len(sizes), 0.0, "min_sparsity")]
+    highs = [min(hi, target + lam) for hi in _per_array(max_sparsity, len(sizes), 1.0, "max_sparsity")]
+    lows = [min(lo, hi) for lo, hi in zip(lows, highs, strict=True)]
+    return counts_near(wished, sizes, amount, min_sparsity=lows, max_sparsity=highs, steps=steps)

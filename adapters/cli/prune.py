@@ -37,6 +37,9 @@ def run_prune(args: argparse.Namespace) -> int:
         _print_plan(result)
     else:
         _print_pruned(result)
+    if result.allocation is not None:
+        print(f"allocation ({result.allocation.source}):")
+        print(result.allocation.describe())
     for note in result.notes:
         _warn(note, "note")
     for warning in result.warnings:
@@ -63,6 +66,7 @@ def _print_pruned(result: PruneResult) -> None:
     spec, pruned, whole = result.spec, result.written.pruned, result.written.whole
     detail = f"amount {spec.amount}" if spec.amount is not None else f"{spec.nm[0]}:{spec.nm[1]}"
     how = f"{spec.method}{', global' if spec.global_ else ''}, {detail}"
+    how += f", allocation {spec.allocation}" if spec.allocation else ""
     names = f"{len(result.targets)} tensors" + (f" (and {result.tied} tied names)" if result.tied else "")
     print(
         f"pruned {names} of {result.src} ({how}): {pruned.zeros} of {pruned.size} entries zero "
