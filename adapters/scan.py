@@ -271,6 +271,7 @@ def scan_onnx(
     exclude: Sequence[str] = (),
     min_size: int = 0,
     batch_size: int | None = None,
+    outputs: Sequence[str] = (),
     progress: Callable[..., Iterable[Any]] | None = None,
 ) -> ScanResult:
     """Scan the weights of an ONNX model: each pruned alone, the outputs compared with the dense model's.
@@ -290,6 +291,10 @@ def scan_onnx(
         The selection, as for ``arrayprune prune`` (the default: every layer weight).
     batch_size : int, optional
         Samples run at a time.
+    outputs : sequence of str, optional
+        The values compared: names of graph outputs or of any value of the main graph
+        (the logits before a ``Softmax``, whose probabilities saturate); every floating
+        graph output if omitted.
     progress : callable, optional
         ``progress(items, description, unit)`` wraps the loop over weights.
 
@@ -301,8 +306,8 @@ def scan_onnx(
     ------
     ValueError
         A method or sparsities a scan does not take, no weight selected, calibration
-        data that do not fit the graph, a model without a floating output, or a weight
-        the method cannot prune (one line).
+        data that do not fit the graph, a model without a floating output, an output
+        that is no value of the graph, or a weight the method cannot prune (one line).
     """
     from arrayprune.adapters.calibration import (
         _check_inputs,
@@ -325,11 +330,19 @@ def scan_onnx(
         feeds, roles = weight_feeds(model), onnx_roles(model)
         rebuilt = {name: _target(wf, name, feeds.get(name), roles.get(name)) for name in names}
     activations = sorted({f.activation for t in rebuilt.values() for f in t.feeds})
-    graph_outputs = [o.name for o in model.graph.output]
+    chosen = list(dict.fromkeys(outputs))
+    values = {v for node in model.graph.node for v in node.output} | {o.name for o in model.graph.output}
+    unknown = [o for o in chosen if o not in values]
+    if unknown:
+        raise ValueError(f"{unknown[0]!r} is no value computed by the graph (outputs: compare graph values)")
+    graph_outputs = chosen or [o.name for o in model.graph.output]
     fed = {name: np.asarray(wf.params[name]).dtype for name in names}
     session = _session(wf, list(dict.fromkeys([*graph_outputs, *activations])), fed)
     kinds = {o.name: o.type for o in session.get_outputs()}
-    outputs = [o for o in graph_outputs if kinds.get(o) in ("tensor(float)", "tensor(double)", "tensor(float16)")]
+    floating = ("tensor(float)", "tensor(double)", "tensor(float16)")
+    outputs = [o for o in graph_outputs if kinds.get(o) in floating or (chosen and kinds.get(o) is None)]
+    if chosen and outputs != chosen:
+        raise ValueError(f"{sorted(set(chosen) - set(outputs))[0]!r} is not a floating-point value")
     if not outputs:
         raise ValueError("the model has no floating-point output to compare")
     inputs = _fed_inputs(model, fed)

@@ -89,6 +89,13 @@ def test_curves_equal_a_numpy_forward_and_rank_the_fragile_layer_first(two):
         assert result.curve("W2").errors[i] == pytest.approx(_rse(_forward(w1, _l1(w2, s), x), y0), rel=1e-4)
     assert all(a > b for a, b in zip(result.curve("W2").errors, result.curve("W1").errors, strict=True))
     assert result.outputs == ["Y"] and result.samples == 96 and result.sparsities == SPARSITIES
+    # any value of the graph can be compared: the hidden activations see W1 only
+    hidden = scan_onnx(formats.load(str(path)), {"X": x}, sparsities=SPARSITIES, outputs=["R"], include=["W1"])
+    r0 = np.maximum(x.astype(np.float64) @ w1, 0)
+    expected = _rse(np.maximum(x.astype(np.float64) @ _l1(w1, 0.5), 0), r0)
+    assert hidden.outputs == ["R"] and hidden.curve("W1").errors[2] == pytest.approx(expected, rel=1e-4)
+    with pytest.raises(ValueError, match="'nope' is no value"):
+        scan_onnx(formats.load(str(path)), {"X": x}, sparsities=SPARSITIES, outputs=["nope"])
 
 
 def test_wanda_and_sparsegpt_curves_equal_a_numpy_forward(two):

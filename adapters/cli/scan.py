@@ -4,7 +4,7 @@
 
     arrayprune scan IN --calibration calib.npz -o scan.json [--plot scan.png]
                     [--method {l1_unstructured,wanda,sparsegpt,ln_structured}] [--sparsities 0.1,0.3,...]
-                    [--include PATTERN ...] [--exclude PATTERN ...] [--min-size N]
+                    [--include PATTERN ...] [--exclude PATTERN ...] [--min-size N] [--outputs NAME ...]
                     [--calibration-batch N] [--force]
 
 IN is an ONNX model (run by onnxruntime); other formats hold no graph to run: from
@@ -60,6 +60,15 @@ def add_scan_parser(
     s.add_argument("--include", action="extend", nargs="+", default=[], metavar="PATTERN", help="as for prune")
     s.add_argument("--exclude", action="extend", nargs="+", default=[], metavar="PATTERN", help="as for prune")
     s.add_argument("--min-size", type=non_negative, default=0, metavar="N", help="leave tensors with fewer entries")
+    s.add_argument(
+        "--outputs",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="the values compared: graph outputs or any value of the graph, e.g. the logits before a Softmax "
+        "(default: every floating-point graph output)",
+    )
     s.add_argument("--calibration-batch", type=positive, default=None, metavar="N", help="samples run at a time")
     s.add_argument("--force", action="store_true", help="overwrite SCAN.json and PNG if they exist")
     return s
@@ -117,6 +126,7 @@ def run_scan(args: argparse.Namespace) -> int:
             exclude=args.exclude,
             min_size=args.min_size,
             batch_size=args.calibration_batch,
+            outputs=args.outputs,
             progress=_progress,
         )
     except ValueError as exc:
