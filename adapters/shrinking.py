@@ -9,8 +9,10 @@ hands a request with ``shrink`` to :func:`run_shrink`, which runs in its place:
 
 * **request**: :func:`arrayprune.adapters.shrink_request.check_shrink` (through
   ``PruneSpec.checked``) refuses the options that cannot go with it;
-* **open**: :func:`refusal` says what the input's format cannot do (only an ONNX graph
-  has channel groups to read; heads come from Hugging Face configs, not yet read);
+* **open**: :func:`refusal` says what the input's format cannot do (channel groups come
+  from an ONNX graph, or from a Hugging Face checkpoint folder, which
+  :func:`arrayprune.adapters.shrink_checkpoint.run_checkpoint_shrink` shrinks tensor by
+  tensor, MLP channels or attention heads);
 * **groups**: the dry run lists each group (members, channels before and after) and each
   producer left, with its reason;
 * **shrink**, then **write**: through the ONNX writer (:func:`arrayprune.adapters.formats.save`),
@@ -85,11 +87,25 @@ def refusal(kind: str, spec: PruneSpec) -> str | None:
     """What an input of format `kind` cannot do with ``shrink``, as one line; None if it can."""
     if not spec.shrink:
         return None
+    if kind in ("sharded safetensors", "safetensors folder", "Hugging Face checkpoint"):
+        if spec.global_:
+            return (
+                "--global does not go with --shrink on a Hugging Face checkpoint: its config.json holds one size "
+                "for all layers (intermediate_size, num_attention_heads), so every layer loses the same count"
+            )
+        if spec.verify:
+            return "--verify runs an ONNX model; load the shrunk folder with transformers to check it"
+        return None
     if kind != "onnx":
-        return "--shrink reads channel groups from an ONNX graph; Hugging Face checkpoints are not supported yet"
+        return (
+            "--shrink reads channel groups from an ONNX graph or a Hugging Face checkpoint folder "
+            f"(config.json and safetensors), not from a {kind} file"
+        )
+    if spec.global_:
+        return "--global --shrink on an ONNX model is not supported yet"
     if spec.groups == "heads":
         return (
-            "--groups heads reads attention heads from a Hugging Face config.json, which is not supported yet; "
+            "--groups heads reads attention heads from a Hugging Face config.json; "
             "an ONNX model shrinks by --groups channels"
         )
     return None
@@ -219,6 +235,10 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
     refused = refusal(kind, spec)
     if refused:
         raise PruneError(refused, src)
+    if kind == "sharded safetensors":
+        from arrayprune.adapters.shrink_checkpoint import run_checkpoint_shrink
+
+        return run_checkpoint_shrink(src, dst, spec, hooks)
     if not spec.dry_run:
         dst = _check_output(src, dst, spec)
         if (fmt.format_from_suffix(dst) or kind) != "onnx":

@@ -252,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"ONNX: remove the channels {' or '.join(channel_methods())} drop from every tensor holding them",
     )
     p.add_argument(
-        "--groups", choices=GROUPS, default=None, help="--shrink: what a group is (default: channels; heads: not yet)"
+        "--groups", choices=GROUPS, default=None, help="--shrink: what a group is (channels, the default; heads)"
     )
     p.add_argument(
         "--verify",

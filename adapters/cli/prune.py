@@ -88,7 +88,8 @@ def _print_shrink(result: PruneResult) -> None:
         f"{before} -> {after} parameters ({_pct(after, before)}) -> {result.dst}"
     )
     for g in shrink.groups.groups:
-        print(f"group {g.group.name}: {g.group.channels} -> {len(shrink.kept[g.group.name])} channels kept")
+        unit = getattr(g, "unit", "channels")
+        print(f"group {g.group.name}: {g.group.channels} -> {len(shrink.kept[g.group.name])} {unit} kept")
     if shrink.groups.left:
         n = len(shrink.groups.left)
         print(f"left as they are: the channels of {n} producer{'s' if n > 1 else ''} (--dry-run --shrink says why)")
