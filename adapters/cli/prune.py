@@ -77,7 +77,7 @@ def _print_pruned(result: PruneResult) -> None:
 def _print_shrink(result: PruneResult) -> None:
     """The groups (dry run), or the parameters before and after and the channels kept per group."""
     spec, shrink = result.spec, result.shrink
-    amount = "" if spec.amount is None else f", amount {spec.amount}"
+    amount = ("" if spec.amount is None else f", amount {spec.amount}") + (", global" if spec.global_ else "")
     if result.written is None:
         print(f"channel groups of {result.src} ({result.kind}), {spec.method}{amount}; nothing is written (--dry-run)")
         print(shrink.describe() or "no layer whose output channels could be removed")
