@@ -323,3 +323,27 @@ def test_dry_run_lists_layers(llama, capsys):
     out = capsys.readouterr().out
     assert "group model.layers.1.self_attn (2 -> 1 KV groups): model.layers.1.self_attn.q_proj.weight[0]" in out
     assert "model.layers.1.self_attn.o_proj.weight[1]" in out and "model.layers.1.self_attn.q_proj.bias[0]*" in out
+
+
+def test_report_compare(llama, tmp_path, capsys):
+    out = tmp_path / "small"
+    shrink_cli(capsys, llama, out, "--amount", "0.5", "--groups", "heads")
+    dense, small = tensors(llama), tensors(out)
+    assert main(["report", str(llama), "--compare", str(out), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["parameters"] == {
+        "before": sum(a.size for a in dense.values()),
+        "after": sum(a.size for a in small.values()),
+    }
+    assert got["changed"] == [
+        {"name": n, "before": list(dense[n].shape), "after": list(small[n].shape)}
+        for n in sorted(dense)
+        if dense[n].shape != small[n].shape
+    ]
+    assert len(got["changed"]) == 14 and got["same"] == len(dense) - 14
+    assert got["only_before"] == got["only_after"] == []
+    assert main(["report", str(llama), "--compare", str(out)]) == 0
+    text = capsys.readouterr().out.splitlines()
+    before, after = got["parameters"]["before"], got["parameters"]["after"]
+    assert text[1] == f"parameters: {before} -> {after} ({100 * after / before:.2f}%)"
+    assert any(line.split() == ["model.layers.1.self_attn.o_proj.weight", "32x32", "->", "32x16"] for line in text)

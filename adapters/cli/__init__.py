@@ -7,7 +7,7 @@
                      [--include PATTERN ...] [--exclude PATTERN ...] [--min-size N]
                      [--seed S] [--keep-masks] [--force] [--shrink [--groups {channels,heads}]]
                      [--verify [--verify-tol RTOL[,ATOL]] [--verify-data NPZ]]
-    arrayprune report FILE [--json]
+    arrayprune report FILE [--json] [--compare OTHER]
 
 Files are ``.npz``, ``.safetensors``, ``.onnx`` or PyTorch state dicts (``.pt``,
 ``.pth``, ``.bin``), recognised from their content (see

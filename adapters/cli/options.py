@@ -280,4 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="per-tensor sparsity of a model file")
     r.add_argument("file", metavar="FILE")
     r.add_argument("--json", action="store_true", help="machine-readable output")
+    r.add_argument(
+        "--compare", metavar="OTHER", help="parameters and tensor shapes of FILE and OTHER (a shrunk copy)"
+    )
     return parser

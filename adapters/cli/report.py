@@ -21,6 +21,10 @@ __all__ = ["TOTALS_COVER", "report_rows", "run_report"]
 def run_report(args: argparse.Namespace) -> int:
     """Run ``arrayprune report``: the rows and totals of the summary stage, printed."""
     path = args.file
+    if getattr(args, "compare", None):
+        from .compare import run_compare
+
+        return run_compare(args)
     if not os.path.exists(path):
         raise CliError("no such file", path)
     storage = open_storage(path, Hooks(stage=_stage))  # safetensors: headers only
