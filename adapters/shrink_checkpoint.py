@@ -141,8 +141,10 @@ def plan_checkpoint_shrink(
 def _widened(raw: np.ndarray, code: str) -> np.ndarray:
     """Entries as read, as float32 (float64 stays): bfloat16 bit patterns widened exactly."""
     if code == "BF16":
-        return (raw.astype(np.uint32) << np.uint32(16)).view(np.float32)
-    return raw.astype(np.float64 if code == "F64" else np.float32)
+        wide = raw.astype(np.uint32)
+        wide <<= np.uint32(16)
+        return wide.view(np.float32)
+    return raw.astype(np.float64 if code == "F64" else np.float32)  # a copy: the map's pages go back
 
 
 def _shrink_group(

@@ -347,3 +347,31 @@ def test_report_compare(llama, tmp_path, capsys):
     before, after = got["parameters"]["before"], got["parameters"]["after"]
     assert text[1] == f"parameters: {before} -> {after} ({100 * after / before:.2f}%)"
     assert any(line.split() == ["model.layers.1.self_attn.o_proj.weight", "32x32", "->", "32x16"] for line in text)
+
+
+def test_bfloat16_members_sliced_as_stored(llama, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "bf16"
+    src.mkdir()
+    dense = {k: torch.from_numpy(v).to(torch.bfloat16) for k, v in tensors(llama).items()}
+    save_file(dense, src / "model.safetensors", metadata={"format": "pt"})
+    (src / "config.json").write_bytes((llama / "config.json").read_bytes())
+    done = shrink_checkpoint(src, tmp_path / "out", 0.5)
+    small = load_file(tmp_path / "out" / "model.safetensors")
+    assert sorted(os.listdir(tmp_path / "out")) == ["config.json", "model.safetensors"]
+    for i in range(2):
+        p = f"model.layers.{i}.mlp."
+        g, u, d = (
+            dense[p + n].float().double().numpy() for n in ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+        )
+        kept = top(np.sqrt((g**2).sum(1) + (u**2).sum(1) + (d**2).sum(0)), 24)
+        assert done.kept[f"model.layers.{i}.mlp"] == kept.tolist()
+        bits = {k: v.view(torch.int16).numpy() for k, v in small.items()}
+        dbits = {k: v.view(torch.int16).numpy() for k, v in dense.items()}
+        np.testing.assert_array_equal(bits[p + "gate_proj.weight"], dbits[p + "gate_proj.weight"][kept])
+        np.testing.assert_array_equal(bits[p + "down_proj.weight"], dbits[p + "down_proj.weight"][:, kept])
+        assert small[p + "down_proj.weight"].dtype == torch.bfloat16
+    for name in dense:
+        if ".mlp." not in name:
+            assert torch.equal(small[name].view(torch.int16), dense[name].view(torch.int16)), name
