@@ -266,7 +266,8 @@ class PruneSpec:
     one_pass : bool, default False
         Reconstruction methods: every Hessian from the dense model (else layer by layer).
     shrink : bool, default False
-        ONNX: remove the channels a structured method drops (see :mod:`arrayprune.adapters.shrinking`).
+        ONNX or Hugging Face folder: remove the channels a structured method drops
+        (see :mod:`arrayprune.adapters.shrinking`).
     groups : {"channels", "heads"}, optional
         ``shrink``: what a group is (``"channels"``, the default; ``"heads"``: attention heads, HF).
     """

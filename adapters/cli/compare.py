@@ -86,8 +86,7 @@ def run_compare(args: argparse.Namespace) -> int:
         for i, (name, x, y) in enumerate(rows):
             print(f"{name.ljust(widths[0])}  {x.rjust(widths[1])}" + (f" -> {y}" if i else ""))
     print(f"{out['same']} tensors of the same shape, {len(out['changed'])} changed")
-    for label, names in (("only in", out["only_before"]), ("only in", out["only_after"])):
+    for where, names in ((args.file, out["only_before"]), (args.compare, out["only_after"])):
         if names:
-            where = args.file if names is out["only_before"] else args.compare
-            print(f"{label} {where}: {', '.join(names)}")
+            print(f"only in {where}: {', '.join(names)}")
     return 0

@@ -249,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--shrink",
         action="store_true",
-        help=f"ONNX: remove the channels {' or '.join(channel_methods())} drop from every tensor holding them",
+        help=f"ONNX or Hugging Face folder: remove the channels {' or '.join(channel_methods())} drop "
+        "from every tensor holding them",
     )
     p.add_argument(
         "--groups", choices=GROUPS, default=None, help="--shrink: what a group is (channels, the default; heads)"
