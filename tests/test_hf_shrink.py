@@ -375,3 +375,38 @@ def test_bfloat16_members_sliced_as_stored(llama, tmp_path):
     for name in dense:
         if ".mlp." not in name:
             assert torch.equal(small[name].view(torch.int16), dense[name].view(torch.int16)), name
+
+
+def _copy_without_config(llama, dst):
+    dst.mkdir()
+    for name in os.listdir(llama):
+        if name != "config.json":
+            (dst / name).write_bytes((llama / name).read_bytes())
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("config", "fragment"),
+    [
+        (b"[1, 2]", "config.json: not a JSON object"),
+        (b"{not json", "config.json: not valid JSON"),
+        (b'{"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 47}', "not (47, 32) as config.json"),
+        (b'{"num_hidden_layers": 3, "hidden_size": 32, "intermediate_size": 48}', "num_hidden_layers=3"),
+        (b'{"num_hidden_layers": true, "hidden_size": 32, "intermediate_size": 48}', "not a positive integer"),
+    ],
+)
+def test_bad_config_refused(llama, tmp_path, config, fragment):
+    src = _copy_without_config(llama, tmp_path / "in")
+    (src / "config.json").write_bytes(config)
+    proc = run("prune", src, "-o", tmp_path / "out", "--shrink", "--method", "ln_structured", "--amount", "0.5")
+    assert_error(proc, fragment)
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_config_symlink_out_of_the_folder_refused(llama, tmp_path):
+    src = _copy_without_config(llama, tmp_path / "in")
+    (tmp_path / "elsewhere.json").write_bytes((llama / "config.json").read_bytes())
+    os.symlink(tmp_path / "elsewhere.json", src / "config.json")
+    proc = run("prune", src, "-o", tmp_path / "out", "--shrink", "--method", "ln_structured", "--amount", "0.5")
+    assert_error(proc, "config.json (a symlink leading outside the checkpoint's folder): not read")
+    assert not os.path.exists(tmp_path / "out")
