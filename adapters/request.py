@@ -266,9 +266,10 @@ class PruneSpec:
     one_pass : bool, default False
         Reconstruction methods: every Hessian from the dense model (else layer by layer).
     shrink : bool, default False
-        ONNX: remove the channels a structured method drops (see :mod:`arrayprune.adapters.shrinking`).
+        ONNX or Hugging Face folder: remove the channels a structured method drops
+        (see :mod:`arrayprune.adapters.shrinking`).
     groups : {"channels", "heads"}, optional
-        ``shrink``: what a group is (``"channels"``, the default; ``"heads"`` not yet).
+        ``shrink``: what a group is (``"channels"``, the default; ``"heads"``: attention heads, HF).
     allocation : str, optional
         Each weight's share of `amount`: a sensitivity scan's JSON file (``arrayprune
         scan``) or ``"owl"`` (see :mod:`arrayprune.adapters.allocation`); bounded by
@@ -366,7 +367,7 @@ class PruneSpec:
             stand_in = dataclasses.replace(self, method=self.mask_method, one_pass=False)
             return dataclasses.replace(stand_in.checked(), **own)
         cls = self.method_class()
-        if self.global_ and cls.PRUNING_TYPE != "unstructured":
+        if self.global_ and cls.PRUNING_TYPE != "unstructured" and not self.shrink:  # --shrink: channels
             unstructured = [m for m in METHODS if PruneSpec(m).method_class().PRUNING_TYPE == "unstructured"]
             raise PruneError(f"--global needs an unstructured method ({' or '.join(unstructured)}), not {self.method}")
         bounded = self.min_sparsity is not None or self.max_sparsity is not None

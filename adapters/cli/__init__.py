@@ -7,7 +7,7 @@
                      [--include PATTERN ...] [--exclude PATTERN ...] [--min-size N]
                      [--seed S] [--keep-masks] [--force] [--shrink [--groups {channels,heads}]]
                      [--verify [--verify-tol RTOL[,ATOL]] [--verify-data NPZ]]
-    arrayprune report FILE [--json] [--plot PNG]
+    arrayprune report FILE [--json] [--compare OTHER] [--plot PNG]
     arrayprune scan IN --calibration NPZ -o SCAN.json [--plot PNG] [--method M] [--sparsities S1,S2,...]
 
 Files are ``.npz``, ``.safetensors``, ``.onnx`` or PyTorch state dicts (``.pt``,

@@ -249,10 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--shrink",
         action="store_true",
-        help=f"ONNX: remove the channels {' or '.join(channel_methods())} drop from every tensor holding them",
+        help=f"ONNX or Hugging Face folder: remove the channels {' or '.join(channel_methods())} drop "
+        "from every tensor holding them",
     )
     p.add_argument(
-        "--groups", choices=GROUPS, default=None, help="--shrink: what a group is (default: channels; heads: not yet)"
+        "--groups", choices=GROUPS, default=None, help="--shrink: what a group is (channels, the default; heads)"
     )
     p.add_argument(
         "--verify",
@@ -287,6 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="per-tensor sparsity of a model file")
     r.add_argument("file", metavar="FILE")
     r.add_argument("--json", action="store_true", help="machine-readable output")
+    r.add_argument(
+        "--compare", metavar="OTHER", help="parameters and tensor shapes of FILE and OTHER (a shrunk copy)"
+    )
     r.add_argument(
         "--plot", metavar="PNG", default=None, help="draw each tensor's sparsity and 2:4 status (matplotlib)"
     )

@@ -81,7 +81,7 @@ def _print_pruned(result: PruneResult) -> None:
 def _print_shrink(result: PruneResult) -> None:
     """The groups (dry run), or the parameters before and after and the channels kept per group."""
     spec, shrink = result.spec, result.shrink
-    amount = "" if spec.amount is None else f", amount {spec.amount}"
+    amount = ("" if spec.amount is None else f", amount {spec.amount}") + (", global" if spec.global_ else "")
     if result.written is None:
         print(f"channel groups of {result.src} ({result.kind}), {spec.method}{amount}; nothing is written (--dry-run)")
         print(shrink.describe() or "no layer whose output channels could be removed")
@@ -92,7 +92,8 @@ def _print_shrink(result: PruneResult) -> None:
         f"{before} -> {after} parameters ({_pct(after, before)}) -> {result.dst}"
     )
     for g in shrink.groups.groups:
-        print(f"group {g.group.name}: {g.group.channels} -> {len(shrink.kept[g.group.name])} channels kept")
+        unit = getattr(g, "unit", "channels")
+        print(f"group {g.group.name}: {g.group.channels} -> {len(shrink.kept[g.group.name])} {unit} kept")
     if shrink.groups.left:
         n = len(shrink.groups.left)
         print(f"left as they are: the channels of {n} producer{'s' if n > 1 else ''} (--dry-run --shrink says why)")

@@ -22,6 +22,12 @@ __all__ = ["TOTALS_COVER", "report_rows", "run_report"]
 def run_report(args: argparse.Namespace) -> int:
     """Run ``arrayprune report``: the rows and totals of the summary stage, printed."""
     path = args.file
+    if getattr(args, "compare", None) and getattr(args, "plot", None):
+        raise CliError("--plot draws one file's sparsity; it does not go with --compare")
+    if getattr(args, "compare", None):
+        from .compare import run_compare
+
+        return run_compare(args)
     if not os.path.exists(path):
         raise CliError("no such file", path)
     plot = getattr(args, "plot", None)
