@@ -44,6 +44,7 @@ from arrayprune.adapters.roles.names import tree_roles
 __all__ = [
     "DEFAULT_SPARSITIES",
     "METRIC",
+    "OnnxTrials",
     "SCAN_METHODS",
     "Curve",
     "ScanResult",
@@ -261,6 +262,100 @@ def _squares(a: Any) -> float:
     return float(np.einsum("i,i->", a.ravel(), a.ravel()))
 
 
+class OnnxTrials:
+    """An ONNX model run on calibration data with some weights replaced: its output error against the dense model.
+
+    The weights named are graph inputs of one onnxruntime session, fed their values on
+    every run (no file, no new session per trial); the dense outputs are computed once
+    and kept, a trial's outputs are compared batch by batch. The error is the scan's
+    metric (:data:`METRIC`): ``sum((y - y0)^2) / sum(y0^2)`` of every output compared,
+    over all samples, averaged over the outputs.
+
+    Parameters
+    ----------
+    wf : WeightFile
+        The model, as :func:`arrayprune.adapters.formats.load` read it; not modified.
+    calibration : mapping of str to ndarray
+        Every graph input to samples along axis 0.
+    names : sequence of str
+        The weights (initializers) a trial may replace.
+    outputs : sequence of str, optional
+        The values compared (graph outputs or any value of the main graph); every
+        floating graph output if omitted.
+    extra : sequence of str, optional
+        Further values the session computes (activations for Hessians).
+    batch_size : int, optional
+        Samples run at a time.
+
+    Attributes
+    ----------
+    outputs : list of str
+        The values compared.
+    samples : int
+        Calibration samples.
+    session, casts, inputs, dense
+        The session, the calibration inputs' dtypes, each weight's graph input, and the
+        dense weights keyed by graph input.
+
+    Raises
+    ------
+    ValueError
+        Calibration data that do not fit the graph, an output that is no floating value
+        of the graph, a model without a floating output.
+    """
+
+    def __init__(
+        self,
+        wf: Any,
+        calibration: Mapping[str, np.ndarray],
+        names: Sequence[str],
+        *,
+        outputs: Sequence[str] = (),
+        extra: Sequence[str] = (),
+        batch_size: int | None = None,
+    ):
+        from arrayprune.adapters.calibration import _check_inputs, _fed_inputs, _session
+
+        model = wf.context["model"]
+        chosen = list(dict.fromkeys(outputs))
+        values = {v for node in model.graph.node for v in node.output} | {o.name for o in model.graph.output}
+        unknown = [o for o in chosen if o not in values]
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is no value computed by the graph (outputs: compare graph values)")
+        graph_outputs = chosen or [o.name for o in model.graph.output]
+        fed = {name: np.asarray(wf.params[name]).dtype for name in names}
+        self.session = _session(wf, list(dict.fromkeys([*graph_outputs, *extra])), fed)
+        kinds = {o.name: o.type for o in self.session.get_outputs()}
+        floating = ("tensor(float)", "tensor(double)", "tensor(float16)")
+        self.outputs = [o for o in graph_outputs if kinds.get(o) in floating or (chosen and kinds.get(o) is None)]
+        if chosen and self.outputs != chosen:
+            raise ValueError(f"{sorted(set(chosen) - set(self.outputs))[0]!r} is not a floating-point value")
+        if not self.outputs:
+            raise ValueError("the model has no floating-point output to compare")
+        self.inputs = _fed_inputs(model, fed)
+        self.casts, self.samples = _check_inputs(self.session, calibration, self.inputs.values())
+        self.dense = {self.inputs[name]: np.asarray(wf.params[name]) for name in names}
+        self._calibration, self._batch_size = calibration, batch_size
+        self._reference = [{o: np.asarray(v[o]) for o in self.outputs} for v in self._run(self.dense)]
+        self._ref = [sum(_squares(b[o]) for b in self._reference) for o in self.outputs]
+
+    def _run(self, weights: Mapping[str, np.ndarray]) -> Iterable[dict[str, np.ndarray]]:
+        from arrayprune.adapters.calibration import _run_batches
+
+        return _run_batches(
+            self.session, self._calibration, self.casts, self.samples, self.outputs, self._batch_size, weights
+        )
+
+    def error(self, weights: Mapping[str, np.ndarray]) -> float:
+        """The output error with `weights` (name to value) in place of the dense ones, the others dense."""
+        err = [0.0] * len(self.outputs)
+        fed = {**self.dense, **{self.inputs[name]: np.asarray(v) for name, v in weights.items()}}
+        for batch, got in zip(self._reference, self._run(fed), strict=True):
+            for i, o in enumerate(self.outputs):
+                err[i] += _squares(np.asarray(got[o], dtype=np.float64) - batch[o])
+        return _relative_errors(err, self._ref)
+
+
 def scan_onnx(
     wf: Any,
     calibration: Mapping[str, np.ndarray],
@@ -309,13 +404,7 @@ def scan_onnx(
         data that do not fit the graph, a model without a floating output, an output
         that is no value of the graph, or a weight the method cannot prune (one line).
     """
-    from arrayprune.adapters.calibration import (
-        _check_inputs,
-        _fed_inputs,
-        _run_batches,
-        _session,
-        onnx_input_norms,
-    )
+    from arrayprune.adapters.calibration import onnx_input_norms
     from arrayprune.adapters.reconstruction import _hessians, _prune, _target
     from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds
 
@@ -330,30 +419,8 @@ def scan_onnx(
         feeds, roles = weight_feeds(model), onnx_roles(model)
         rebuilt = {name: _target(wf, name, feeds.get(name), roles.get(name)) for name in names}
     activations = sorted({f.activation for t in rebuilt.values() for f in t.feeds})
-    chosen = list(dict.fromkeys(outputs))
-    values = {v for node in model.graph.node for v in node.output} | {o.name for o in model.graph.output}
-    unknown = [o for o in chosen if o not in values]
-    if unknown:
-        raise ValueError(f"{unknown[0]!r} is no value computed by the graph (outputs: compare graph values)")
-    graph_outputs = chosen or [o.name for o in model.graph.output]
-    fed = {name: np.asarray(wf.params[name]).dtype for name in names}
-    session = _session(wf, list(dict.fromkeys([*graph_outputs, *activations])), fed)
-    kinds = {o.name: o.type for o in session.get_outputs()}
-    floating = ("tensor(float)", "tensor(double)", "tensor(float16)")
-    outputs = [o for o in graph_outputs if kinds.get(o) in floating or (chosen and kinds.get(o) is None)]
-    if chosen and outputs != chosen:
-        raise ValueError(f"{sorted(set(chosen) - set(outputs))[0]!r} is not a floating-point value")
-    if not outputs:
-        raise ValueError("the model has no floating-point output to compare")
-    inputs = _fed_inputs(model, fed)
-    casts, samples = _check_inputs(session, calibration, inputs.values())
-    dense = {inputs[name]: np.asarray(wf.params[name]) for name in names}
-
-    def run(weights: Mapping[str, np.ndarray]) -> Iterable[dict[str, np.ndarray]]:
-        return _run_batches(session, calibration, casts, samples, outputs, batch_size, weights)
-
-    reference = [{o: np.asarray(v[o]) for o in outputs} for v in run(dense)]
-    ref = [sum(_squares(b[o]) for b in reference) for o in outputs]
+    trials = OnnxTrials(wf, calibration, names, outputs=outputs, extra=activations, batch_size=batch_size)
+    session, casts, samples, dense = trials.session, trials.casts, trials.samples, trials.dense
     curves = []
     for target in targets if progress is None else progress(targets, "scan", "weight"):
         hessians = None
@@ -366,13 +433,9 @@ def scan_onnx(
                 pruned = _prune(rebuilt[target.name], np.asarray(target.value), hessians[target.name], options).weight
             else:
                 pruned = _masked(target, method, s, norms)
-            err = [0.0] * len(outputs)
-            for batch, got in zip(reference, run({**dense, inputs[target.name]: pruned}), strict=True):
-                for i, o in enumerate(outputs):
-                    err[i] += _squares(np.asarray(got[o], dtype=np.float64) - batch[o])
-            errors.append(_relative_errors(err, ref))
+            errors.append(trials.error({target.name: pruned}))
         curves.append(Curve(target.name, target.shape, tuple(errors)))
-    return ScanResult(method, sparsities, curves, outputs, samples, wf.path)
+    return ScanResult(method, sparsities, curves, trials.outputs, samples, wf.path)
 
 
 def scan_arrays(
