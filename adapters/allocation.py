@@ -18,6 +18,7 @@ SparseGPT (a count per weight).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,15 +28,28 @@ import numpy as np
 
 import arrayprune
 from arrayprune.adapters.calibration import wanda_scores_for
+from arrayprune.allocation import counts_near
 from arrayprune.adapters.request import PruneError, error_text
 
-__all__ = ["ALLOCATED_METHODS", "OWL", "Allocation", "allocate", "check_allocation"]
+__all__ = [
+    "ALLOCATED_METHODS",
+    "CANDIDATES",
+    "OWL",
+    "Allocation",
+    "allocate",
+    "candidate_counts",
+    "check_allocation",
+    "measure_allocations",
+]
 
 #: The value of ``--allocation`` that asks for OWL instead of a scan's curves.
 OWL = "owl"
 
 #: The methods whose per-weight amounts an allocation sets.
 ALLOCATED_METHODS = ("l1_unstructured", "wanda", "sparsegpt", "ln_structured")
+
+#: The allocations a joint check measures, in the order ties are broken.
+CANDIDATES = ("scan", "uniform", "global")
 
 
 @dataclass
@@ -55,6 +69,17 @@ class Allocation:
         ``wanda``; channels for ``ln_structured``).
     notes : list of str
         What the command says about it (a scan made with another method).
+    checked : dict of str to float
+        The joint check (a scan's allocation with calibration data): each candidate of
+        :data:`CANDIDATES` to the output error measured with every weight pruned at
+        once; empty without a check.
+    candidates : dict of str to dict of str to int
+        Each candidate's counts (weight name to entries), with the check.
+    chosen : str
+        The candidate whose counts are used: the least measured error, ties to the
+        scan's; ``"scan"`` without a check.
+    samples : int
+        Calibration samples of the check.
     """
 
     source: str
@@ -62,6 +87,10 @@ class Allocation:
     sizes: dict[str, int] = field(default_factory=dict)
     amounts: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    checked: dict[str, float] = field(default_factory=dict)
+    candidates: dict[str, dict[str, int]] = field(default_factory=dict)
+    chosen: str = "scan"
+    samples: int = 0
 
     def sparsity(self, name: str) -> float:
         """The sparsity weight `name` is given."""
@@ -75,6 +104,12 @@ class Allocation:
             lines.append(f"{name.ljust(width)}  {100 * self.sparsity(name):7.2f}%  {k}/{self.sizes[name]}")
         total, n = sum(self.counts.values()), sum(self.sizes.values())
         lines.append(f"{'all'.ljust(width)}  {100 * total / n if n else 0.0:7.2f}%  {total}/{n}")
+        if self.checked:
+            errors = ", ".join(f"{how} {e:.6g}" for how, e in self.checked.items())
+            lines.append(
+                f"checked jointly on {self.samples} calibration samples (output error, every weight pruned): "
+                f"{errors}; chosen: {self.chosen}"
+            )
         return "\n".join(lines)
 
 
@@ -129,8 +164,8 @@ def _owl_scores(spec: Any, storage: Any, targets: list[Any], norms: Mapping | No
     return scores
 
 
-def _scan_curves(spec: Any, targets: list[Any]) -> tuple[list[list[float]], tuple[float, ...], list[str]]:
-    """The curves of the targets from the scan file, and what to note about them."""
+def _scan_curves(spec: Any, targets: list[Any]) -> tuple[list[list[float]], Any, list[str]]:
+    """The curves of the targets from the scan file, the scan, and what to note about them."""
     from arrayprune.adapters.scan import ScanResult
 
     try:
@@ -152,7 +187,7 @@ def _scan_curves(spec: Any, targets: list[Any]) -> tuple[list[list[float]], tupl
     notes = []
     if scan.method != spec.method:
         notes.append(f"--allocation: the scan measured {scan.method}; pruning with {spec.method}")
-    return curves, scan.sparsities, notes
+    return curves, scan, notes
 
 
 def allocate(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any) -> Allocation:
@@ -192,7 +227,8 @@ def allocate(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None,
             scores = _owl_scores(spec, storage, targets, norms, src, hooks)
             counts = arrayprune.owl_allocation(scores, spec.amount, **bounds)
         else:
-            curves, sparsities, notes = _scan_curves(spec, targets)
+            curves, scan, notes = _scan_curves(spec, targets)
+            sparsities = scan.sparsities
             hooks.stage(f"allocation: {len(targets)} weights from the curves of {spec.allocation}")
             counts = arrayprune.allocate_from_curves(curves, sizes, spec.amount, sparsities=sparsities, **bounds)
             beyond = [t.name for t, k, n in zip(targets, counts, sizes, strict=True) if n and k / n > sparsities[-1]]
@@ -207,7 +243,210 @@ def allocate(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None,
             raise
         raise PruneError(f"--allocation: {error_text(exc)}", src) from None
     result = Allocation(spec.allocation, notes=notes)
+    if spec.allocation != OWL and spec.calibration and getattr(storage, "kind", None) == "onnx":
+        counts = _check_jointly(spec, storage, targets, norms, counts, scan.outputs, bounds, result, src, hooks)
     for t, n, k, step in zip(targets, sizes, counts, steps, strict=True):
         result.counts[t.name], result.sizes[t.name] = int(k), n
         result.amounts[t.name] = int(k) // step
     return result
+
+
+def candidate_counts(
+    scores: list[Any],
+    amount: int | float,
+    scan: list[int],
+    *,
+    min_sparsity: float | None = None,
+    max_sparsity: float | None = None,
+    steps: list[int] | None = None,
+) -> dict[str, list[int]]:
+    """The allocations a joint check compares (:data:`CANDIDATES`): each weight's count under each.
+
+    Parameters
+    ----------
+    scores : list of ndarray
+        Each weight's importance scores (magnitudes, or Wanda's ``|W| * ||X||``); their
+        sizes are the weights'.
+    amount : int or float
+        Fraction of all entries to prune, or their number.
+    scan : list of int
+        The scan's allocation (:func:`arrayprune.allocate_from_curves`).
+    min_sparsity, max_sparsity, steps
+        As for :func:`arrayprune.allocate_from_curves`.
+
+    Returns
+    -------
+    dict of str to list of int
+        ``"scan"``: `scan` itself; ``"uniform"``: every weight at the same sparsity;
+        ``"global"``: the counts one threshold over all `scores` gives (the
+        ``round(amount * n)`` lowest, ties by position). Uniform and global are clipped
+        into the bounds, moved to the steps and repaired to the total as
+        :func:`arrayprune.counts_near` does (shifted by one common sparsity).
+    """
+    sizes = [int(np.size(x)) for x in scores]
+    n = sum(sizes)
+    total = arrayprune.amount.compute_nparams_toprune(amount, n)
+    flat = np.concatenate([np.abs(np.asarray(x, dtype=np.float64)).ravel() for x in scores]) if scores else np.zeros(0)
+    owner = np.repeat(np.arange(len(sizes)), sizes)
+    lowest = np.argsort(flat, kind="stable")[:total]
+    threshold = np.bincount(owner[lowest], minlength=len(sizes))
+    bounds = {"min_sparsity": min_sparsity, "max_sparsity": max_sparsity, "steps": steps}
+    fraction = total / n if n else 0.0
+    uniform = counts_near([fraction] * len(sizes), sizes, amount, **bounds)
+    wished = [int(k) / m if m else fraction for k, m in zip(threshold, sizes, strict=True)]
+    threshold = counts_near(wished, sizes, amount, **bounds)
+    return {"scan": [int(k) for k in scan], "uniform": uniform, "global": threshold}
+
+
+def _pruned(
+    spec: Any,
+    wf: Any,
+    targets: list[Any],
+    counts: Mapping[str, int],
+    norms: Mapping | None,
+    calibration: Mapping[str, np.ndarray],
+) -> dict[str, np.ndarray]:
+    """Every target pruned to its count, as the pipeline will prune it (nothing written)."""
+    if spec.method == "sparsegpt":
+        from arrayprune.adapters.reconstruction import onnx_sparsegpt
+
+        done = onnx_sparsegpt(wf, [t.name for t in targets], calibration, amount=dict(counts),
+                              sequential=not spec.one_pass, batch_size=spec.calibration_batch)
+        return {name: np.asarray(r.weight) for name, r in done.items()}
+    from arrayprune.adapters.pipeline import method_for
+
+    amounts = {t.name: int(counts[t.name]) // _step(t, spec.method) for t in targets}
+    request = dataclasses.replace(spec, amount=amounts)
+    out = {}
+    for t in targets:
+        value = np.asarray(t.value)
+        keep = np.asarray(method_for(t, request, norms).compute_mask(value, None), dtype=bool)
+        out[t.name] = np.where(keep, value, np.zeros((), value.dtype))
+    return out
+
+
+def measure_allocations(
+    wf: Any,
+    calibration: Mapping[str, np.ndarray],
+    candidates: Mapping[str, Mapping[str, int]],
+    *,
+    method: str = "l1_unstructured",
+    norms: Mapping[str, Any] | None = None,
+    outputs: tuple[str, ...] | list[str] = (),
+    batch_size: int | None = None,
+    sequential: bool = True,
+) -> dict[str, float]:
+    """The output error of an ONNX model pruned by each candidate allocation, every weight at once.
+
+    Each candidate prunes the model in memory (the masks of ``arrayprune prune``, or
+    SparseGPT's reconstruction) and runs it on the calibration data with the pruned
+    weights fed to one onnxruntime session (:class:`arrayprune.adapters.scan.OnnxTrials`):
+    the error is the scan's metric against the dense model, for all layers together.
+
+    Parameters
+    ----------
+    wf : WeightFile
+        The model, as :func:`arrayprune.adapters.formats.load` read it; not modified.
+    calibration : mapping of str to ndarray
+        Every graph input to samples along axis 0.
+    candidates : mapping of str to mapping of str to int
+        Label to the entries each weight loses (every candidate names the same weights).
+    method : str, default "l1_unstructured"
+        ``l1_unstructured``, ``wanda``, ``sparsegpt`` or ``ln_structured``; counts of
+        ``wanda`` are multiples of the weight's output units, of ``ln_structured`` of
+        its channels.
+    norms : mapping of str to ndarray, optional
+        Wanda's input norms (``wanda``; with ``l1_unstructured`` they rank by Wanda's
+        scores within each weight, as ``--calibration`` does).
+    outputs : sequence of str, optional
+        The values compared (a scan's ``outputs``); every floating graph output if omitted.
+    batch_size : int, optional
+        Samples run at a time.
+    sequential : bool, default True
+        SparseGPT: each weight calibrated on the model whose earlier weights are pruned.
+
+    Returns
+    -------
+    dict of str to float
+        Label to the measured error, in the order of `candidates`; candidates with the
+        same counts are measured once.
+
+    Raises
+    ------
+    ValueError
+        Calibration data that do not fit, an unknown weight or output, a method that
+        cannot prune a weight.
+    """
+    from arrayprune.adapters.plan import file_roles, make_plan
+    from arrayprune.adapters.request import PruneSpec
+
+    names = list(next(iter(candidates.values()), {}))
+    stand_in = "l1_unstructured" if method == "sparsegpt" else method
+    by_name = {e.name: e for e in make_plan(wf.params, file_roles(wf), method=stand_in)}
+    missing = [name for name in names if name not in by_name]
+    if missing:
+        raise ValueError(f"{missing[0]!r} is no tensor of the model")
+    spec = PruneSpec(method=method, amount=0.5, one_pass=not sequential, calibration_batch=batch_size)
+    return _measure(spec, wf, [by_name[n] for n in names], candidates, norms, calibration, outputs)[0]
+
+
+def _measure(
+    spec: Any,
+    wf: Any,
+    targets: list[Any],
+    candidates: Mapping[str, Mapping[str, int]],
+    norms: Mapping | None,
+    calibration: Mapping[str, np.ndarray],
+    outputs: Any,
+) -> tuple[dict[str, float], int]:
+    """Each candidate's joint error, and the samples run."""
+    from arrayprune.adapters.scan import OnnxTrials
+
+    trials = OnnxTrials(wf, calibration, [t.name for t in targets], outputs=outputs, batch_size=spec.calibration_batch)
+    errors: dict[str, float] = {}
+    seen: dict[tuple[int, ...], float] = {}
+    for how, counts in candidates.items():
+        key = tuple(int(counts[t.name]) for t in targets)
+        if key not in seen:
+            seen[key] = trials.error(_pruned(spec, wf, targets, counts, norms, calibration))
+        errors[how] = seen[key]
+    return errors, trials.samples
+
+
+def _check_jointly(
+    spec: Any,
+    storage: Any,
+    targets: list[Any],
+    norms: Mapping | None,
+    counts: list[int],
+    outputs: list[str],
+    bounds: Mapping[str, Any],
+    result: Allocation,
+    src: str,
+    hooks: Any,
+) -> list[int]:
+    """The joint check of a scan's allocation: the candidate with the least measured error (into `result`)."""
+    from arrayprune.adapters.calibration import read_calibration
+
+    if norms is not None and spec.method in ("wanda", "l1_unstructured"):
+        scores = _owl_scores(spec, storage, targets, norms, src, hooks)
+    else:
+        scores = [np.abs(np.asarray(t.value)) for t in targets]
+    candidates = candidate_counts(scores, spec.amount, counts, **bounds)
+    named = {how: {t.name: int(k) for t, k in zip(targets, c, strict=True)} for how, c in candidates.items()}
+    model = storage.wf.context["model"]
+    values = {v for node in model.graph.node for v in node.output} | {o.name for o in model.graph.output}
+    compared = list(outputs) if outputs and all(o in values for o in outputs) else []
+    try:
+        calibration = read_calibration(spec.calibration)
+    except ValueError as exc:
+        raise PruneError(error_text(exc), spec.calibration) from None
+    hooks.stage(f"allocation: checking {len(named)} allocations jointly on {len(next(iter(calibration.values())))} "
+                "calibration samples")
+    try:
+        errors, samples = _measure(spec, storage.wf, targets, named, norms, calibration, compared)
+    except (ValueError, TypeError) as exc:
+        raise PruneError(f"--allocation: joint check: {error_text(exc)}", src) from None
+    chosen = min(CANDIDATES, key=lambda how: errors[how])  # ties: the first, the scan's
+    result.checked, result.candidates, result.chosen, result.samples = errors, named, chosen, samples
+    return candidates[chosen]
