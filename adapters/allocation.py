@@ -28,18 +28,21 @@ import numpy as np
 
 import arrayprune
 from arrayprune.adapters.calibration import wanda_scores_for
-from arrayprune.allocation import counts_near
 from arrayprune.adapters.request import PruneError, error_text
+from arrayprune.allocation import counts_near
 
 __all__ = [
     "ALLOCATED_METHODS",
     "CANDIDATES",
     "OWL",
+    "REFINE_ROUNDS",
+    "REFINE_STEP",
     "Allocation",
     "allocate",
     "candidate_counts",
     "check_allocation",
     "measure_allocations",
+    "refine_counts",
 ]
 
 #: The value of ``--allocation`` that asks for OWL instead of a scan's curves.
@@ -50,6 +53,10 @@ ALLOCATED_METHODS = ("l1_unstructured", "wanda", "sparsegpt", "ln_structured")
 
 #: The allocations a joint check measures, in the order ties are broken.
 CANDIDATES = ("scan", "uniform", "global")
+#: Refinement rounds of a joint check (coordinate moves from the best candidate).
+REFINE_ROUNDS = 4
+#: The first move of a refinement, as a fraction of the entries pruned in all.
+REFINE_STEP = 0.02
 
 
 @dataclass
@@ -448,5 +455,117 @@ def _check_jointly(
     except (ValueError, TypeError) as exc:
         raise PruneError(f"--allocation: joint check: {error_text(exc)}", src) from None
     chosen = min(CANDIDATES, key=lambda how: errors[how])  # ties: the first, the scan's
+    least, most = _limits(targets, bounds)
+    trials = _Evaluator(spec, storage.wf, targets, norms, calibration, compared)
+    try:
+        refined, error = refine_counts(trials, candidates[chosen], errors[chosen], least, most, bounds["steps"])
+    except (ValueError, TypeError) as exc:
+        raise PruneError(f"--allocation: joint check: {error_text(exc)}", src) from None
+    if error < errors[chosen]:
+        chosen = "refined"
+        candidates[chosen] = refined
+        named[chosen] = {t.name: int(k) for t, k in zip(targets, refined, strict=True)}
+        errors[chosen] = error
     result.checked, result.candidates, result.chosen, result.samples = errors, named, chosen, samples
     return candidates[chosen]
+
+
+def _limits(targets: list[Any], bounds: Mapping[str, Any]) -> tuple[list[int], list[int]]:
+    """Each target's fewest and most pruned entries (multiples of its step) within the bounds."""
+    from arrayprune.allocation import _bounds
+
+    sizes = [math.prod(t.shape) for t in targets]
+    return _bounds(sizes, bounds["steps"], bounds["min_sparsity"], bounds["max_sparsity"])
+
+
+class _Evaluator:
+    """``evaluator(counts)``: the joint output error of the targets pruned to `counts` (one session)."""
+
+    def __init__(self, spec: Any, wf: Any, targets: list[Any], norms: Any, calibration: Any, outputs: Any):
+        from arrayprune.adapters.scan import OnnxTrials
+
+        self.trials = OnnxTrials(
+            wf, calibration, [t.name for t in targets], outputs=outputs, batch_size=spec.calibration_batch
+        )
+        self.args = (spec, wf, targets)
+        self.norms, self.calibration = norms, calibration
+
+    def __call__(self, counts: list[int]) -> float:
+        spec, wf, targets = self.args
+        named = {t.name: int(k) for t, k in zip(targets, counts, strict=True)}
+        return self.trials.error(_pruned(spec, wf, targets, named, self.norms, self.calibration))
+
+
+def refine_counts(
+    error: Any,
+    counts: list[int],
+    start: float,
+    least: list[int],
+    most: list[int],
+    steps: list[int],
+    *,
+    rounds: int = REFINE_ROUNDS,
+    step: float = REFINE_STEP,
+) -> tuple[list[int], float]:
+    """Coordinate moves from `counts`: entries moved from the most to the least sensitive array, measured jointly.
+
+    Each round measures every array's joint sensitivity (the error's increase per entry
+    when that array alone loses ``m`` more entries, the others at the current counts),
+    then moves ``m`` entries from the most sensitive array to the least sensitive one;
+    the move is kept if the measured error falls, else ``m`` is halved. The total and
+    the bounds hold throughout.
+
+    Parameters
+    ----------
+    error : callable
+        ``error(counts)``: the measured joint error.
+    counts : list of int
+        The start (multiples of `steps`, within `least` and `most`).
+    start : float
+        ``error(counts)``.
+    least, most : list of int
+        Each array's bounds, in entries.
+    steps : list of int
+        Entries each array moves by.
+    rounds : int, default :data:`REFINE_ROUNDS`
+        Rounds (each ``len(counts) + 1`` measurements at most).
+    step : float, default :data:`REFINE_STEP`
+        The first move, a fraction of ``sum(counts)``.
+
+    Returns
+    -------
+    (list of int, float)
+        The counts with the least error measured, and that error (`counts`, `start`
+        when no move helps).
+    """
+    best, best_error = list(counts), start
+    move = max(1, round(step * sum(counts)))
+    for _ in range(rounds):
+        slopes = []
+        for i, k in enumerate(best):
+            m = max(steps[i], move // steps[i] * steps[i])
+            if k + m <= most[i]:
+                slopes.append(((error([*best[:i], k + m, *best[i + 1 :]]) - best_error) / m, i))
+        if len(slopes) < 2:
+            break
+        slopes.sort()
+        cheap = slopes[0][1]
+        fragile = next((i for _, i in reversed(slopes) if i != cheap and best[i] > least[i]), None)
+        if fragile is None:
+            break
+        unit = math.lcm(steps[cheap], steps[fragile])
+        m = unit * max(1, round(move / unit))
+        m = min(m, (most[cheap] - best[cheap]) // unit * unit, (best[fragile] - least[fragile]) // unit * unit)
+        if m <= 0:
+            break
+        trial = list(best)
+        trial[cheap] += m
+        trial[fragile] -= m
+        e = error(trial)
+        if e < best_error:
+            best, best_error = trial, e
+        else:
+            move //= 2
+            if move < 1:
+                break
+    return best, best_error
