@@ -1,0 +1,161 @@
+"""``prune --allocation scan.json`` with calibration data: candidates checked jointly, against a NumPy forward."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+from onnx import helper, numpy_helper  # noqa: E402
+
+import arrayprune as ap  # noqa: E402
+from arrayprune.adapters import formats, prune_file  # noqa: E402
+from arrayprune.adapters.allocation import CANDIDATES, measure_allocations, refine_counts  # noqa: E402
+from cli_helpers import run  # noqa: E402
+
+SPARSITIES = [0.1, 0.3, 0.5, 0.7, 0.9]
+AMOUNT, LOW, HIGH = 0.6, 0.1, 0.9
+TOTAL = round(AMOUNT * (128 + 64))  # 115
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """``Y = relu(X @ W1) @ W2``; W2's small rows read W1's large hidden units (W2 is fragile)."""
+    folder = tmp_path_factory.mktemp("joint")
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((8, 16)).astype(np.float32)
+    w2 = rng.standard_normal((16, 4)).astype(np.float32)
+    w1[:, :2] *= 50
+    w2[:2, :] /= 5
+    x = rng.standard_normal((96, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["X", "W1"], ["H"], name="fc1"),
+            helper.make_node("Relu", ["H"], ["R"], name="relu"),
+            helper.make_node("MatMul", ["R", "W2"], ["Y"], name="fc2"),
+        ],
+        "two",
+        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["n", 4])],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    path = folder / "two.onnx"
+    onnx.save(proto, str(path))
+    calib = folder / "calib.npz"
+    np.savez(calib, X=x)
+    # A misleading scan: it says W2 costs almost nothing and W1 a lot (one weight at a time
+    # the truth is the other way round), so its allocation prunes W2 as far as allowed.
+    scan = folder / "scan.json"
+    curves = {"W1": [0.01, 0.05, 0.2, 0.5, 1.0], "W2": [1e-6, 2e-6, 3e-6, 4e-6, 5e-6]}
+    scan.write_text(json.dumps({
+        "format": "arrayprune scan", "version": 1, "method": "l1_unstructured", "sparsities": SPARSITIES,
+        "outputs": ["Y"], "samples": 96,
+        "curves": [{"name": n, "shape": list(w.shape), "errors": curves[n]} for n, w in (("W1", w1), ("W2", w2))],
+    }))
+    return path, calib, scan, w1, w2, x, curves
+
+
+def _numpy(w1, w2, x, counts):
+    """The relative squared error of ``Y`` with each weight's `counts` lowest Wanda scores zeroed."""
+    x64 = x.astype(np.float64)
+    h = np.maximum(x64 @ w1, 0)
+    norms = [np.linalg.norm(x64, axis=0), np.linalg.norm(h, axis=0)]  # one per input feature (row of [K, N])
+    pruned = []
+    for w, n, k in zip((w1, w2), norms, counts, strict=True):
+        scores = (np.abs(w.astype(np.float64)) * n[:, None]).ravel()
+        flat = w.astype(np.float64).ravel().copy()
+        flat[np.argsort(scores, kind="stable")[:k]] = 0
+        pruned.append(flat.reshape(w.shape))
+    y0 = h @ w2
+    y = np.maximum(x64 @ pruned[0], 0) @ pruned[1]
+    return float(((y - y0) ** 2).sum() / (y0**2).sum()), norms
+
+
+def test_the_joint_check_replaces_a_misleading_scan(model, tmp_path):
+    path, calib, scan, w1, w2, x, curves = model
+    out = tmp_path / "out.onnx"
+    bounds = {"min_sparsity": LOW, "max_sparsity": HIGH}
+    result = prune_file(path, out, amount=AMOUNT, calibration=calib, allocation=scan, **bounds)
+    a = result.allocation
+    # the candidates, hand-computed: the scan's; uniform (76.8 and 38.4 -> 77 and 38, largest remainder first)
+    expected_scan = ap.allocate_from_curves(list(curves.values()), [128, 64], AMOUNT, sparsities=SPARSITIES,
+                                            min_sparsity=LOW, max_sparsity=HIGH)
+    assert expected_scan == [TOTAL - 57, 57]  # W2 at its 90% bound (57 of 64)
+    assert [a.candidates["scan"]["W1"], a.candidates["scan"]["W2"]] == expected_scan
+    assert a.candidates["uniform"] == {"W1": 77, "W2": 38}
+    # global: the 115 lowest Wanda scores of both weights at once
+    _, norms = _numpy(w1, w2, x, [0, 0])
+    s1, s2 = (np.abs(w.astype(np.float64)) * n[:, None] for w, n in zip((w1, w2), norms, strict=True))
+    lowest = np.argsort(np.concatenate([s1.ravel(), s2.ravel()]), kind="stable")[:TOTAL]
+    by_threshold = [int((lowest < 128).sum()), int((lowest >= 128).sum())]
+    assert a.candidates["global"] == {"W1": by_threshold[0], "W2": by_threshold[1]}
+    # every candidate: the exact total, within the bounds
+    for counts in a.candidates.values():
+        assert sum(counts.values()) == TOTAL
+        assert LOW * 128 <= counts["W1"] <= HIGH * 128 and LOW * 64 <= counts["W2"] <= HIGH * 64
+    # each measured error equals the NumPy forward's; the least one is chosen
+    numpy_errors = {how: _numpy(w1, w2, x, [c["W1"], c["W2"]])[0] for how, c in a.candidates.items()}
+    assert list(a.checked) == [*CANDIDATES, *(["refined"] if "refined" in a.checked else [])]
+    for how, e in a.checked.items():
+        assert e == pytest.approx(numpy_errors[how], rel=1e-4)
+    assert a.chosen == min(a.checked, key=a.checked.get)
+    assert a.chosen != "scan" and a.checked[a.chosen] < a.checked["scan"] / 2
+    # the file holds the chosen counts
+    assert a.counts == a.candidates[a.chosen]
+    assert {n: z for n, (z, _) in result.written.by_tensor.items()} == a.counts
+    weights = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
+    assert int((weights["W1"] == 0).sum()) + int((weights["W2"] == 0).sum()) == TOTAL
+
+    # the dry run prints the same figures
+    proc = run("prune", path, "--dry-run", "--amount", AMOUNT, "--calibration", calib, "--allocation", scan,
+               "--min-sparsity", LOW, "--max-sparsity", HIGH)
+    assert proc.returncode == 0, proc.stderr
+    line = next(li for li in proc.stdout.splitlines() if li.startswith("checked jointly"))
+    assert line.startswith("checked jointly on 96 calibration samples")
+    figures = dict(part.split() for part in line.split(": ", 1)[1].split(";")[0].split(", "))
+    assert set(figures) == set(a.checked)
+    for how, text in figures.items():
+        assert float(text) == pytest.approx(numpy_errors[how], rel=1e-4)
+    assert line.endswith(f"chosen: {a.chosen}")
+    shares = [li.split()[-1] for li in proc.stdout.splitlines() if li.startswith(("W1 ", "W2 "))]
+    assert shares[-2:] == [f"{a.counts['W1']}/128", f"{a.counts['W2']}/64"]
+
+
+def test_measure_allocations_from_python(model):
+    path, calib, _, w1, w2, x, _ = model
+    candidates = {"a": {"W1": 77, "W2": 38}, "b": {"W1": 100, "W2": 15}, "c": {"W1": 77, "W2": 38}}
+    errors = measure_allocations(formats.load(str(path)), {"X": x}, candidates)
+    x64 = x.astype(np.float64)
+    y0 = np.maximum(x64 @ w1, 0) @ w2
+    for how, c in candidates.items():  # magnitude masks without norms
+        p1, p2 = (w.astype(np.float64).ravel() for w in (w1, w2))
+        p1[np.argsort(np.abs(p1), kind="stable")[: c["W1"]]] = 0
+        p2[np.argsort(np.abs(p2), kind="stable")[: c["W2"]]] = 0
+        p1, p2 = p1.reshape(w1.shape), p2.reshape(w2.shape)
+        y = np.maximum(x64 @ p1, 0) @ p2
+        assert errors[how] == pytest.approx(((y - y0) ** 2).sum() / (y0**2).sum(), rel=1e-4)
+    assert errors["a"] == errors["c"]  # the same counts are measured once
+
+
+def test_refine_moves_entries_from_the_fragile_array_keeping_total_and_bounds():
+    # error: 1 * s0^2 + 4 * s1^2 with s = count / 100; the optimum of 100 entries is 80 / 20
+    def error(c):
+        return (c[0] / 100) ** 2 + 4 * (c[1] / 100) ** 2
+
+    start = [20, 80]
+    counts, e = refine_counts(error, start, error(start), [0, 0], [100, 100], [1, 1], rounds=6, step=0.2)
+    assert sum(counts) == 100 and e == error(counts) and e < error(start)
+    assert counts[0] > 20  # the cheap array takes more
+    # first round: slopes (error(21,80) - e0) / 20 ... the move is 20 entries -> 40 / 60, then 60 / 40, 80 / 20
+    assert counts == [80, 20]
+    # steps of 10 and 4 move by multiples of 20; a bound of 50 on the cheap array holds
+    counts, e = refine_counts(error, start, error(start), [0, 0], [50, 100], [10, 4], rounds=6, step=0.2)
+    assert counts == [40, 60] or counts == [50, 50]
+    assert sum(counts) == 100 and counts[0] <= 50 and counts[0] % 10 == 0 and counts[1] % 4 == 0
+    # nothing helps at the optimum: the start comes back
+    assert refine_counts(error, [80, 20], error([80, 20]), [0, 0], [100, 100], [1, 1]) == ([80, 20], error([80, 20]))
