@@ -250,7 +250,8 @@ def allocate(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None,
             raise
         raise PruneError(f"--allocation: {error_text(exc)}", src) from None
     result = Allocation(spec.allocation, notes=notes)
-    if spec.allocation != OWL and spec.calibration and getattr(storage, "kind", None) == "onnx":
+    checked = spec.allocation_check and spec.calibration and getattr(storage, "kind", None) == "onnx"
+    if spec.allocation != OWL and checked:
         counts = _check_jointly(spec, storage, targets, norms, counts, scan.outputs, bounds, result, src, hooks)
     for t, n, k, step in zip(targets, sizes, counts, steps, strict=True):
         result.counts[t.name], result.sizes[t.name] = int(k), n

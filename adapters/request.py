@@ -274,6 +274,10 @@ class PruneSpec:
         Each weight's share of `amount`: a sensitivity scan's JSON file (``arrayprune
         scan``) or ``"owl"`` (see :mod:`arrayprune.adapters.allocation`); bounded by
         `min_sparsity` and `max_sparsity`.
+    allocation_check : bool, default True
+        With a scan's ``allocation`` and ``calibration``: check the scan's allocation,
+        uniform and global jointly on the calibration data and take the least error
+        (:mod:`arrayprune.adapters.allocation`); False: the scan's allocation as it is.
     """
 
     method: str = "l1_unstructured"
@@ -303,6 +307,7 @@ class PruneSpec:
     shrink: bool = False
     groups: str | None = None
     allocation: str | None = None
+    allocation_check: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str):  # a method object: its name and arguments as options

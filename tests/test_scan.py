@@ -179,7 +179,15 @@ def test_prune_file_allocation_owl_and_sparsegpt(two, tmp_path):
     assert result.allocation.sparsity("W1") < result.allocation.sparsity("W2")
     scan = tmp_path / "scan.json"
     scan_onnx(formats.load(str(path)), {"X": x}, sparsities=SPARSITIES).save(scan)
-    result = prune_file(path, tmp_path / "gpt.onnx", amount=0.6, method="sparsegpt", calibration=calib, allocation=scan)
+    checked = prune_file(path, tmp_path / "c.onnx", amount=0.6, method="sparsegpt", calibration=calib, allocation=scan)
+    assert checked.allocation.counts == checked.allocation.candidates[checked.allocation.chosen]
+    # allocation_check=False: the scan's own allocation, not checked jointly
+    result = prune_file(
+        path, tmp_path / "gpt.onnx", amount=0.6, method="sparsegpt", calibration=calib, allocation=scan,
+        allocation_check=False,
+    )
+    assert result.allocation.checked == {} and result.allocation.chosen == "scan"
+    assert result.allocation.counts == checked.allocation.candidates["scan"]
     assert sum(result.allocation.counts.values()) == round(0.6 * 192)
     assert result.allocation.amounts == result.allocation.counts  # SparseGPT takes entry counts
     zeros = result.written.by_tensor

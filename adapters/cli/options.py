@@ -284,6 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="each weight's share of --amount: from a sensitivity scan's curves (arrayprune scan), or owl "
         "(outlier ratios, Yin et al. 2024); within --min-sparsity/--max-sparsity",
     )
+    p.add_argument(
+        "--no-allocation-check",
+        dest="allocation_check",
+        action="store_false",
+        help="--allocation SCAN.json with --calibration: use the scan's allocation as it is, without checking it "
+        "jointly against uniform and global on the calibration data",
+    )
 
     r = sub.add_parser("report", help="per-tensor sparsity of a model file")
     r.add_argument("file", metavar="FILE")
