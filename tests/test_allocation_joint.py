@@ -159,3 +159,13 @@ def test_refine_moves_entries_from_the_fragile_array_keeping_total_and_bounds():
     assert sum(counts) == 100 and counts[0] <= 50 and counts[0] % 10 == 0 and counts[1] % 4 == 0
     # nothing helps at the optimum: the start comes back
     assert refine_counts(error, [80, 20], error([80, 20]), [0, 0], [100, 100], [1, 1]) == ([80, 20], error([80, 20]))
+
+
+def test_no_allocation_check_keeps_the_scans_counts(model):
+    path, calib, scan, _, _, _, curves = model
+    proc = run("prune", path, "--dry-run", "--amount", AMOUNT, "--calibration", calib, "--allocation", scan,
+               "--min-sparsity", LOW, "--max-sparsity", HIGH, "--no-allocation-check")
+    assert proc.returncode == 0, proc.stderr
+    assert "checked jointly" not in proc.stdout
+    shares = [li.split()[-1] for li in proc.stdout.splitlines() if li.startswith(("W1 ", "W2 "))]
+    assert shares[-2:] == [f"{TOTAL - 57}/128", "57/64"]  # the misleading scan's own: W2 at its bound
