@@ -209,12 +209,17 @@ class PruningContainer(BasePruningMethod):
 
     def __init__(self, *methods: Any):
         self._pruning_methods: tuple[Any, ...] = ()
-        if len(methods) == 1 and isinstance(methods[0], Iterable) and not _is_method(methods[0]):
+        if len(methods) == 1 and isinstance(methods[0], Iterable) and not self._accepts(methods[0]):
             methods = tuple(methods[0])
-        if methods:
-            self._tensor_name = getattr(methods[0], "_tensor_name", None)
+        self._tensor_name = getattr(methods[0], "_tensor_name", None) if methods else None
         for method in methods:
             self.add_pruning_method(method)
+
+    @classmethod
+    def _accepts(cls, method: Any) -> bool:
+        """Whether `method` may join a container: a method instance (the PyTorch adapter's
+        container accepts PyTorch's methods only)."""
+        return _is_method(method)
 
     def add_pruning_method(self, method: Any) -> None:
         """Append `method` to the container.
@@ -228,7 +233,7 @@ class PruningContainer(BasePruningMethod):
         """
         if method is None:
             return
-        if not _is_method(method):
+        if not self._accepts(method):
             raise TypeError(f"{type(method)} is not a BasePruningMethod subclass")
         if self._tensor_name != getattr(method, "_tensor_name", None):
             raise ValueError(

@@ -5,12 +5,12 @@ from __future__ import annotations
 import copy
 import operator
 import weakref
-from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
 from torch.nn.utils import prune as _tprune
 
+import arrayprune.methods as _core
 from arrayprune.methods import combine_masks
 
 from ._tensors import check_shape, detached, free_name, masked, plain_module
@@ -147,9 +147,10 @@ def core_mask(method: Any, t: torch.Tensor, default_mask: Any, combine: bool = F
     return mask
 
 
-class PruningContainer(BasePruningMethod, _tprune.PruningContainer):
+class PruningContainer(BasePruningMethod, _tprune.PruningContainer, _core.PruningContainer):
     """Methods applied in turn to a tensor, the newest to what the others left: a
-    :class:`torch.nn.utils.prune.PruningContainer` combining by :func:`arrayprune.combine_masks`.
+    :class:`torch.nn.utils.prune.PruningContainer` and a :class:`arrayprune.PruningContainer`
+    (whose construction and checks it has), combining by :func:`arrayprune.combine_masks`.
 
     Parameters
     ----------
@@ -158,23 +159,15 @@ class PruningContainer(BasePruningMethod, _tprune.PruningContainer):
     """
 
     def __init__(self, *args: Any):
-        if len(args) == 1 and not isinstance(args[0], _tprune.BasePruningMethod) and isinstance(args[0], Iterable):
-            args = tuple(args[0])
-        self._pruning_methods: tuple[Any, ...] = ()
-        self._tensor_name = getattr(args[0], "_tensor_name", None) if args else None
-        for method in args:
-            self.add_pruning_method(method)
+        _core.PruningContainer.__init__(self, *args)
+
+    @classmethod
+    def _accepts(cls, method: Any) -> bool:
+        return isinstance(method, _tprune.BasePruningMethod)
 
     def add_pruning_method(self, method: Any) -> None:
         """Append `method`: TypeError if not a method, ValueError if of another tensor."""
-        if method is None:
-            return
-        if not isinstance(method, _tprune.BasePruningMethod):
-            raise TypeError(f"{type(method)} is not a BasePruningMethod subclass")
-        if self._tensor_name != (found := getattr(method, "_tensor_name", None)):
-            msg = f"Can only add pruning methods acting on the parameter named '{self._tensor_name}' "
-            raise ValueError(msg + f"to PruningContainer {self}. Found '{found}'")
-        self._pruning_methods += (method,)
+        _core.PruningContainer.add_pruning_method(self, method)
 
     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """The newest method on what `default_mask` leaves, in the dtype of `t` (IndexError if empty)."""
