@@ -401,7 +401,7 @@ def _prune_folded(
     return mp.replace(params, folded)
 
 
-def _global_masks(targets: list[PlanEntry], spec: PruneSpec, src: str, hooks: Hooks, scores: Any = None) -> list:
+def _global_masks(targets: list[PlanEntry], spec: PruneSpec, src: str, hooks: Hooks, scores: Any = None) -> Any:
     """The keep masks of one global ranking of the targets (by `scores`, else by their values)."""
     cls, kwargs = _global_arguments(spec)
     hooks.stage(_threshold_stage(targets))
@@ -692,6 +692,7 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
         written = _write_streamed(storage, dst, plan, targets, spec, norms, hooks)
         tied = 0
     else:
+        assert out_format is not None  # a whole file has one
         written = _write_whole(storage, dst, out_format, targets, spec, norms, hooks)
         tied = sum(len(t.tied) for t in targets)
     result = PruneResult(src, dst, storage.kind, spec, plan, written, tied, notes=_notes(spec))

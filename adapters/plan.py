@@ -247,7 +247,7 @@ def format_plan(plan: list[PlanEntry], *, amount: bool = True) -> str:
         any tensor has nodes.
     """
     with_nodes = any(e.role.nodes for e in plan)
-    rows = [("tensor", "read by", "role", "shape", "dtype", "plan")]
+    rows: list[tuple[str, ...]] = [("tensor", "read by", "role", "shape", "dtype", "plan")]
     for e in plan:
         if e.prune:
             what = "prune" + (f", dim {e.dim}" if e.dim is not None else "")

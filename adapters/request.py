@@ -447,8 +447,8 @@ def _negative(value: Any) -> bool:
 def spec_from(options: Iterable[tuple[str, Any]]) -> PruneSpec:
     """A :class:`PruneSpec` from option names and values; an unknown name is a :class:`PruneError`."""
     fields = {f.name for f in dataclasses.fields(PruneSpec)}
-    options = dict(options)
-    unknown = sorted(set(options) - fields)
+    given = dict(options)
+    unknown = sorted(set(given) - fields)
     if unknown:
         raise PruneError(f"unknown option {unknown[0]!r}; the options are {', '.join(sorted(fields))}")
-    return PruneSpec(**options)
+    return PruneSpec(**given)

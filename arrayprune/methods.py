@@ -103,7 +103,7 @@ class BasePruningMethod(ABC):
 
     PRUNING_TYPE: ClassVar[str]
     USES_SCORES: ClassVar[bool] = True
-    _tensor_name: str | None = None
+    _tensor_name: Any = None  # the name of the tensor pruned, set by adapters (PyTorch declares str)
 
     @abstractmethod
     def compute_mask(self, t: Array, default_mask: Array | None) -> Array:

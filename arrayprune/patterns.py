@@ -149,11 +149,11 @@ def _sorted_smallest(xp: Any, keys: Array, n: int) -> Array:
     cut = xp.sort(keys, axis=-1)[..., n - 1 : n]
     below = keys < cut
     equal = keys == cut
-    if has_nan:
+    if has_nan and nan is not None:
         equal = equal & ~nan
     need = n - xp.sum(xp.astype(below, xp.int32), axis=-1, keepdims=True)
     drop = below | (equal & (xp.cumulative_sum(xp.astype(equal, xp.int32), axis=-1) <= need))
-    if has_nan:  # a cut at +inf: the NaNs come after every +inf, first by position
+    if has_nan and nan is not None:  # a cut at +inf: the NaNs come after every +inf, first by position
         need = need - xp.sum(xp.astype(equal, xp.int32), axis=-1, keepdims=True)
         drop = drop | (nan & (xp.cumulative_sum(xp.astype(nan, xp.int32), axis=-1) <= need))
     return drop
@@ -172,7 +172,7 @@ def _rank_in_groups(xp: Any, keys: Array) -> Array:
     if has_nan:
         keys = xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype, device=apc.device(keys)), keys)
     cols = [keys[..., j] for j in range(m)]
-    flags = [nan[..., j] for j in range(m)] if has_nan else None
+    flags = [nan[..., j] for j in range(m)] if has_nan else []
     device = apc.device(keys)
     ranks = [xp.zeros(cols[0].shape, dtype=xp.int16, device=device) for _ in range(m)]
     for j in range(1, m):
@@ -259,8 +259,8 @@ class BlockUnstructured(AmountPruningMethod):
             raise ValueError(f"block sizes must be positive, got {block_shape!r}")
         if isinstance(n, bool) or not isinstance(n, numbers.Real) or not (n > 0):
             raise ValueError(f"n must be a positive number or inf, got {n!r}")
-        self.block_shape = tuple(int(b) for b in shape)
-        self.n = n
+        self.block_shape: tuple[int, ...] = tuple(int(b) for b in shape)
+        self.n: float = n
 
     def _full_block_shape(self, ndim: int) -> tuple[int, ...]:
         if len(self.block_shape) > ndim:
@@ -331,9 +331,9 @@ def _block_reduce(xp: Any, x: Array, block: tuple[int, ...], grid: tuple[int, ..
             x = reduce(x, axis=axis)
             continue
         head = (slice(None),) * axis
-        acc = x[(*head, 0, ...)]
+        acc = x[head + (0, ...)]
         for i in range(1, length):
-            acc = combine(acc, x[(*head, i, ...)])
+            acc = combine(acc, x[head + (i, ...)])
         x = acc
     return x
 

@@ -75,7 +75,8 @@ def parameters_doc(cls: type) -> str:
 
 def constructor_parameters(cls: type) -> list[inspect.Parameter]:
     """The named parameters of ``cls.__init__`` after ``self`` (none for ``object``'s)."""
-    if cls.__init__ is object.__init__:
+    init = inspect.getattr_static(cls, "__init__")
+    if init is object.__init__:
         return []
-    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    params = list(inspect.signature(init).parameters.values())[1:]
     return [p for p in params if p.kind not in (_P.VAR_POSITIONAL, _P.VAR_KEYWORD)]

@@ -20,7 +20,7 @@ class BasePruningMethod(_tprune.BasePruningMethod):
     """Abstract base of pruning methods, a :class:`torch.nn.utils.prune.BasePruningMethod`: set
     ``PRUNING_TYPE``, implement ``compute_mask(t, default_mask)``. An instance is its hook."""
 
-    _tensor_name: str | None = None
+    _tensor_name: str = None  # type: ignore[assignment]  # PyTorch's declaration; None until applied
 
     def __call__(self, module: torch.nn.Module, inputs: Any) -> None:
         self._remember(module)
@@ -37,9 +37,11 @@ class BasePruningMethod(_tprune.BasePruningMethod):
         """Write ``mask * orig`` into ``<name>_orig``, which becomes ``module.<name>`` again."""
         name = self._tensor_name
         params, buffers = module._parameters, module._buffers
-        if name is None or name + "_orig" not in params or name + "_mask" not in buffers:
+        orig = None if name is None else params.get(name + "_orig")
+        stored = None if name is None else buffers.get(name + "_mask")
+        if name is None or orig is None or stored is None:
             return super().remove(module)  # PyTorch's own checks and messages
-        orig, mask = params[name + "_orig"], buffers[name + "_mask"].detach()
+        mask = stored.detach()
         weight = masked(mask if mask.dtype == orig.dtype else mask.to(dtype=orig.dtype), orig.detach())
         module.__dict__.pop(name, None)
         orig.data = weight
@@ -76,7 +78,7 @@ class BasePruningMethod(_tprune.BasePruningMethod):
 
 def _memoize_pruned_tensor(module: torch.nn.Module, name: str | None, memo: dict[int, Any]) -> None:
     current = module.__dict__.get(name) if name is not None else None
-    if not isinstance(current, torch.Tensor) or current.is_leaf or id(current) in memo:
+    if name is None or not isinstance(current, torch.Tensor) or current.is_leaf or id(current) in memo:
         return
     orig, mask = module._parameters.get(name + "_orig"), module._buffers.get(name + "_mask")
     if orig is None or mask is None:
@@ -169,7 +171,7 @@ class PruningContainer(BasePruningMethod, _tprune.PruningContainer, _core.Prunin
         """Append `method`: TypeError if not a method, ValueError if of another tensor."""
         _core.PruningContainer.add_pruning_method(self, method)
 
-    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+    def compute_mask(self, t: torch.Tensor, default_mask: Any) -> torch.Tensor:
         """The newest method on what `default_mask` leaves, in the dtype of `t` (IndexError if empty)."""
         if not self._pruning_methods:
             raise IndexError("PruningContainer holds no pruning method")

@@ -99,10 +99,10 @@ def keep_masks(scores: list[Array], eligible: list[Array | None], k: int) -> lis
 
     It takes float arrays of one dtype in host memory, with host eligibility masks.
     """
-    bits = [_host_bits(s) for s in scores]
+    bits = [b for b in (_host_bits(s) for s in scores) if b is not None]
     # Bit patterns only compare within one float format (float16 and bfloat16 share a
     # width, not an encoding): mixed dtypes take the portable path, which promotes.
-    if any(b is None for b in bits) or len({str(s.dtype) for s in scores}) != 1:
+    if len(bits) != len(scores) or len({str(s.dtype) for s in scores}) != 1:
         return None
     host_elig = [None if e is None else _host_bool(e) for e in eligible]
     if any((e is None) != (h is None) for e, h in zip(eligible, host_elig, strict=True)):
