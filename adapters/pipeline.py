@@ -46,7 +46,6 @@ from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.calibration import (
     BATCH_SIZE,
-    ScoredMethod,
     onnx_input_norms,
     read_calibration,
     read_input_norms,
@@ -58,9 +57,10 @@ from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, st
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
 from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module, spec_from
 from arrayprune.adapters.roles.names import tree_roles
-from arrayprune.adapters.stream_pruning import PruneSummary, Totals, prune_source
+from arrayprune.adapters.stream_pruning import PruneSummary, Totals, prune_source, streams
 from arrayprune.adapters.summary import report_rows, totals
 from arrayprune.adapters.trees import lookup
+from arrayprune.method_parts import pattern_of
 
 __all__ = [
     "NEARLY_EMPTY",
@@ -73,6 +73,7 @@ __all__ = [
     "check_arrays",
     "input_norms",
     "method_for",
+    "scores_for",
     "open_storage",
     "prune_checkpoint",
     "prune_file",
@@ -82,7 +83,6 @@ __all__ = [
 #: Sparsity from which global pruning warns that it emptied a tensor.
 NEARLY_EMPTY = 0.99
 
-_COUNTED = {"block_unstructured": "blocks", "wanda": "entries of each output unit"}
 
 _FAILURES = (ValueError, TypeError, IndexError, KeyError)
 
@@ -196,7 +196,7 @@ class StreamedCheckpoint:
             return "--lamp"
         if spec.min_sparsity is not None or spec.max_sparsity is not None:
             return "--min-sparsity and --max-sparsity"
-        if spec.global_ and spec.method != "l1_unstructured":
+        if spec.global_ and not streams(spec.method_class()):
             return f"--global with {spec.method}"
         if spec.global_ and (spec.calibration or spec.input_norms):
             return "--global with input norms"
@@ -308,17 +308,22 @@ def _scores(targets: list[PlanEntry], norms: Mapping | None, src: str) -> list[A
         raise PruneError(error_text(exc), src) from None
 
 
-def method_for(target: PlanEntry, spec: PruneSpec, norms: Mapping | None = None) -> Any:
+def method_for(target: PlanEntry, spec: PruneSpec) -> Any:
     """The method instance that prunes `target` on its own: its axis, a seed from its name.
 
-    With input norms, it ranks by Wanda's scores of the weight it is given. This is the
-    one place that builds the method of an entry.
+    This is the one place that builds the method of an entry; what it ranks by when
+    input norms are given is :func:`scores_for`'s.
     """
     kwargs = method_arguments(spec, stream_seed(spec.seed, target.name), dim=target.dim)
-    method = spec.method_class()(**kwargs)
+    return spec.method_class()(**kwargs)
+
+
+def scores_for(target: PlanEntry, norms: Mapping | None, value: Any) -> Any:
+    """The importance scores `target` is ranked by, given its `value`: Wanda's scores with
+    input norms, None (the value itself) without."""
     if norms is None:
-        return method
-    return ScoredMethod(method, lambda t: wanda_scores_for(t, target.role, norms[target.name], target.name))
+        return None
+    return wanda_scores_for(value, target.role, norms[target.name], target.name)
 
 
 def _global_arguments(spec: PruneSpec) -> tuple[type, dict[str, Any]]:
@@ -363,7 +368,8 @@ def _prune_params(
     else:
         for target in hooks.progress(targets, "pruning"):
             try:
-                params = mp.prune(params, target.path, method_for(target, spec, norms))
+                scores = scores_for(target, norms, target.value)
+                params = mp.prune(params, target.path, method_for(target, spec), scores)
             except _FAILURES as exc:
                 raise PruneError(f"tensor {_name(target.path)!r}: {error_text(exc)}", src) from None
     for target in targets:
@@ -392,7 +398,8 @@ def _prune_folded(
         for target in hooks.progress(targets, "pruning"):
             path = target.path
             try:
-                pruned = mp.prune({"t": target.value}, "t", method_for(target, spec, norms))
+                scores = scores_for(target, norms, target.value)
+                pruned = mp.prune({"t": target.value}, "t", method_for(target, spec), scores)
                 folded[path] = mp.remove(pruned, "t")["t"]
             except _FAILURES as exc:
                 raise PruneError(f"tensor {_name(path)!r}: {error_text(exc)}", src) from None
@@ -462,7 +469,8 @@ def _write_streamed(
             storage.source,
             dst,
             plan,
-            method_for=lambda target: method_for(target, spec, norms),
+            method_for=lambda target: method_for(target, spec),
+            scores_for=None if norms is None else lambda target, value: scores_for(target, norms, value),
             global_method=global_method,
             progress=hooks.progress,
         )
@@ -544,7 +552,7 @@ def count_note(spec: PruneSpec) -> str | None:
     if not isinstance(amount, int) or isinstance(amount, bool) or amount == 0:
         return None
     cls = spec.method_class()
-    unit = _COUNTED.get(spec.method, "channels" if cls.PRUNING_TYPE == "structured" else "entries")
+    unit = pattern_of(cls).unit
     where = "in total over the selected tensors (--global)" if spec.global_ else "in each tensor"
     return (
         f"--amount {amount} is a count, not a fraction: {amount} {unit} pruned {where}; "
@@ -834,8 +842,9 @@ def prune_checkpoint(
     """
     if method not in arrayprune.METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {', '.join(arrayprune.METHODS)}")
-    if global_ and arrayprune.METHODS[method] is not arrayprune.L1Unstructured:
-        raise ValueError(f"global pruning of a checkpoint ranks magnitudes: use l1_unstructured, not {method}")
+    if global_ and not streams(arrayprune.METHODS[method]):
+        streamed = " or ".join(name for name, cls in arrayprune.METHODS.items() if streams(cls))
+        raise ValueError(f"global pruning of a checkpoint ranks an elementwise score: use {streamed}, not {method}")
     options = dict(method=method, amount=amount, global_=global_, include=include, exclude=exclude)
     options.update(min_size=min_size, dim=dim, seed=seed, force=force)
     if "n" in method_args and "m" in method_args:

@@ -30,13 +30,14 @@ import arrayprune
 from arrayprune.adapters.reconstruct_stage import OWN_OPTIONS, RECONSTRUCTIONS, refusal
 from arrayprune.adapters.shrink_request import check_shrink
 from arrayprune.adapters.verify import DEFAULT_TOL
+from arrayprune.method_parts import pattern_of, score_of
 from arrayprune.registry import constructor_parameters
 
 __all__ = [
     "DEFAULT_VERIFY_TOL",
     "METHODS",
     "PARAMETER_FLAGS",
-    "SCORED_METHODS",
+    "scored_methods",
     "PruneError",
     "PruneSpec",
     "method_arguments",
@@ -87,8 +88,12 @@ _REQUIRED_DEFAULTS = {"n": 2, "block_shape": (1, 4)}
 #: ``(rtol, atol)`` of ``verify`` when none is given (see :mod:`arrayprune.adapters.verify`).
 DEFAULT_VERIFY_TOL = DEFAULT_TOL
 
-#: Methods that rank by scores Wanda's input norms can make (``calibration``, ``input_norms``).
-SCORED_METHODS = ("wanda", "l1_unstructured", "nm_structured")
+def scored_methods() -> list[str]:
+    """The methods that can rank by the scores Wanda's input norms make (``calibration``,
+    ``input_norms``): those whose score is elementwise and reads the values (Wanda first,
+    whose score they are)."""
+    scored = [n for n, cls in arrayprune.METHODS.items() if score_of(cls).elementwise and score_of(cls).uses_values]
+    return sorted(scored, key=lambda name: not score_of(arrayprune.METHODS[name]).needs_calibration)
 
 
 def method_flags(name: str) -> dict[str, str]:
@@ -357,13 +362,18 @@ class PruneSpec:
             stand_in = dataclasses.replace(self, method=self.mask_method, one_pass=False)
             return dataclasses.replace(stand_in.checked(), **own)
         cls = self.method_class()
-        if self.global_ and cls.PRUNING_TYPE != "unstructured":
-            unstructured = [m for m in METHODS if PruneSpec(m).method_class().PRUNING_TYPE == "unstructured"]
+        if self.global_ and not pattern_of(cls).across_arrays:
+            unstructured = [m for m in METHODS if pattern_of(PruneSpec(m).method_class()).across_arrays]
             raise PruneError(f"--global needs an unstructured method ({' or '.join(unstructured)}), not {self.method}")
         if not self.global_ and (self.min_sparsity is not None or self.max_sparsity is not None or self.lamp):
             raise PruneError("--min-sparsity, --max-sparsity and --lamp shape global pruning: add --global")
-        if self.lamp and self.method != "l1_unstructured":
-            raise PruneError("--lamp ranks magnitudes: use it with --method l1_unstructured")
+        if self.lamp and not score_of(cls).magnitude:
+            magnitudes = [
+                name
+                for name, method in arrayprune.METHODS.items()
+                if name in METHODS and score_of(method).magnitude and pattern_of(method).across_arrays
+            ]
+            raise PruneError(f"--lamp ranks magnitudes: use it with --method {' or '.join(magnitudes)}")
         flags = set(method_flags(self.method).values())
         given = {"--n": self.n, "--dim": self.dim, "--nm": self.nm, "--block": self.block}
         for flag, value in given.items():
@@ -430,9 +440,10 @@ class PruneSpec:
         given = [f for f, v in (("--calibration", self.calibration), ("--input-norms", self.input_norms)) if v]
         if len(given) == 2:
             raise PruneError("--calibration and --input-norms both give input norms: pass one")
-        if given and self.method not in SCORED_METHODS:
-            raise PruneError(f"{given[0]} makes Wanda's scores, for {', '.join(SCORED_METHODS)}; not for {self.method}")
-        if not given and self.method == "wanda":
+        scored = scored_methods()
+        if given and self.method not in scored:
+            raise PruneError(f"{given[0]} makes Wanda's scores, for {', '.join(scored)}; not for {self.method}")
+        if not given and self.method in arrayprune.METHODS and score_of(self.method_class()).needs_calibration:
             raise PruneError(
                 "--method wanda needs input norms: --calibration calib.npz (ONNX models) or --input-norms norms.npz"
             )

@@ -1,8 +1,9 @@
 """Pattern sparsity beyond ``torch.nn.utils.prune``: N:M groups and whole blocks.
 
 Both methods respect the ``default_mask`` inside :meth:`compute_mask` itself: entries
-already pruned stay pruned and count first. Their ``PRUNING_TYPE`` is ``'global'``, so
-a :class:`~arrayprune.PruningContainer` (arrayprune's or PyTorch's) hands them the whole
+already pruned stay pruned and count first. Their patterns take the whole array
+(``PATTERN.whole_array``, PyTorch's ``PRUNING_TYPE = 'global'``), so a
+:class:`~arrayprune.PruningContainer` (arrayprune's or PyTorch's) hands them the whole
 array and its mask, and they combine with every other method. Blocks are units of an
 amount, so :class:`BlockUnstructured` follows sparsity schedules; an N:M pattern has no
 amount and does not.
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, ClassVar
 
 import array_api_compat as apc
 import array_api_extra as xpx
 
 from . import amount as _amount
+from . import method_parts as _parts
 from ._masks import apply_keep, check_same_shape, count_true, eligible, known_count, mask_or_ones
 from ._namespace import namespace
 from ._tracing import is_traced
@@ -68,6 +70,13 @@ class NMStructured(BasePruningMethod):
     """
 
     PRUNING_TYPE = "global"
+    SCORE: ClassVar[_parts.Score] = _parts.MAGNITUDE
+    PATTERN: ClassVar[_parts.Pattern] = _parts.N_OF_M
+    FLAGS = {
+        "n": _parts.Flag("--nm", str, "N:M, N zeros in every M consecutive entries"),
+        "m": _parts.Flag("--nm", str, "N:M, N zeros in every M consecutive entries"),
+        "dim": _parts.Flag("--dim", int, "the axis of the groups (default: each weight's reduction axis)"),
+    }
 
     def __init__(self, n: int = 2, m: int = 4, dim: int = -1):
         self.n, self.m = _check_nm(n, m)
@@ -249,6 +258,12 @@ class BlockUnstructured(AmountPruningMethod):
     """
 
     PRUNING_TYPE = "global"
+    SCORE: ClassVar[_parts.Score] = _parts.BLOCK_NORM
+    PATTERN: ClassVar[_parts.Pattern] = _parts.BLOCKS
+    FLAGS = {
+        "block_shape": _parts.Flag("--block", str, "block shape, RxC"),
+        "n": _parts.Flag("--n", float, "order of the block power mean (default: 1)"),
+    }
 
     def __init__(self, amount: int | float, block_shape: tuple[int, ...], n: float = 1):
         super().__init__(amount)

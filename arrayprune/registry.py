@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from .method_parts import check_method
 from .methods import (
     BasePruningMethod,
     CustomFromMask,
@@ -31,11 +32,17 @@ from .methods import (
 from .patterns import BlockUnstructured, NMStructured
 from .wanda import Wanda
 
-__all__ = ["METHODS", "method_name", "parameters_doc", "constructor_parameters"]
+__all__ = [
+    "METHODS",
+    "register_method",
+    "unregister_method",
+    "method_name",
+    "parameters_doc",
+    "constructor_parameters",
+]
 
-METHODS: Mapping[str, type[BasePruningMethod]] = MappingProxyType(
-    {
-        "identity": Identity,
+_TABLE: dict[str, type[BasePruningMethod]] = {
+    "identity": Identity,
         "random_unstructured": RandomUnstructured,
         "l1_unstructured": L1Unstructured,
         "random_structured": RandomStructured,
@@ -43,10 +50,66 @@ METHODS: Mapping[str, type[BasePruningMethod]] = MappingProxyType(
         "custom_from_mask": CustomFromMask,
         "nm_structured": NMStructured,
         "block_unstructured": BlockUnstructured,
-        "wanda": Wanda,
-    }
-)
+    "wanda": Wanda,
+}
+
+METHODS: Mapping[str, type[BasePruningMethod]] = MappingProxyType(_TABLE)
 """Read-only mapping of method names (``"l1_unstructured"``, ...) to method classes."""
+
+for _name, _cls in _TABLE.items():
+    check_method(_cls, _name)  # a method of the table declares its score, pattern and flags
+del _name, _cls
+
+
+def register_method(name: str, cls: type[BasePruningMethod]) -> None:
+    """Add a method to :data:`METHODS` while the program runs (a plug-in, a test).
+
+    The command line offers it at once (``--method name``, with the flags its
+    parameters declare), and so do the pipeline, :func:`arrayprune.mask_for` and both
+    adapters' generic verbs (``mapping.prune``, the drop-in's ``CoreMethod``); the
+    functional verbs written from the table (``arrayprune.l1_unstructured``, ...) are
+    those of the methods listed in this module.
+
+    Parameters
+    ----------
+    name : str
+        Its name (``"largest_first"``): a Python identifier, not yet in the table.
+    cls : type
+        The method class; it declares ``SCORE``, ``PATTERN`` and a flag for each
+        constructor parameter (``FLAGS``).
+
+    Raises
+    ------
+    ValueError
+        If `name` is taken or not an identifier.
+    TypeError
+        If `cls` is not a method class, or declares its parts incompletely
+        (:func:`~arrayprune.method_parts.check_method`).
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a method's name must be a Python identifier, got {name!r}")
+    if name in _TABLE:
+        raise ValueError(f"method {name!r} is already in arrayprune.METHODS")
+    if not (isinstance(cls, type) and issubclass(cls, BasePruningMethod)):
+        raise TypeError(f"{cls!r} is not a subclass of arrayprune.BasePruningMethod")
+    check_method(cls, name)
+    _TABLE[name] = cls
+
+
+def unregister_method(name: str) -> None:
+    """Remove a method added by :func:`register_method`.
+
+    Raises
+    ------
+    KeyError
+        If `name` was not registered at run time (the built-in methods stay).
+    """
+    if name in _BUILT_IN or name not in _TABLE:
+        raise KeyError(f"{name!r} is not a method registered at run time")
+    del _TABLE[name]
+
+
+_BUILT_IN = frozenset(_TABLE)
 
 _P = inspect.Parameter
 

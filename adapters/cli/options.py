@@ -17,10 +17,10 @@ from arrayprune.adapters.calibration import BATCH_SIZE
 from arrayprune.adapters.request import (
     METHODS,
     PARAMETER_FLAGS,
-    SCORED_METHODS,
     method_arguments,
     method_flags,
     methods_with,
+    scored_methods,
 )
 from arrayprune.adapters.shrink_request import GROUPS, channel_methods
 from arrayprune.adapters.verify import DEFAULT_TOL
@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibration",
         metavar="NPZ",
         help="ONNX: calibration batches (graph input name -> samples along axis 0) for Wanda's input norms; "
-        f"with {', '.join(SCORED_METHODS)}; or for sparsegpt's Hessians",
+        f"with {', '.join(scored_methods())}; or for sparsegpt's Hessians",
     )
     p.add_argument(
         "--calibration-batch",
