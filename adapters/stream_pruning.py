@@ -179,7 +179,7 @@ class _Cut:
 
     def _score_dtype(self, entry: Any) -> str:
         code = entry.value.code
-        probe = np.zeros(1, dtype=np.uint16 if code == "BF16" else np.dtype(MAGNITUDE_DTYPES[code]))
+        probe = np.full(1, 0x3F80, np.uint16) if code == "BF16" else np.ones(1, MAGNITUDE_DTYPES[code])  # ones
         name = self._scores(entry, probe).dtype.name
         if name not in ("float16", "float32", "float64"):
             raise TypeError(f"tensor {entry.name!r}: {type(self.method).__name__} scores are {name}, not floating")
