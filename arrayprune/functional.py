@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import arrayprune as _ap
-
+from . import registry as _table  # the classes of the table (the core imports only relatively)
 from ._masks import check_same_shape, ones_mask
 from .methods import BasePruningMethod, combine_masks
 
@@ -98,7 +97,7 @@ def identity(x: Array, *, default_mask: Array | None = None) -> Array:
     array
         The mask: boolean without `default_mask`, else of its dtype.
     """
-    method = _ap.Identity()
+    method = _table.Identity()
     return mask_for(method, x, default_mask=default_mask)
 
 
@@ -136,7 +135,7 @@ def random_unstructured(
     array
         The mask: boolean without `default_mask`, else of its dtype.
     """
-    method = _ap.RandomUnstructured(amount, seed=seed, generator=generator)
+    method = _table.RandomUnstructured(amount, seed=seed, generator=generator)
     return mask_for(method, x, default_mask=default_mask)
 
 
@@ -169,7 +168,7 @@ def l1_unstructured(
     array
         The mask: boolean without `default_mask`, else of its dtype.
     """
-    method = _ap.L1Unstructured(amount)
+    method = _table.L1Unstructured(amount)
     return mask_for(method, x, default_mask=default_mask, importance_scores=importance_scores)
 
 
@@ -210,7 +209,7 @@ def random_structured(
     array
         The mask: boolean without `default_mask`, else of its dtype.
     """
-    method = _ap.RandomStructured(amount, dim, seed=seed, generator=generator)
+    method = _table.RandomStructured(amount, dim, seed=seed, generator=generator)
     return mask_for(method, x, default_mask=default_mask)
 
 
@@ -250,7 +249,7 @@ def ln_structured(
     array
         The mask: boolean without `default_mask`, else of its dtype.
     """
-    method = _ap.LnStructured(amount, n, dim)
+    method = _table.LnStructured(amount, n, dim)
     return mask_for(method, x, default_mask=default_mask, importance_scores=importance_scores)
 
 
@@ -277,7 +276,7 @@ def custom_from_mask(x: Array, mask: Array, *, default_mask: Array | None = None
     array
         The mask: boolean without `default_mask`, else of its dtype.
     """
-    method = _ap.CustomFromMask(mask)
+    method = _table.CustomFromMask(mask)
     return mask_for(method, x, default_mask=default_mask)
 
 
@@ -316,7 +315,7 @@ def nm_structured(
     array
         The mask: boolean without `default_mask`, else of its dtype.
     """
-    method = _ap.NMStructured(n, m, dim)
+    method = _table.NMStructured(n, m, dim)
     return mask_for(method, x, default_mask=default_mask, importance_scores=importance_scores)
 
 
@@ -355,7 +354,7 @@ def block_unstructured(
     array
         The mask: boolean without `default_mask`, else of its dtype.
     """
-    method = _ap.BlockUnstructured(amount, block_shape, n)
+    method = _table.BlockUnstructured(amount, block_shape, n)
     return mask_for(method, x, default_mask=default_mask, importance_scores=importance_scores)
 
 
@@ -392,7 +391,7 @@ def wanda(
     array
         The mask: boolean without `default_mask`, else of its dtype.
     """
-    method = _ap.Wanda(amount, dim)
+    method = _table.Wanda(amount, dim)
     return mask_for(method, x, default_mask=default_mask, importance_scores=importance_scores)
 
 

@@ -181,7 +181,7 @@ def functional_block(methods: Any, registry: Any) -> str:
             + _def(name, _params(params), "Array")
             + "\n"
             + _docstring(doc.replace("{cls}", cls.__name__), "    ")
-            + f"\n    method = {_call('_ap.' + cls.__name__, own)}"
+            + f"\n    method = {_call('_table.' + cls.__name__, own)}"
             + f"\n    return mask_for(method, x, default_mask=default_mask{scores})\n"
         )
     parts.append("\n\n" + _listing("__all__ += [", [_q(n) for n in methods], "]") + "\n")
