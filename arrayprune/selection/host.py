@@ -1,7 +1,7 @@
 """Selection on host memory: NumPy arrays, and CPU tensors through zero-copy views.
 
 Keys are unsigned integers made from the bit patterns of the values, so that integer
-order is the wanted order, exact and total:
+order is the wanted order, exact and total (the key space of :mod:`.keys`):
 
 * by magnitude (`smallest_magnitude_keep`): a float's bits with the sign bit cleared
   order like ``|x|``, with every NaN above +inf;
