@@ -28,6 +28,7 @@ import numpy as np
 import arrayprune
 from arrayprune.adapters.calibration import wanda_scores_for
 from arrayprune.adapters.request import PruneError, error_text
+from arrayprune.method_parts import PER_OUTPUT, pattern_of
 
 __all__ = ["ALLOCATED_METHODS", "OWL", "Allocation", "allocate", "check_allocation"]
 
@@ -95,7 +96,8 @@ def check_allocation(spec: Any) -> str | None:
         return "--allocation shares an --amount among weights; --nm N:M gives every weight the same pattern"
     if spec.amount is None:
         return "--allocation shares an --amount among weights: give --amount"
-    if allocation == OWL and spec.method == "ln_structured":
+    channels = spec.method in arrayprune.METHODS and pattern_of(arrayprune.METHODS[spec.method]).unit == "channels"
+    if allocation == OWL and channels:
         return "--allocation owl counts outlier entries: not for ln_structured (use a scan)"
     return None
 
@@ -103,9 +105,10 @@ def check_allocation(spec: Any) -> str | None:
 def _step(target: Any, method: str) -> int:
     """Entries a weight loses at a time under `method`."""
     size = math.prod(target.shape)
-    if method == "wanda":  # the same count from each output unit
+    pattern = pattern_of(arrayprune.METHODS[method]) if method in arrayprune.METHODS else None
+    if pattern is PER_OUTPUT:  # the same count from each output unit
         return int(target.shape[target.dim]) if size else 1
-    if method == "ln_structured":  # whole channels
+    if pattern is not None and pattern.unit == "channels":  # whole channels
         return size // int(target.shape[target.dim]) if size else 1
     return 1
 

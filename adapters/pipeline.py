@@ -46,7 +46,6 @@ from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.calibration import (
     BATCH_SIZE,
-    ScoredMethod,
     onnx_input_norms,
     read_calibration,
     read_input_norms,
@@ -58,9 +57,10 @@ from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, st
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
 from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module, spec_from
 from arrayprune.adapters.roles.names import tree_roles
-from arrayprune.adapters.stream_pruning import PruneSummary, Totals, prune_source
+from arrayprune.adapters.stream_pruning import PruneSummary, Totals, prune_source, streams
 from arrayprune.adapters.summary import report_rows, totals
 from arrayprune.adapters.trees import lookup
+from arrayprune.method_parts import pattern_of
 
 __all__ = [
     "NEARLY_EMPTY",
@@ -73,6 +73,7 @@ __all__ = [
     "check_arrays",
     "input_norms",
     "method_for",
+    "scores_for",
     "open_storage",
     "prune_checkpoint",
     "prune_file",
@@ -82,7 +83,6 @@ __all__ = [
 #: Sparsity from which global pruning warns that it emptied a tensor.
 NEARLY_EMPTY = 0.99
 
-_COUNTED = {"block_unstructured": "blocks", "wanda": "entries of each output unit"}
 
 _FAILURES = (ValueError, TypeError, IndexError, KeyError)
 
@@ -196,7 +196,7 @@ class StreamedCheckpoint:
             return "--lamp"
         if spec.min_sparsity is not None or spec.max_sparsity is not None:
             return "--min-sparsity and --max-sparsity"
-        if spec.global_ and spec.method != "l1_unstructured":
+        if spec.global_ and not streams(spec.method_class()):
             return f"--global with {spec.method}"
         if spec.global_ and (spec.calibration or spec.input_norms):
             return "--global with input norms"
@@ -310,20 +310,25 @@ def _scores(targets: list[PlanEntry], norms: Mapping | None, src: str) -> list[A
         raise PruneError(error_text(exc), src) from None
 
 
-def method_for(target: PlanEntry, spec: PruneSpec, norms: Mapping | None = None) -> Any:
+def method_for(target: PlanEntry, spec: PruneSpec) -> Any:
     """The method instance that prunes `target` on its own: its axis, a seed from its name.
 
-    With input norms, it ranks by Wanda's scores of the weight it is given. An amount
-    that maps names to amounts (an allocation's) gives the entry its own. This is the
-    one place that builds the method of an entry.
+    With input norms, what it ranks by is :func:`scores_for`'s. An amount that maps names
+    to amounts (an allocation's) gives the entry its own. This is the one place that builds
+    the method of an entry.
     """
     if isinstance(spec.amount, Mapping):
         spec = dataclasses.replace(spec, amount=spec.amount[target.name])
     kwargs = method_arguments(spec, stream_seed(spec.seed, target.name), dim=target.dim)
-    method = spec.method_class()(**kwargs)
+    return spec.method_class()(**kwargs)
+
+
+def scores_for(target: PlanEntry, norms: Mapping | None, value: Any) -> Any:
+    """The importance scores `target` is ranked by, given its `value`: Wanda's scores with
+    input norms, None (the value itself) without."""
     if norms is None:
-        return method
-    return ScoredMethod(method, lambda t: wanda_scores_for(t, target.role, norms[target.name], target.name))
+        return None
+    return wanda_scores_for(value, target.role, norms[target.name], target.name)
 
 
 def _global_arguments(spec: PruneSpec) -> tuple[type, dict[str, Any]]:
@@ -368,7 +373,8 @@ def _prune_params(
     else:
         for target in hooks.progress(targets, "pruning"):
             try:
-                params = mp.prune(params, target.path, method_for(target, spec, norms))
+                scores = scores_for(target, norms, target.value)
+                params = mp.prune(params, target.path, method_for(target, spec), scores)
             except _FAILURES as exc:
                 raise PruneError(f"tensor {_name(target.path)!r}: {error_text(exc)}", src) from None
     for target in targets:
@@ -397,7 +403,8 @@ def _prune_folded(
         for target in hooks.progress(targets, "pruning"):
             path = target.path
             try:
-                pruned = mp.prune({"t": target.value}, "t", method_for(target, spec, norms))
+                scores = scores_for(target, norms, target.value)
+                pruned = mp.prune({"t": target.value}, "t", method_for(target, spec), scores)
                 folded[path] = mp.remove(pruned, "t")["t"]
             except _FAILURES as exc:
                 raise PruneError(f"tensor {_name(path)!r}: {error_text(exc)}", src) from None
@@ -406,7 +413,7 @@ def _prune_folded(
     return mp.replace(params, folded)
 
 
-def _global_masks(targets: list[PlanEntry], spec: PruneSpec, src: str, hooks: Hooks, scores: Any = None) -> list:
+def _global_masks(targets: list[PlanEntry], spec: PruneSpec, src: str, hooks: Hooks, scores: Any = None) -> Any:
     """The keep masks of one global ranking of the targets (by `scores`, else by their values)."""
     cls, kwargs = _global_arguments(spec)
     hooks.stage(_threshold_stage(targets))
@@ -467,7 +474,8 @@ def _write_streamed(
             storage.source,
             dst,
             plan,
-            method_for=lambda target: method_for(target, spec, norms),
+            method_for=lambda target: method_for(target, spec),
+            scores_for=None if norms is None else lambda target, value: scores_for(target, norms, value),
             global_method=global_method,
             progress=hooks.progress,
         )
@@ -552,7 +560,7 @@ def count_note(spec: PruneSpec) -> str | None:
     if not isinstance(amount, int) or isinstance(amount, bool) or amount == 0:
         return None
     cls = spec.method_class()
-    unit = _COUNTED.get(spec.method, "channels" if cls.PRUNING_TYPE == "structured" else "entries")
+    unit = pattern_of(cls).unit
     where = "in total over the selected tensors (--global)" if spec.global_ else "in each tensor"
     return (
         f"--amount {amount} is a count, not a fraction: {amount} {unit} pruned {where}; "
@@ -724,6 +732,7 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
         written = _write_streamed(storage, dst, plan, targets, shared, norms, hooks)
         tied = 0
     else:
+        assert out_format is not None  # a whole file has one
         written = _write_whole(storage, dst, out_format, targets, shared, norms, hooks)
         tied = sum(len(t.tied) for t in targets)
     result.written, result.tied = written, tied
@@ -866,8 +875,9 @@ def prune_checkpoint(
     """
     if method not in arrayprune.METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {', '.join(arrayprune.METHODS)}")
-    if global_ and arrayprune.METHODS[method] is not arrayprune.L1Unstructured:
-        raise ValueError(f"global pruning of a checkpoint ranks magnitudes: use l1_unstructured, not {method}")
+    if global_ and not streams(arrayprune.METHODS[method]):
+        streamed = " or ".join(name for name, cls in arrayprune.METHODS.items() if streams(cls))
+        raise ValueError(f"global pruning of a checkpoint ranks an elementwise score: use {streamed}, not {method}")
     options = dict(method=method, amount=amount, global_=global_, include=include, exclude=exclude)
     options.update(min_size=min_size, dim=dim, seed=seed, force=force)
     if "n" in method_args and "m" in method_args:

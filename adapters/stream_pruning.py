@@ -6,8 +6,9 @@ from memory-mapped files and writes every tensor of the plan, pruned or not, thr
 :class:`~arrayprune.adapters.formats.safetensors_stream.TensorWriter`, so that no more than a chunk or a tensor is
 in memory at a time.
 
-* **Global magnitude pruning** (``global_unstructured`` with ``L1Unstructured``): one
-  exact threshold over all the selected tensors, by radix selection
+* **Global pruning by an elementwise score** (``global_unstructured`` with
+  ``L1Unstructured``, or any method whose ``SCORE`` is elementwise: :func:`streams`):
+  one exact threshold over all the selected tensors, by radix selection
   (:mod:`arrayprune.selection.radix`): the magnitudes are turned into order-preserving
   integer keys chunk by chunk, and one histogram pass per 16-bit digit of the key (one
   for 16-bit floats, two for float32, four for float64) finds the k-th smallest key
@@ -16,9 +17,10 @@ in memory at a time.
   (:class:`~arrayprune.selection.radix.StreamingCut`). The masks are those of
   :func:`arrayprune.global_unstructured` on the tensors in plan order: ties broken by
   position (tensors in plan order, then flat index), NaN above +inf. Memory: a chunk's
-  keys and 65,536 counters.
-* **Magnitude pruning per tensor** (``l1_unstructured``): the same, one tensor at a
-  time.
+  keys and 65,536 counters. A magnitude score ranks the stored entries as they are;
+  another elementwise score is computed chunk by chunk, and its magnitudes ranked.
+* **Pruning per tensor by an elementwise score** (``l1_unstructured``, ...): the same,
+  one tensor at a time.
 * **Any other method per tensor**: the tensor is read whole and pruned by the core
   (bfloat16 as a PyTorch tensor, as the in-memory path reads it), then written.
 
@@ -38,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from arrayprune import L1Unstructured
 from arrayprune.adapters.formats.errors import FormatError, _describe
 from arrayprune.adapters.formats.safetensors_stream import TensorFiles, TensorWriter, zero_count
+from arrayprune.method_parts import pattern_of, score_of
 from arrayprune.selection import radix
 
 __all__ = ["MAGNITUDE_DTYPES", "PruneSummary", "Totals", "fold", "prune_source", "prune_stored"]
@@ -136,12 +138,25 @@ def _magnitude_name(entry: Any) -> str:
     return MAGNITUDE_DTYPES[code]
 
 
+def streams(method: Any) -> bool:
+    """Whether `method` prunes stored tensors chunk by chunk (alone, or ranked across them):
+    its score is elementwise, needs nothing but the values, and its units are entries."""
+    score = score_of(method)
+    return score.elementwise and score.uses_values and not score.needs_calibration and pattern_of(method).across_arrays
+
+
 class _Cut:
-    """The k smallest magnitudes of some tensors, found by radix passes, applied in order."""
+    """The k smallest scores of some tensors, found by radix passes, applied in order.
+
+    A magnitude score ranks the stored bit patterns as they are; another elementwise
+    score is computed chunk by chunk (``method.entry_scores``) and its magnitudes ranked.
+    """
 
     def __init__(self, targets: Sequence[Any], files: TensorFiles, method: Any, *, release: bool):
         self.names = {e.name: _magnitude_name(e) for e in targets}
-        self.bits = radix.key_bits(self.names.values())
+        self.method = None if score_of(method).magnitude else method
+        self.score_names = self.names if self.method is None else {e.name: self._score_dtype(e) for e in targets}
+        self.bits = radix.key_bits(self.score_names.values())
         total = sum(e.value.size for e in targets)
         k = method.count(total)
         self.stream = None
@@ -150,9 +165,32 @@ class _Cut:
             def keys() -> Iterable[np.ndarray]:
                 for e in targets:
                     for raw in files.chunks(e.value, release=release):
-                        yield radix.magnitude_keys(raw, self.names[e.name], self.bits)
+                        yield self.keys(e, raw)
 
             self.stream = radix.StreamingCut(radix.cut_of_chunks(keys, self.bits, k, total))
+
+    def _scores(self, entry: Any, raw: np.ndarray) -> np.ndarray:
+        """The method's scores of entries as read (bfloat16 widened to float32)."""
+        assert self.method is not None
+        values = raw
+        if entry.value.code == "BF16":
+            values = (raw.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return np.asarray(self.method.entry_scores([values])[0])
+
+    def _score_dtype(self, entry: Any) -> str:
+        code = entry.value.code
+        probe = np.full(1, 0x3F80, np.uint16) if code == "BF16" else np.ones(1, MAGNITUDE_DTYPES[code])  # ones
+        name = self._scores(entry, probe).dtype.name
+        if name not in ("float16", "float32", "float64"):
+            raise TypeError(f"tensor {entry.name!r}: {type(self.method).__name__} scores are {name}, not floating")
+        return name
+
+    def keys(self, entry: Any, raw: np.ndarray) -> np.ndarray:
+        """The radix keys of a chunk of `entry` as read."""
+        if self.method is None:
+            return radix.magnitude_keys(raw, self.names[entry.name], self.bits)
+        scores = self._scores(entry, raw)
+        return radix.magnitude_keys(scores, self.score_names[entry.name], self.bits)
 
     def write(self, entry: Any, files: TensorFiles, writer: TensorWriter) -> int:
         """Write the next target (in the order of the passes) pruned; its number of zeros."""
@@ -161,21 +199,22 @@ class _Cut:
             if self.stream is None:
                 keep = np.ones(raw.shape, dtype=bool)
             else:
-                keep = self.stream.keep(radix.magnitude_keys(raw, self.names[entry.name], self.bits))
+                keep = self.stream.keep(self.keys(entry, raw))
             out = fold(raw, keep, t.code)
             writer.write(t.name, out)
             zeros += zero_count(out, t.code)
         return zeros
 
 
-def _prune_in_core(entry: Any, files: TensorFiles, writer: TensorWriter, method: Any) -> int:
+def _prune_in_core(entry: Any, files: TensorFiles, writer: TensorWriter, method: Any, scores_for: Any) -> int:
     """Prune one tensor with the core, read whole; write it; its number of zeros."""
     from arrayprune.adapters import mapping as mp
 
     t = entry.value
     _magnitude_name(entry)
     value = files.load(t) if t.code == "BF16" else files.raw(t).reshape(t.shape)
-    folded = mp.remove(mp.prune({"t": value}, "t", method), "t")["t"]
+    scores = None if scores_for is None else scores_for(entry, value)
+    folded = mp.remove(mp.prune({"t": value}, "t", method, scores), "t")["t"]
     del value
     if t.code == "BF16":  # a PyTorch tensor: its bit patterns
         import torch
@@ -202,6 +241,7 @@ def prune_stored(
     files: TensorFiles,
     *,
     method_for: Callable[[Any], Any],
+    scores_for: Callable[[Any, Any], Any] | None = None,
     global_method: Any = None,
     progress: Progress | None = None,
 ) -> PruneSummary:
@@ -221,9 +261,13 @@ def prune_stored(
     method_for : callable
         ``method_for(entry)``: the method instance that prunes a selected tensor on its
         own (its ``dim`` and seed chosen for it).
-    global_method : L1Unstructured, optional
-        Prune all the selected tensors together with this method (global pruning);
-        only magnitude pruning (:class:`arrayprune.L1Unstructured`) is done here.
+    scores_for : callable, optional
+        ``scores_for(entry, value)``: the importance scores a selected tensor is ranked
+        by, given its value read whole (Wanda's); without it, the values rank.
+    global_method : UnstructuredPruningMethod, optional
+        Prune all the selected tensors together with this method (global pruning): one
+        whose score is elementwise (:func:`streams`), such as
+        :class:`arrayprune.L1Unstructured`.
     progress : callable, optional
         ``progress(items, description)`` wraps the loop over tensors (a progress bar).
 
@@ -234,7 +278,7 @@ def prune_stored(
     Raises
     ------
     TypeError
-        If `global_method` is not an ``L1Unstructured``, or a selected tensor's dtype
+        If `global_method`'s score is not elementwise, or a selected tensor's dtype
         cannot be pruned here (float8 and other formats without a magnitude order).
     ValueError
         If the amount is too large, or the method fails on a tensor (the message names it).
@@ -243,9 +287,9 @@ def prune_stored(
     summary = PruneSummary()
     cut = None
     if global_method is not None:
-        if type(global_method) is not L1Unstructured:
+        if not streams(global_method):
             name = type(global_method).__name__
-            raise TypeError(f"global pruning of stored tensors ranks magnitudes (L1Unstructured), not {name}")
+            raise TypeError(f"global pruning of stored tensors ranks an elementwise score, not {name}'s")
         cut = _Cut(targets, files, global_method, release=True)
     for entry in (progress or (lambda items, desc: items))(list(plan), "pruning"):
         t = entry.value
@@ -258,11 +302,11 @@ def prune_stored(
         else:
             method = method_for(entry)
             try:
-                if type(method) is L1Unstructured:
+                if scores_for is None and streams(method):
                     zeros = _Cut([entry], files, method, release=False).write(entry, files, writer)
                     files.release_tensor(t)
                 else:
-                    zeros = _prune_in_core(entry, files, writer, method)
+                    zeros = _prune_in_core(entry, files, writer, method, scores_for)
             except (ValueError, TypeError, IndexError, KeyError) as exc:
                 text = str(exc.args[0] if exc.args else exc)
                 raise type(exc)(text if text.startswith("tensor ") else f"tensor {entry.name!r}: {text}") from None
@@ -278,6 +322,7 @@ def prune_source(
     plan: Sequence[Any],
     *,
     method_for: Callable[[Any], Any],
+    scores_for: Callable[[Any, Any], Any] | None = None,
     global_method: Any = None,
     progress: Progress | None = None,
 ) -> PruneSummary:
@@ -289,7 +334,7 @@ def prune_source(
         What the plan's tensors come from; its ``write(dst, fill)`` writes `dst`.
     dst : str
         The output file (or folder, for a sharded checkpoint).
-    plan, method_for, global_method, progress
+    plan, method_for, scores_for, global_method, progress
         As for :func:`prune_stored`.
 
     Returns
@@ -306,7 +351,13 @@ def prune_source(
             return source.write(
                 dst,
                 lambda writers: prune_stored(
-                    plan, writers, files, method_for=method_for, global_method=global_method, progress=progress
+                    plan,
+                    writers,
+                    files,
+                    method_for=method_for,
+                    scores_for=scores_for,
+                    global_method=global_method,
+                    progress=progress,
                 ),
             )
     except OSError as exc:  # a full disk, a folder that cannot be written: nothing was written

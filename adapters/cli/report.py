@@ -56,7 +56,8 @@ def run_report(args: argparse.Namespace) -> int:
         json.dump({**out, "covers": TOTALS_COVER}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    table = [("name", "read by", "shape", "dtype", "role", "zeros", "sparsity", "2:4", "prunable")]
+    header = ("name", "read by", "shape", "dtype", "role", "zeros", "sparsity", "2:4", "prunable")
+    table: list[tuple[str, ...]] = [header]
     for r in rows:
         name = r["name"] + (" (masked)" if r["masked"] else "")
         shape = "x".join(map(str, r["shape"])) or "scalar"

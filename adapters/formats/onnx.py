@@ -62,7 +62,7 @@ def _check_inside(path: str, location: str, what: str) -> str:
         "missing": f"external data file {location!r} not found",
     }
     if real is None:
-        raise FormatError(path, f"{what}: {messages.get(problem, f'external data file {location!r} {problem}')}")
+        raise FormatError(path, f"{what}: {messages.get(str(problem), f'external data file {location!r} {problem}')}")
     return real
 
 
