@@ -40,7 +40,7 @@ import numpy as np
 
 from arrayprune import L1Unstructured
 from arrayprune.adapters.formats.errors import FormatError, _describe
-from arrayprune.adapters.formats.safetensors_stream import TensorFiles, TensorWriter, zero_count
+from arrayprune.adapters.formats.safetensors_stream import BackgroundWrites, TensorFiles, TensorWriter, zero_count
 from arrayprune.selection import radix
 
 __all__ = ["MAGNITUDE_DTYPES", "PruneSummary", "Totals", "fold", "prune_source", "prune_stored"]
@@ -91,7 +91,7 @@ class PruneSummary:
     by_tensor: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
-def fold(raw: np.ndarray, keep: np.ndarray, code: str) -> np.ndarray:
+def fold(raw: np.ndarray, keep: np.ndarray, code: str, out: np.ndarray | None = None) -> np.ndarray:
     """``w * keep`` on entries as read (bfloat16 as uint16 bit patterns).
 
     Parameters
@@ -103,6 +103,8 @@ def fold(raw: np.ndarray, keep: np.ndarray, code: str) -> np.ndarray:
         Same shape: False where the entry is pruned.
     code : str
         ``"F16"``, ``"BF16"``, ``"F32"`` or ``"F64"``.
+    out : ndarray, optional
+        Where to put the result (the shape and dtype of `raw`).
 
     Returns
     -------
@@ -111,12 +113,12 @@ def fold(raw: np.ndarray, keep: np.ndarray, code: str) -> np.ndarray:
     """
     with np.errstate(invalid="ignore"):  # inf * 0 is NaN, as in the in-memory path
         if code != "BF16":
-            return raw * keep
+            return np.multiply(raw, keep, out=out)
         # Finite entries: kept as they are, pruned to the zero of their sign (bit masks).
         bits = keep.astype(np.uint16)
         bits *= np.uint16(0x7FFF)
         bits |= np.uint16(0x8000)
-        out = raw & bits
+        out = np.bitwise_and(raw, bits, out=out)
         # Pruned inf and NaN: the float32 product, whose upper half is exact. Kept ones
         # keep their bits above (a float32 product would quiet a signalling NaN).
         special = ((raw & np.uint16(0x7F80)) == np.uint16(0x7F80)) & ~keep
@@ -136,6 +138,52 @@ def _magnitude_name(entry: Any) -> str:
     return MAGNITUDE_DTYPES[code]
 
 
+#: Keys of the sample that guides the radix passes (:func:`_sample`), and its blocks.
+_SAMPLE, _BLOCK = 1 << 20, 1 << 12
+
+#: Each safetensors dtype's +inf as read (bfloat16 as its bit pattern).
+_INF = {
+    "F16": np.array([np.inf], dtype=np.float16), "BF16": np.array([0x7F80], dtype=np.uint16),
+    "F32": np.array([np.inf], dtype=np.float32), "F64": np.array([np.inf], dtype=np.float64),
+}
+
+
+class _Buffers:
+    """Output chunks to reuse once written (their number is bounded by the writes in flight)."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[str, int], list[np.ndarray]] = {}
+
+    def take(self, like: np.ndarray) -> np.ndarray:
+        free = self._free.get((like.dtype.str, like.size))
+        try:
+            return free.pop() if free else np.empty(like.size, dtype=like.dtype)
+        except IndexError:  # emptied by another thread meanwhile
+            return np.empty(like.size, dtype=like.dtype)
+
+    def give(self, buffer: np.ndarray) -> None:
+        self._free.setdefault((buffer.dtype.str, buffer.size), []).append(buffer)
+
+
+def _sample(targets: Sequence[Any], files: TensorFiles, names: Mapping[str, str], bits: int) -> np.ndarray:
+    """Keys of blocks spread evenly over the targets, about :data:`_SAMPLE` in all."""
+    total = sum(e.value.raw_count for e in targets) or 1
+    parts = []
+    for e in targets:
+        t = e.value
+        n = t.raw_count
+        blocks = max(1, round(_SAMPLE * n / total / _BLOCK))
+        if blocks * _BLOCK >= n:
+            spans = [(0, n)] if n else []
+        else:
+            spans = [(i * (n - _BLOCK) // max(blocks - 1, 1), 0) for i in range(blocks)]
+            spans = [(start, start + _BLOCK) for start, _ in spans]
+        for start, stop in spans:
+            parts.append(radix.magnitude_keys(files.raw(t, start, stop), names[e.name], bits))
+        files.release_tensor(t)  # the pages read, and those the kernel mapped around them
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+
+
 class _Cut:
     """The k smallest magnitudes of some tensors, found by radix passes, applied in order."""
 
@@ -145,6 +193,8 @@ class _Cut:
         total = sum(e.value.size for e in targets)
         k = method.count(total)
         self.stream = None
+        self.key = 0
+        self.buffers = _Buffers()
         if k:
 
             def keys() -> Iterable[np.ndarray]:
@@ -152,23 +202,30 @@ class _Cut:
                     for raw in files.chunks(e.value, release=release):
                         yield radix.magnitude_keys(raw, self.names[e.name], self.bits)
 
-            self.stream = radix.StreamingCut(radix.cut_of_chunks(keys, self.bits, k, total))
+            sample = _sample(targets, files, self.names, self.bits)
+            found = radix.cut_of_chunks(keys, self.bits, k, total, sample=sample)
+            self.key = found.key
+            self.stream = radix.StreamingCut(found)
 
-    def write(self, entry: Any, files: TensorFiles, writer: TensorWriter) -> int:
+    def write(self, entry: Any, files: TensorFiles, sink: BackgroundWrites) -> int:
         """Write the next target (in the order of the passes) pruned; its number of zeros."""
         t, zeros = entry.value, 0
+        name = self.names[entry.name]
+        # Below the key of +inf and above 0, every pruned entry folds to a zero and no
+        # kept one is zero: the zeros are the pruned entries, counted from the mask.
+        finite = self.stream is not None and 0 < self.key < int(radix.magnitude_keys(_INF[t.code], name, self.bits)[0])
         for raw in files.chunks(t):
             if self.stream is None:
                 keep = np.ones(raw.shape, dtype=bool)
             else:
-                keep = self.stream.keep(radix.magnitude_keys(raw, self.names[entry.name], self.bits))
-            out = fold(raw, keep, t.code)
-            writer.write(t.name, out)
-            zeros += zero_count(out, t.code)
+                keep = self.stream.keep(radix.magnitude_keys(raw, name, self.bits))
+            out = fold(raw, keep, t.code, out=self.buffers.take(raw))
+            zeros += raw.size - int(np.count_nonzero(keep)) if finite else zero_count(out, t.code)
+            sink.write(t.name, out, self.buffers.give)
         return zeros
 
 
-def _prune_in_core(entry: Any, files: TensorFiles, writer: TensorWriter, method: Any) -> int:
+def _prune_in_core(entry: Any, files: TensorFiles, sink: BackgroundWrites, method: Any) -> int:
     """Prune one tensor with the core, read whole; write it; its number of zeros."""
     from arrayprune.adapters import mapping as mp
 
@@ -182,16 +239,17 @@ def _prune_in_core(entry: Any, files: TensorFiles, writer: TensorWriter, method:
 
         folded = folded.contiguous().view(torch.int16).numpy()
     raw = np.ascontiguousarray(folded).reshape(-1).view(t.raw_dtype)
-    writer.write(t.name, raw)
+    sink.write(t.name, raw)
     zeros = zero_count(raw, t.code)
+    sink.wait()  # a whole tensor: written before the next one is read
     files.release_tensor(t)
     return zeros
 
 
-def _copy(t: Any, files: TensorFiles, writer: TensorWriter) -> int:
+def _copy(t: Any, files: TensorFiles, sink: BackgroundWrites) -> int:
     zeros = 0
     for raw in files.chunks(t):
-        writer.write(t.name, raw)
+        sink.write(t.name, raw)
         zeros += zero_count(raw, t.code)
     return zeros
 
@@ -247,28 +305,28 @@ def prune_stored(
             name = type(global_method).__name__
             raise TypeError(f"global pruning of stored tensors ranks magnitudes (L1Unstructured), not {name}")
         cut = _Cut(targets, files, global_method, release=True)
-    for entry in (progress or (lambda items, desc: items))(list(plan), "pruning"):
-        t = entry.value
-        writer = writers[t.name]
-        if not entry.prune:
-            summary.whole.add(t.size, _copy(t, files, writer))
-            continue
-        if cut is not None:
-            zeros = cut.write(entry, files, writer)
-        else:
-            method = method_for(entry)
-            try:
-                if type(method) is L1Unstructured:
-                    zeros = _Cut([entry], files, method, release=False).write(entry, files, writer)
-                    files.release_tensor(t)
-                else:
-                    zeros = _prune_in_core(entry, files, writer, method)
-            except (ValueError, TypeError, IndexError, KeyError) as exc:
-                text = str(exc.args[0] if exc.args else exc)
-                raise type(exc)(text if text.startswith("tensor ") else f"tensor {entry.name!r}: {text}") from None
-        summary.pruned.add(t.size, zeros)
-        summary.by_tensor[entry.name] = (zeros, t.size)
-        summary.whole.add(t.size, zeros)
+    with BackgroundWrites(writers) as sink:
+        for entry in (progress or (lambda items, desc: items))(list(plan), "pruning"):
+            t = entry.value
+            if not entry.prune:
+                summary.whole.add(t.size, _copy(t, files, sink))
+                continue
+            if cut is not None:
+                zeros = cut.write(entry, files, sink)
+            else:
+                method = method_for(entry)
+                try:
+                    if type(method) is L1Unstructured:
+                        zeros = _Cut([entry], files, method, release=True).write(entry, files, sink)
+                        files.release_tensor(t)
+                    else:
+                        zeros = _prune_in_core(entry, files, sink, method)
+                except (ValueError, TypeError, IndexError, KeyError) as exc:
+                    text = str(exc.args[0] if exc.args else exc)
+                    raise type(exc)(text if text.startswith("tensor ") else f"tensor {entry.name!r}: {text}") from None
+            summary.pruned.add(t.size, zeros)
+            summary.by_tensor[entry.name] = (zeros, t.size)
+            summary.whole.add(t.size, zeros)
     return summary
 
 

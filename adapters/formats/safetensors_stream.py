@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar
@@ -36,6 +38,7 @@ from .safetensors import DTYPE_BITS, read_header
 __all__ = [
     "CHUNK",
     "DTYPE_NAMES",
+    "BackgroundWrites",
     "SafetensorsFile",
     "StoredTensor",
     "TensorFiles",
@@ -219,12 +222,13 @@ class TensorFiles:
         offset = t.begin + start * dtype.itemsize
         return np.frombuffer(self._map(t.path), dtype=dtype, count=stop - start, offset=offset)
 
-    def chunks(self, t: StoredTensor, size: int = CHUNK, *, release: bool = True) -> Iterator[np.ndarray]:
-        """The flattened tensor as views of at most `size` elements, in order.
+    def chunks(self, t: StoredTensor, size: int | None = None, *, release: bool = True) -> Iterator[np.ndarray]:
+        """The flattened tensor as views of at most `size` elements (:data:`CHUNK`), in order.
 
         With `release`, the pages of each chunk are given back when the next one is asked
         for (and after the last).
         """
+        size = CHUNK if size is None else size
         for start in range(0, t.raw_count, size):
             stop = min(start + size, t.raw_count)
             yield self.raw(t, start, stop)
@@ -420,3 +424,93 @@ class SafetensorsFile:
 
         atomic_write(dst, write)
         return result[0]
+
+
+class BackgroundWrites:
+    """The writes of :class:`TensorWriter` objects, done in order by one background thread.
+
+    File writes release the GIL, so the thread writes one chunk while the caller reads
+    and prunes the next: both cores of a small machine work. At most `depth` writes wait
+    at a time (:meth:`write` blocks until one is done), so the memory held by waiting
+    chunks stays bounded. Every write goes through the one thread in the order given, so
+    each file sees exactly the writes a direct caller would make.
+
+    Use as a context manager: leaving it normally waits for every write (and raises the
+    first error of a write); leaving it by an exception (a termination signal turned into
+    one, say) drops the waiting writes and waits for the one under way, so that nothing
+    is written once the caller's cleanups start.
+
+    Parameters
+    ----------
+    writers : mapping
+        Tensor name to its :class:`TensorWriter`.
+    depth : int
+        How many writes may wait.
+    """
+
+    def __init__(self, writers: Mapping[str, TensorWriter], depth: int = 1):
+        self._writers = writers
+        self._jobs: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="arrayprune-writes", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> BackgroundWrites:
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self._stop()
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            name, data, done = job
+            if name is None:  # a wait: every write before it is done
+                data.set()
+            elif self._error is None:
+                try:
+                    self._writers[name].write(name, data)
+                    if done is not None:
+                        done(data)
+                except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+                    self._error = exc
+
+    def write(self, name: str, data: Any, done: Callable[[Any], None] | None = None) -> None:
+        """Write `data` to tensor `name` (see :meth:`TensorWriter.write`) in the background.
+
+        `data` must not change until it is written; ``done(data)`` is called then (to
+        reuse its memory, say).
+        """
+        self._check()
+        self._jobs.put((name, data, done))
+
+    def wait(self) -> None:
+        """Wait until every write asked for so far is done."""
+        event = threading.Event()
+        self._jobs.put((None, event, None))
+        event.wait()
+        self._check()
+
+    def close(self) -> None:
+        """Wait for every write and stop the thread; raise the first error of a write."""
+        self._jobs.put(None)
+        self._thread.join()
+        self._check()
+
+    def _stop(self) -> None:
+        while True:
+            try:
+                self._jobs.get_nowait()
+            except queue.Empty:
+                break
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
