@@ -19,6 +19,10 @@ in memory at a time.
   keys and 65,536 counters.
 * **Magnitude pruning per tensor** (``l1_unstructured``): the same, one tensor at a
   time.
+* **N:M pruning** along the last axis (``nm_structured``, the reduction axis of a
+  Hugging Face ``[out, in]`` weight): chunk by chunk of whole rows, ranked on integer
+  keys of the bit patterns (bfloat16 without PyTorch), the order of
+  :class:`arrayprune.NMStructured`.
 * **Any other method per tensor**: the tensor is read whole and pruned by the core
   (bfloat16 as a PyTorch tensor, as the in-memory path reads it), then written.
 
@@ -38,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from arrayprune import L1Unstructured
+from arrayprune import L1Unstructured, NMStructured
+from arrayprune.adapters.formats import safetensors_stream
 from arrayprune.adapters.formats.errors import FormatError, _describe
 from arrayprune.adapters.formats.safetensors_stream import BackgroundWrites, TensorFiles, TensorWriter, zero_count
 from arrayprune.selection import radix
@@ -121,7 +126,9 @@ def fold(raw: np.ndarray, keep: np.ndarray, code: str, out: np.ndarray | None = 
         out = np.bitwise_and(raw, bits, out=out)
         # Pruned inf and NaN: the float32 product, whose upper half is exact. Kept ones
         # keep their bits above (a float32 product would quiet a signalling NaN).
-        special = ((raw & np.uint16(0x7F80)) == np.uint16(0x7F80)) & ~keep
+        special = (raw & np.uint16(0x7F80)) == np.uint16(0x7F80)
+        if special.any():
+            special &= ~keep
         if special.any():
             wide = (raw[special].astype(np.uint32) << np.uint32(16)).view(np.float32)
             out[special] = ((wide * keep[special]).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
@@ -225,6 +232,59 @@ class _Cut:
         return zeros
 
 
+#: Each dtype's key of NaN, as :func:`_nm_keep` ranks it: every NaN alike, above +inf.
+_NAN_KEY = {"F16": 0x7C01, "BF16": 0x7F81, "F32": 0x7F80_0001, "F64": 0x7FF0_0000_0000_0001}
+
+#: The longest groups :func:`_nm_keep` ranks by pairwise comparisons.
+_NM_MAX_M = 8
+
+
+def _nm_keep(raw: np.ndarray, code: str, n: int, m: int) -> np.ndarray:
+    """Keep mask of `n`:`m` pruning of consecutive groups of `raw` (flat, entries as read).
+
+    The order of :class:`arrayprune.NMStructured`: magnitude ascending, NaN above +inf
+    (all NaNs alike), ties by position; integer keys of the bit patterns (sign cleared)
+    order entries as their magnitudes do, bfloat16 included.
+    """
+    utype = raw.dtype.type if raw.dtype.kind == "u" else np.dtype(f"u{raw.dtype.itemsize}").type
+    keys = raw.view(utype) & utype((1 << (8 * raw.dtype.itemsize - 1)) - 1)
+    np.minimum(keys, utype(_NAN_KEY[code]), out=keys)
+    groups = keys.reshape(-1, m)
+    cols = [groups[:, j] for j in range(m)]
+    ranks = [np.zeros(groups.shape[0], dtype=np.uint8) for _ in range(m)]
+    for j in range(1, m):
+        for i in range(j):
+            first = cols[i] <= cols[j]  # position i ranks below position j (ties: the earlier)
+            ranks[j] += first
+            ranks[i] += ~first
+    keep = np.empty(groups.shape, dtype=bool)
+    for j in range(m):
+        np.greater_equal(ranks[j], n, out=keep[:, j])
+    return keep.reshape(-1)
+
+
+def _prune_nm_streamed(entry: Any, files: TensorFiles, sink: BackgroundWrites, method: Any) -> int | None:
+    """N:M pruning along the last axis in chunks of whole rows; its number of zeros.
+
+    None (nothing read or written) where the groups do not run along the tensor's last
+    axis, the axis is not a multiple of ``m`` long, groups are long, or a row does not
+    fit in a chunk: the tensor is then pruned whole by the core.
+    """
+    t = entry.value
+    if type(method) is not NMStructured or not t.shape or t.code not in MAGNITUDE_DTYPES or method.m > _NM_MAX_M:
+        return None
+    length = t.shape[-1]
+    if method.dim % len(t.shape) != len(t.shape) - 1 or length % method.m or length > safetensors_stream.CHUNK:
+        return None
+    buffers, zeros = _Buffers(), 0
+    for raw in files.chunks(t, safetensors_stream.CHUNK // length * length):
+        keep = _nm_keep(raw, t.code, method.n, method.m) if method.n else np.ones(raw.shape, dtype=bool)
+        out = fold(raw, keep, t.code, out=buffers.take(raw))
+        zeros += zero_count(out, t.code)
+        sink.write(t.name, out, buffers.give)
+    return zeros
+
+
 def _prune_in_core(entry: Any, files: TensorFiles, sink: BackgroundWrites, method: Any) -> int:
     """Prune one tensor with the core, read whole; write it; its number of zeros."""
     from arrayprune.adapters import mapping as mp
@@ -320,7 +380,9 @@ def prune_stored(
                         zeros = _Cut([entry], files, method, release=True).write(entry, files, sink)
                         files.release_tensor(t)
                     else:
-                        zeros = _prune_in_core(entry, files, sink, method)
+                        zeros = _prune_nm_streamed(entry, files, sink, method)
+                        if zeros is None:
+                            zeros = _prune_in_core(entry, files, sink, method)
                 except (ValueError, TypeError, IndexError, KeyError) as exc:
                     text = str(exc.args[0] if exc.args else exc)
                     raise type(exc)(text if text.startswith("tensor ") else f"tensor {entry.name!r}: {text}") from None

@@ -133,3 +133,65 @@ def test_background_writes_stop_on_the_callers_exception():
             sink.wait()
             raise KeyboardInterrupt
     assert written == ["a"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("nm", ["2:4", "1:4", "3:8"])
+def test_nm_streamed_in_small_chunks_equals_in_memory(tmp_path, monkeypatch, dtype, nm):
+    monkeypatch.setattr(safetensors_stream, "CHUNK", 256)
+    tensors = llama_tensors(dtype=dtype, ties=True, layers=2, seed=12, hidden=32, inter=64)
+    w = tensors["model.layers.0.mlp.up_proj.weight"]
+    w[0, :8] = torch.tensor([float("inf"), 1.0, float("inf"), -1.0, 0.0, -0.0, 0.5, -0.5]).to(w.dtype)
+    if dtype != "bfloat16":  # PyTorch's bfloat16 multiply rewrites NaN payloads; its mask is checked below
+        w[1, :8] = torch.tensor([float("nan"), float("nan"), 1.0, float("inf"), 2, 2, 2, 2]).to(w.dtype)
+    src = write_checkpoint(tmp_path / "in", tensors, 2)
+    out = tmp_path / "out"
+    assert cli("prune", src, "-o", out, "--method", "nm_structured", "--nm", nm) == 0
+    got, _ = load_folder(out)
+    n, m = map(int, nm.split(":"))
+    want, _ = in_memory(tensors, None, method="nm_structured", global_=False, n=n, m=m)
+    for name, t in tensors.items():
+        assert torch.equal(bits(got[name]), bits(want.get(name, t))), name
+
+
+def test_nm_streamed_bfloat16_nan_mask_equals_in_memory(tmp_path, monkeypatch):
+    monkeypatch.setattr(safetensors_stream, "CHUNK", 256)
+    tensors = llama_tensors(dtype="bfloat16", layers=1, seed=13)
+    w = tensors["model.layers.0.mlp.up_proj.weight"]
+    w[1, :8] = torch.tensor([float("nan"), float("nan"), 1.0, float("inf"), 2, 2, float("nan"), 2]).to(w.dtype)
+    src = write_checkpoint(tmp_path / "in", tensors, 1)
+    assert cli("prune", src, "-o", tmp_path / "out", "--method", "nm_structured") == 0
+    got, _ = load_folder(tmp_path / "out")
+    want, _ = in_memory(tensors, None, method="nm_structured", global_=False, n=2, m=4)
+    for name, t in want.items():
+        assert torch.equal(got[name] == 0, t == 0) and torch.equal(got[name].isnan(), t.isnan()), name
+
+
+@pytest.mark.parametrize("chunk", [64, 1 << 22])
+def test_report_rows_scanned_equal_rows_of_loaded_tensors(tmp_path, monkeypatch, chunk):
+    from safetensors.torch import save_file
+
+    from arrayprune.adapters.pipeline import open_storage
+    from arrayprune.adapters.summary import report_rows
+
+    monkeypatch.setattr(safetensors_stream, "CHUNK", chunk)
+    rng = np.random.default_rng(14)
+    t = {}
+    for i, dtype in enumerate((torch.float32, torch.bfloat16, torch.float16)):
+        dense = torch.from_numpy(rng.standard_normal((16, 32)).astype(np.float32)).to(dtype)
+        two_four = dense.clone().reshape(-1, 4)
+        two_four[:, :2] = 0
+        two_four[3, 0] = -0.0
+        t[f"model.layers.{i}.mlp.up_proj.weight"] = dense
+        t[f"model.layers.{i}.mlp.down_proj.weight"] = two_four.reshape(16, 32)
+        t[f"model.layers.{i}.mlp.gate_proj.weight"] = torch.zeros(8, 6, dtype=dtype)  # 6: not a multiple of 4
+        t[f"model.layers.{i}.input_layernorm.weight"] = torch.ones(32, dtype=dtype)
+    t["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(4, 4, 4, dtype=torch.float32)
+    t["model.embed_tokens.weight"] = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    save_file(t, str(tmp_path / "model.safetensors"))
+    storage = open_storage(str(tmp_path / "model.safetensors"))
+    with safetensors_stream.TensorFiles() as files:
+        want = report_rows(storage.params, roles=storage.roles, load=files.load)
+        got = report_rows(storage.params, roles=storage.roles, load=files.load, scan=files.scan)
+    assert got == want
+    assert any(r["nm_2_4"] for r in got) and not all(r.get("nm_2_4", True) for r in got)

@@ -23,7 +23,9 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import os
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -182,6 +184,11 @@ def zero_count(raw: np.ndarray, code: str) -> int:
 
 R = TypeVar("R")
 
+#: Linux starts writing dirty pages back when told they are not needed (the clean ones
+#: it drops); :class:`TensorWriter` does so after each write of at least :data:`_EARLY` bytes.
+_WRITEBACK = getattr(os, "POSIX_FADV_DONTNEED", None) if sys.platform.startswith("linux") else None
+_EARLY = 1 << 20
+
 _RELEASE = getattr(mmap, "MADV_DONTNEED", None)
 
 
@@ -278,6 +285,46 @@ class TensorFiles:
         finally:
             self.release_tensor(t)
 
+    def scan(self, t: StoredTensor, dim: int = -1) -> tuple[int, bool] | None:
+        """The number of zeros of the tensor, and whether it is 2:4 sparse along `dim`,
+        read chunk by chunk (the memory of a chunk, whatever the tensor's size).
+
+        Entries are tested as :func:`zero_count` tests them (negative zeros are zeros).
+        2:4 is :func:`arrayprune.is_nm_sparse` with ``n=2, m=4``: every group of 4
+        consecutive entries along `dim` holds at most 2 non-zeros; it is False when the
+        axis's length is not a multiple of 4 (no 2:4 storage then) or the tensor has no
+        axis or no entry.
+
+        Returns
+        -------
+        tuple of (int, bool), or None
+            None for a dtype other than the IEEE floats and bfloat16, or when the groups
+            along `dim` do not fit in chunks (read the tensor whole then).
+        """
+        if t.code not in ("F16", "BF16", "F32", "F64"):
+            return None
+        shape = t.shape
+        if not shape or not t.size:
+            return zero_count(self.raw(t), t.code) if t.size else 0, False
+        dim = dim % len(shape)
+        pre, length, post = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1 :])
+        check = length % 4 == 0
+        slab = length * post
+        if check and slab > CHUNK and post != 1:
+            return None
+        step = (max(1, CHUNK // slab) * slab) if check and post != 1 else CHUNK - CHUNK % 4
+        zeros, sparse = 0, check
+        for raw in self.chunks(t, step):
+            nonzero = (raw & np.uint16(0x7FFF)) != 0 if t.code == "BF16" else raw != 0
+            zeros += raw.size - int(np.count_nonzero(nonzero))
+            if sparse:
+                if post == 1:  # groups are 4 consecutive bytes of the mask: add them up
+                    counts = (nonzero.view(np.uint32) * np.uint32(0x01010101)) >> np.uint32(24)
+                else:
+                    counts = nonzero.reshape(-1, length // 4, 4, post).sum(axis=2, dtype=np.uint8)
+                sparse = not bool((counts > 2).any())
+        return zeros, sparse and pre * slab > 0
+
     def close(self) -> None:
         """Unmap every file (maps still viewed by arrays stay until those are gone)."""
         for mm in self._maps.values():
@@ -353,6 +400,13 @@ class TensorWriter:
         if view.nbytes:
             self._f.seek(self._offsets[name] + done)
             self._f.write(view)
+            if view.nbytes >= _EARLY and _WRITEBACK:
+                # Start writing these pages to disk now (without waiting), so that the
+                # fsync before the file is renamed into place has little left to do.
+                try:
+                    os.posix_fadvise(self._f.fileno(), self._offsets[name] + done, view.nbytes, _WRITEBACK)
+                except (OSError, AttributeError, ValueError):  # pragma: no cover - not a regular file
+                    pass
         self._written[name] = done + view.nbytes
 
     def finish(self) -> None:
