@@ -27,7 +27,7 @@ from typing import IO, Any
 import numpy as np
 
 from . import files
-from .arrays import _flat_arrays, to_numpy
+from .arrays import _flat_arrays, release_pages, to_numpy
 from .errors import FormatError, _describe, import_optional
 from .files import _fsync_dir, cache_blobs, resolve_inside
 from .weightfile import WeightFile
@@ -402,6 +402,8 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
         digest = hashlib.sha256()
         for part in blob_parts:
             digest.update(part)
+            if isinstance(part, memoryview):
+                release_pages(part.obj)
         # never a file that another model uses, nor one the old model uses with other bytes
         data_name = _content_data_name(folder, base, digest.hexdigest(), old_data)
         for tensor, start, length in moved:
@@ -417,6 +419,8 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
     def write_data(f: IO[bytes]) -> None:
         for part in blob_parts:
             f.write(part)
+            if isinstance(part, memoryview):
+                release_pages(part.obj)  # memory-mapped input data: written, given back
 
     created: str | None = None
     try:
