@@ -148,6 +148,9 @@ def _magnitude_name(entry: Any) -> str:
 #: Keys of the sample that guides the radix passes (:func:`_sample`), and its blocks.
 _SAMPLE, _BLOCK = 1 << 20, 1 << 12
 
+#: Bytes around a sampled block given back with it: a fault may map a whole large folio.
+_AROUND = 4 << 20
+
 #: Each safetensors dtype's +inf as read (bfloat16 as its bit pattern).
 _INF = {
     "F16": np.array([np.inf], dtype=np.float16), "BF16": np.array([0x7F80], dtype=np.uint16),
@@ -185,9 +188,12 @@ def _sample(targets: Sequence[Any], files: TensorFiles, names: Mapping[str, str]
         else:
             spans = [(i * (n - _BLOCK) // max(blocks - 1, 1), 0) for i in range(blocks)]
             spans = [(start, start + _BLOCK) for start, _ in spans]
+        size = t.raw_dtype.itemsize
         for start, stop in spans:
             parts.append(radix.magnitude_keys(files.raw(t, start, stop), names[e.name], bits))
-        files.release_tensor(t)  # the pages read, and those the kernel mapped around them
+            # the pages read, and those the kernel mapped around them (a large folio)
+            begin, end = t.begin + start * size - _AROUND, t.begin + stop * size + _AROUND
+            files.release(t.path, max(begin, t.begin), min(end, t.end))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
 
 
