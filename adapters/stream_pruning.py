@@ -16,7 +16,11 @@ in memory at a time.
   (:class:`~arrayprune.selection.radix.StreamingCut`). The masks are those of
   :func:`arrayprune.global_unstructured` on the tensors in plan order: ties broken by
   position (tensors in plan order, then flat index), NaN above +inf. Memory: a chunk's
-  keys and 65,536 counters.
+  keys and 65,536 counters. Usually one pass finds the threshold: a sample of about
+  a million keys, read in blocks spread over the tensors, brackets the k-th key, and the
+  pass counts the keys below the bracket and each key inside it
+  (:func:`arrayprune.selection.radix.cut_of_chunks`); the digit passes follow only
+  when the bracket misses. The sample changes the time, never the masks.
 * **Magnitude pruning per tensor** (``l1_unstructured``): the same, one tensor at a
   time.
 * **N:M pruning** along the last axis (``nm_structured``, the reduction axis of a
@@ -25,6 +29,13 @@ in memory at a time.
   :class:`arrayprune.NMStructured`.
 * **Any other method per tensor**: the tensor is read whole and pruned by the core
   (bfloat16 as a PyTorch tensor, as the in-memory path reads it), then written.
+
+Every write goes through one background thread
+(:class:`~arrayprune.adapters.formats.safetensors_stream.BackgroundWrites`, at most one
+chunk waiting), so that the next chunk is read and pruned while the last is written;
+output chunks are reused once written. Zeros are counted from the keep mask where the
+threshold lies strictly between 0 and +inf (every pruned entry folds to a zero, no kept
+one is zero), else from the folded entries.
 
 Pruned entries are folded as the in-memory path folds them, ``w * mask``: NumPy's
 multiplication for float16/32/64; for bfloat16 (read as uint16 bit patterns, without
@@ -186,8 +197,8 @@ def _sample(targets: Sequence[Any], files: TensorFiles, names: Mapping[str, str]
         if blocks * _BLOCK >= n:
             spans = [(0, n)] if n else []
         else:
-            spans = [(i * (n - _BLOCK) // max(blocks - 1, 1), 0) for i in range(blocks)]
-            spans = [(start, start + _BLOCK) for start, _ in spans]
+            starts = (i * (n - _BLOCK) // max(blocks - 1, 1) for i in range(blocks))
+            spans = [(start, start + _BLOCK) for start in starts]
         size = t.raw_dtype.itemsize
         for start, stop in spans:
             parts.append(radix.magnitude_keys(files.raw(t, start, stop), names[e.name], bits))
