@@ -52,6 +52,7 @@ from arrayprune.adapters.calibration import (
     wanda_scores_for,
 )
 from arrayprune.adapters.formats import sharded
+from arrayprune.adapters.formats.arrays import release_pages
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile
 from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, stream_seed
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
@@ -399,6 +400,7 @@ def _prune_folded(
         for i, target in enumerate(targets):
             folded[target.path] = target.value * masks[i]
             masks[i] = None
+            release_pages(target.value)  # memory-mapped external data: read, given back
     else:
         for target in hooks.progress(targets, "pruning"):
             path = target.path
@@ -408,6 +410,7 @@ def _prune_folded(
                 folded[path] = mp.remove(pruned, "t")["t"]
             except _FAILURES as exc:
                 raise PruneError(f"tensor {_name(path)!r}: {error_text(exc)}", src) from None
+            release_pages(target.value)
     for target in targets:
         folded.update(dict.fromkeys(target.tied, folded[target.path]))
     return mp.replace(params, folded)
@@ -870,6 +873,7 @@ def prune_checkpoint(
     Examples
     --------
     >>> from arrayprune.adapters.formats import sharded
+from arrayprune.adapters.formats.arrays import release_pages
     >>> summary = sharded.prune_checkpoint("Llama-3-8B", "Llama-3-8B-50", amount=0.5, global_=True)
     ... # doctest: +SKIP
     """

@@ -17,12 +17,28 @@ in memory at a time.
   (:class:`~arrayprune.selection.radix.StreamingCut`). The masks are those of
   :func:`arrayprune.global_unstructured` on the tensors in plan order: ties broken by
   position (tensors in plan order, then flat index), NaN above +inf. Memory: a chunk's
-  keys and 65,536 counters. A magnitude score ranks the stored entries as they are;
-  another elementwise score is computed chunk by chunk, and its magnitudes ranked.
+  keys and 65,536 counters. Usually one pass finds the threshold: a sample of about
+  a million keys, read in blocks spread over the tensors, brackets the k-th key, and the
+  pass counts the keys below the bracket and each key inside it
+  (:func:`arrayprune.selection.radix.cut_of_chunks`); the digit passes follow only
+  when the bracket misses. The sample changes the time, never the masks. A magnitude
+  score ranks the stored entries as they are; another elementwise score is computed
+  chunk by chunk, and its magnitudes ranked.
 * **Pruning per tensor by an elementwise score** (``l1_unstructured``, ...): the same,
   one tensor at a time.
+* **N:M pruning** along the last axis (``nm_structured``, the reduction axis of a
+  Hugging Face ``[out, in]`` weight): chunk by chunk of whole rows, ranked on integer
+  keys of the bit patterns (bfloat16 without PyTorch), the order of
+  :class:`arrayprune.NMStructured`.
 * **Any other method per tensor**: the tensor is read whole and pruned by the core
   (bfloat16 as a PyTorch tensor, as the in-memory path reads it), then written.
+
+Every write goes through one background thread
+(:class:`~arrayprune.adapters.formats.safetensors_stream.BackgroundWrites`, at most one
+chunk waiting), so that the next chunk is read and pruned while the last is written;
+output chunks are reused once written. Zeros are counted from the keep mask where the
+threshold lies strictly between 0 and +inf (every pruned entry folds to a zero, no kept
+one is zero), else from the folded entries.
 
 Pruned entries are folded as the in-memory path folds them, ``w * mask``: NumPy's
 multiplication for float16/32/64; for bfloat16 (read as uint16 bit patterns, without
@@ -40,9 +56,10 @@ from typing import Any
 
 import numpy as np
 
+from arrayprune.adapters.formats import safetensors_stream
 from arrayprune.adapters.formats.errors import FormatError, _describe
-from arrayprune.adapters.formats.safetensors_stream import TensorFiles, TensorWriter, zero_count
-from arrayprune.method_parts import pattern_of, score_of
+from arrayprune.adapters.formats.safetensors_stream import BackgroundWrites, TensorFiles, TensorWriter, zero_count
+from arrayprune.method_parts import N_OF_M, pattern_of, score_of
 from arrayprune.selection import radix
 
 __all__ = ["MAGNITUDE_DTYPES", "PruneSummary", "Totals", "fold", "prune_source", "prune_stored"]
@@ -93,7 +110,7 @@ class PruneSummary:
     by_tensor: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
-def fold(raw: np.ndarray, keep: np.ndarray, code: str) -> np.ndarray:
+def fold(raw: np.ndarray, keep: np.ndarray, code: str, out: np.ndarray | None = None) -> np.ndarray:
     """``w * keep`` on entries as read (bfloat16 as uint16 bit patterns).
 
     Parameters
@@ -105,6 +122,8 @@ def fold(raw: np.ndarray, keep: np.ndarray, code: str) -> np.ndarray:
         Same shape: False where the entry is pruned.
     code : str
         ``"F16"``, ``"BF16"``, ``"F32"`` or ``"F64"``.
+    out : ndarray, optional
+        Where to put the result (the shape and dtype of `raw`).
 
     Returns
     -------
@@ -113,15 +132,17 @@ def fold(raw: np.ndarray, keep: np.ndarray, code: str) -> np.ndarray:
     """
     with np.errstate(invalid="ignore"):  # inf * 0 is NaN, as in the in-memory path
         if code != "BF16":
-            return raw * keep
+            return np.multiply(raw, keep, out=out)
         # Finite entries: kept as they are, pruned to the zero of their sign (bit masks).
         bits = keep.astype(np.uint16)
         bits *= np.uint16(0x7FFF)
         bits |= np.uint16(0x8000)
-        out = raw & bits
+        out = np.bitwise_and(raw, bits, out=out)
         # Pruned inf and NaN: the float32 product, whose upper half is exact. Kept ones
         # keep their bits above (a float32 product would quiet a signalling NaN).
-        special = ((raw & np.uint16(0x7F80)) == np.uint16(0x7F80)) & ~keep
+        special = (raw & np.uint16(0x7F80)) == np.uint16(0x7F80)
+        if special.any():
+            special &= ~keep
         if special.any():
             wide = (raw[special].astype(np.uint32) << np.uint32(16)).view(np.float32)
             out[special] = ((wide * keep[special]).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
@@ -145,6 +166,58 @@ def streams(method: Any) -> bool:
     return score.elementwise and score.uses_values and not score.needs_calibration and pattern_of(method).across_arrays
 
 
+#: Keys of the sample that guides the radix passes (:func:`_sample`), and its blocks.
+_SAMPLE, _BLOCK = 1 << 20, 1 << 12
+
+#: Bytes around a sampled block given back with it: a fault may map a whole large folio.
+_AROUND = 4 << 20
+
+#: Each safetensors dtype's +inf as read (bfloat16 as its bit pattern).
+_INF: dict[str, np.ndarray] = {
+    "F16": np.array([np.inf], dtype=np.float16), "BF16": np.array([0x7F80], dtype=np.uint16),
+    "F32": np.array([np.inf], dtype=np.float32), "F64": np.array([np.inf], dtype=np.float64),
+}
+
+
+class _Buffers:
+    """Output chunks to reuse once written (their number is bounded by the writes in flight)."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[str, int], list[np.ndarray]] = {}
+
+    def take(self, like: np.ndarray) -> np.ndarray:
+        free = self._free.get((like.dtype.str, like.size))
+        try:
+            return free.pop() if free else np.empty(like.size, dtype=like.dtype)
+        except IndexError:  # emptied by another thread meanwhile
+            return np.empty(like.size, dtype=like.dtype)
+
+    def give(self, buffer: np.ndarray) -> None:
+        self._free.setdefault((buffer.dtype.str, buffer.size), []).append(buffer)
+
+
+def _sample(targets: Sequence[Any], files: TensorFiles, keys: Callable[[Any, np.ndarray], np.ndarray]) -> np.ndarray:
+    """Keys of blocks spread evenly over the targets, about :data:`_SAMPLE` in all."""
+    total = sum(e.value.raw_count for e in targets) or 1
+    parts = []
+    for e in targets:
+        t = e.value
+        n = t.raw_count
+        blocks = max(1, round(_SAMPLE * n / total / _BLOCK))
+        if blocks * _BLOCK >= n:
+            spans = [(0, n)] if n else []
+        else:
+            starts = (i * (n - _BLOCK) // max(blocks - 1, 1) for i in range(blocks))
+            spans = [(start, start + _BLOCK) for start in starts]
+        size = t.raw_dtype.itemsize
+        for start, stop in spans:
+            parts.append(keys(e, files.raw(t, start, stop)))
+            # the pages read, and those the kernel mapped around them (a large folio)
+            begin, end = t.begin + start * size - _AROUND, t.begin + stop * size + _AROUND
+            files.release(t.path, max(begin, t.begin), min(end, t.end))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+
+
 class _Cut:
     """The k smallest scores of some tensors, found by radix passes, applied in order.
 
@@ -160,6 +233,8 @@ class _Cut:
         total = sum(e.value.size for e in targets)
         k = method.count(total)
         self.stream = None
+        self.key = 0
+        self.buffers = _Buffers()
         if k:
 
             def keys() -> Iterable[np.ndarray]:
@@ -167,7 +242,10 @@ class _Cut:
                     for raw in files.chunks(e.value, release=release):
                         yield self.keys(e, raw)
 
-            self.stream = radix.StreamingCut(radix.cut_of_chunks(keys, self.bits, k, total))
+            sample = _sample(targets, files, self.keys)
+            found = radix.cut_of_chunks(keys, self.bits, k, total, sample=sample)
+            self.key = found.key
+            self.stream = radix.StreamingCut(found)
 
     def _scores(self, entry: Any, raw: np.ndarray) -> np.ndarray:
         """The method's scores of entries as read (bfloat16 widened to float32)."""
@@ -192,21 +270,81 @@ class _Cut:
         scores = self._scores(entry, raw)
         return radix.magnitude_keys(scores, self.score_names[entry.name], self.bits)
 
-    def write(self, entry: Any, files: TensorFiles, writer: TensorWriter) -> int:
+    def write(self, entry: Any, files: TensorFiles, sink: BackgroundWrites) -> int:
         """Write the next target (in the order of the passes) pruned; its number of zeros."""
         t, zeros = entry.value, 0
+        name = self.names[entry.name]
+        # Below the key of +inf and above 0, every pruned entry folds to a zero and no
+        # kept one is zero: the zeros are the pruned entries, counted from the mask.
+        finite = self.method is None and self.stream is not None
+        finite = finite and 0 < self.key < int(radix.magnitude_keys(_INF[t.code], name, self.bits)[0])
         for raw in files.chunks(t):
             if self.stream is None:
                 keep = np.ones(raw.shape, dtype=bool)
             else:
                 keep = self.stream.keep(self.keys(entry, raw))
-            out = fold(raw, keep, t.code)
-            writer.write(t.name, out)
-            zeros += zero_count(out, t.code)
+            out = fold(raw, keep, t.code, out=self.buffers.take(raw))
+            zeros += raw.size - int(np.count_nonzero(keep)) if finite else zero_count(out, t.code)
+            sink.write(t.name, out, self.buffers.give)
         return zeros
 
 
-def _prune_in_core(entry: Any, files: TensorFiles, writer: TensorWriter, method: Any, scores_for: Any) -> int:
+#: Each dtype's key of NaN, as :func:`_nm_keep` ranks it: every NaN alike, above +inf.
+_NAN_KEY = {"F16": 0x7C01, "BF16": 0x7F81, "F32": 0x7F80_0001, "F64": 0x7FF0_0000_0000_0001}
+
+#: The longest groups :func:`_nm_keep` ranks by pairwise comparisons.
+_NM_MAX_M = 8
+
+
+def _nm_keep(raw: np.ndarray, code: str, n: int, m: int) -> np.ndarray:
+    """Keep mask of `n`:`m` pruning of consecutive groups of `raw` (flat, entries as read).
+
+    The order of :class:`arrayprune.NMStructured`: magnitude ascending, NaN above +inf
+    (all NaNs alike), ties by position; integer keys of the bit patterns (sign cleared)
+    order entries as their magnitudes do, bfloat16 included.
+    """
+    utype = raw.dtype.type if raw.dtype.kind == "u" else np.dtype(f"u{raw.dtype.itemsize}").type
+    keys = raw.view(utype) & utype((1 << (8 * raw.dtype.itemsize - 1)) - 1)
+    np.minimum(keys, utype(_NAN_KEY[code]), out=keys)
+    groups = keys.reshape(-1, m)
+    cols = [groups[:, j] for j in range(m)]
+    ranks = [np.zeros(groups.shape[0], dtype=np.uint8) for _ in range(m)]
+    for j in range(1, m):
+        for i in range(j):
+            first = cols[i] <= cols[j]  # position i ranks below position j (ties: the earlier)
+            ranks[j] += first
+            ranks[i] += ~first
+    keep = np.empty(groups.shape, dtype=bool)
+    for j in range(m):
+        np.greater_equal(ranks[j], n, out=keep[:, j])
+    return keep.reshape(-1)
+
+
+def _prune_nm_streamed(entry: Any, files: TensorFiles, sink: BackgroundWrites, method: Any) -> int | None:
+    """N:M pruning along the last axis in chunks of whole rows; its number of zeros.
+
+    None (nothing read or written) where the groups do not run along the tensor's last
+    axis, the axis is not a multiple of ``m`` long, groups are long, or a row does not
+    fit in a chunk: the tensor is then pruned whole by the core.
+    """
+    t = entry.value
+    if pattern_of(method) is not N_OF_M or not score_of(method).magnitude:
+        return None
+    if not t.shape or t.code not in MAGNITUDE_DTYPES or method.m > _NM_MAX_M:
+        return None
+    length = t.shape[-1]
+    if method.dim % len(t.shape) != len(t.shape) - 1 or length % method.m or length > safetensors_stream.CHUNK:
+        return None
+    buffers, zeros = _Buffers(), 0
+    for raw in files.chunks(t, safetensors_stream.CHUNK // length * length):
+        keep = _nm_keep(raw, t.code, method.n, method.m) if method.n else np.ones(raw.shape, dtype=bool)
+        out = fold(raw, keep, t.code, out=buffers.take(raw))
+        zeros += zero_count(out, t.code)
+        sink.write(t.name, out, buffers.give)
+    return zeros
+
+
+def _prune_in_core(entry: Any, files: TensorFiles, sink: BackgroundWrites, method: Any, scores_for: Any) -> int:
     """Prune one tensor with the core, read whole; write it; its number of zeros."""
     from arrayprune.adapters import mapping as mp
 
@@ -221,16 +359,17 @@ def _prune_in_core(entry: Any, files: TensorFiles, writer: TensorWriter, method:
 
         folded = folded.contiguous().view(torch.int16).numpy()
     raw = np.ascontiguousarray(folded).reshape(-1).view(t.raw_dtype)
-    writer.write(t.name, raw)
+    sink.write(t.name, raw)
     zeros = zero_count(raw, t.code)
+    sink.wait()  # a whole tensor: written before the next one is read
     files.release_tensor(t)
     return zeros
 
 
-def _copy(t: Any, files: TensorFiles, writer: TensorWriter) -> int:
+def _copy(t: Any, files: TensorFiles, sink: BackgroundWrites) -> int:
     zeros = 0
     for raw in files.chunks(t):
-        writer.write(t.name, raw)
+        sink.write(t.name, raw)
         zeros += zero_count(raw, t.code)
     return zeros
 
@@ -291,28 +430,29 @@ def prune_stored(
             name = type(global_method).__name__
             raise TypeError(f"global pruning of stored tensors ranks an elementwise score, not {name}'s")
         cut = _Cut(targets, files, global_method, release=True)
-    for entry in (progress or (lambda items, desc: items))(list(plan), "pruning"):
-        t = entry.value
-        writer = writers[t.name]
-        if not entry.prune:
-            summary.whole.add(t.size, _copy(t, files, writer))
-            continue
-        if cut is not None:
-            zeros = cut.write(entry, files, writer)
-        else:
-            method = method_for(entry)
-            try:
-                if scores_for is None and streams(method):
-                    zeros = _Cut([entry], files, method, release=False).write(entry, files, writer)
-                    files.release_tensor(t)
-                else:
-                    zeros = _prune_in_core(entry, files, writer, method, scores_for)
-            except (ValueError, TypeError, IndexError, KeyError) as exc:
-                text = str(exc.args[0] if exc.args else exc)
-                raise type(exc)(text if text.startswith("tensor ") else f"tensor {entry.name!r}: {text}") from None
-        summary.pruned.add(t.size, zeros)
-        summary.by_tensor[entry.name] = (zeros, t.size)
-        summary.whole.add(t.size, zeros)
+    with BackgroundWrites(writers) as sink:
+        for entry in (progress or (lambda items, desc: items))(list(plan), "pruning"):
+            t = entry.value
+            if not entry.prune:
+                summary.whole.add(t.size, _copy(t, files, sink))
+                continue
+            if cut is not None:
+                zeros = cut.write(entry, files, sink)
+            else:
+                method = method_for(entry)
+                try:
+                    if scores_for is None and streams(method):
+                        zeros = _Cut([entry], files, method, release=True).write(entry, files, sink)
+                        files.release_tensor(t)
+                    else:
+                        streamed = None if scores_for is not None else _prune_nm_streamed(entry, files, sink, method)
+                        zeros = _prune_in_core(entry, files, sink, method, scores_for) if streamed is None else streamed
+                except (ValueError, TypeError, IndexError, KeyError) as exc:
+                    text = str(exc.args[0] if exc.args else exc)
+                    raise type(exc)(text if text.startswith("tensor ") else f"tensor {entry.name!r}: {text}") from None
+            summary.pruned.add(t.size, zeros)
+            summary.by_tensor[entry.name] = (zeros, t.size)
+            summary.whole.add(t.size, zeros)
     return summary
 
 

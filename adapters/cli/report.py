@@ -37,7 +37,7 @@ def run_report(args: argparse.Namespace) -> int:
     kind = storage.kind
     if isinstance(storage, StreamedCheckpoint):
         with TensorFiles() as files:  # tensors read one at a time
-            rows = report_rows(storage.params, roles=storage.roles, load=files.load)
+            rows = report_rows(storage.params, roles=storage.roles, load=files.load, scan=files.scan)
     else:
         rows = report_rows(storage.params, roles=storage.roles)
         for row in rows:  # bfloat16 read as float32 (ONNX): shown as stored

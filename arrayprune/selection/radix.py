@@ -108,8 +108,17 @@ def cut(histogram: Histogram, bits: int, k: int, total: int) -> Cut:
     return Cut(prefix, below, k - below)
 
 
-def cut_of_chunks(chunks: Callable[[], Iterable[np.ndarray]], bits: int, k: int, total: int) -> Cut:
+def cut_of_chunks(
+    chunks: Callable[[], Iterable[np.ndarray]], bits: int, k: int, total: int, sample: np.ndarray | None = None
+) -> Cut:
     """:func:`cut` over keys read as NumPy chunks, one pass over them per digit.
+
+    With a `sample` of the keys, one pass usually does: the sample's order statistics
+    give a narrow range of keys holding the k-th one with overwhelming probability; the
+    pass counts the keys below the range and each key inside it (at most
+    :data:`_BRACKET_KEYS` counters), which gives the cut when the k-th key is inside.
+    Otherwise the digit passes follow. The sample only decides how fast the cut is
+    found, never what it is.
 
     Parameters
     ----------
@@ -118,6 +127,8 @@ def cut_of_chunks(chunks: Callable[[], Iterable[np.ndarray]], bits: int, k: int,
         sizes), each time it is called.
     bits, k, total
         As for :func:`cut`.
+    sample : ndarray, optional
+        Some of the keys (any, in any order; spread over all of them is best).
 
     Returns
     -------
@@ -130,7 +141,62 @@ def cut_of_chunks(chunks: Callable[[], Iterable[np.ndarray]], bits: int, k: int,
             counts += digit_histogram(keys, prefix, shift, width)
         return counts
 
+    if sample is not None and 1 <= k <= total:
+        bracket = _bracket(sample, k, total)
+        if bracket is not None:
+            below, counts = _bracket_pass(chunks(), *bracket)
+            if below < k <= below + int(counts.sum()):
+                ranks = np.cumsum(counts, dtype=np.int64)
+                offset = int(np.searchsorted(ranks, k - below, side="left"))
+                below += int(ranks[offset - 1]) if offset else 0
+                return Cut(bracket[0] + offset, below, k - below)
     return cut(histogram, bits, k, total)
+
+
+#: The widest range of keys one pass with a sample counts key by key (8 MiB of counters).
+_BRACKET_KEYS = 1 << 20
+
+#: Keys gathered from the bracket before they are counted (bounds the memory of a pass).
+_GATHER = 1 << 20
+
+
+def _bracket(sample: np.ndarray, k: int, total: int) -> tuple[int, int] | None:
+    """Keys ``low:low + span`` holding the k-th smallest key with overwhelming
+    probability, by the sample's order statistics: ``(low, span)``, or None."""
+    if sample.size < 1024:
+        return None
+    ordered = np.sort(sample.reshape(-1))
+    n = ordered.size
+    q = (k - 0.5) / total
+    spread = 6.0 * (q * (1.0 - q) * n) ** 0.5 + 2.0
+    first = int(ordered[int(min(max(q * n - spread, 0), n - 1))])
+    last = int(ordered[int(min(max(q * n + spread, 0), n - 1))])
+    span = last - first + 1
+    return (first, span) if span <= _BRACKET_KEYS else None
+
+
+def _bracket_pass(chunks: Iterable[np.ndarray], low: int, span: int) -> tuple[int, np.ndarray]:
+    """How many keys lie below `low`, and the count of each key in ``low:low + span``."""
+    below = 0
+    counts = np.zeros(span, dtype=np.int64)
+    gathered: list[np.ndarray] = []
+    held = 0
+    for keys in chunks:
+        keys = keys.reshape(-1)
+        utype = keys.dtype.type
+        for start in range(0, keys.size, _SLICE):
+            part = keys[start : start + _SLICE]
+            below += int(np.count_nonzero(part < utype(low)))
+            offset = part - utype(low)  # wraps below `low`: far above `span` then
+            near = offset[offset < utype(span)]
+            gathered.append(near)
+            held += near.size
+            if held >= _GATHER:
+                counts += np.bincount(np.concatenate(gathered).astype(np.intp), minlength=span)
+                gathered, held = [], 0
+    if gathered:
+        counts += np.bincount(np.concatenate(gathered).astype(np.intp), minlength=span)
+    return below, counts
 
 
 def digit_histogram(keys: np.ndarray, prefix: int, shift: int, width: int) -> np.ndarray:
@@ -226,12 +292,11 @@ class StreamingCut:
     def keep(self, keys: np.ndarray) -> np.ndarray:
         """Keep mask of the next chunk: False at the keys it drops."""
         key = keys.dtype.type(self.key)
+        if not self.left:  # no equal key is dropped any more: one comparison
+            return keys >= key
         keep = keys > key
-        if self.left:
-            equal = np.flatnonzero(keys.reshape(-1) == key)
-            if equal.size > self.left:
-                keep.reshape(-1)[equal[self.left :]] = True
-            self.left -= min(self.left, equal.size)
-        else:
-            keep |= keys == key
+        equal = np.flatnonzero(keys.reshape(-1) == key)
+        if equal.size > self.left:
+            keep.reshape(-1)[equal[self.left :]] = True
+        self.left -= min(self.left, equal.size)
         return keep
