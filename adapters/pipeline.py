@@ -34,6 +34,7 @@ field of :class:`~arrayprune.adapters.request.PruneSpec` (see CONTRIBUTING.md).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -54,6 +55,7 @@ from arrayprune.adapters.calibration import (
 )
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile
+from arrayprune.adapters.hf_stage import calibrated
 from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, stream_seed
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
 from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module, spec_from
@@ -457,17 +459,20 @@ def _write_streamed(
     global_method = spec.method_class()(**method_arguments(spec, stream_seed(spec.seed))) if spec.global_ else None
     if global_method is not None:
         hooks.stage(_threshold_stage(targets) + " (one pass per 16 bits of the keys), then writing")
-    try:
-        summary = prune_source(
-            storage.source,
-            dst,
-            plan,
-            method_for=lambda target: method_for(target, spec, norms),
-            global_method=global_method,
-            progress=hooks.progress,
-        )
-    except _FAILURES as exc:
-        raise PruneError(f"{'global pruning: ' if spec.global_ else ''}{error_text(exc)}", storage.src) from None
+    with contextlib.ExitStack() as stack:
+        replaced = calibrated(storage, targets, spec, hooks, dst, stack, method_for)  # layer by layer, if asked
+        try:
+            summary = prune_source(
+                storage.source,
+                dst,
+                plan,
+                method_for=lambda target: method_for(target, spec, norms),
+                global_method=global_method,
+                progress=hooks.progress,
+                replaced=replaced,
+            )
+        except _FAILURES as exc:
+            raise PruneError(f"{'global pruning: ' if spec.global_ else ''}{error_text(exc)}", storage.src) from None
     if storage.sharded and not sharded.writes_one_file(dst):
         summary.files, summary.left = storage.source.written(), list(storage.source.left)
     else:
@@ -686,7 +691,8 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
 
     plan = _plan(storage, spec)
     targets = _targets(plan, src)
-    norms = None if spec.method in RECONSTRUCTIONS else input_norms(spec, storage, targets, src, hooks)
+    layerwise = isinstance(storage, StreamedCheckpoint) and spec.calibration  # hf_stage calibrates
+    norms = None if spec.method in RECONSTRUCTIONS or layerwise else input_norms(spec, storage, targets, src, hooks)
     prepared = _verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written
     if isinstance(storage, StreamedCheckpoint):
         written = _write_streamed(storage, dst, plan, targets, spec, norms, hooks)

@@ -33,6 +33,7 @@ from types import MappingProxyType
 from typing import Any
 
 from arrayprune.adapters import formats as fmt
+from arrayprune.adapters import hf_stage
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.reconstruction import amounts_from_masks, onnx_sparsegpt
@@ -78,7 +79,10 @@ RECONSTRUCTIONS: Mapping[str, Reconstruction] = MappingProxyType(
         "sparsegpt": Reconstruction(
             engine=onnx_sparsegpt,
             formats=("onnx",),
-            elsewhere="for a PyTorch model, use arrayprune.adapters.torch.sparsegpt(model, batches, amount)",
+            elsewhere=(
+                "a Hugging Face folder runs with --calibration tokens.npz; "
+                "for a PyTorch model, use arrayprune.adapters.torch.sparsegpt(model, batches, amount)"
+            ),
         ),
     }
 )
@@ -125,13 +129,15 @@ def refusal(spec: Any) -> str | None:
 
 
 def input_refusal(spec: Any, src: str) -> str | None:
-    """Why the reconstruction method of `spec` cannot run on `src` (no graph to run); None if it can."""
+    """Why the reconstruction method of `spec`, or ``calibration``, cannot run on `src`; None if it can."""
     method = RECONSTRUCTIONS.get(spec.method)
-    if method is None:
+    if method is None and not spec.calibration:
         return None
     kind = "sharded" if sharded.is_sharded(src) else fmt.detect_format(src)
-    if kind in method.formats:
-        return None
+    if method is None:  # Wanda's norms: from a Hugging Face model layer by layer, or from ONNX
+        return hf_stage.input_refusal(spec, src, kind)
+    if kind in method.formats or (kind in ("sharded", "safetensors") and spec.calibration):
+        return hf_stage.input_refusal(spec, src, kind)  # tokens through a Hugging Face model, layer by layer
     need = " or ".join(f.upper() if f == "onnx" else f for f in method.formats)
     what = "sharded checkpoints" if kind == "sharded" else f"{kind} files"
     return (

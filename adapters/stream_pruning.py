@@ -204,6 +204,7 @@ def prune_stored(
     method_for: Callable[[Any], Any],
     global_method: Any = None,
     progress: Progress | None = None,
+    replaced: Mapping[str, Callable[[], np.ndarray]] | None = None,
 ) -> PruneSummary:
     """Write every tensor of a plan, pruning those it selects, in bounded memory.
 
@@ -226,6 +227,10 @@ def prune_stored(
         only magnitude pruning (:class:`arrayprune.L1Unstructured`) is done here.
     progress : callable, optional
         ``progress(items, description)`` wraps the loop over tensors (a progress bar).
+    replaced : mapping, optional
+        Selected tensors already pruned elsewhere (weights updated by a reconstruction
+        method): name -> a function returning the entries to write (raw, as
+        :class:`~arrayprune.adapters.formats.safetensors_stream.TensorFiles` reads them).
 
     Returns
     -------
@@ -253,7 +258,11 @@ def prune_stored(
         if not entry.prune:
             summary.whole.add(t.size, _copy(t, files, writer))
             continue
-        if cut is not None:
+        if replaced is not None and entry.name in replaced:
+            raw = np.ascontiguousarray(replaced[entry.name]()).reshape(-1)
+            writer.write(t.name, raw)
+            zeros = zero_count(raw, t.code)
+        elif cut is not None:
             zeros = cut.write(entry, files, writer)
         else:
             method = method_for(entry)
@@ -280,6 +289,7 @@ def prune_source(
     method_for: Callable[[Any], Any],
     global_method: Any = None,
     progress: Progress | None = None,
+    replaced: Mapping[str, Callable[[], np.ndarray]] | None = None,
 ) -> PruneSummary:
     """:func:`prune_stored` from a checkpoint to `dst`, written atomically by the checkpoint.
 
@@ -289,7 +299,7 @@ def prune_source(
         What the plan's tensors come from; its ``write(dst, fill)`` writes `dst`.
     dst : str
         The output file (or folder, for a sharded checkpoint).
-    plan, method_for, global_method, progress
+    plan, method_for, global_method, progress, replaced
         As for :func:`prune_stored`.
 
     Returns
@@ -306,7 +316,13 @@ def prune_source(
             return source.write(
                 dst,
                 lambda writers: prune_stored(
-                    plan, writers, files, method_for=method_for, global_method=global_method, progress=progress
+                    plan,
+                    writers,
+                    files,
+                    method_for=method_for,
+                    global_method=global_method,
+                    progress=progress,
+                    replaced=replaced,
                 ),
             )
     except OSError as exc:  # a full disk, a folder that cannot be written: nothing was written
