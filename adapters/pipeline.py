@@ -768,7 +768,8 @@ def prune_file(src: Any, dst: Any = None, *, hooks: Hooks = Hooks(), **options: 
         ``include``, ``exclude``, ``min_size``, ``min_sparsity``, ``max_sparsity``,
         ``lamp``, ``calibration``, ``calibration_batch``, ``input_norms``, ``seed``,
         ``keep_masks``, ``force``, ``dry_run``, ``verify``, ``verify_data``,
-        ``verify_tol``, ``one_pass``, ``shrink``, ``groups``: see :class:`~arrayprune.adapters.request.PruneSpec`.
+        ``verify_tol``, ``one_pass``, ``hessians``, ``shrink``, ``groups``: see
+        :class:`~arrayprune.adapters.request.PruneSpec`.
 
     Returns
     -------

@@ -88,7 +88,7 @@ RECONSTRUCTIONS: Mapping[str, Reconstruction] = MappingProxyType(
 )
 
 #: The options only reconstruction methods take (restored after the stand-in's checks).
-OWN_OPTIONS = ("method", "one_pass")
+OWN_OPTIONS = ("method", "one_pass", "hessians")
 
 
 def refusal(spec: Any) -> str | None:
@@ -99,7 +99,11 @@ def refusal(spec: Any) -> str | None:
     """
     method = spec.method
     if method not in RECONSTRUCTIONS:
+        if spec.hessians:
+            return f"--hessians gives the Hessians of {', '.join(RECONSTRUCTIONS)}: use it with --method sparsegpt"
         return f"--one-pass applies to {', '.join(RECONSTRUCTIONS)} only" if spec.one_pass else None
+    if spec.hessians and (spec.calibration or spec.one_pass):
+        return f"--hessians gives every Hessian: no {'--calibration' if spec.calibration else '--one-pass'} with it"
     if spec.amount is not None and spec.nm is not None:
         return f"--method {method} takes --amount A or --nm N:M, not both"
     if spec.amount is None and spec.nm is None and not spec.dry_run:
@@ -108,10 +112,11 @@ def refusal(spec: Any) -> str | None:
         return f"--global ranks entries for an --amount; with --nm N:M every weight of {method} gets the pattern"
     if spec.input_norms:
         return f"--input-norms makes Wanda's scores; {method} takes its Hessians from --calibration"
-    if not spec.calibration:
+    if not spec.calibration and not spec.hessians:
         return (
             f"--method {method} needs --calibration calib.npz: samples of the model's inputs "
-            "(graph input name -> array, samples along axis 0)"
+            "(graph input name -> array, samples along axis 0; token ids for a Hugging Face folder), "
+            "or --hessians hessians.npz for safetensors"
         )
     if spec.keep_masks:
         return (
@@ -134,6 +139,10 @@ def input_refusal(spec: Any, src: str) -> str | None:
     if method is None and not spec.calibration:
         return None
     kind = "sharded" if sharded.is_sharded(src) else fmt.detect_format(src)
+    if spec.hessians and kind not in ("sharded", "safetensors"):
+        return f"--hessians applies to safetensors files and checkpoints; {kind} models take --calibration"
+    if spec.hessians:
+        return None
     if method is None:  # Wanda's norms: from a Hugging Face model layer by layer, or from ONNX
         return hf_stage.input_refusal(spec, src, kind)
     if kind in method.formats or (kind in ("sharded", "safetensors") and spec.calibration):
@@ -184,6 +193,9 @@ def reconstruct(
     from arrayprune.adapters.request import PruneError, error_text, optional_module
 
     method = RECONSTRUCTIONS[spec.method]
+    if storage.kind not in method.formats:
+        kind = storage.kind
+        raise PruneError(f"--method {spec.method} writes {kind} as {kind}: give OUT the input's suffix", storage.src)
     optional_module("onnxruntime", "onnx", f"--method {spec.method}")
     try:
         calibration = read_calibration(spec.calibration)
