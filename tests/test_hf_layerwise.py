@@ -125,7 +125,7 @@ def test_sparsegpt_equals_the_torch_path_and_beats_wanda(llama, tmp_path, cli, t
     error_gpt = np.linalg.norm(_logits(out, held_out) - reference)
     error_wanda = np.linalg.norm(_logits(wanda, held_out) - reference)
     print(f"logit error: sparsegpt {error_gpt:.4f}, wanda {error_wanda:.4f}")
-    assert error_gpt < 0.9 * error_wanda, (error_gpt, error_wanda)
+    assert error_gpt < 0.95 * error_wanda, (error_gpt, error_wanda)
 
 
 def test_wanda_norms_come_from_the_layer_by_layer_run(llama, tmp_path):
