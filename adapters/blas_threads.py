@@ -1,0 +1,54 @@
+"""One BLAS thread for SparseGPT's small matrices.
+
+SparseGPT on a file spends its linear algebra on ``K x K`` Hessians: the running
+``X^T X`` of every calibration batch, then a Cholesky factorization and an inverse per
+weight. For ``K`` up to a thousand or so these are small BLAS and LAPACK calls, and a
+multi-threaded BLAS (OpenBLAS, as NumPy ships it) loses time waking and synchronising
+its threads, the more so on a machine whose cores are busy, or right after an
+onnxruntime session has run its own thread pool. Measured on 2 shared x86_64 cores
+(medians of 5, NumPy 2.4 with its OpenBLAS; ``benchmarks/results/sparsegpt-cpu-x86_64-2cores.md``):
+
+======  ==============  ===========  ==========
+K       ``X^T X`` (512 rows)  Cholesky  inverse
+======  ==============  ===========  ==========
+256     0.9 / 0.8 ms    0.8 / 0.5    9.9 / 1.6
+1024    33 / 12 ms      104 / 18     213 / 62
+2048    86 / 50 ms      279 / 115    577 / 452
+======  ==============  ===========  ==========
+
+(all threads / one thread). :func:`blas_threads` limits BLAS to one thread while the
+largest ``K`` is at most :data:`SMALL`, through ``threadpoolctl`` where it is installed
+(it comes with the ``onnx`` extra); larger Hessians keep every thread, which pays on
+machines with idle cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+__all__ = ["SMALL", "blas_threads"]
+
+#: The largest Hessian side computed with one BLAS thread.
+SMALL = 1024
+
+
+@contextlib.contextmanager
+def blas_threads(k: int) -> Iterator[None]:
+    """BLAS limited to one thread inside the block if `k` is at most :data:`SMALL` (and threadpoolctl is there).
+
+    Parameters
+    ----------
+    k : int
+        The side of the largest Hessian computed inside the block.
+    """
+    if k > SMALL:
+        yield
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
