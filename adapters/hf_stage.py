@@ -54,7 +54,7 @@ def calibrated(
     ------
     PruneError
         Missing transformers (naming the extra), bad token ids, a model that cannot be
-        built, a target outside the model's layers: one line, nothing written.
+        built or run, a target outside the model's layers: one line, nothing written.
     """
     if spec.hessians:
         return given_hessians(storage, targets, spec, stack)
@@ -66,7 +66,7 @@ def calibrated(
     workdir = stack.enter_context(workdir_beside(dst))
     try:
         return calibrate_checkpoint(storage, targets, spec, hooks, workdir, method_for)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RuntimeError, IndexError) as exc:  # the model's own errors too
         raise PruneError(f"--calibration: {error_text(exc)}", storage.src) from None
 
 

@@ -278,3 +278,29 @@ def test_prune_file_errors_are_prune_errors(llama, tmp_path):
     with pytest.raises(PruneError, match=r"token ids must be in \[0, 128\)"):
         prune_file(folder, tmp_path / "out", method="wanda", amount=0.5, calibration=tmp_path / "bad.npz")
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_one_layer_holds_values_at_a_time(llama, tmp_path, monkeypatch):
+    """While a layer is pruned, the other layers and lm_head are on the meta device (no memory)."""
+    from arrayprune.adapters import hf_calibration
+
+    folder, tokens, _, _ = llama
+    built, seen = [], []
+    skeleton, replay = hf_calibration._skeleton, hf_calibration._replay
+
+    def recording_skeleton(path):
+        model, config = skeleton(path)
+        built.append(model)
+        return model, config
+
+    def checking_replay(layer, inputs):
+        (model,) = built
+        holding = [i for i, lay in enumerate(model.model.layers) if any(not p.is_meta for p in lay.parameters())]
+        seen.append(holding)
+        assert model.lm_head.weight.is_meta
+        return replay(layer, inputs)
+
+    monkeypatch.setattr(hf_calibration, "_skeleton", recording_skeleton)
+    monkeypatch.setattr(hf_calibration, "_replay", checking_replay)
+    prune_file(folder, tmp_path / "out", method="sparsegpt", amount=0.5, calibration=tokens)
+    assert seen == [[0], [1]]
