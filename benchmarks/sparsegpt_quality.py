@@ -635,7 +635,7 @@ def report(args: argparse.Namespace, d: dict | None, c: dict | None, mini: dict 
                 cells = [f"{by[k, 'all'][n] * 1e3:.1f} / {by[k, 1][n] * 1e3:.1f}" for n in ("xtx", "cholesky", "inv")]
                 lines.append(f"| {k} | " + " | ".join(cells) + " |")
         lines.append("")
-        for w in ("arrayprune-sequential", "arrayprune-one-pass", ALL_THREADS):
+        for w in ("arrayprune-sequential", "arrayprune-one-pass"):
             ratio = med[w] / med["onnxsim"]
             targets.append(
                 f"| cost: {w} no slower than onnxsim (one-pass) | {med[w] * 1e3:.0f} ms vs"
