@@ -304,3 +304,50 @@ def test_one_layer_holds_values_at_a_time(llama, tmp_path, monkeypatch):
     monkeypatch.setattr(hf_calibration, "_replay", checking_replay)
     prune_file(folder, tmp_path / "out", method="sparsegpt", amount=0.5, calibration=tokens)
     assert seen == [[0], [1]]
+
+
+def test_bert_encoder_layers_equal_the_torch_path(tmp_path):
+    """``encoder.layer`` of a BertModel (with an attention mask); the pooler, outside the layers, is refused."""
+    config = transformers.BertConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+    )
+    torch.manual_seed(1)
+    transformers.BertModel(config).eval().save_pretrained(tmp_path / "bert")
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, VOCAB, (12, 10))
+    mask = np.ones_like(ids)
+    mask[:, 7:] = 0  # padded ends
+    np.savez(tmp_path / "tokens.npz", input_ids=ids, attention_mask=mask)
+
+    with pytest.raises(PruneError, match=r"'pooler.dense.weight' is not a weight of the model's layers"):
+        prune_file(
+            tmp_path / "bert", tmp_path / "out", method="sparsegpt", amount=0.5, calibration=tmp_path / "tokens.npz"
+        )
+    prune_file(
+        tmp_path / "bert",
+        tmp_path / "out",
+        method="sparsegpt",
+        amount=0.5,
+        calibration=tmp_path / "tokens.npz",
+        exclude="pooler*",
+    )
+    got = _tensors(tmp_path / "out")
+
+    model = transformers.BertModel.from_pretrained(tmp_path / "bert").eval()
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.startswith("encoder.layer.")]
+    batches = [
+        {"input_ids": torch.from_numpy(ids[i : i + ROWS]), "attention_mask": torch.from_numpy(mask[i : i + ROWS])}
+        for i in range(0, len(ids), ROWS)
+    ]
+    prune.sparsegpt(model, batches, 0.5, modules=names)
+    assert len(names) == 12
+    for name in names:
+        want = model.get_submodule(name).weight.detach().numpy()
+        np.testing.assert_allclose(got[f"{name}.weight"], want, rtol=1e-5, atol=1e-6, err_msg=name)
+        assert int((got[f"{name}.weight"] == 0).sum()) == want.size // 2
+    assert got["pooler.dense.weight"].tobytes() == _tensors(tmp_path / "bert")["pooler.dense.weight"].tobytes()
