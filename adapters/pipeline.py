@@ -22,7 +22,8 @@ Stages, in order:
   global pruning, in memory (:func:`arrayprune.global_unstructured`, the mapping
   adapter for masks) or by radix selection over stored tensors
   (:mod:`arrayprune.adapters.stream_pruning`); or, for a reconstruction method
-  (``--method sparsegpt``), :mod:`arrayprune.adapters.reconstruct_stage`.
+  (``--method sparsegpt``), :mod:`arrayprune.adapters.reconstruct_stage`; a Hugging Face
+  folder with ``--calibration`` tokens (or ``--hessians``): :mod:`arrayprune.adapters.hf_stage`.
 * **write**: atomic (:func:`arrayprune.adapters.formats.save`, or the checkpoint's own
   writer), then ``verify`` (ONNX) on what was written.
 * **summary**: the counts of zeros (:mod:`arrayprune.adapters.summary`) and what to
