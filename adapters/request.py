@@ -438,7 +438,8 @@ class PruneSpec:
             raise PruneError(f"{given[0]} makes Wanda's scores, for {', '.join(SCORED_METHODS)}; not for {self.method}")
         if not given and self.method == "wanda":
             raise PruneError(
-                "--method wanda needs input norms: --calibration calib.npz (ONNX models) or --input-norms norms.npz"
+                "--method wanda needs input norms: --calibration calib.npz (ONNX models; token ids for a "
+                "Hugging Face folder) or --input-norms norms.npz"
             )
         if self.calibration_batch is not None and not self.calibration:
             raise PruneError("--calibration-batch needs --calibration")
