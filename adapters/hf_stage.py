@@ -31,8 +31,9 @@ def input_refusal(spec: Any, src: str, kind: str) -> str | None:
         return None
     if hf_folder(os.fspath(src)) is None:
         return (
-            "--calibration on a safetensors checkpoint runs it with transformers, layer by layer: IN must be a "
-            "Hugging Face folder (config.json beside the weights)"
+            "--calibration runs the model: IN must be an ONNX model, or a Hugging Face folder (config.json beside "
+            "the safetensors weights) run with transformers layer by layer on token ids"
+            + ("" if spec.method == "sparsegpt" else " (or use --input-norms)")
         )
     return None
 
