@@ -205,6 +205,8 @@ class StreamedCheckpoint:
             return "--global with input norms"
         if spec.verify:
             return "--verify (ONNX only)"
+        if spec.allocation:
+            return "--allocation"
         return None
 
     def shown(self, plan: list[PlanEntry]) -> list[PlanEntry]:
@@ -314,9 +316,12 @@ def _scores(targets: list[PlanEntry], norms: Mapping | None, src: str) -> list[A
 def method_for(target: PlanEntry, spec: PruneSpec, norms: Mapping | None = None) -> Any:
     """The method instance that prunes `target` on its own: its axis, a seed from its name.
 
-    With input norms, it ranks by Wanda's scores of the weight it is given. This is the
+    With input norms, it ranks by Wanda's scores of the weight it is given. An amount
+    that maps names to amounts (an allocation's) gives the entry its own. This is the
     one place that builds the method of an entry.
     """
+    if isinstance(spec.amount, Mapping):
+        spec = dataclasses.replace(spec, amount=spec.amount[target.name])
     kwargs = method_arguments(spec, stream_seed(spec.seed, target.name), dim=target.dim)
     method = spec.method_class()(**kwargs)
     if norms is None:
@@ -516,6 +521,8 @@ class PruneResult:
         ``verify`` on random inputs: the sizes chosen for symbolic dimensions.
     shrink : ShrinkResult or None
         ``shrink``: groups, channels kept, parameters (:mod:`arrayprune.adapters.shrinking`).
+    allocation : Allocation or None
+        ``allocation``: each weight's share (:mod:`arrayprune.adapters.allocation`).
     """
 
     src: str
@@ -532,6 +539,7 @@ class PruneResult:
     verify: list[Any] | None = None
     verify_sizes: dict[str, int] = field(default_factory=dict)
     shrink: Any = None
+    allocation: Any = None
 
     @property
     def targets(self) -> list[PlanEntry]:
@@ -582,9 +590,31 @@ def _notes(spec: PruneSpec) -> list[str]:
 def _dry_run(src: str, spec: PruneSpec, hooks: Hooks) -> PruneResult:
     """The plan, nothing written (safetensors from their headers alone)."""
     spec = spec.checked()
-    storage = open_storage(src, hooks)
+    storage = open_storage(src, hooks) if not spec.allocation else WholeFile(src, hooks=hooks)
     plan = storage.shown(_plan(storage, spec))
-    return PruneResult(src, None, storage.kind, spec, plan, notes=_notes(spec))
+    result = PruneResult(src, None, storage.kind, spec, plan, notes=_notes(spec))
+    if spec.allocation and not spec.plan_only:
+        _allocate(spec, storage, _targets(plan, src), src, hooks, result)
+    return result
+
+
+def _allocate(
+    spec: PruneSpec,
+    storage: Any,
+    targets: list[PlanEntry],
+    src: str,
+    hooks: Hooks,
+    result: PruneResult,
+    norms: Mapping | None = None,
+) -> PruneSpec:
+    """The allocation stage: the request with each target's own amount; the shares into `result`."""
+    from arrayprune.adapters.allocation import allocate
+
+    if norms is None and spec.method not in RECONSTRUCTIONS:
+        norms = input_norms(spec, storage, targets, src, hooks)
+    result.allocation = allocate(spec, storage, targets, norms, src, hooks)
+    result.notes.extend(result.allocation.notes)
+    return dataclasses.replace(spec, amount=result.allocation.amounts)
 
 
 def _check_output(src: str, dst: str | None, spec: PruneSpec) -> str:
@@ -695,13 +725,15 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     layerwise = isinstance(storage, StreamedCheckpoint) and spec.calibration  # hf_stage calibrates
     norms = None if spec.method in RECONSTRUCTIONS or layerwise else input_norms(spec, storage, targets, src, hooks)
     prepared = _verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written
+    result = PruneResult(src, dst, storage.kind, spec, plan, notes=_notes(spec))
+    shared = spec if not spec.allocation else _allocate(spec, storage, targets, src, hooks, result, norms)
     if isinstance(storage, StreamedCheckpoint):
-        written = _write_streamed(storage, dst, plan, targets, spec, norms, hooks)
+        written = _write_streamed(storage, dst, plan, targets, shared, norms, hooks)
         tied = 0
     else:
-        written = _write_whole(storage, dst, out_format, targets, spec, norms, hooks)
+        written = _write_whole(storage, dst, out_format, targets, shared, norms, hooks)
         tied = sum(len(t.tied) for t in targets)
-    result = PruneResult(src, dst, storage.kind, spec, plan, written, tied, notes=_notes(spec))
+    result.written, result.tied = written, tied
     warning = nearly_empty_warning(spec, written.by_tensor)
     if warning:
         result.warnings.append(warning)
@@ -769,7 +801,7 @@ def prune_file(src: Any, dst: Any = None, *, hooks: Hooks = Hooks(), **options: 
         ``include``, ``exclude``, ``min_size``, ``min_sparsity``, ``max_sparsity``,
         ``lamp``, ``calibration``, ``calibration_batch``, ``input_norms``, ``seed``,
         ``keep_masks``, ``force``, ``dry_run``, ``verify``, ``verify_data``,
-        ``verify_tol``, ``one_pass``, ``hessians``, ``shrink``, ``groups``: see
+        ``verify_tol``, ``one_pass``, ``hessians``, ``shrink``, ``groups``, ``allocation``: see
         :class:`~arrayprune.adapters.request.PruneSpec`.
 
     Returns

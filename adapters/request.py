@@ -269,9 +269,14 @@ class PruneSpec:
     one_pass : bool, default False
         Reconstruction methods: every Hessian from the dense model (else layer by layer).
     shrink : bool, default False
-        ONNX: remove the channels a structured method drops (see :mod:`arrayprune.adapters.shrinking`).
+        ONNX or Hugging Face folder: remove the channels a structured method drops
+        (see :mod:`arrayprune.adapters.shrinking`).
     groups : {"channels", "heads"}, optional
-        ``shrink``: what a group is (``"channels"``, the default; ``"heads"`` not yet).
+        ``shrink``: what a group is (``"channels"``, the default; ``"heads"``: attention heads, HF).
+    allocation : str, optional
+        Each weight's share of `amount`: a sensitivity scan's JSON file (``arrayprune
+        scan``) or ``"owl"`` (see :mod:`arrayprune.adapters.allocation`); bounded by
+        `min_sparsity` and `max_sparsity`.
     """
 
     method: str = "l1_unstructured"
@@ -301,6 +306,7 @@ class PruneSpec:
     one_pass: bool = False
     shrink: bool = False
     groups: str | None = None
+    allocation: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str):  # a method object: its name and arguments as options
@@ -317,7 +323,7 @@ class PruneSpec:
         for name in ("include", "exclude"):  # a single pattern, or any iterable: a tuple
             value = getattr(self, name)
             object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
-        for name in ("calibration", "input_norms", "verify_data", "hessians"):
+        for name in ("calibration", "input_norms", "verify_data", "allocation", "hessians"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, os.fspath(value))
@@ -355,16 +361,21 @@ class PruneSpec:
         self._check_values()
         if refused := refusal(self):
             raise PruneError(refused)
+        from arrayprune.adapters.allocation import check_allocation
+
+        if refused := check_allocation(self):
+            raise PruneError(refused)
         check_shrink(self)
         if self.method in RECONSTRUCTIONS:  # its other options as its stand-in mask method's
             own = {name: getattr(self, name) for name in OWN_OPTIONS}
             stand_in = dataclasses.replace(self, method=self.mask_method, one_pass=False, hessians=None)
             return dataclasses.replace(stand_in.checked(), **own)
         cls = self.method_class()
-        if self.global_ and cls.PRUNING_TYPE != "unstructured":
+        if self.global_ and cls.PRUNING_TYPE != "unstructured" and not self.shrink:  # --shrink: channels
             unstructured = [m for m in METHODS if PruneSpec(m).method_class().PRUNING_TYPE == "unstructured"]
             raise PruneError(f"--global needs an unstructured method ({' or '.join(unstructured)}), not {self.method}")
-        if not self.global_ and (self.min_sparsity is not None or self.max_sparsity is not None or self.lamp):
+        bounded = self.min_sparsity is not None or self.max_sparsity is not None
+        if not self.global_ and (self.lamp or (bounded and not self.allocation)):
             raise PruneError("--min-sparsity, --max-sparsity and --lamp shape global pruning: add --global")
         if self.lamp and self.method != "l1_unstructured":
             raise PruneError("--lamp ranks magnitudes: use it with --method l1_unstructured")

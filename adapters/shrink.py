@@ -38,7 +38,15 @@ from typing import Any
 import numpy as np
 
 from arrayprune import amount as _amount
-from arrayprune.groups import ChannelGroup, Shrunk, choose_channels, group_scores, resolve_method, take_channels
+from arrayprune.groups import (
+    ChannelGroup,
+    Shrunk,
+    choose_channels,
+    choose_channels_global,
+    group_scores,
+    resolve_method,
+    take_channels,
+)
 from arrayprune.registry import METHODS
 
 from .plan import stream_seed
@@ -87,6 +95,7 @@ def shrink_arrays(
     method: Any = "ln_structured",
     *,
     importance_scores: Mapping | None = None,
+    global_: bool = False,
     **method_args: Any,
 ) -> Shrunk:
     """Remove ``amount`` of the channels of every group from a mapping of arrays.
@@ -109,6 +118,10 @@ def shrink_arrays(
         names).
     importance_scores : mapping, optional
         Name -> array scored instead of a weight member's values.
+    global_ : bool, default False
+        Rank the channels of all groups together: ``amount`` of all channels go,
+        groups lose different counts, each keeps at least its best channel
+        (:func:`arrayprune.groups.choose_channels_global`).
     **method_args
         Constructor arguments of a method given by name.
 
@@ -125,12 +138,16 @@ def shrink_arrays(
     """
     _amount.validate_pruning_amount_init(amount)
     methods = _per_group_methods(groups, method, dict(method_args))
-    for g in groups:
-        _amount.validate_pruning_amount(_amount.compute_nparams_toprune(amount, g.channels), g.channels)
-    kept = [
-        choose_channels(group_scores(params, g, m, importance_scores=importance_scores), amount)
-        for g, m in zip(groups, methods, strict=True)
+    if not global_:
+        for g in groups:
+            _amount.validate_pruning_amount(_amount.compute_nparams_toprune(amount, g.channels), g.channels)
+    scores = [
+        group_scores(params, g, m, importance_scores=importance_scores) for g, m in zip(groups, methods, strict=True)
     ]
+    if global_:
+        kept = choose_channels_global(scores, amount) if groups else []
+    else:
+        kept = [choose_channels(s, amount) for s in scores]
     out = take_channels(params, groups, kept)
     return Shrunk(_rebuild(params, out.items()), kept)
 
@@ -142,7 +159,7 @@ def _check_method(method: Any, method_args: dict) -> None:
 
 
 def shrink_onnx(
-    model: Any, amount: int | float, method: Any = "ln_structured", **method_args: Any
+    model: Any, amount: int | float, method: Any = "ln_structured", *, global_: bool = False, **method_args: Any
 ) -> tuple[Any, ShrinkReport]:
     """A smaller ONNX model: ``amount`` of the channels of every group removed.
 
@@ -155,6 +172,9 @@ def shrink_onnx(
         least one channel of every group stays.
     method : str or method object, default "ln_structured"
         See :func:`shrink_arrays` (``n=1`` for L1, ``seed=...`` for random).
+    global_ : bool, default False
+        `amount` of all the groups' channels, ranked across groups (different counts
+        per group, each keeps at least one; see :func:`shrink_arrays`).
     **method_args
         Constructor arguments of a method given by name.
 
@@ -185,7 +205,15 @@ def shrink_onnx(
     found = onnx_groups(model)
     groups = [g.group for g in found.groups]
     inits = {t.name: t for t in model.graph.initializer}
-    for g in groups:
+    if global_:
+        total = sum(g.channels for g in groups)
+        k = _amount.compute_nparams_toprune(amount, total)
+        _amount.validate_pruning_amount(k, total)
+        if k > total - len(groups):
+            raise ValueError(
+                f"amount={amount} would remove {k} of the {total} channels of {len(groups)} groups; each keeps one"
+            )
+    for g in groups if not global_ else ():
         k = _amount.compute_nparams_toprune(amount, g.channels)
         _amount.validate_pruning_amount(k, g.channels)
         if k >= g.channels:
@@ -195,7 +223,7 @@ def shrink_onnx(
         if inits[name].data_location == onnx.TensorProto.EXTERNAL:
             raise ValueError(f"initializer {name!r} has external data that is not loaded (onnx.load its folder)")
     arrays = {name: onnx.numpy_helper.to_array(inits[name]) for name in names}
-    small, kept = shrink_arrays(arrays, groups, amount, method, **method_args)
+    small, kept = shrink_arrays(arrays, groups, amount, method, global_=global_, **method_args)
 
     out = copy.deepcopy(model)
     graph = out.graph

@@ -44,11 +44,8 @@ def check_shrink(spec: Any) -> None:
             f"--shrink removes whole channels: use a method that scores channels "
             f"({' or '.join(channel_methods())}), not {spec.method}"
         )
-    if spec.global_:
-        raise PruneError(
-            "--global does not go with --shrink yet: each channel group loses --amount of its own channels "
-            "(one ranking across groups of different sizes and scales is not implemented)"
-        )
+    if spec.min_sparsity is not None or spec.max_sparsity is not None or spec.lamp:
+        raise PruneError("--min-sparsity, --max-sparsity and --lamp shape entry pruning; they do not go with --shrink")
     if spec.keep_masks:
         raise PruneError("--keep-masks does not go with --shrink: shrinking changes the shapes that masks would keep")
     if spec.dim is not None:

@@ -9,8 +9,10 @@ hands a request with ``shrink`` to :func:`run_shrink`, which runs in its place:
 
 * **request**: :func:`arrayprune.adapters.shrink_request.check_shrink` (through
   ``PruneSpec.checked``) refuses the options that cannot go with it;
-* **open**: :func:`refusal` says what the input's format cannot do (only an ONNX graph
-  has channel groups to read; heads come from Hugging Face configs, not yet read);
+* **open**: :func:`refusal` says what the input's format cannot do (channel groups come
+  from an ONNX graph, or from a Hugging Face checkpoint folder, which
+  :func:`arrayprune.adapters.shrink_checkpoint.run_checkpoint_shrink` shrinks tensor by
+  tensor, MLP channels or attention heads);
 * **groups**: the dry run lists each group (members, channels before and after) and each
   producer left, with its reason;
 * **shrink**, then **write**: through the ONNX writer (:func:`arrayprune.adapters.formats.save`),
@@ -85,18 +87,43 @@ def refusal(kind: str, spec: PruneSpec) -> str | None:
     """What an input of format `kind` cannot do with ``shrink``, as one line; None if it can."""
     if not spec.shrink:
         return None
+    if kind in ("sharded safetensors", "safetensors folder", "Hugging Face checkpoint"):
+        if spec.global_:
+            return (
+                "--global does not go with --shrink on a Hugging Face checkpoint: its config.json holds one size "
+                "for all layers (intermediate_size, num_attention_heads), so every layer loses the same count"
+            )
+        if spec.verify:
+            return "--verify runs an ONNX model; load the shrunk folder with transformers to check it"
+        return None
     if kind != "onnx":
-        return "--shrink reads channel groups from an ONNX graph; Hugging Face checkpoints are not supported yet"
+        return (
+            "--shrink reads channel groups from an ONNX graph or a Hugging Face checkpoint folder "
+            f"(config.json and safetensors), not from a {kind} file"
+        )
     if spec.groups == "heads":
         return (
-            "--groups heads reads attention heads from a Hugging Face config.json, which is not supported yet; "
+            "--groups heads reads attention heads from a Hugging Face config.json; "
             "an ONNX model shrinks by --groups channels"
         )
     return None
 
 
-def _check_amount(found: OnnxGroups, amount: int | float, src: str) -> None:
-    """Refuse an amount that a group cannot lose (a count above its channels, or all of them)."""
+def _check_amount(found: OnnxGroups, amount: int | float, src: str, global_: bool = False) -> None:
+    """Refuse an amount that a group cannot lose (a count above its channels, or all of them).
+
+    With `global_`, an amount of all channels that would leave a group none.
+    """
+    if global_:
+        total, n = sum(g.group.channels for g in found.groups), len(found.groups)
+        k = _amount.compute_nparams_toprune(amount, total)
+        if n and (k > total - n or (_amount.is_count(amount) and amount > total)):
+            raise PruneError(
+                f"--amount {amount} with --global would remove {k} of the {total} channels of {n} channel groups; "
+                f"each keeps at least one, so at most {total - n} can go",
+                src,
+            )
+        return
     for g in found.groups:
         n = g.group.channels
         k = _amount.compute_nparams_toprune(amount, n)
@@ -108,8 +135,9 @@ def _notes(spec: PruneSpec) -> list[str]:
     amount = spec.amount
     if not isinstance(amount, int) or isinstance(amount, bool) or amount == 0:
         return []
+    where = "in total over the channel groups (--global)" if spec.global_ else "from each channel group"
     return [
-        f"--amount {amount} is a count, not a fraction: {amount} channels removed from each channel group; "
+        f"--amount {amount} is a count, not a fraction: {amount} channels removed {where}; "
         "a fraction has a decimal point (0.5 is half)"
     ]
 
@@ -219,6 +247,10 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
     refused = refusal(kind, spec)
     if refused:
         raise PruneError(refused, src)
+    if kind == "sharded safetensors":
+        from arrayprune.adapters.shrink_checkpoint import run_checkpoint_shrink
+
+        return run_checkpoint_shrink(src, dst, spec, hooks)
     if not spec.dry_run:
         dst = _check_output(src, dst, spec)
         if (fmt.format_from_suffix(dst) or kind) != "onnx":
@@ -230,9 +262,10 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
     plan = storage.shown(_plan(storage, spec))
     found = onnx_groups(wf.context["model"])
     if spec.amount is not None:
-        _check_amount(found, spec.amount, src)
-    if spec.dry_run:
-        return PruneResult(src, None, kind, spec, plan, notes=_notes(spec), shrink=ShrinkResult(found, spec.amount))
+        _check_amount(found, spec.amount, src, spec.global_)
+    if spec.dry_run:  # with --global, the counts per group come from the scores: not shown
+        shown = None if spec.global_ else spec.amount
+        return PruneResult(src, None, kind, spec, plan, notes=_notes(spec), shrink=ShrinkResult(found, shown))
     if not found.groups:
         raise PruneError("--shrink: no channel group in the graph (--dry-run --shrink says why)", src)
 
@@ -241,7 +274,9 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
     args.pop("amount", None)
     args.pop("dim", None)
     try:
-        small, report = shrink_onnx(_members_inline(wf, found), spec.amount, spec.method, **args)
+        small, report = shrink_onnx(
+            _members_inline(wf, found), spec.amount, spec.method, global_=spec.global_, **args
+        )
     except (ValueError, TypeError, KeyError) as exc:
         raise PruneError(f"--shrink: {error_text(exc)}", src) from None
     # the dense model runs before OUT is written

@@ -7,6 +7,7 @@ to PyTorch modules and to dictionaries of weights.
 """
 
 from . import functional as _functional
+from .allocation import allocate_from_curves, outlier_ratio, owl_allocation
 from .amount import (
     compute_nparams_toprune,
     validate_pruning_amount,
@@ -60,6 +61,9 @@ __all__ = [
     "mask_for",
     *_METHOD_EXPORTS,
     "global_unstructured",
+    "allocate_from_curves",
+    "owl_allocation",
+    "outlier_ratio",
     "lamp_scores",
     "ChannelGroup",
     "wanda_scores",

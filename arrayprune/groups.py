@@ -58,6 +58,7 @@ __all__ = [
     "resolve_method",
     "group_scores",
     "choose_channels",
+    "choose_channels_global",
     "take_channels",
     "shrink",
 ]
@@ -348,6 +349,57 @@ def choose_channels(scores: Array, amount: int | float) -> Array:
         return xp.arange(n, device=apc.device(scores))
     keep = smallest_magnitude_keep([scores], k)[0]
     return xp.nonzero(keep)[0]
+
+
+def choose_channels_global(scores: Sequence[Array], amount: int | float) -> list[Array]:
+    """The channels each group keeps when ``round(amount * all channels)`` go, ranked across groups.
+
+    The channels of all groups are ranked together by ``|score|`` (NaN above +inf;
+    ties to the lower index, over groups in the order given), so groups lose different
+    counts. Every group keeps its best channel: it is not ranked (a layer with no
+    channel left would cut the model), so the amount can take at most
+    ``channels - groups`` channels. Scores are compared as they are: methods whose
+    scores grow with a group's fan-in (the L``n`` norms of ``ln_structured``) favour
+    wide groups, as global magnitude pruning favours layers of large weights.
+
+    Parameters
+    ----------
+    scores : sequence of arrays
+        Per group, one score per channel (1-D); one namespace and device.
+    amount : int or float
+        A fraction in ``[0, 1]`` of all channels (rounded half to even), or a count.
+
+    Returns
+    -------
+    list of arrays
+        Per group, the kept indices, ascending (1-D integer arrays).
+
+    Raises
+    ------
+    TypeError
+        If `amount` is not a number.
+    ValueError
+        If a score array is not 1-D or empty, there is no group, or the amount would
+        take more than ``channels - groups`` channels.
+    """
+    _amount.validate_pruning_amount_init(amount)
+    if not scores:
+        raise ValueError("no channel group to rank")
+    for s in scores:
+        if s.ndim != 1 or s.shape[0] == 0:
+            raise ValueError(f"channel scores must be 1-D and not empty, got shape {tuple(s.shape)}")
+    total = sum(int(s.shape[0]) for s in scores)
+    k = _amount.compute_nparams_toprune(amount, total)
+    _amount.validate_pruning_amount(k, total)
+    if k > total - len(scores):
+        raise ValueError(
+            f"amount={amount} would remove {k} of {total} channels; every one of the {len(scores)} groups keeps "
+            f"at least one, so at most {total - len(scores)} can go"
+        )
+    xp = namespace(*scores)
+    best = [smallest_magnitude_keep([s], int(s.shape[0]) - 1)[0] for s in scores]
+    keep = smallest_magnitude_keep(list(scores), k, eligible=[xp.logical_not(b) for b in best])
+    return [xp.nonzero(xp.logical_or(kp, b))[0] for kp, b in zip(keep, best, strict=True)]
 
 
 def take_channels(arrays: Mapping, groups: Sequence[ChannelGroup], kept: Sequence[Array]) -> dict:

@@ -173,11 +173,6 @@ CHANNELS = "random_structured or ln_structured"
             f"--shrink removes whole channels: use a method that scores channels ({CHANNELS}), not nm_structured",
         ),
         (
-            ["--method", "ln_structured", "--amount", "0.5", "--global"],
-            "--global does not go with --shrink yet: each channel group loses --amount of its own channels "
-            "(one ranking across groups of different sizes and scales is not implemented)",
-        ),
-        (
             ["--method", "ln_structured", "--amount", "0.5", "--keep-masks"],
             "--keep-masks does not go with --shrink: shrinking changes the shapes that masks would keep",
         ),
@@ -192,8 +187,8 @@ CHANNELS = "random_structured or ln_structured"
         ),
         (
             ["--method", "ln_structured", "--amount", "0.5", "--groups", "heads"],
-            "{src}: --groups heads reads attention heads from a Hugging Face config.json, which is not supported "
-            "yet; an ONNX model shrinks by --groups channels",
+            "{src}: --groups heads reads attention heads from a Hugging Face config.json; "
+            "an ONNX model shrinks by --groups channels",
         ),
         (
             ["--method", "ln_structured", "--amount", "64"],
@@ -243,8 +238,8 @@ def test_groups_without_shrink_and_non_onnx_inputs(model, tmp_path, capsys):
         code, _, err = cli(capsys, npz, *where, "--shrink", "--method", "ln_structured", "--amount", "0.5")
         assert code == 2
         assert err == (
-            f"arrayprune: error: {npz}: --shrink reads channel groups from an ONNX graph; "
-            "Hugging Face checkpoints are not supported yet\n"
+            f"arrayprune: error: {npz}: --shrink reads channel groups from an ONNX graph or a Hugging Face "
+            "checkpoint folder (config.json and safetensors), not from a npz file\n"
         )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "w.npz"]
 

@@ -254,3 +254,54 @@ def test_bad_input():
     with pytest.raises(TypeError, match="ModelProto"):
         shrink_onnx(model.SerializeToString(), 0.5)
     assert model.SerializeToString() == before
+
+
+class PoolNet(torch.nn.Module):
+    """Conv -> ReLU -> Conv -> ReLU -> global average pool -> flatten -> Linear, as CNN classifiers end."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 12, 3)
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+        self.fc = torch.nn.Linear(12, 5)
+
+    def forward(self, x):
+        h = torch.relu(self.c2(torch.relu(self.c1(x))))
+        return self.fc(torch.flatten(self.pool(h), 1))
+
+
+def test_global_pool_flatten_into_the_classifier():
+    model = export(PoolNet(), torch.randn(2, 3, 9, 9))
+    ops = [n.op_type for n in model.graph.node]
+    assert "GlobalAveragePool" in ops and "Flatten" in ops
+    found = onnx_groups(model)
+    assert [g.group.channels for g in found.groups] == [8, 12]
+    (fc,) = [t.name for t in model.graph.initializer if t.name.startswith("fc.weight")]
+    last = found.groups[1].group
+    # c2's output channels: its W rows and bias, and the classifier's input features (Gemm transB=1: axis 1)
+    assert [(m.axis, m.weight) for m in last.members] == [(0, True), (0, False), (1, True)]
+    assert last.members[2].key == fc
+    assert [lf.reason for lf in found.left] == ["'y' is a graph output"]
+    x = np.random.default_rng(2).standard_normal((2, 3, 9, 9)).astype(np.float32)
+    init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    # c1 W 8x3x3x3 + b 8 -> 4x27 + 4; c2 W 12x8x3x3 + b 12 -> 6x4x9 + 6; fc W 5x12 -> 5x6 (b 5 stays)
+    before, after = 216 + 8 + 864 + 12 + 60 + 5, 108 + 4 + 216 + 6 + 30 + 5
+    small, report = check(model, x, 0.5, expected_drop=before - after)
+    w2, wf = init[last.members[0].key], init[fc]
+    norms = np.sqrt((w2.reshape(12, -1).astype(np.float64) ** 2).sum(1) + (wf.astype(np.float64) ** 2).sum(0))
+    np.testing.assert_array_equal(report.kept[last.name], np.sort(np.argsort(norms, kind="stable")[6:]))
+    assert run(small, x).shape == (2, 5)
+
+
+def test_flatten_without_a_global_pool_is_left():
+    class Flat(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.fc = torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(4 * 3 * 3, 2)
+
+        def forward(self, x):
+            return self.fc(torch.flatten(torch.relu(self.c(x)), 1))
+
+    found = onnx_groups(export(Flat(), torch.randn(1, 3, 5, 5)))
+    assert found.groups == []
+    assert any("mixes the channels with other axes" in lf.reason for lf in found.left)

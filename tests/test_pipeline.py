@@ -122,6 +122,12 @@ def test_wanda_with_calibration(tmp_path, capsys, options):
     _same(tmp_path, capsys, EXAMPLE, ".onnx", calibration=str(calib), **options)
 
 
+@pytest.mark.parametrize("suffix", [".onnx", ".npz"])
+def test_allocation(tmp_path, capsys, suffix):
+    src = EXAMPLE if suffix == ".onnx" else _state_dict_file(tmp_path, suffix)
+    _same(tmp_path, capsys, src, suffix, amount=0.7, allocation="owl", max_sparsity=0.9)
+
+
 def test_one_safetensors_file_from_a_sharded_checkpoint_and_the_alias(tmp_path, capsys):
     from arrayprune.adapters.formats import sharded
 
@@ -175,6 +181,10 @@ INVALID = [
     ({"amount": 0.5, "groups": "channels"}, "--groups says what --shrink removes"),
     ({"amount": 2.5}, "--amount:"),
     ({"method": "nm_structured", "nm": (5, 4)}, "--nm:"),
+    ({"amount": 0.5, "allocation": "owl", "global_": True}, "--allocation sets each weight's sparsity"),
+    ({"allocation": "owl"}, "--allocation shares an --amount among weights: give --amount"),
+    ({"amount": 0.5, "allocation": "owl", "method": "random_unstructured"}, "--allocation applies to"),
+    ({"amount": 0.5, "allocation": "owl", "method": "ln_structured"}, "--allocation owl counts outlier entries"),
 ]
 
 

@@ -7,7 +7,8 @@
                      [--include PATTERN ...] [--exclude PATTERN ...] [--min-size N]
                      [--seed S] [--keep-masks] [--force] [--shrink [--groups {channels,heads}]]
                      [--verify [--verify-tol RTOL[,ATOL]] [--verify-data NPZ]]
-    arrayprune report FILE [--json]
+    arrayprune report FILE [--json] [--compare OTHER] [--plot PNG]
+    arrayprune scan IN --calibration NPZ -o SCAN.json [--plot PNG] [--method M] [--sparsities S1,S2,...]
 
 Files are ``.npz``, ``.safetensors``, ``.onnx`` or PyTorch state dicts (``.pt``,
 ``.pth``, ``.bin``), recognised from their content (see
@@ -83,6 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with fmt.cleanup_on_signals():  # SIGTERM, SIGHUP: temporary files removed, then exit 143, 129
             if args.command == "prune":
                 return run_prune(args)
+            if args.command == "scan":
+                from .scan import run_scan
+
+                return run_scan(args)
             return run_report(args)
     except PruneError as exc:  # CliError too
         _error(str(exc))

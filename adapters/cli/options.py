@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with the semantics of torch.nn.utils.prune, or report their sparsity.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {arrayprune.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{prune,report}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{prune,report,scan}", parser_class=_Parser)
     sub.required = True
 
     p = sub.add_parser("prune", help="prune the tensors of a model file and write the result")
@@ -255,10 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--shrink",
         action="store_true",
-        help=f"ONNX: remove the channels {' or '.join(channel_methods())} drop from every tensor holding them",
+        help=f"ONNX or Hugging Face folder: remove the channels {' or '.join(channel_methods())} drop "
+        "from every tensor holding them",
     )
     p.add_argument(
-        "--groups", choices=GROUPS, default=None, help="--shrink: what a group is (default: channels; heads: not yet)"
+        "--groups", choices=GROUPS, default=None, help="--shrink: what a group is (channels, the default; heads)"
     )
     p.add_argument(
         "--verify",
@@ -282,8 +283,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="--verify: an output passes if max|pruned - original| <= ATOL + RTOL * max|original| "
         f"(default: {DEFAULT_VERIFY_TOL[0]:g},{DEFAULT_VERIFY_TOL[1]:g})",
     )
+    p.add_argument(
+        "--allocation",
+        metavar="SCAN.json|owl",
+        default=None,
+        help="each weight's share of --amount: from a sensitivity scan's curves (arrayprune scan), or owl "
+        "(outlier ratios, Yin et al. 2024); within --min-sparsity/--max-sparsity",
+    )
 
     r = sub.add_parser("report", help="per-tensor sparsity of a model file")
     r.add_argument("file", metavar="FILE")
     r.add_argument("--json", action="store_true", help="machine-readable output")
+    r.add_argument(
+        "--compare", metavar="OTHER", help="parameters and tensor shapes of FILE and OTHER (a shrunk copy)"
+    )
+    r.add_argument(
+        "--plot", metavar="PNG", default=None, help="draw each tensor's sparsity and 2:4 status (matplotlib)"
+    )
+
+    from .scan import add_scan_parser
+
+    add_scan_parser(sub, _fraction, _non_negative, _positive)
     return parser

@@ -37,6 +37,9 @@ def run_prune(args: argparse.Namespace) -> int:
         _print_plan(result)
     else:
         _print_pruned(result)
+    if result.allocation is not None:
+        print(f"allocation ({result.allocation.source}):")
+        print(result.allocation.describe())
     for note in result.notes:
         _warn(note, "note")
     for warning in result.warnings:
@@ -63,6 +66,7 @@ def _print_pruned(result: PruneResult) -> None:
     spec, pruned, whole = result.spec, result.written.pruned, result.written.whole
     detail = f"amount {spec.amount}" if spec.amount is not None else f"{spec.nm[0]}:{spec.nm[1]}"
     how = f"{spec.method}{', global' if spec.global_ else ''}, {detail}"
+    how += f", allocation {spec.allocation}" if spec.allocation else ""
     names = f"{len(result.targets)} tensors" + (f" (and {result.tied} tied names)" if result.tied else "")
     print(
         f"pruned {names} of {result.src} ({how}): {pruned.zeros} of {pruned.size} entries zero "
@@ -77,7 +81,7 @@ def _print_pruned(result: PruneResult) -> None:
 def _print_shrink(result: PruneResult) -> None:
     """The groups (dry run), or the parameters before and after and the channels kept per group."""
     spec, shrink = result.spec, result.shrink
-    amount = "" if spec.amount is None else f", amount {spec.amount}"
+    amount = ("" if spec.amount is None else f", amount {spec.amount}") + (", global" if spec.global_ else "")
     if result.written is None:
         print(f"channel groups of {result.src} ({result.kind}), {spec.method}{amount}; nothing is written (--dry-run)")
         print(shrink.describe() or "no layer whose output channels could be removed")
@@ -88,7 +92,8 @@ def _print_shrink(result: PruneResult) -> None:
         f"{before} -> {after} parameters ({_pct(after, before)}) -> {result.dst}"
     )
     for g in shrink.groups.groups:
-        print(f"group {g.group.name}: {g.group.channels} -> {len(shrink.kept[g.group.name])} channels kept")
+        unit = getattr(g, "unit", "channels")
+        print(f"group {g.group.name}: {g.group.channels} -> {len(shrink.kept[g.group.name])} {unit} kept")
     if shrink.groups.left:
         n = len(shrink.groups.left)
         print(f"left as they are: the channels of {n} producer{'s' if n > 1 else ''} (--dry-run --shrink says why)")

@@ -10,6 +10,7 @@ import sys
 from arrayprune.adapters.formats.safetensors_stream import TensorFiles
 from arrayprune.adapters.pipeline import Hooks, StreamedCheckpoint, open_storage
 from arrayprune.adapters.plan import nodes_text
+from arrayprune.adapters.request import optional_module
 from arrayprune.adapters.summary import TOTALS_COVER, report_rows, totals
 
 from .errors import CliError
@@ -21,8 +22,17 @@ __all__ = ["TOTALS_COVER", "report_rows", "run_report"]
 def run_report(args: argparse.Namespace) -> int:
     """Run ``arrayprune report``: the rows and totals of the summary stage, printed."""
     path = args.file
+    if getattr(args, "compare", None) and getattr(args, "plot", None):
+        raise CliError("--plot draws one file's sparsity; it does not go with --compare")
+    if getattr(args, "compare", None):
+        from .compare import run_compare
+
+        return run_compare(args)
     if not os.path.exists(path):
         raise CliError("no such file", path)
+    plot = getattr(args, "plot", None)
+    if plot is not None:
+        _check_plot(plot)
     storage = open_storage(path, Hooks(stage=_stage))  # safetensors: headers only
     kind = storage.kind
     if isinstance(storage, StreamedCheckpoint):
@@ -34,6 +44,13 @@ def run_report(args: argparse.Namespace) -> int:
             row["dtype"] = storage.wf.context.get("stored_dtypes", {}).get(row["name"], row["dtype"])
     total = totals(rows)
     prunable = totals([r for r in rows if r["prunable"]])
+    if plot is not None:
+        from arrayprune.adapters.plots import plot_sparsity
+
+        try:
+            plot_sparsity(rows, plot, title=f"{os.path.basename(path)}: sparsity per tensor")
+        except ValueError as exc:
+            raise CliError(f"--plot: {exc}", path) from None
     if args.json:
         out = {"file": path, "format": kind, "tensors": rows, "total": total, "prunable": prunable}
         json.dump({**out, "covers": TOTALS_COVER}, sys.stdout, indent=2)
@@ -73,6 +90,15 @@ def run_report(args: argparse.Namespace) -> int:
         f"bitmask {_mib(sizes['bitmask'])}, 2:4 where it holds {_mib(sizes['semi_structured_2_4'])} (all tensors)"
     )
     return 0
+
+
+def _check_plot(plot: str) -> None:
+    """Refuse a ``--plot`` that cannot be written, or without matplotlib, before anything is read."""
+    if os.path.isdir(plot):
+        raise CliError("--plot: is a directory", plot)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(plot))):
+        raise CliError("--plot: folder does not exist", plot)
+    optional_module("matplotlib", "plot", "--plot")
 
 
 def _mib(n: int) -> str:

@@ -254,7 +254,14 @@ class ShardedCheckpoint:
                 files.append(name)
         return files, left
 
-    def write(self, dst: str, fill: Callable[[Mapping[str, TensorWriter]], R]) -> R:
+    def write(
+        self,
+        dst: str,
+        fill: Callable[[Mapping[str, TensorWriter]], R],
+        *,
+        tensors: Mapping[str, StoredTensor] | None = None,
+        contents: Mapping[str, bytes] | None = None,
+    ) -> R:
         """Write the checkpoint to folder `dst` as a whole: shards filled by ``fill(writers)``, then the rest.
 
         Every file is written into a new hidden folder beside `dst`: the shards, then
@@ -272,8 +279,20 @@ class ShardedCheckpoint:
         fill : callable
             Receives each tensor name's :class:`~.safetensors_stream.TensorWriter` and
             must write every tensor whole; its result is returned.
+        tensors : mapping, optional
+            The tensors to write (same names as :attr:`tensors`; other shapes, for
+            shrinking), instead of :attr:`tensors`.
+        contents : mapping of str to bytes, optional
+            Other files (the index, ``config.json``) written with these bytes instead of
+            copied.
         """
+        if tensors is not None and set(tensors) != set(self.tensors):
+            raise ValueError("the tensors written must have the names of the checkpoint's tensors")
+        tensors = self.tensors if tensors is None else tensors
+        contents = contents or {}
         if writes_one_file(dst):
+            if tensors is not self.tensors or contents:
+                raise ValueError("new shapes or files are written to a folder, not one .safetensors file")
             return self._write_one_file(dst, fill)
         names = self.written()
         with replace_folder(dst) as tmp:
@@ -281,7 +300,7 @@ class ShardedCheckpoint:
                 handles = [stack.enter_context(open(os.path.join(tmp, n), "xb")) for n in self.shards]
                 writers = {}
                 for shard, f in zip(self.shards, handles, strict=True):
-                    mine = [t for name, t in self.tensors.items() if self.shard_of[name] == shard]
+                    mine = [t for name, t in tensors.items() if self.shard_of[name] == shard]
                     writers[shard] = TensorWriter(f, self.metadata[shard], mine)
                 result = fill({name: writers[self.shard_of[name]] for name in self.tensors})
                 for shard, f in zip(self.shards, handles, strict=True):
@@ -289,6 +308,13 @@ class ShardedCheckpoint:
                     os.fsync(f.fileno())
                     files._step(f"shard {shard}")
             for name in names[len(self.shards) :]:
+                if name in contents:
+                    with open(os.path.join(tmp, name), "xb") as f:
+                        f.write(contents[name])
+                        f.flush()
+                        os.fsync(f.fileno())
+                    files._step(f"write {name}")
+                    continue
                 with _open_regular(os.path.join(self.folder, name)) as src, open(os.path.join(tmp, name), "xb") as f:
                     shutil.copyfileobj(src, f, 1 << 20)
                     f.flush()

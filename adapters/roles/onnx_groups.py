@@ -29,7 +29,10 @@ Followed
 * ``BatchNormalization`` on the channel axis 1: scale, B, mean and var are members;
 * a depthwise ``Conv`` (``group`` equal to the channels, W ``[C, 1, k...]``): its W axis 0
   and B are members, its ``group`` attribute follows the channel count, and the group
-  goes on through its output.
+  goes on through its output;
+* ``GlobalAveragePool``, ``GlobalMaxPool``, ``GlobalLpPool`` on the channel axis 1
+  (``[N, C, ...] -> [N, C, 1, ...]``), then ``Flatten`` at axis 1 (``[N, C]``: the
+  channels on the last axis), as a CNN's classifier reads them.
 
 Closed by
 ---------
@@ -40,7 +43,7 @@ Left
 ----
 Everything else leaves the producer's channels as they are, with the reason: a
 residual ``Add`` (or any element-wise operator) of an activation from outside the group,
-``Concat``, ``Reshape``, ``Transpose``, ``Flatten``, a norm over the channels, ``Shape``,
+``Concat``, ``Reshape``, ``Transpose``, ``Flatten`` (but after a global pool), a norm over the channels, ``Shape``,
 a graph output, a grouped (not depthwise) ``Conv``, a depthwise ``Conv`` with a channel
 multiplier, a value read inside a subgraph, a member initializer read elsewhere too,
 a per-channel constant that is a ``Constant`` node, an axis that cannot be known.
@@ -63,6 +66,8 @@ _UNARY = {
     "Softplus", "Softsign", "Mish", "Neg", "Abs", "Sqrt", "Exp", "Cast", "Identity", "Dropout", "Clip",
 }  # fmt: skip
 _BINARY = {"Add", "Sub", "Mul", "Div"}
+#: Pools over every axis after the channels: ``[N, C, ...] -> [N, C, 1, ...]``.
+_GLOBAL_POOLS = {"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"}
 
 
 @dataclass(frozen=True)
@@ -275,6 +280,7 @@ def _trace(m: _Model, start: str, axis: int, channels: int, members: list[Member
     pending: dict[int, Any] = {}
     consumers: list[str] = []
     depthwise: list[int] = []
+    pooled: set[str] = set()  # values whose axes after the channel axis all have size 1
 
     def add_value(name: str, ax: int) -> None:
         if name in values:
@@ -330,7 +336,22 @@ def _trace(m: _Model, start: str, axis: int, channels: int, members: list[Member
                 for x in node.input[1:]:
                     if x and m.dims(x) not in ((), (1,)):
                         raise _Left(f"{m.label(node)} bound {x!r} is not a scalar constant")
+            if name in pooled:
+                pooled.add(node.output[0])
             add_value(node.output[0], ax)
+        elif op in _GLOBAL_POOLS and i == 0:
+            if ax != 1 - rank(name):
+                raise _Left(f"{m.label(node)} pools axes after 1, not after the channel axis")
+            done.add(idx)
+            pooled.add(node.output[0])
+            add_value(node.output[0], ax)
+        elif op == "Flatten" and i == 0:
+            r = rank(name)
+            axis = int(_attr(m.onnx, node, "axis", 1))
+            if name not in pooled or r + ax != (axis if axis >= 0 else r + axis):
+                raise _Left(f"{m.label(node)} mixes the channels with other axes (only [N, C, 1, ...] -> [N, C])")
+            done.add(idx)
+            add_value(node.output[0], -1)
         elif op in _BINARY:
             if idx in done or idx in pending:
                 return

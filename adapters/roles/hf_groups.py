@@ -1,0 +1,301 @@
+"""Channel groups of Hugging Face checkpoints, from tensor names and ``config.json``.
+
+A Hugging Face config holds one size for all layers (``intermediate_size``,
+``num_attention_heads``), so every layer has one group of each kind and every layer
+loses the same number of units. Two kinds (``--groups``):
+
+* ``channels``: the hidden channels of each layer's MLP. Llama, Mistral, Qwen2 and
+  their kin: ``mlp.gate_proj`` and ``mlp.up_proj`` rows (and biases, with ``mlp_bias``),
+  ``mlp.down_proj`` columns -> ``intermediate_size``. BERT and its kin:
+  ``intermediate.dense`` rows and bias, ``output.dense`` columns ->
+  ``intermediate_size``. GPT-2: ``mlp.c_fc`` columns and bias, ``mlp.c_proj`` rows
+  (``Conv1D`` stores ``[in, out]``) -> ``n_inner``.
+* ``heads``: whole attention heads of Llama-style attention: ``q_proj``, ``k_proj``,
+  ``v_proj`` rows (and biases, as Qwen2 has), ``o_proj`` columns. With grouped-query
+  attention the unit is a KV group: one key/value head and the query heads that read it
+  (query head ``j`` reads KV head ``j // (heads / kv_heads)``) ->
+  ``num_attention_heads``, ``num_key_value_heads`` and an explicit ``head_dim``. BERT
+  and GPT-2 are refused: ``transformers`` derives their head size from
+  ``hidden_size / num_attention_heads``, so a config with fewer heads of the same size
+  cannot be written.
+
+A member is a tensor and the axis holding the units; that axis is read as
+``(outer, units, inner)``: ``outer`` is 3 where q, k and v sit side by side in one
+tensor, ``inner`` the entries of a unit along the axis (a KV group's rows). The core's
+:class:`~arrayprune.groups.ChannelGroup` is made over that view (:meth:`HfGroup.view`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from arrayprune.amount import compute_nparams_toprune
+from arrayprune.groups import ChannelGroup
+
+__all__ = ["HfGroup", "HfGroups", "HfGroupsError", "HfMember", "hf_groups"]
+
+
+class HfGroupsError(ValueError):
+    """A checkpoint whose groups cannot be read or shrunk: the reason, one line."""
+
+
+@dataclass(frozen=True)
+class HfMember:
+    """One tensor of a group.
+
+    Attributes
+    ----------
+    key : str
+        The tensor's name.
+    axis : int
+        The stored axis holding the units (non-negative).
+    outer : int, default 1
+        The axis is read as ``(outer, units, inner)``.
+    weight : bool, default True
+        Whether it scores (biases do not).
+    """
+
+    key: str
+    axis: int
+    outer: int = 1
+    weight: bool = True
+
+
+@dataclass(frozen=True)
+class HfGroup:
+    """One layer's group: its members, how many units it has, and what they are.
+
+    Attributes
+    ----------
+    name : str
+        ``model.layers.3.mlp``, ``model.layers.3.self_attn``, ...
+    members : tuple of HfMember
+    units : int
+        Channels, or KV groups.
+    unit : str
+        ``"channels"`` or ``"KV groups"`` (``"heads"`` without grouped-query attention).
+    """
+
+    name: str
+    members: tuple[HfMember, ...]
+    units: int
+    unit: str = "channels"
+
+    @property
+    def group(self) -> ChannelGroup:
+        """The core's group over the views of :meth:`view` (the unit axis is ``axis + 1``)."""
+        return ChannelGroup([(m.key, m.axis + 1, m.weight) for m in self.members], self.units, self.name)
+
+    def view(self, m: HfMember, shape: Sequence[int]) -> tuple[int, ...]:
+        """The shape in which `m`'s stored shape shows the units on axis ``m.axis + 1``."""
+        shape = tuple(shape)
+        inner = shape[m.axis] // (m.outer * self.units)
+        return (*shape[: m.axis], m.outer, self.units, inner, *shape[m.axis + 1 :])
+
+    def new_shape(self, m: HfMember, shape: Sequence[int], kept: int) -> tuple[int, ...]:
+        """`m`'s stored shape with `kept` units left."""
+        shape = list(shape)
+        shape[m.axis] = shape[m.axis] // self.units * kept
+        return tuple(shape)
+
+
+@dataclass
+class HfGroups:
+    """The groups of a checkpoint, and what the config says about them.
+
+    Attributes
+    ----------
+    family : str
+        ``"llama"`` (Llama, Mistral, Qwen2 naming), ``"bert"`` or ``"gpt2"``.
+    kind : str
+        ``"channels"`` or ``"heads"``.
+    groups : list of HfGroup
+        One per layer, in layer order.
+    left : list
+        Always empty: every layer of the config has its group, or nothing is done.
+    sizes : dict
+        The config fields the groups set, as they are.
+    """
+
+    family: str
+    kind: str
+    groups: list[HfGroup] = field(default_factory=list)
+    left: list[Any] = field(default_factory=list)
+    sizes: dict[str, int] = field(default_factory=dict)
+
+    def config_updates(self, kept: int) -> dict[str, int]:
+        """The config fields to write when every group keeps `kept` units."""
+        if self.kind == "channels":
+            return {"n_inner" if self.family == "gpt2" else "intermediate_size": kept}
+        per_kv = self.sizes["num_attention_heads"] // self.sizes["num_key_value_heads"]
+        return {
+            "num_attention_heads": kept * per_kv,
+            "num_key_value_heads": kept,
+            "head_dim": self.sizes["head_dim"],
+        }
+
+    def describe(self, amount: int | float | None = None) -> str:
+        """One line per group: its members (``name[axis]``, ``*`` if it does not score) and units."""
+        lines = []
+        for g in self.groups:
+            members = ", ".join(f"{m.key}[{m.axis}]" + ("" if m.weight else "*") for m in g.members)
+            n = g.units
+            count = f"{n}" if amount is None else f"{n} -> {n - compute_nparams_toprune(amount, n)}"
+            lines.append(f"group {g.name} ({count} {g.unit}): {members}")
+        return "\n".join(lines)
+
+
+_FAMILIES = (
+    ("llama", re.compile(r"^(?P<p>(?:.*\.)?)layers\.(?P<i>\d+)\.mlp\.gate_proj\.weight$")),
+    ("bert", re.compile(r"^(?P<p>(?:.*\.)?)encoder\.layer\.(?P<i>\d+)\.intermediate\.dense\.weight$")),
+    ("gpt2", re.compile(r"^(?P<p>(?:.*\.)?)h\.(?P<i>\d+)\.mlp\.c_fc\.weight$")),
+)
+_LAYER_COUNT = {"llama": "num_hidden_layers", "bert": "num_hidden_layers", "gpt2": "n_layer"}
+
+
+def _int(config: Mapping, key: str, default: Any = None) -> int:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise HfGroupsError(f"config.json: {key} is {value!r}, not a positive integer")
+    return value
+
+
+def _family(names: Sequence[str]) -> tuple[str, str, list[int]]:
+    """The family, the prefix of its layers and the layer indices found."""
+    for family, pattern in _FAMILIES:
+        found = [m for m in map(pattern.match, names) if m]
+        if found:
+            prefixes = {m["p"] for m in found}
+            if len(prefixes) > 1:
+                raise HfGroupsError(f"layers under several prefixes ({', '.join(sorted(prefixes))}): not one model")
+            return family, found[0]["p"], sorted(int(m["i"]) for m in found)
+    raise HfGroupsError(
+        "no Llama/Mistral/Qwen2 (mlp.gate_proj), BERT (intermediate.dense) or GPT-2 (mlp.c_fc) layers "
+        "in the checkpoint: its channel groups are not known"
+    )
+
+
+def _members(family: str, kind: str, p: str, i: int, shapes: Mapping[str, Any]) -> list[HfMember]:
+    if family == "llama":
+        base = f"{p}layers.{i}.mlp." if kind == "channels" else f"{p}layers.{i}.self_attn."
+        ins, out = (
+            (("gate_proj", "up_proj"), "down_proj")
+            if kind == "channels"
+            else (("q_proj", "k_proj", "v_proj"), "o_proj")
+        )
+        members = [HfMember(f"{base}{n}.weight", 0) for n in ins] + [HfMember(f"{base}{out}.weight", 1)]
+        members += [HfMember(f"{base}{n}.bias", 0, weight=False) for n in ins if f"{base}{n}.bias" in shapes]
+        return members
+    if family == "bert":
+        base = f"{p}encoder.layer.{i}."
+        return [
+            HfMember(f"{base}intermediate.dense.weight", 0),
+            HfMember(f"{base}output.dense.weight", 1),
+            HfMember(f"{base}intermediate.dense.bias", 0, weight=False),
+        ]
+    base = f"{p}h.{i}.mlp."
+    return [
+        HfMember(f"{base}c_fc.weight", 1),
+        HfMember(f"{base}c_proj.weight", 0),
+        HfMember(f"{base}c_fc.bias", 0, weight=False),
+    ]
+
+
+def _expected(family: str, kind: str, m: HfMember, sizes: Mapping[str, int], hidden: int) -> tuple[int, ...]:
+    """The shape `m` must have."""
+    leaf = m.key.rsplit(".", 2)[-2]
+    if kind == "channels":
+        n = sizes["n_inner" if family == "gpt2" else "intermediate_size"]
+        if m.key.endswith(".bias"):
+            return (n,)
+        return (n, hidden) if m.axis == 0 else (hidden, n)
+    hd = sizes["head_dim"]
+    rows = sizes["num_attention_heads"] * hd if leaf in ("q_proj", "o_proj") else sizes["num_key_value_heads"] * hd
+    if m.key.endswith(".bias"):
+        return (rows,)
+    return (hidden, rows) if leaf == "o_proj" else (rows, hidden)
+
+
+def hf_groups(config: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], kind: str = "channels") -> HfGroups:
+    """The groups of a checkpoint: one per layer.
+
+    Parameters
+    ----------
+    config : mapping
+        The checkpoint's ``config.json``.
+    shapes : mapping
+        Every tensor's name and shape.
+    kind : {"channels", "heads"}
+        MLP channels, or attention heads (KV groups).
+
+    Returns
+    -------
+    HfGroups
+
+    Raises
+    ------
+    HfGroupsError
+        For a checkpoint whose layers are not known, a layer missing, a member missing
+        or of a shape the config does not give, or heads of BERT or GPT-2; one line.
+    """
+    if kind not in ("channels", "heads"):
+        raise HfGroupsError(f"unknown group kind {kind!r}; expected channels or heads")
+    names = sorted(shapes)
+    family, prefix, layers = _family(names)
+    count = _int(config, _LAYER_COUNT[family])
+    if layers != list(range(count)):
+        raise HfGroupsError(
+            f"config.json has {_LAYER_COUNT[family]}={count} but the checkpoint holds the layers {_ranges(layers)}: "
+            "every layer must shrink by the same count"
+        )
+    if family == "gpt2":
+        hidden = _int(config, "n_embd")
+        sizes = {"n_inner": _int(config, "n_inner") if config.get("n_inner") is not None else 4 * hidden}
+    else:
+        hidden = _int(config, "hidden_size")
+        sizes = {"intermediate_size": _int(config, "intermediate_size")}
+    unit = "channels"
+    if kind == "heads":
+        if family != "llama":
+            what = {"bert": "BERT", "gpt2": "GPT-2"}[family]
+            raise HfGroupsError(
+                f"--groups heads: transformers derives {what}'s head size from the hidden size / the number of "
+                "heads, so a config with fewer heads cannot be loaded; heads shrink in Llama-style attention "
+                "(q_proj, k_proj, v_proj, o_proj, with an explicit head_dim)"
+            )
+        heads = _int(config, "num_attention_heads")
+        kv = _int(config, "num_key_value_heads") if config.get("num_key_value_heads") is not None else heads
+        hd = config.get("head_dim") or hidden // heads
+        if heads % kv:
+            raise HfGroupsError(
+                f"config.json: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}"
+            )
+        sizes = {
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv,
+            "head_dim": _int({"head_dim": hd}, "head_dim"),
+        }
+        unit = "KV groups" if kv < heads else "heads"
+    found = HfGroups(family, kind, sizes=sizes)
+    for i in layers:
+        members = _members(family, kind, prefix, i, shapes)
+        for m in members:
+            if m.key not in shapes:
+                raise HfGroupsError(f"layer {i}: no tensor {m.key!r} (a {family} layer holds it)")
+            want, got = _expected(family, kind, m, sizes, hidden), tuple(shapes[m.key])
+            if got != want:
+                raise HfGroupsError(f"{m.key!r} has shape {got}, not {want} as config.json gives")
+        units = sizes["num_key_value_heads"] if kind == "heads" else next(iter(sizes.values()))
+        name = members[0].key.rsplit(".", 2)[0]
+        found.groups.append(HfGroup(name, tuple(members), units, unit))
+    return found
+
+
+def _ranges(layers: Sequence[int]) -> str:
+    if not layers:
+        return "none"
+    shown = ", ".join(map(str, layers[:8]))
+    return shown + (", ..." if len(layers) > 8 else "") + f" ({len(layers)} in all)"

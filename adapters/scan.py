@@ -1,0 +1,468 @@
+"""Sensitivity scans: how much a model's outputs change when one weight alone is pruned.
+
+For every selected weight and each of a few sparsities, the weight is pruned on its own
+(the others dense) and the model is run on calibration data; the change of its outputs
+against the dense model's is the weight's *curve*. Fragile weights have steep curves;
+:func:`arrayprune.allocate_from_curves` turns curves into per-weight sparsities
+(``arrayprune prune --allocation scan.json``).
+
+* :func:`scan_onnx` runs an ONNX model through onnxruntime. The weights are graph inputs
+  of one session, fed their values on every run, so a trial is one pass over the
+  calibration data with one weight swapped in memory (no file, no new session); the
+  dense outputs are computed once and kept (calibration samples times the outputs'
+  sizes), the pruned outputs are compared batch by batch.
+* :func:`scan_arrays` scans a mapping of arrays with a forward function of your own
+  (a NumPy forward, a JAX function, ...).
+
+The masks are those of the pruning pipeline (:func:`arrayprune.adapters.pipeline.method_for`:
+``l1_unstructured``, ``wanda``, ``ln_structured`` along each weight's output axis) and,
+for ``sparsegpt``, the reconstruction of :mod:`arrayprune.adapters.reconstruction` (each
+weight's Hessian from the dense model). The metric is the relative squared error
+``sum((y - y0)^2) / sum(y0^2)`` of every floating output ``y`` against the dense ``y0``
+over all calibration samples, averaged over the outputs.
+
+A :class:`ScanResult` is written as JSON (:meth:`ScanResult.save`) and read back
+(:meth:`ScanResult.load`); :func:`arrayprune.adapters.plots.plot_scan` draws it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import arrayprune
+from arrayprune.adapters import formats as fmt
+from arrayprune.adapters.plan import PlanEntry, file_roles, make_plan
+from arrayprune.adapters.request import PruneSpec
+from arrayprune.adapters.roles.names import tree_roles
+
+__all__ = [
+    "DEFAULT_SPARSITIES",
+    "METRIC",
+    "SCAN_METHODS",
+    "Curve",
+    "ScanResult",
+    "check_sparsities",
+    "scan_arrays",
+    "scan_onnx",
+]
+
+#: The sparsities scanned unless told otherwise.
+DEFAULT_SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+#: The methods a scan prunes with.
+SCAN_METHODS = ("l1_unstructured", "wanda", "sparsegpt", "ln_structured")
+#: What a curve's values are.
+METRIC = "relative squared error of the floating outputs against the dense model, mean over outputs"
+#: Fewest sparsities a scan takes.
+MIN_SPARSITIES = 5
+
+_FORMAT = "arrayprune scan"
+_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One weight's sensitivity: the model's output error at each scanned sparsity.
+
+    Attributes
+    ----------
+    name : str
+        The weight.
+    shape : tuple of int
+        Its shape.
+    errors : tuple of float
+        The error at each sparsity of the scan.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    errors: tuple[float, ...]
+
+    @property
+    def size(self) -> int:
+        """Its number of entries."""
+        return math.prod(self.shape)
+
+    @property
+    def fragility(self) -> float:
+        """The mean error over the scanned sparsities (higher: more fragile)."""
+        return float(np.mean(self.errors)) if self.errors else 0.0
+
+
+@dataclass
+class ScanResult:
+    """A sensitivity scan: the method, the sparsities, and one curve per weight.
+
+    Attributes
+    ----------
+    method : str
+        The pruning method of every trial.
+    sparsities : tuple of float
+        The sparsities scanned, ascending.
+    curves : list of Curve
+        One per weight, in the model's order.
+    outputs : list of str
+        The outputs compared.
+    samples : int
+        Calibration samples run.
+    model : str
+        Where the model came from.
+    metric : str
+        What the curves' values are (:data:`METRIC`).
+    """
+
+    method: str
+    sparsities: tuple[float, ...]
+    curves: list[Curve] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    samples: int = 0
+    model: str = ""
+    metric: str = METRIC
+
+    def curve(self, name: str) -> Curve:
+        """The curve of weight `name` (``KeyError`` if it was not scanned)."""
+        for c in self.curves:
+            if c.name == name:
+                return c
+        raise KeyError(f"no curve for {name!r} in the scan")
+
+    def ranked(self) -> list[Curve]:
+        """The curves, most fragile first."""
+        return sorted(self.curves, key=lambda c: -c.fragility)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The scan as plain JSON values."""
+        return {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "model": self.model,
+            "method": self.method,
+            "metric": self.metric,
+            "sparsities": list(self.sparsities),
+            "outputs": list(self.outputs),
+            "samples": self.samples,
+            "curves": [{"name": c.name, "shape": list(c.shape), "errors": list(c.errors)} for c in self.curves],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ScanResult:
+        """A scan from :meth:`to_dict`'s values.
+
+        Raises
+        ------
+        ValueError
+            If `data` is not a scan of this version, or its curves do not fit its sparsities.
+        """
+        if not isinstance(data, dict) or data.get("format") != _FORMAT:
+            raise ValueError("not a scan written by arrayprune scan (no 'format': 'arrayprune scan')")
+        if data.get("version") != _VERSION:
+            raise ValueError(f"scan version {data.get('version')!r} is not supported (expected {_VERSION})")
+        try:
+            sparsities = check_sparsities(data["sparsities"], least=1)
+            curves = []
+            for c in data["curves"]:
+                errors = tuple(float(e) for e in c["errors"])
+                shape = tuple(int(s) for s in c["shape"])
+                if len(errors) != len(sparsities):
+                    raise ValueError(f"curve {c['name']!r} has {len(errors)} errors for {len(sparsities)} sparsities")
+                if not all(math.isfinite(e) and e >= 0 for e in errors):
+                    raise ValueError(f"curve {c['name']!r} has errors that are negative or not finite")
+                curves.append(Curve(str(c["name"]), shape, errors))
+            return cls(
+                method=str(data["method"]),
+                sparsities=sparsities,
+                curves=curves,
+                outputs=[str(o) for o in data.get("outputs", [])],
+                samples=int(data.get("samples", 0)),
+                model=str(data.get("model", "")),
+                metric=str(data.get("metric", METRIC)),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed scan: {type(exc).__name__} {exc}") from None
+
+    def save(self, path: Any) -> None:
+        """Write the scan as JSON, atomically (a temporary file renamed into place)."""
+        text = json.dumps(self.to_dict(), indent=1).encode() + b"\n"
+        fmt.atomic_write(path, lambda f: f.write(text))
+
+    @classmethod
+    def load(cls, path: Any) -> ScanResult:
+        """Read a scan written by :meth:`save`.
+
+        Raises
+        ------
+        ValueError
+            If the file is not JSON, or not a scan (one line, naming the problem).
+        """
+        try:
+            with open(path, "rb") as f:
+                data = json.loads(f.read(64 << 20))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read the scan: {' '.join(str(exc).split())}") from None
+        return cls.from_dict(data)
+
+
+def check_sparsities(values: Iterable[Any], least: int = MIN_SPARSITIES) -> tuple[float, ...]:
+    """Sparsities of a scan: at least `least`, ascending, in ``(0, 1)``.
+
+    Raises
+    ------
+    ValueError
+        Naming what is wrong.
+    """
+    try:
+        out = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise ValueError("sparsities must be numbers") from None
+    if len(out) < least:
+        raise ValueError(f"a scan needs at least {least} sparsities, got {len(out)}")
+    if not all(0.0 < s < 1.0 for s in out) or any(b <= a for a, b in zip(out, out[1:], strict=False)):
+        raise ValueError(f"sparsities must be ascending, each in (0, 1): got {', '.join(f'{s:g}' for s in out)}")
+    return out
+
+
+def _check_method(method: str) -> None:
+    if method not in SCAN_METHODS:
+        raise ValueError(f"a scan prunes with {', '.join(SCAN_METHODS)}, not {method!r}")
+
+
+def _targets(
+    params: Mapping, roles: Mapping, method: str, include: Sequence[str], exclude: Sequence[str], min_size: int
+) -> list[PlanEntry]:
+    stand_in = "l1_unstructured" if method == "sparsegpt" else method
+    plan = make_plan(params, roles, method=stand_in, include=include, exclude=exclude, min_size=min_size)
+    targets = [e for e in plan if e.prune]
+    if not targets:
+        raise ValueError("no weight selected to scan (see --include, --exclude, --min-size)")
+    return targets
+
+
+def _masked(target: PlanEntry, method: str, sparsity: float, norms: Mapping | None) -> np.ndarray:
+    """`target`'s value pruned alone at `sparsity` by the pipeline's method for it."""
+    from arrayprune.adapters.pipeline import method_for
+
+    value = np.asarray(target.value)
+    keep = method_for(target, PruneSpec(method=method, amount=sparsity), norms).compute_mask(value, None)
+    return np.where(np.asarray(keep, dtype=bool), value, np.zeros((), value.dtype))
+
+
+def _relative_errors(err: Sequence[float], ref: Sequence[float]) -> float:
+    """Mean over outputs of ``err / ref`` (``err`` itself where the dense output is zero)."""
+    return float(np.mean([e / r if r > 0 else e for e, r in zip(err, ref, strict=True)]))
+
+
+def _squares(a: Any) -> float:
+    a = np.asarray(a, dtype=np.float64)
+    return float(np.einsum("i,i->", a.ravel(), a.ravel()))
+
+
+def scan_onnx(
+    wf: Any,
+    calibration: Mapping[str, np.ndarray],
+    *,
+    method: str = "l1_unstructured",
+    sparsities: Sequence[float] = DEFAULT_SPARSITIES,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    min_size: int = 0,
+    batch_size: int | None = None,
+    outputs: Sequence[str] = (),
+    progress: Callable[..., Iterable[Any]] | None = None,
+) -> ScanResult:
+    """Scan the weights of an ONNX model: each pruned alone, the outputs compared with the dense model's.
+
+    Parameters
+    ----------
+    wf : WeightFile
+        The model, as :func:`arrayprune.adapters.formats.load` read it; not modified.
+    calibration : mapping of str to ndarray
+        Every graph input to samples along axis 0.
+    method : str, default "l1_unstructured"
+        One of :data:`SCAN_METHODS`; ``wanda`` takes its input norms and ``sparsegpt``
+        its Hessians from `calibration`, in the dense model.
+    sparsities : sequence of float
+        At least five, ascending, in ``(0, 1)``; :data:`DEFAULT_SPARSITIES` if omitted.
+    include, exclude, min_size
+        The selection, as for ``arrayprune prune`` (the default: every layer weight).
+    batch_size : int, optional
+        Samples run at a time.
+    outputs : sequence of str, optional
+        The values compared: names of graph outputs or of any value of the main graph
+        (the logits before a ``Softmax``, whose probabilities saturate); every floating
+        graph output if omitted.
+    progress : callable, optional
+        ``progress(items, description, unit)`` wraps the loop over weights.
+
+    Returns
+    -------
+    ScanResult
+
+    Raises
+    ------
+    ValueError
+        A method or sparsities a scan does not take, no weight selected, calibration
+        data that do not fit the graph, a model without a floating output, an output
+        that is no value of the graph, or a weight the method cannot prune (one line).
+    """
+    from arrayprune.adapters.calibration import (
+        _check_inputs,
+        _fed_inputs,
+        _run_batches,
+        _session,
+        onnx_input_norms,
+    )
+    from arrayprune.adapters.reconstruction import _hessians, _prune, _target
+    from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds
+
+    _check_method(method)
+    sparsities = check_sparsities(sparsities)
+    targets = _targets(wf.params, file_roles(wf), method, include, exclude, min_size)
+    model = wf.context["model"]
+    names = [t.name for t in targets]
+    norms = onnx_input_norms(wf, calibration, names, batch_size=batch_size) if method == "wanda" else None
+    rebuilt = {}
+    if method == "sparsegpt":
+        feeds, roles = weight_feeds(model), onnx_roles(model)
+        rebuilt = {name: _target(wf, name, feeds.get(name), roles.get(name)) for name in names}
+    activations = sorted({f.activation for t in rebuilt.values() for f in t.feeds})
+    chosen = list(dict.fromkeys(outputs))
+    values = {v for node in model.graph.node for v in node.output} | {o.name for o in model.graph.output}
+    unknown = [o for o in chosen if o not in values]
+    if unknown:
+        raise ValueError(f"{unknown[0]!r} is no value computed by the graph (outputs: compare graph values)")
+    graph_outputs = chosen or [o.name for o in model.graph.output]
+    fed = {name: np.asarray(wf.params[name]).dtype for name in names}
+    session = _session(wf, list(dict.fromkeys([*graph_outputs, *activations])), fed)
+    kinds = {o.name: o.type for o in session.get_outputs()}
+    floating = ("tensor(float)", "tensor(double)", "tensor(float16)")
+    outputs = [o for o in graph_outputs if kinds.get(o) in floating or (chosen and kinds.get(o) is None)]
+    if chosen and outputs != chosen:
+        raise ValueError(f"{sorted(set(chosen) - set(outputs))[0]!r} is not a floating-point value")
+    if not outputs:
+        raise ValueError("the model has no floating-point output to compare")
+    inputs = _fed_inputs(model, fed)
+    casts, samples = _check_inputs(session, calibration, inputs.values())
+    dense = {inputs[name]: np.asarray(wf.params[name]) for name in names}
+
+    def run(weights: Mapping[str, np.ndarray]) -> Iterable[dict[str, np.ndarray]]:
+        return _run_batches(session, calibration, casts, samples, outputs, batch_size, weights)
+
+    reference = [{o: np.asarray(v[o]) for o in outputs} for v in run(dense)]
+    ref = [sum(_squares(b[o]) for b in reference) for o in outputs]
+    curves = []
+    for target in targets if progress is None else progress(targets, "scan", "weight"):
+        hessians = None
+        if method == "sparsegpt":
+            hessians = _hessians(session, calibration, casts, samples, [rebuilt[target.name]], batch_size, dense)
+        errors = []
+        for s in sparsities:
+            if hessians is not None:
+                options = {"amount": s, "n": None, "m": None, "block_size": 128, "damp": 0.01}
+                pruned = _prune(rebuilt[target.name], np.asarray(target.value), hessians[target.name], options).weight
+            else:
+                pruned = _masked(target, method, s, norms)
+            err = [0.0] * len(outputs)
+            for batch, got in zip(reference, run({**dense, inputs[target.name]: pruned}), strict=True):
+                for i, o in enumerate(outputs):
+                    err[i] += _squares(np.asarray(got[o], dtype=np.float64) - batch[o])
+            errors.append(_relative_errors(err, ref))
+        curves.append(Curve(target.name, target.shape, tuple(errors)))
+    return ScanResult(method, sparsities, curves, outputs, samples, wf.path)
+
+
+def scan_arrays(
+    params: Mapping[str, Any],
+    forward: Callable[[Mapping[str, Any]], Any],
+    *,
+    method: str = "l1_unstructured",
+    sparsities: Sequence[float] = DEFAULT_SPARSITIES,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    min_size: int = 0,
+    input_norms: Mapping[str, Any] | None = None,
+    hessians: Mapping[str, Any] | None = None,
+    progress: Callable[..., Iterable[Any]] | None = None,
+) -> ScanResult:
+    """Scan the weights of a mapping of arrays with a forward function of your own.
+
+    Parameters
+    ----------
+    params : mapping of str to array
+        Weight name to array (NumPy, or anything :func:`numpy.asarray` reads); roles and
+        axes come from the names, as for a state dict (``[out, in]`` weights).
+    forward : callable
+        ``forward(weights)``: the model's outputs on your calibration data for the
+        weights given (a mapping like `params`): an array, or a sequence or mapping of
+        arrays.
+    method : str, default "l1_unstructured"
+        One of :data:`SCAN_METHODS`.
+    sparsities : sequence of float
+        At least five, ascending, in ``(0, 1)``.
+    include, exclude, min_size
+        The selection (default: every layer weight, by its name).
+    input_norms : mapping of str to ndarray, optional
+        ``wanda``: each weight's input-feature norms (one per input feature).
+    hessians : mapping of str to ndarray, optional
+        ``sparsegpt``: each weight's Hessian ``X^T X / n`` (``[in, in]``).
+    progress : callable, optional
+        ``progress(items, description, unit)`` wraps the loop over weights.
+
+    Returns
+    -------
+    ScanResult
+
+    Raises
+    ------
+    ValueError
+        A method or sparsities a scan does not take, no weight selected, missing norms or
+        Hessians, or outputs without a floating array.
+
+    Examples
+    --------
+    >>> def forward(w):  # doctest: +SKIP
+    ...     return np.maximum(x @ w["fc1.weight"].T, 0) @ w["fc2.weight"].T
+    >>> result = scan_arrays({"fc1.weight": w1, "fc2.weight": w2}, forward)  # doctest: +SKIP
+    >>> [c.name for c in result.ranked()]  # most fragile first  # doctest: +SKIP
+    """
+    _check_method(method)
+    sparsities = check_sparsities(sparsities)
+    params = {str(k): v for k, v in params.items()}
+    targets = _targets(params, tree_roles(params), method, include, exclude, min_size)
+    needed = {"wanda": ("input_norms", input_norms), "sparsegpt": ("hessians", hessians)}.get(method)
+    if needed is not None:
+        what, given = needed
+        missing = [t.name for t in targets if given is None or t.name not in given]
+        if missing:
+            raise ValueError(f"{method} needs {what} for every weight scanned; none for {missing[0]!r}")
+
+    def outputs_of(weights: Mapping[str, Any]) -> list[np.ndarray]:
+        y = forward(weights)
+        items = list(y.values()) if isinstance(y, Mapping) else list(y) if isinstance(y, list | tuple) else [y]
+        return [np.asarray(a, dtype=np.float64) for a in items if np.asarray(a).dtype.kind in "fc"]
+
+    reference = outputs_of(params)
+    if not reference:
+        raise ValueError("forward returned no floating-point output to compare")
+    ref = [_squares(y) for y in reference]
+    curves = []
+    for target in targets if progress is None else progress(targets, "scan", "weight"):
+        errors = []
+        for s in sparsities:
+            if method == "sparsegpt":
+                new, _ = arrayprune.sparsegpt(
+                    np.asarray(target.value), np.asarray(hessians[target.name]), s,
+                    reduction_axis=target.role.reduction_axis,
+                )
+                pruned = np.asarray(new)
+            else:
+                pruned = _masked(target, method, s, input_norms)
+            got = outputs_of({**params, target.name: pruned})
+            errors.append(_relative_errors([_squares(g - y) for g, y in zip(got, reference, strict=True)], ref))
+        curves.append(Curve(target.name, target.shape, tuple(errors)))
+    return ScanResult(method, sparsities, curves, [f"output {i}" for i in range(len(reference))], 0, "arrays")
+
