@@ -22,7 +22,8 @@ Stages, in order:
   global pruning, in memory (:func:`arrayprune.global_unstructured`, the mapping
   adapter for masks) or by radix selection over stored tensors
   (:mod:`arrayprune.adapters.stream_pruning`); or, for a reconstruction method
-  (``--method sparsegpt``), :mod:`arrayprune.adapters.reconstruct_stage`.
+  (``--method sparsegpt``), :mod:`arrayprune.adapters.reconstruct_stage`; a Hugging Face
+  folder with ``--calibration`` tokens (or ``--hessians``): :mod:`arrayprune.adapters.hf_stage`.
 * **write**: atomic (:func:`arrayprune.adapters.formats.save`, or the checkpoint's own
   writer), then ``verify`` (ONNX) on what was written.
 * **summary**: the counts of zeros (:mod:`arrayprune.adapters.summary`) and what to
@@ -34,6 +35,7 @@ field of :class:`~arrayprune.adapters.request.PruneSpec` (see CONTRIBUTING.md).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -54,6 +56,7 @@ from arrayprune.adapters.calibration import (
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.arrays import release_pages
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile
+from arrayprune.adapters.hf_stage import calibrated
 from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, stream_seed
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
 from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module, spec_from
@@ -61,6 +64,7 @@ from arrayprune.adapters.roles.names import tree_roles
 from arrayprune.adapters.stream_pruning import PruneSummary, Totals, prune_source, streams
 from arrayprune.adapters.summary import report_rows, totals
 from arrayprune.adapters.trees import lookup
+from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
 from arrayprune.method_parts import pattern_of
 
 __all__ = [
@@ -472,18 +476,21 @@ def _write_streamed(
     global_method = spec.method_class()(**method_arguments(spec, stream_seed(spec.seed))) if spec.global_ else None
     if global_method is not None:
         hooks.stage(_threshold_stage(targets) + " (one pass per 16 bits of the keys), then writing")
-    try:
-        summary = prune_source(
-            storage.source,
-            dst,
-            plan,
-            method_for=lambda target: method_for(target, spec),
-            scores_for=None if norms is None else lambda target, value: scores_for(target, norms, value),
-            global_method=global_method,
-            progress=hooks.progress,
-        )
-    except _FAILURES as exc:
-        raise PruneError(f"{'global pruning: ' if spec.global_ else ''}{error_text(exc)}", storage.src) from None
+    with contextlib.ExitStack() as stack:
+        replaced = calibrated(storage, targets, spec, hooks, dst, stack)  # layer by layer, if asked
+        try:
+            summary = prune_source(
+                storage.source,
+                dst,
+                plan,
+                method_for=lambda target: method_for(target, spec),
+                scores_for=None if norms is None else lambda target, value: scores_for(target, norms, value),
+                global_method=global_method,
+                progress=hooks.progress,
+                replaced=replaced,
+            )
+        except _FAILURES as exc:
+            raise PruneError(f"{'global pruning: ' if spec.global_ else ''}{error_text(exc)}", storage.src) from None
     if storage.sharded and not sharded.writes_one_file(dst):
         summary.files, summary.left = storage.source.written(), list(storage.source.left)
     else:
@@ -727,8 +734,9 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
 
     plan = _plan(storage, spec)
     targets = _targets(plan, src)
-    norms = None if spec.method in RECONSTRUCTIONS else input_norms(spec, storage, targets, src, hooks)
-    prepared = _verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written
+    layerwise = isinstance(storage, StreamedCheckpoint) and spec.calibration  # hf_stage calibrates
+    norms = None if spec.method in RECONSTRUCTIONS or layerwise else input_norms(spec, storage, targets, src, hooks)
+    prepared = verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written
     result = PruneResult(src, dst, storage.kind, spec, plan, notes=_notes(spec))
     shared = spec if not spec.allocation else _allocate(spec, storage, targets, src, hooks, result, norms)
     if isinstance(storage, StreamedCheckpoint):
@@ -745,37 +753,8 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     if isinstance(storage, StreamedCheckpoint) and storage.sharded:
         result.shards, result.copied = len(storage.source.shards), len(storage.source.files)
     if prepared is not None:
-        result.verify, result.verify_sizes = _compare(prepared, dst, spec.verify_tol), dict(prepared.sizes)
+        result.verify, result.verify_sizes = compare_outputs(prepared, dst, spec.verify_tol), dict(prepared.sizes)
     return result
-
-
-def _verify_inputs(spec: PruneSpec, src: str, original: Any = None) -> Any:
-    """Run the original model (`src`, or `original` in memory) on the ``verify`` inputs, before anything is written."""
-    from arrayprune.adapters import verify
-    from arrayprune.adapters.calibration import _read_npz
-
-    data = None
-    if spec.verify_data:
-        try:
-            data = _read_npz(spec.verify_data)
-        except ValueError as exc:
-            raise PruneError(error_text(exc), spec.verify_data) from None
-    elif spec.calibration:
-        data = {k: v[:BATCH_SIZE] for k, v in read_calibration(spec.calibration).items()}
-    try:
-        return verify.prepare(src if original is None else original, data=data, seed=spec.seed)
-    except ValueError as exc:
-        raise PruneError(f"--verify: {error_text(exc)}", spec.verify_data or src) from None
-
-
-def _compare(prepared: Any, dst: str, tol: tuple[float, float]) -> list[Any]:
-    """Run the pruned model on the prepared inputs: each output's check."""
-    from arrayprune.adapters import verify
-
-    try:
-        return verify.compare(dst, prepared, tol)
-    except ValueError as exc:
-        raise PruneError(f"--verify: {error_text(exc)}", dst) from None
 
 
 # --------------------------------------------------------------------------------------
@@ -806,7 +785,7 @@ def prune_file(src: Any, dst: Any = None, *, hooks: Hooks = Hooks(), **options: 
         ``include``, ``exclude``, ``min_size``, ``min_sparsity``, ``max_sparsity``,
         ``lamp``, ``calibration``, ``calibration_batch``, ``input_norms``, ``seed``,
         ``keep_masks``, ``force``, ``dry_run``, ``verify``, ``verify_data``,
-        ``verify_tol``, ``one_pass``, ``shrink``, ``groups``, ``allocation``: see
+        ``verify_tol``, ``one_pass``, ``hessians``, ``shrink``, ``groups``, ``allocation``: see
         :class:`~arrayprune.adapters.request.PruneSpec`.
 
     Returns

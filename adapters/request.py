@@ -279,9 +279,12 @@ class PruneSpec:
     lamp : bool, default False
         ``global_``: rank by layer-adaptive (LAMP) scores.
     calibration : str, optional
-        ONNX: calibration samples (``.npz``) for Wanda's input norms or ``sparsegpt``.
+        Calibration samples (``.npz``) for Wanda's input norms or ``sparsegpt``: an ONNX
+        model's inputs, or a Hugging Face folder's token ids (``input_ids``).
     calibration_batch : int, optional
         Samples run at a time with `calibration`.
+    hessians : str, optional
+        ``sparsegpt`` on safetensors: precomputed Hessians (``.npz``, weight name -> ``K x K``).
     input_norms : str, optional
         Precomputed input norms (``.npz``) for Wanda's scores.
     seed : int, optional
@@ -326,6 +329,7 @@ class PruneSpec:
     lamp: bool = False
     calibration: str | None = None
     calibration_batch: int | None = None
+    hessians: str | None = None
     input_norms: str | None = None
     seed: int | None = None
     keep_masks: bool = False
@@ -355,7 +359,7 @@ class PruneSpec:
         for name in ("include", "exclude"):  # a single pattern, or any iterable: a tuple
             value = getattr(self, name)
             object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
-        for name in ("calibration", "input_norms", "verify_data", "allocation"):
+        for name in ("calibration", "input_norms", "verify_data", "allocation", "hessians"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, os.fspath(value))
@@ -400,7 +404,7 @@ class PruneSpec:
         check_shrink(self)
         if self.method in RECONSTRUCTIONS:  # its other options as its stand-in mask method's
             own = {name: getattr(self, name) for name in OWN_OPTIONS}
-            stand_in = dataclasses.replace(self, method=self.mask_method, one_pass=False)
+            stand_in = dataclasses.replace(self, method=self.mask_method, one_pass=False, hessians=None)
             return dataclasses.replace(stand_in.checked(), **own)
         cls = self.method_class()
         if self.global_ and not pattern_of(cls).across_arrays and not self.shrink:  # --shrink: channels
@@ -495,7 +499,8 @@ class PruneSpec:
             raise PruneError(f"{given[0]} makes Wanda's scores, for {', '.join(scored)}; not for {self.method}")
         if not given and self.method in arrayprune.METHODS and score_of(self.method_class()).needs_calibration:
             raise PruneError(
-                "--method wanda needs input norms: --calibration calib.npz (ONNX models) or --input-norms norms.npz"
+                "--method wanda needs input norms: --calibration calib.npz (ONNX models; token ids for a "
+                "Hugging Face folder) or --input-norms norms.npz"
             )
         if self.calibration_batch is not None and not self.calibration:
             raise PruneError("--calibration-batch needs --calibration")

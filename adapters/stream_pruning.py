@@ -383,6 +383,7 @@ def prune_stored(
     scores_for: Callable[[Any, Any], Any] | None = None,
     global_method: Any = None,
     progress: Progress | None = None,
+    replaced: Mapping[str, Callable[[], np.ndarray]] | None = None,
 ) -> PruneSummary:
     """Write every tensor of a plan, pruning those it selects, in bounded memory.
 
@@ -409,6 +410,10 @@ def prune_stored(
         :class:`arrayprune.L1Unstructured`.
     progress : callable, optional
         ``progress(items, description)`` wraps the loop over tensors (a progress bar).
+    replaced : mapping, optional
+        Selected tensors already pruned elsewhere (weights updated by a reconstruction
+        method): name -> a function returning the entries to write (raw, as
+        :class:`~arrayprune.adapters.formats.safetensors_stream.TensorFiles` reads them).
 
     Returns
     -------
@@ -436,7 +441,12 @@ def prune_stored(
             if not entry.prune:
                 summary.whole.add(t.size, _copy(t, files, sink))
                 continue
-            if cut is not None:
+            if replaced is not None and entry.name in replaced:
+                raw = np.ascontiguousarray(replaced[entry.name]()).reshape(-1)
+                sink.write(t.name, raw)
+                zeros = zero_count(raw, t.code)
+                sink.wait()  # a whole tensor: written before the next one is read
+            elif cut is not None:
                 zeros = cut.write(entry, files, sink)
             else:
                 method = method_for(entry)
@@ -465,6 +475,7 @@ def prune_source(
     scores_for: Callable[[Any, Any], Any] | None = None,
     global_method: Any = None,
     progress: Progress | None = None,
+    replaced: Mapping[str, Callable[[], np.ndarray]] | None = None,
 ) -> PruneSummary:
     """:func:`prune_stored` from a checkpoint to `dst`, written atomically by the checkpoint.
 
@@ -474,7 +485,7 @@ def prune_source(
         What the plan's tensors come from; its ``write(dst, fill)`` writes `dst`.
     dst : str
         The output file (or folder, for a sharded checkpoint).
-    plan, method_for, scores_for, global_method, progress
+    plan, method_for, scores_for, global_method, progress, replaced
         As for :func:`prune_stored`.
 
     Returns
@@ -498,6 +509,7 @@ def prune_source(
                     scores_for=scores_for,
                     global_method=global_method,
                     progress=progress,
+                    replaced=replaced,
                 ),
             )
     except OSError as exc:  # a full disk, a folder that cannot be written: nothing was written

@@ -200,8 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--method",
         choices=runnable_methods(),
         default="l1_unstructured",
-        help="pruning method (default: %(default)s); sparsegpt (ONNX, needs --calibration, --amount or --nm) also"
-        " updates the weights it keeps, calibrated layer by layer",
+        help="pruning method (default: %(default)s); sparsegpt (needs --calibration or --hessians, --amount or"
+        " --nm) also updates the weights it keeps, calibrated layer by layer",
     )
     p.add_argument(
         "--amount", type=_amount, default=None, help="fraction in [0, 1] to prune, or a count (not for nm_structured)"
@@ -267,7 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibration",
         metavar="NPZ",
         help="ONNX: calibration batches (graph input name -> samples along axis 0) for Wanda's input norms; "
-        f"with {', '.join(scored_methods())}; or for sparsegpt's Hessians",
+        f"with {', '.join(scored_methods())}; or for sparsegpt's Hessians; a Hugging Face folder: token ids "
+        "(input_ids [batch, seq]), run layer by layer through transformers",
     )
     p.add_argument(
         "--calibration-batch",
@@ -283,6 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--input-norms",
         metavar="NPZ",
         help="precomputed input norms for Wanda's scores (weight name -> one norm per input feature), any format",
+    )
+    p.add_argument(
+        "--hessians",
+        metavar="NPZ",
+        help="sparsegpt on safetensors: precomputed Hessians (weight name -> K x K, K its input features)",
     )
     p.add_argument(
         "--seed",
