@@ -27,6 +27,7 @@ import numpy as np
 
 import arrayprune
 from arrayprune.adapters.calibration import wanda_scores_for
+from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS
 from arrayprune.adapters.request import PruneError, error_text
 from arrayprune.method_parts import PER_OUTPUT, pattern_of
 
@@ -115,7 +116,7 @@ def _step(target: Any, method: str) -> int:
 
 def _owl_scores(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any) -> list[Any]:
     """The scores OWL counts outliers among: Wanda's where input norms exist, else magnitudes."""
-    if norms is None and spec.method == "sparsegpt":  # its Hessians' activations give the norms too
+    if norms is None and spec.method in RECONSTRUCTIONS:  # its Hessians' activations give the norms too
         from arrayprune.adapters.pipeline import input_norms
 
         norms = input_norms(spec, storage, targets, src, hooks)

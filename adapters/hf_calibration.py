@@ -302,6 +302,7 @@ def calibrate_checkpoint(
     import torch
 
     import arrayprune.adapters.torch as prune
+    from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS
     from arrayprune.adapters.torch import calibration as torch_calibration
     from arrayprune.adapters.torch import reconstruction
 
@@ -319,7 +320,7 @@ def calibrate_checkpoint(
         {k: torch.from_numpy(v[i : i + rows]) for k, v in tokens.items()}
         for i in range(0, len(tokens[TOKENS_KEY]), rows)
     ]
-    reconstructing = spec.method == "sparsegpt"
+    reconstructing = spec.method in RECONSTRUCTIONS
     out: dict[str, Callable[[], np.ndarray]] = {}
     with TensorFiles() as files, torch.no_grad():
         weights = _Weights(storage.source, files)

@@ -33,9 +33,16 @@ def input_refusal(spec: Any, src: str, kind: str) -> str | None:
         return (
             "--calibration runs the model: IN must be an ONNX model, or a Hugging Face folder (config.json beside "
             "the safetensors weights) run with transformers layer by layer on token ids"
-            + ("" if spec.method == "sparsegpt" else " (or use --input-norms)")
+            + ("" if _reconstructs(spec) else " (or use --input-norms)")
         )
     return None
+
+
+def _reconstructs(spec: Any) -> bool:
+    """Whether the request's method updates the weights it keeps (no --input-norms for it)."""
+    from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS
+
+    return spec.method in RECONSTRUCTIONS
 
 
 def _masking(target: Any, spec: Any, norms: Mapping, value: Any) -> tuple[Any, Any]:
