@@ -28,8 +28,10 @@ import numpy as np
 
 import arrayprune
 from arrayprune.adapters.calibration import wanda_scores_for
+from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS
 from arrayprune.adapters.request import PruneError, error_text
 from arrayprune.allocation import counts_near
+from arrayprune.method_parts import PER_OUTPUT, pattern_of
 
 __all__ = [
     "ALLOCATED_METHODS",
@@ -137,7 +139,8 @@ def check_allocation(spec: Any) -> str | None:
         return "--allocation shares an --amount among weights; --nm N:M gives every weight the same pattern"
     if spec.amount is None:
         return "--allocation shares an --amount among weights: give --amount"
-    if allocation == OWL and spec.method == "ln_structured":
+    channels = spec.method in arrayprune.METHODS and pattern_of(arrayprune.METHODS[spec.method]).unit == "channels"
+    if allocation == OWL and channels:
         return "--allocation owl counts outlier entries: not for ln_structured (use a scan)"
     return None
 
@@ -145,16 +148,17 @@ def check_allocation(spec: Any) -> str | None:
 def _step(target: Any, method: str) -> int:
     """Entries a weight loses at a time under `method`."""
     size = math.prod(target.shape)
-    if method == "wanda":  # the same count from each output unit
+    pattern = pattern_of(arrayprune.METHODS[method]) if method in arrayprune.METHODS else None
+    if pattern is PER_OUTPUT:  # the same count from each output unit
         return int(target.shape[target.dim]) if size else 1
-    if method == "ln_structured":  # whole channels
+    if pattern is not None and pattern.unit == "channels":  # whole channels
         return size // int(target.shape[target.dim]) if size else 1
     return 1
 
 
 def _owl_scores(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any) -> list[Any]:
     """The scores OWL counts outliers among: Wanda's where input norms exist, else magnitudes."""
-    if norms is None and spec.method == "sparsegpt":  # its Hessians' activations give the norms too
+    if norms is None and spec.method in RECONSTRUCTIONS:  # its Hessians' activations give the norms too
         from arrayprune.adapters.pipeline import input_norms
 
         norms = input_norms(spec, storage, targets, src, hooks)
@@ -315,20 +319,27 @@ def _pruned(
     calibration: Mapping[str, np.ndarray],
 ) -> dict[str, np.ndarray]:
     """Every target pruned to its count, as the pipeline will prune it (nothing written)."""
-    if spec.method == "sparsegpt":
-        from arrayprune.adapters.reconstruction import onnx_sparsegpt
-
-        done = onnx_sparsegpt(wf, [t.name for t in targets], calibration, amount=dict(counts),
-                              sequential=not spec.one_pass, batch_size=spec.calibration_batch)
+    if spec.method in RECONSTRUCTIONS:
+        engine = RECONSTRUCTIONS[spec.method].engine
+        done = engine(
+            wf,
+            [t.name for t in targets],
+            calibration,
+            amount=dict(counts),
+            sequential=not spec.one_pass,
+            batch_size=spec.calibration_batch,
+        )
         return {name: np.asarray(r.weight) for name, r in done.items()}
-    from arrayprune.adapters.pipeline import method_for
+    from arrayprune.adapters.pipeline import method_for, scores_for
 
     amounts = {t.name: int(counts[t.name]) // _step(t, spec.method) for t in targets}
     request = dataclasses.replace(spec, amount=amounts)
     out = {}
     for t in targets:
         value = np.asarray(t.value)
-        keep = np.asarray(method_for(t, request, norms).compute_mask(value, None), dtype=bool)
+        scores = scores_for(t, norms, value)
+        ranked = value if scores is None else scores
+        keep = np.asarray(method_for(t, request).compute_mask(ranked, None), dtype=bool)
         out[t.name] = np.where(keep, value, np.zeros((), value.dtype))
     return out
 
@@ -389,7 +400,7 @@ def measure_allocations(
     from arrayprune.adapters.request import PruneSpec
 
     names = list(next(iter(candidates.values()), {}))
-    stand_in = "l1_unstructured" if method == "sparsegpt" else method
+    stand_in = "l1_unstructured" if method in RECONSTRUCTIONS else method
     by_name = {e.name: e for e in make_plan(wf.params, file_roles(wf), method=stand_in)}
     missing = [name for name in names if name not in by_name]
     if missing:
@@ -436,7 +447,7 @@ def _check_jointly(
     """The joint check of a scan's allocation: the candidate with the least measured error (into `result`)."""
     from arrayprune.adapters.calibration import read_calibration
 
-    if norms is not None and spec.method in ("wanda", "l1_unstructured"):
+    if norms is not None and spec.method not in RECONSTRUCTIONS:
         scores = _owl_scores(spec, storage, targets, norms, src, hooks)
     else:
         scores = [np.abs(np.asarray(t.value)) for t in targets]

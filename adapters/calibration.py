@@ -27,7 +27,6 @@ from arrayprune.adapters.roles import Role
 
 __all__ = [
     "InputNorms",
-    "ScoredMethod",
     "graph_inputs",
     "onnx_input_norms",
     "read_calibration",
@@ -480,35 +479,3 @@ def wanda_scores_for(weight: Any, role: Role, norms: InputNorms | np.ndarray, na
         )
     except ValueError as exc:
         raise ValueError(f"{name!r}: {exc}") from None
-
-
-class ScoredMethod(arrayprune.BasePruningMethod):
-    """A method that ranks by scores computed from the array it is given.
-
-    ``ScoredMethod(method, scores)`` prunes like `method`, on ``scores(t)`` instead of
-    `t`: the form in which per-tensor pruning (the command line, stored tensors read
-    one at a time) takes Wanda's scores, as it gets each weight only when it prunes it.
-
-    Parameters
-    ----------
-    method : BasePruningMethod
-        The method that ranks.
-    scores : callable
-        ``scores(t)``: importance scores shaped like `t`.
-    """
-
-    USES_SCORES = True
-
-    def __init__(self, method: Any, scores: Any):
-        self.method = method
-        self.scores = scores
-        self.PRUNING_TYPE = method.PRUNING_TYPE
-
-    def keep_mask(self, t: Any) -> Any:
-        return self.method.keep_mask(self.scores(t))
-
-    def compute_mask(self, t: Any, default_mask: Any) -> Any:
-        return self.method.compute_mask(self.scores(t), default_mask)
-
-    def remaining_mask(self, t: Any, mask: Any) -> Any:
-        return self.method.remaining_mask(self.scores(t), mask)

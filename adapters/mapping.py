@@ -65,10 +65,10 @@ array([[ 0.5,  0. ],
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import arrayprune as ap
 from arrayprune import methods as M
 from arrayprune.adapters.state_dict import (
     MASK_SUFFIX,
@@ -96,7 +96,7 @@ from arrayprune.adapters.trees import (
 )
 from arrayprune.functional import mask_for
 from arrayprune.global_pruning import global_unstructured as _core_global_unstructured
-from arrayprune.registry import METHODS, make_verb
+from arrayprune.registry import METHODS
 from arrayprune.schedules import prune_to_sparsity as _core_prune_to_sparsity
 
 __all__ = [
@@ -160,49 +160,372 @@ def prune(params: Mapping, key: Key, method: Any, importance_scores: Array | Non
     return _with_mask(params, entry, entry.stored_mask(mask))
 
 
-_VERB_DOC = """Prune the entry `key` with :class:`arrayprune.{cls}`.
+# <verbs>
+# Written by tools/write_verbs.py from arrayprune.METHODS: edit the table or the class, then rerun it.
 
-``prune(params, key, {cls}(...), importance_scores)``: if `key` was pruned before,
-the method acts only on what its mask leaves, as in a :class:`~arrayprune.PruningContainer`.
+def identity(params: Mapping, key: Key) -> Mapping:
+    """Prune the entry `key` with :class:`arrayprune.Identity`.
 
-Parameters
-----------
-params : mapping
-    Mapping of names to arrays (possibly nested).
-key : str or tuple
-    The array to prune; see *Keys and paths* in the module docs.
-{parameters}
-importance_scores : array, optional
-    Scores to rank by instead of the original array, same shape (methods that rank
-    by value).
+    ``prune(params, key, Identity(...), importance_scores)``: if `key` was pruned before,
+    the method acts only on what its mask leaves, as in a :class:`~arrayprune.PruningContainer`.
 
-Returns
--------
-mapping
-    A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
+    Parameters
+    ----------
+    params : mapping
+        Mapping of names to arrays (possibly nested).
+    key : str or tuple
+        The array to prune; see *Keys and paths* in the module docs.
 
-Raises
-------
-KeyError
-    If `key` names no array.
-TypeError, ValueError, IndexError
-    If the method's arguments are invalid for the array.
-"""
+    importance_scores : array, optional
+        Scores to rank by instead of the original array, same shape (methods that rank
+        by value).
+
+    Returns
+    -------
+    mapping
+        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
+
+    Raises
+    ------
+    KeyError
+        If `key` names no array.
+    TypeError, ValueError, IndexError
+        If the method's arguments are invalid for the array.
+    """
+    return prune(params, key, ap.Identity())
 
 
-def _prune_with(method: Any, params: Mapping, key: Key, importance_scores: Array | None = None) -> Mapping:
-    return prune(params, key, method, importance_scores)
+def random_unstructured(
+    params: Mapping,
+    key: Key,
+    amount: int | float,
+    *,
+    seed: int | None = None,
+    generator: Any = None,
+) -> Mapping:
+    """Prune the entry `key` with :class:`arrayprune.RandomUnstructured`.
+
+    ``prune(params, key, RandomUnstructured(...), importance_scores)``: if `key` was pruned before,
+    the method acts only on what its mask leaves, as in a :class:`~arrayprune.PruningContainer`.
+
+    Parameters
+    ----------
+    params : mapping
+        Mapping of names to arrays (possibly nested).
+    key : str or tuple
+        The array to prune; see *Keys and paths* in the module docs.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the entries to prune, or their number.
+    seed : int, optional
+        Seed making the choice reproducible.
+    generator : object, optional
+        The array library's generator (or a JAX key) to draw from.
+    importance_scores : array, optional
+        Scores to rank by instead of the original array, same shape (methods that rank
+        by value).
+
+    Returns
+    -------
+    mapping
+        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
+
+    Raises
+    ------
+    KeyError
+        If `key` names no array.
+    TypeError, ValueError, IndexError
+        If the method's arguments are invalid for the array.
+    """
+    return prune(params, key, ap.RandomUnstructured(amount, seed=seed, generator=generator))
 
 
-_KEY_PARAMETERS = [
-    inspect.Parameter("params", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-    inspect.Parameter("key", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-]
-for _verb_name, _cls in METHODS.items():
-    globals()[_verb_name] = make_verb(
-        _cls, _verb_name, _prune_with, leading=_KEY_PARAMETERS, scores="positional", doc=_VERB_DOC, module=__name__
-    )
-del _verb_name, _cls
+def l1_unstructured(params: Mapping, key: Key, amount: int | float, importance_scores: Array | None = None) -> Mapping:
+    """Prune the entry `key` with :class:`arrayprune.L1Unstructured`.
+
+    ``prune(params, key, L1Unstructured(...), importance_scores)``: if `key` was pruned before,
+    the method acts only on what its mask leaves, as in a :class:`~arrayprune.PruningContainer`.
+
+    Parameters
+    ----------
+    params : mapping
+        Mapping of names to arrays (possibly nested).
+    key : str or tuple
+        The array to prune; see *Keys and paths* in the module docs.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the entries to prune, or their number.
+    importance_scores : array, optional
+        Scores to rank by instead of the original array, same shape (methods that rank
+        by value).
+
+    Returns
+    -------
+    mapping
+        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
+
+    Raises
+    ------
+    KeyError
+        If `key` names no array.
+    TypeError, ValueError, IndexError
+        If the method's arguments are invalid for the array.
+    """
+    return prune(params, key, ap.L1Unstructured(amount), importance_scores)
+
+
+def random_structured(
+    params: Mapping,
+    key: Key,
+    amount: int | float,
+    dim: int = -1,
+    *,
+    seed: int | None = None,
+    generator: Any = None,
+) -> Mapping:
+    """Prune the entry `key` with :class:`arrayprune.RandomStructured`.
+
+    ``prune(params, key, RandomStructured(...), importance_scores)``: if `key` was pruned before,
+    the method acts only on what its mask leaves, as in a :class:`~arrayprune.PruningContainer`.
+
+    Parameters
+    ----------
+    params : mapping
+        Mapping of names to arrays (possibly nested).
+    key : str or tuple
+        The array to prune; see *Keys and paths* in the module docs.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the channels to prune, or their number.
+    dim : int, default -1
+        Axis along which channels are defined.
+    seed : int, optional
+        Seed making the choice reproducible.
+    generator : object, optional
+        The array library's generator (or a JAX key) to draw from.
+    importance_scores : array, optional
+        Scores to rank by instead of the original array, same shape (methods that rank
+        by value).
+
+    Returns
+    -------
+    mapping
+        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
+
+    Raises
+    ------
+    KeyError
+        If `key` names no array.
+    TypeError, ValueError, IndexError
+        If the method's arguments are invalid for the array.
+    """
+    return prune(params, key, ap.RandomStructured(amount, dim, seed=seed, generator=generator))
+
+
+def ln_structured(
+    params: Mapping,
+    key: Key,
+    amount: int | float,
+    n: Any,
+    dim: int = -1,
+    importance_scores: Array | None = None,
+) -> Mapping:
+    """Prune the entry `key` with :class:`arrayprune.LnStructured`.
+
+    ``prune(params, key, LnStructured(...), importance_scores)``: if `key` was pruned before,
+    the method acts only on what its mask leaves, as in a :class:`~arrayprune.PruningContainer`.
+
+    Parameters
+    ----------
+    params : mapping
+        Mapping of names to arrays (possibly nested).
+    key : str or tuple
+        The array to prune; see *Keys and paths* in the module docs.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the channels to prune, or their number.
+    n : int, float, inf, -inf, 'fro' or 'nuc'
+        Order of the norm, as ``p`` in :func:`torch.norm` (see
+        :func:`arrayprune.norms.channel_norms`).
+    dim : int, default -1
+        Axis along which channels are defined.
+    importance_scores : array, optional
+        Scores to rank by instead of the original array, same shape (methods that rank
+        by value).
+
+    Returns
+    -------
+    mapping
+        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
+
+    Raises
+    ------
+    KeyError
+        If `key` names no array.
+    TypeError, ValueError, IndexError
+        If the method's arguments are invalid for the array.
+    """
+    return prune(params, key, ap.LnStructured(amount, n, dim), importance_scores)
+
+
+def custom_from_mask(params: Mapping, key: Key, mask: Array) -> Mapping:
+    """Prune the entry `key` with :class:`arrayprune.CustomFromMask`.
+
+    ``prune(params, key, CustomFromMask(...), importance_scores)``: if `key` was pruned before,
+    the method acts only on what its mask leaves, as in a :class:`~arrayprune.PruningContainer`.
+
+    Parameters
+    ----------
+    params : mapping
+        Mapping of names to arrays (possibly nested).
+    key : str or tuple
+        The array to prune; see *Keys and paths* in the module docs.
+    mask : array
+        The mask; non-zero entries are kept.
+    importance_scores : array, optional
+        Scores to rank by instead of the original array, same shape (methods that rank
+        by value).
+
+    Returns
+    -------
+    mapping
+        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
+
+    Raises
+    ------
+    KeyError
+        If `key` names no array.
+    TypeError, ValueError, IndexError
+        If the method's arguments are invalid for the array.
+    """
+    return prune(params, key, ap.CustomFromMask(mask))
+
+
+def nm_structured(
+    params: Mapping,
+    key: Key,
+    n: int = 2,
+    m: int = 4,
+    dim: int = -1,
+    importance_scores: Array | None = None,
+) -> Mapping:
+    """Prune the entry `key` with :class:`arrayprune.NMStructured`.
+
+    ``prune(params, key, NMStructured(...), importance_scores)``: if `key` was pruned before,
+    the method acts only on what its mask leaves, as in a :class:`~arrayprune.PruningContainer`.
+
+    Parameters
+    ----------
+    params : mapping
+        Mapping of names to arrays (possibly nested).
+    key : str or tuple
+        The array to prune; see *Keys and paths* in the module docs.
+    n : int, default 2
+        Entries pruned per group.
+    m : int, default 4
+        Group length.
+    dim : int, default -1
+        Axis along which groups run (the input dimension of a linear weight is -1).
+    importance_scores : array, optional
+        Scores to rank by instead of the original array, same shape (methods that rank
+        by value).
+
+    Returns
+    -------
+    mapping
+        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
+
+    Raises
+    ------
+    KeyError
+        If `key` names no array.
+    TypeError, ValueError, IndexError
+        If the method's arguments are invalid for the array.
+    """
+    return prune(params, key, ap.NMStructured(n, m, dim), importance_scores)
+
+
+def block_unstructured(
+    params: Mapping,
+    key: Key,
+    amount: int | float,
+    block_shape: tuple[int, ...],
+    n: float = 1,
+    importance_scores: Array | None = None,
+) -> Mapping:
+    """Prune the entry `key` with :class:`arrayprune.BlockUnstructured`.
+
+    ``prune(params, key, BlockUnstructured(...), importance_scores)``: if `key` was pruned before,
+    the method acts only on what its mask leaves, as in a :class:`~arrayprune.PruningContainer`.
+
+    Parameters
+    ----------
+    params : mapping
+        Mapping of names to arrays (possibly nested).
+    key : str or tuple
+        The array to prune; see *Keys and paths* in the module docs.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the remaining blocks, or their number.
+    block_shape : tuple of int
+        Shape of a block, e.g. ``(1, 4)`` or ``(4, 4)``.
+    n : float, default 1
+        Order of the power mean (positive, or ``inf``).
+    importance_scores : array, optional
+        Scores to rank by instead of the original array, same shape (methods that rank
+        by value).
+
+    Returns
+    -------
+    mapping
+        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
+
+    Raises
+    ------
+    KeyError
+        If `key` names no array.
+    TypeError, ValueError, IndexError
+        If the method's arguments are invalid for the array.
+    """
+    return prune(params, key, ap.BlockUnstructured(amount, block_shape, n), importance_scores)
+
+
+def wanda(
+    params: Mapping,
+    key: Key,
+    amount: int | float,
+    dim: int = 0,
+    importance_scores: Array | None = None,
+) -> Mapping:
+    """Prune the entry `key` with :class:`arrayprune.Wanda`.
+
+    ``prune(params, key, Wanda(...), importance_scores)``: if `key` was pruned before,
+    the method acts only on what its mask leaves, as in a :class:`~arrayprune.PruningContainer`.
+
+    Parameters
+    ----------
+    params : mapping
+        Mapping of names to arrays (possibly nested).
+    key : str or tuple
+        The array to prune; see *Keys and paths* in the module docs.
+    amount : int or float
+        Per output unit, the fraction in ``[0, 1]`` of its entries to prune, or their
+        number. Inside a container (iterative pruning), of its entries still unpruned.
+    dim : int, default 0
+        The output axis of the weight.
+    importance_scores : array, optional
+        Scores to rank by instead of the original array, same shape (methods that rank
+        by value).
+
+    Returns
+    -------
+    mapping
+        A new mapping with ``key_orig`` and the combined ``key_mask`` in place of ``key``.
+
+    Raises
+    ------
+    KeyError
+        If `key` names no array.
+    TypeError, ValueError, IndexError
+        If the method's arguments are invalid for the array.
+    """
+    return prune(params, key, ap.Wanda(amount, dim), importance_scores)
+# </verbs>
 
 
 def prune_to_sparsity(

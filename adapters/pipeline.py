@@ -22,7 +22,8 @@ Stages, in order:
   global pruning, in memory (:func:`arrayprune.global_unstructured`, the mapping
   adapter for masks) or by radix selection over stored tensors
   (:mod:`arrayprune.adapters.stream_pruning`); or, for a reconstruction method
-  (``--method sparsegpt``), :mod:`arrayprune.adapters.reconstruct_stage`.
+  (``--method sparsegpt``), :mod:`arrayprune.adapters.reconstruct_stage`; a Hugging Face
+  folder with ``--calibration`` tokens (or ``--hessians``): :mod:`arrayprune.adapters.hf_stage`.
 * **write**: atomic (:func:`arrayprune.adapters.formats.save`, or the checkpoint's own
   writer), then ``verify`` (ONNX) on what was written.
 * **summary**: the counts of zeros (:mod:`arrayprune.adapters.summary`) and what to
@@ -34,6 +35,7 @@ field of :class:`~arrayprune.adapters.request.PruneSpec` (see CONTRIBUTING.md).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -46,21 +48,24 @@ from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.calibration import (
     BATCH_SIZE,
-    ScoredMethod,
     onnx_input_norms,
     read_calibration,
     read_input_norms,
     wanda_scores_for,
 )
 from arrayprune.adapters.formats import sharded
+from arrayprune.adapters.formats.arrays import release_pages
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile
+from arrayprune.adapters.hf_stage import calibrated
 from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, stream_seed
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
 from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module, spec_from
 from arrayprune.adapters.roles.names import tree_roles
-from arrayprune.adapters.stream_pruning import PruneSummary, Totals, prune_source
+from arrayprune.adapters.stream_pruning import PruneSummary, Totals, prune_source, streams
 from arrayprune.adapters.summary import report_rows, totals
 from arrayprune.adapters.trees import lookup
+from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
+from arrayprune.method_parts import pattern_of
 
 __all__ = [
     "NEARLY_EMPTY",
@@ -73,6 +78,7 @@ __all__ = [
     "check_arrays",
     "input_norms",
     "method_for",
+    "scores_for",
     "open_storage",
     "prune_checkpoint",
     "prune_file",
@@ -82,7 +88,6 @@ __all__ = [
 #: Sparsity from which global pruning warns that it emptied a tensor.
 NEARLY_EMPTY = 0.99
 
-_COUNTED = {"block_unstructured": "blocks", "wanda": "entries of each output unit"}
 
 _FAILURES = (ValueError, TypeError, IndexError, KeyError)
 
@@ -196,7 +201,7 @@ class StreamedCheckpoint:
             return "--lamp"
         if spec.min_sparsity is not None or spec.max_sparsity is not None:
             return "--min-sparsity and --max-sparsity"
-        if spec.global_ and spec.method != "l1_unstructured":
+        if spec.global_ and not streams(spec.method_class()):
             return f"--global with {spec.method}"
         if spec.global_ and (spec.calibration or spec.input_norms):
             return "--global with input norms"
@@ -310,20 +315,25 @@ def _scores(targets: list[PlanEntry], norms: Mapping | None, src: str) -> list[A
         raise PruneError(error_text(exc), src) from None
 
 
-def method_for(target: PlanEntry, spec: PruneSpec, norms: Mapping | None = None) -> Any:
+def method_for(target: PlanEntry, spec: PruneSpec) -> Any:
     """The method instance that prunes `target` on its own: its axis, a seed from its name.
 
-    With input norms, it ranks by Wanda's scores of the weight it is given. An amount
-    that maps names to amounts (an allocation's) gives the entry its own. This is the
-    one place that builds the method of an entry.
+    With input norms, what it ranks by is :func:`scores_for`'s. An amount that maps names
+    to amounts (an allocation's) gives the entry its own. This is the one place that builds
+    the method of an entry.
     """
     if isinstance(spec.amount, Mapping):
         spec = dataclasses.replace(spec, amount=spec.amount[target.name])
     kwargs = method_arguments(spec, stream_seed(spec.seed, target.name), dim=target.dim)
-    method = spec.method_class()(**kwargs)
+    return spec.method_class()(**kwargs)
+
+
+def scores_for(target: PlanEntry, norms: Mapping | None, value: Any) -> Any:
+    """The importance scores `target` is ranked by, given its `value`: Wanda's scores with
+    input norms, None (the value itself) without."""
     if norms is None:
-        return method
-    return ScoredMethod(method, lambda t: wanda_scores_for(t, target.role, norms[target.name], target.name))
+        return None
+    return wanda_scores_for(value, target.role, norms[target.name], target.name)
 
 
 def _global_arguments(spec: PruneSpec) -> tuple[type, dict[str, Any]]:
@@ -368,7 +378,8 @@ def _prune_params(
     else:
         for target in hooks.progress(targets, "pruning"):
             try:
-                params = mp.prune(params, target.path, method_for(target, spec, norms))
+                scores = scores_for(target, norms, target.value)
+                params = mp.prune(params, target.path, method_for(target, spec), scores)
             except _FAILURES as exc:
                 raise PruneError(f"tensor {_name(target.path)!r}: {error_text(exc)}", src) from None
     for target in targets:
@@ -393,20 +404,23 @@ def _prune_folded(
         for i, target in enumerate(targets):
             folded[target.path] = target.value * masks[i]
             masks[i] = None
+            release_pages(target.value)  # memory-mapped external data: read, given back
     else:
         for target in hooks.progress(targets, "pruning"):
             path = target.path
             try:
-                pruned = mp.prune({"t": target.value}, "t", method_for(target, spec, norms))
+                scores = scores_for(target, norms, target.value)
+                pruned = mp.prune({"t": target.value}, "t", method_for(target, spec), scores)
                 folded[path] = mp.remove(pruned, "t")["t"]
             except _FAILURES as exc:
                 raise PruneError(f"tensor {_name(path)!r}: {error_text(exc)}", src) from None
+            release_pages(target.value)
     for target in targets:
         folded.update(dict.fromkeys(target.tied, folded[target.path]))
     return mp.replace(params, folded)
 
 
-def _global_masks(targets: list[PlanEntry], spec: PruneSpec, src: str, hooks: Hooks, scores: Any = None) -> list:
+def _global_masks(targets: list[PlanEntry], spec: PruneSpec, src: str, hooks: Hooks, scores: Any = None) -> Any:
     """The keep masks of one global ranking of the targets (by `scores`, else by their values)."""
     cls, kwargs = _global_arguments(spec)
     hooks.stage(_threshold_stage(targets))
@@ -462,17 +476,21 @@ def _write_streamed(
     global_method = spec.method_class()(**method_arguments(spec, stream_seed(spec.seed))) if spec.global_ else None
     if global_method is not None:
         hooks.stage(_threshold_stage(targets) + " (one pass per 16 bits of the keys), then writing")
-    try:
-        summary = prune_source(
-            storage.source,
-            dst,
-            plan,
-            method_for=lambda target: method_for(target, spec, norms),
-            global_method=global_method,
-            progress=hooks.progress,
-        )
-    except _FAILURES as exc:
-        raise PruneError(f"{'global pruning: ' if spec.global_ else ''}{error_text(exc)}", storage.src) from None
+    with contextlib.ExitStack() as stack:
+        replaced = calibrated(storage, targets, spec, hooks, dst, stack)  # layer by layer, if asked
+        try:
+            summary = prune_source(
+                storage.source,
+                dst,
+                plan,
+                method_for=lambda target: method_for(target, spec),
+                scores_for=None if norms is None else lambda target, value: scores_for(target, norms, value),
+                global_method=global_method,
+                progress=hooks.progress,
+                replaced=replaced,
+            )
+        except _FAILURES as exc:
+            raise PruneError(f"{'global pruning: ' if spec.global_ else ''}{error_text(exc)}", storage.src) from None
     if storage.sharded and not sharded.writes_one_file(dst):
         summary.files, summary.left = storage.source.written(), list(storage.source.left)
     else:
@@ -552,7 +570,7 @@ def count_note(spec: PruneSpec) -> str | None:
     if not isinstance(amount, int) or isinstance(amount, bool) or amount == 0:
         return None
     cls = spec.method_class()
-    unit = _COUNTED.get(spec.method, "channels" if cls.PRUNING_TYPE == "structured" else "entries")
+    unit = pattern_of(cls).unit
     where = "in total over the selected tensors (--global)" if spec.global_ else "in each tensor"
     return (
         f"--amount {amount} is a count, not a fraction: {amount} {unit} pruned {where}; "
@@ -716,14 +734,16 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
 
     plan = _plan(storage, spec)
     targets = _targets(plan, src)
-    norms = None if spec.method in RECONSTRUCTIONS else input_norms(spec, storage, targets, src, hooks)
-    prepared = _verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written
+    layerwise = isinstance(storage, StreamedCheckpoint) and spec.calibration  # hf_stage calibrates
+    norms = None if spec.method in RECONSTRUCTIONS or layerwise else input_norms(spec, storage, targets, src, hooks)
+    prepared = verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written
     result = PruneResult(src, dst, storage.kind, spec, plan, notes=_notes(spec))
     shared = spec if not spec.allocation else _allocate(spec, storage, targets, src, hooks, result, norms)
     if isinstance(storage, StreamedCheckpoint):
         written = _write_streamed(storage, dst, plan, targets, shared, norms, hooks)
         tied = 0
     else:
+        assert out_format is not None  # a whole file has one
         written = _write_whole(storage, dst, out_format, targets, shared, norms, hooks)
         tied = sum(len(t.tied) for t in targets)
     result.written, result.tied = written, tied
@@ -733,37 +753,8 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     if isinstance(storage, StreamedCheckpoint) and storage.sharded:
         result.shards, result.copied = len(storage.source.shards), len(storage.source.files)
     if prepared is not None:
-        result.verify, result.verify_sizes = _compare(prepared, dst, spec.verify_tol), dict(prepared.sizes)
+        result.verify, result.verify_sizes = compare_outputs(prepared, dst, spec.verify_tol), dict(prepared.sizes)
     return result
-
-
-def _verify_inputs(spec: PruneSpec, src: str, original: Any = None) -> Any:
-    """Run the original model (`src`, or `original` in memory) on the ``verify`` inputs, before anything is written."""
-    from arrayprune.adapters import verify
-    from arrayprune.adapters.calibration import _read_npz
-
-    data = None
-    if spec.verify_data:
-        try:
-            data = _read_npz(spec.verify_data)
-        except ValueError as exc:
-            raise PruneError(error_text(exc), spec.verify_data) from None
-    elif spec.calibration:
-        data = {k: v[:BATCH_SIZE] for k, v in read_calibration(spec.calibration).items()}
-    try:
-        return verify.prepare(src if original is None else original, data=data, seed=spec.seed)
-    except ValueError as exc:
-        raise PruneError(f"--verify: {error_text(exc)}", spec.verify_data or src) from None
-
-
-def _compare(prepared: Any, dst: str, tol: tuple[float, float]) -> list[Any]:
-    """Run the pruned model on the prepared inputs: each output's check."""
-    from arrayprune.adapters import verify
-
-    try:
-        return verify.compare(dst, prepared, tol)
-    except ValueError as exc:
-        raise PruneError(f"--verify: {error_text(exc)}", dst) from None
 
 
 # --------------------------------------------------------------------------------------
@@ -794,7 +785,7 @@ def prune_file(src: Any, dst: Any = None, *, hooks: Hooks = Hooks(), **options: 
         ``include``, ``exclude``, ``min_size``, ``min_sparsity``, ``max_sparsity``,
         ``lamp``, ``calibration``, ``calibration_batch``, ``input_norms``, ``seed``,
         ``keep_masks``, ``force``, ``dry_run``, ``verify``, ``verify_data``,
-        ``verify_tol``, ``one_pass``, ``shrink``, ``groups``, ``allocation``: see
+        ``verify_tol``, ``one_pass``, ``hessians``, ``shrink``, ``groups``, ``allocation``: see
         :class:`~arrayprune.adapters.request.PruneSpec`.
 
     Returns
@@ -861,13 +852,15 @@ def prune_checkpoint(
     Examples
     --------
     >>> from arrayprune.adapters.formats import sharded
+from arrayprune.adapters.formats.arrays import release_pages
     >>> summary = sharded.prune_checkpoint("Llama-3-8B", "Llama-3-8B-50", amount=0.5, global_=True)
     ... # doctest: +SKIP
     """
     if method not in arrayprune.METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {', '.join(arrayprune.METHODS)}")
-    if global_ and arrayprune.METHODS[method] is not arrayprune.L1Unstructured:
-        raise ValueError(f"global pruning of a checkpoint ranks magnitudes: use l1_unstructured, not {method}")
+    if global_ and not streams(arrayprune.METHODS[method]):
+        streamed = " or ".join(name for name, cls in arrayprune.METHODS.items() if streams(cls))
+        raise ValueError(f"global pruning of a checkpoint ranks an elementwise score: use {streamed}, not {method}")
     options = dict(method=method, amount=amount, global_=global_, include=include, exclude=exclude)
     options.update(min_size=min_size, dim=dim, seed=seed, force=force)
     if "n" in method_args and "m" in method_args:

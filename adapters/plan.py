@@ -34,6 +34,7 @@ import arrayprune
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.roles import Role
 from arrayprune.adapters.roles.names import dtype_name, is_float, tree_roles
+from arrayprune.method_parts import pattern_of
 from arrayprune.registry import constructor_parameters
 
 __all__ = ["PlanEntry", "alias_key", "file_roles", "format_plan", "make_plan", "nodes_text", "stream_seed"]
@@ -167,9 +168,8 @@ def make_plan(
     include, exclude = list(include), list(exclude)
     takes_dim = "dim" in {p.name for p in constructor_parameters(arrayprune.METHODS[method])}
     cls = arrayprune.METHODS[method]
-    # Which of a weight's axes the method's `dim` names: its own say (DIM_AXIS), else
-    # the output axis for channels and the reduction axis for patterns such as N:M.
-    on_output = getattr(cls, "DIM_AXIS", "output" if cls.PRUNING_TYPE == "structured" else "reduction") == "output"
+    # Which of a weight's axes the method's `dim` names: its pattern's say.
+    on_output = pattern_of(cls).dim_axis == "output"
     groups: dict[Any, list[tuple[tuple, Any]]] = {}
     for path, value, pruned in _tensors(params):
         key = ("pruned", path) if pruned else alias_key(value)
@@ -247,7 +247,7 @@ def format_plan(plan: list[PlanEntry], *, amount: bool = True) -> str:
         any tensor has nodes.
     """
     with_nodes = any(e.role.nodes for e in plan)
-    rows = [("tensor", "read by", "role", "shape", "dtype", "plan")]
+    rows: list[tuple[str, ...]] = [("tensor", "read by", "role", "shape", "dtype", "plan")]
     for e in plan:
         if e.prune:
             what = "prune" + (f", dim {e.dim}" if e.dim is not None else "")

@@ -33,6 +33,7 @@ from types import MappingProxyType
 from typing import Any
 
 from arrayprune.adapters import formats as fmt
+from arrayprune.adapters import hf_stage
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.reconstruction import amounts_from_masks, onnx_sparsegpt
@@ -78,13 +79,16 @@ RECONSTRUCTIONS: Mapping[str, Reconstruction] = MappingProxyType(
         "sparsegpt": Reconstruction(
             engine=onnx_sparsegpt,
             formats=("onnx",),
-            elsewhere="for a PyTorch model, use arrayprune.adapters.torch.sparsegpt(model, batches, amount)",
+            elsewhere=(
+                "a Hugging Face folder runs with --calibration tokens.npz; "
+                "for a PyTorch model, use arrayprune.adapters.torch.sparsegpt(model, batches, amount)"
+            ),
         ),
     }
 )
 
 #: The options only reconstruction methods take (restored after the stand-in's checks).
-OWN_OPTIONS = ("method", "one_pass")
+OWN_OPTIONS = ("method", "one_pass", "hessians")
 
 
 def refusal(spec: Any) -> str | None:
@@ -95,7 +99,11 @@ def refusal(spec: Any) -> str | None:
     """
     method = spec.method
     if method not in RECONSTRUCTIONS:
+        if spec.hessians:
+            return f"--hessians gives the Hessians of {', '.join(RECONSTRUCTIONS)}: use it with --method sparsegpt"
         return f"--one-pass applies to {', '.join(RECONSTRUCTIONS)} only" if spec.one_pass else None
+    if spec.hessians and (spec.calibration or spec.one_pass):
+        return f"--hessians gives every Hessian: no {'--calibration' if spec.calibration else '--one-pass'} with it"
     if spec.amount is not None and spec.nm is not None:
         return f"--method {method} takes --amount A or --nm N:M, not both"
     if spec.amount is None and spec.nm is None and not spec.dry_run:
@@ -104,10 +112,11 @@ def refusal(spec: Any) -> str | None:
         return f"--global ranks entries for an --amount; with --nm N:M every weight of {method} gets the pattern"
     if spec.input_norms:
         return f"--input-norms makes Wanda's scores; {method} takes its Hessians from --calibration"
-    if not spec.calibration:
+    if not spec.calibration and not spec.hessians:
         return (
             f"--method {method} needs --calibration calib.npz: samples of the model's inputs "
-            "(graph input name -> array, samples along axis 0)"
+            "(graph input name -> array, samples along axis 0; token ids for a Hugging Face folder), "
+            "or --hessians hessians.npz for safetensors"
         )
     if spec.keep_masks:
         return (
@@ -125,13 +134,19 @@ def refusal(spec: Any) -> str | None:
 
 
 def input_refusal(spec: Any, src: str) -> str | None:
-    """Why the reconstruction method of `spec` cannot run on `src` (no graph to run); None if it can."""
+    """Why the reconstruction method of `spec`, or ``calibration``, cannot run on `src`; None if it can."""
     method = RECONSTRUCTIONS.get(spec.method)
-    if method is None:
+    if method is None and not spec.calibration:
         return None
     kind = "sharded" if sharded.is_sharded(src) else fmt.detect_format(src)
-    if kind in method.formats:
+    if spec.hessians and kind not in ("sharded", "safetensors"):
+        return f"--hessians applies to safetensors files and checkpoints; {kind} models take --calibration"
+    if spec.hessians:
         return None
+    if method is None:  # Wanda's norms: from a Hugging Face model layer by layer, or from ONNX
+        return hf_stage.input_refusal(spec, src, kind)
+    if kind in method.formats or (kind in ("sharded", "safetensors") and spec.calibration):
+        return hf_stage.input_refusal(spec, src, kind)  # tokens through a Hugging Face model, layer by layer
     need = " or ".join(f.upper() if f == "onnx" else f for f in method.formats)
     what = "sharded checkpoints" if kind == "sharded" else f"{kind} files"
     return (
@@ -178,6 +193,9 @@ def reconstruct(
     from arrayprune.adapters.request import PruneError, error_text, optional_module
 
     method = RECONSTRUCTIONS[spec.method]
+    if storage.kind not in method.formats:
+        kind = storage.kind
+        raise PruneError(f"--method {spec.method} writes {kind} as {kind}: give OUT the input's suffix", storage.src)
     optional_module("onnxruntime", "onnx", f"--method {spec.method}")
     try:
         calibration = read_calibration(spec.calibration)

@@ -30,6 +30,7 @@ import numpy as np
 
 import arrayprune
 from arrayprune import amount as _amount
+from arrayprune.adapters.blas_threads import blas_threads
 from arrayprune.adapters.calibration import _check_inputs, _fed_inputs, _run_batches, _session
 from arrayprune.reconstruction import check_sparsegpt_options
 
@@ -143,7 +144,9 @@ def onnx_sparsegpt(
     by group (the output slice of each group with its own Hessian), the count
     ``round(amount * weight.size)`` shared among groups to within one entry. A model
     with external data is handed to onnxruntime by path (see
-    :func:`~arrayprune.adapters.calibration.onnx_input_norms`).
+    :func:`~arrayprune.adapters.calibration.onnx_input_norms`). While every Hessian is
+    at most :data:`~arrayprune.adapters.blas_threads.SMALL` wide, BLAS runs on one
+    thread (:func:`~arrayprune.adapters.blas_threads.blas_threads`).
     """
     from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds, weight_levels
 
@@ -176,13 +179,15 @@ def onnx_sparsegpt(
 
     current = {name: wf.params[name] for name in names}
     done: dict[str, Reconstructed] = {}
-    for level in levels:
-        weights = {inputs[name]: current[name] for name in names} if sequential else None
-        hessians = _hessians(session, calibration, casts, samples, [targets[x] for x in level], batch_size, weights)
-        for name in level:
-            options = {"amount": amounts[name], "n": n, "m": m, "block_size": block_size, "damp": damp}
-            done[name] = _prune(targets[name], current[name], hessians.pop(name), options)
-            current[name] = done[name].weight
+    with blas_threads(max(t.k for t in targets.values())):  # small Hessians: one BLAS thread
+        for level in levels:
+            weights = {inputs[name]: current[name] for name in names} if sequential else None
+            level_targets = [targets[x] for x in level]
+            hessians = _hessians(session, calibration, casts, samples, level_targets, batch_size, weights)
+            for name in level:
+                options = {"amount": amounts[name], "n": n, "m": m, "block_size": block_size, "damp": damp}
+                done[name] = _prune(targets[name], current[name], hessians.pop(name), options)
+                current[name] = done[name].weight
     return {name: done[name] for name in order}
 
 

@@ -7,9 +7,11 @@ and returns the request the pipeline (:mod:`arrayprune.adapters.pipeline`) runs.
 are :class:`PruneError`, one line naming the option as the command line spells it; the
 command prints it as ``arrayprune: error: ...`` and exits with status 2.
 
-The method table's constructor parameters become options here too
-(:data:`PARAMETER_FLAGS`): ``amount``, ``dim``, ``n``, ``nm`` (``n`` and ``m`` of an N:M
-pattern), ``block`` (``block_shape``) and ``seed``. A new option of the pipeline is a
+The method table's constructor parameters become options here too, by the flags they
+declare (``FLAGS``, :mod:`arrayprune.method_parts`): those the command line has its own
+options for (:data:`PARAMETER_FLAGS`: ``amount``, ``dim``, ``n``, ``nm`` for ``n`` and
+``m`` of an N:M pattern, ``block`` for ``block_shape``, and ``seed``), and any other a
+method declares, held in ``method_options`` by parameter name. A new option of the pipeline is a
 field of :class:`PruneSpec`, its check in :meth:`PruneSpec.checked`, and a flag in
 :mod:`arrayprune.adapters.cli.options` that fills it.
 """
@@ -22,7 +24,7 @@ import inspect
 import math
 import numbers
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,13 +32,14 @@ import arrayprune
 from arrayprune.adapters.reconstruct_stage import OWN_OPTIONS, RECONSTRUCTIONS, refusal
 from arrayprune.adapters.shrink_request import check_shrink
 from arrayprune.adapters.verify import DEFAULT_TOL
+from arrayprune.method_parts import Flag, flags_of, pattern_of, score_of
 from arrayprune.registry import constructor_parameters
 
 __all__ = [
     "DEFAULT_VERIFY_TOL",
-    "METHODS",
+    "METHODS",  # noqa: F822 (the module's __getattr__: the runnable methods as they are now)
     "PARAMETER_FLAGS",
-    "SCORED_METHODS",
+    "scored_methods",
     "PruneError",
     "PruneSpec",
     "method_arguments",
@@ -77,9 +80,12 @@ def optional_module(module: str, extra: str, what: str) -> Any:
         raise PruneError(f'{what} needs the {module!r} package: pip install "arrayprune[{extra}]"') from None
 
 
-#: The command line's name for each constructor parameter it can set. A method with
-#: both ``n`` and ``m`` (an N:M pattern) takes them together as ``--nm N:M``.
+#: The constructor parameters the command line has options of its own for, with their
+#: flags. A method with both ``n`` and ``m`` (an N:M pattern) takes them together as
+#: ``--nm N:M``. Any other parameter's flag is the one it declares, and its value goes to
+#: ``method_options``.
 PARAMETER_FLAGS = {"amount": "--amount", "dim": "--dim", "n": "--n", "block_shape": "--block", "seed": "--seed"}
+_OWN_FLAGS = {*PARAMETER_FLAGS.values(), "--nm"}
 
 #: Values of required constructor parameters that the command line fills in.
 _REQUIRED_DEFAULTS = {"n": 2, "block_shape": (1, 4)}
@@ -87,8 +93,12 @@ _REQUIRED_DEFAULTS = {"n": 2, "block_shape": (1, 4)}
 #: ``(rtol, atol)`` of ``verify`` when none is given (see :mod:`arrayprune.adapters.verify`).
 DEFAULT_VERIFY_TOL = DEFAULT_TOL
 
-#: Methods that rank by scores Wanda's input norms can make (``calibration``, ``input_norms``).
-SCORED_METHODS = ("wanda", "l1_unstructured", "nm_structured")
+def scored_methods() -> list[str]:
+    """The methods that can rank by the scores Wanda's input norms make (``calibration``,
+    ``input_norms``): those whose score is elementwise and reads the values (Wanda first,
+    whose score they are)."""
+    scored = [n for n, cls in arrayprune.METHODS.items() if score_of(cls).elementwise and score_of(cls).uses_values]
+    return sorted(scored, key=lambda name: not score_of(arrayprune.METHODS[name]).needs_calibration)
 
 
 def method_flags(name: str) -> dict[str, str]:
@@ -98,11 +108,20 @@ def method_flags(name: str) -> dict[str, str]:
     """
     if name in RECONSTRUCTIONS:
         return dict(RECONSTRUCTIONS[name].flags)
-    params = [p.name for p in constructor_parameters(arrayprune.METHODS[name])]
-    flags = {p: PARAMETER_FLAGS[p] for p in params if p in PARAMETER_FLAGS}
-    if {"n", "m"} <= set(params):
-        flags.update(n="--nm", m="--nm")
-    return flags
+    return {p: f.flag for p, f in flags_of(arrayprune.METHODS[name]).items() if f.flag is not None}
+
+
+def extra_flags() -> dict[str, tuple[str, Flag, list[str]]]:
+    """The flags methods declare beyond the command line's own: flag -> (parameter, its
+    declaration, the methods taking it)."""
+    out: dict[str, tuple[str, Flag, list[str]]] = {}
+    for name in runnable_methods():
+        if name in RECONSTRUCTIONS:
+            continue
+        for param, flag in flags_of(arrayprune.METHODS[name]).items():
+            if flag.flag is not None and flag.flag not in _OWN_FLAGS:
+                out.setdefault(flag.flag, (param, flag, []))[2].append(name)
+    return out
 
 
 def _runnable(name: str) -> bool:
@@ -114,15 +133,24 @@ def _runnable(name: str) -> bool:
     )
 
 
-#: The methods a request can name: those of the table that prune something the options
-#: can describe (``identity`` has nothing to set; ``custom_from_mask`` needs a mask), and
-#: the reconstruction methods (:data:`~arrayprune.adapters.reconstruct_stage.RECONSTRUCTIONS`).
-METHODS = (*(name for name in arrayprune.METHODS if method_flags(name) and _runnable(name)), *RECONSTRUCTIONS)
+def runnable_methods() -> tuple[str, ...]:
+    """The methods a request can name: those of the table that prune something the options
+    can describe (``identity`` has nothing to set; ``custom_from_mask`` needs a mask), and
+    the reconstruction methods (:data:`~arrayprune.adapters.reconstruct_stage.RECONSTRUCTIONS`).
+    Methods registered at run time (:func:`arrayprune.registry.register_method`) are in."""
+    return (*(name for name in arrayprune.METHODS if method_flags(name) and _runnable(name)), *RECONSTRUCTIONS)
+
+
+def __getattr__(name: str) -> Any:
+    # ``METHODS``: :func:`runnable_methods` as it is now.
+    if name == "METHODS":
+        return runnable_methods()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def methods_with(flag: str) -> list[str]:
-    """The methods of :data:`METHODS` that take `flag` (``"--n"``, ``"--dim"``, ...)."""
-    return [m for m in METHODS if flag in method_flags(m).values()]
+    """The methods of :func:`runnable_methods` that take `flag` (``"--n"``, ``"--dim"``, ...)."""
+    return [m for m in runnable_methods() if flag in method_flags(m).values()]
 
 
 def method_arguments(spec: Any, seed: int | None = None, dim: int | None = None) -> dict[str, Any]:
@@ -147,13 +175,18 @@ def method_arguments(spec: Any, seed: int | None = None, dim: int | None = None)
     values = {"amount": spec.amount, "dim": spec.dim if dim is None else dim, "block_shape": spec.block, "seed": seed}
     if flags.get("n") == "--nm":
         values["n"], values["m"] = spec.nm
-    else:
+    elif flags.get("n") == "--n":
         values["n"] = spec.n
+    for param, flag in flags.items():
+        if flag not in _OWN_FLAGS:
+            values[param] = getattr(spec, "method_options", {}).get(param)
     kwargs = {}
     for p in constructor_parameters(cls):
         if p.name in flags and values.get(p.name) is not None:
             kwargs[p.name] = values[p.name]
         elif p.default is inspect.Parameter.empty:
+            if p.name not in _REQUIRED_DEFAULTS:
+                raise PruneError(f"{flags.get(p.name, p.name)} is required for {spec.method}")
             kwargs[p.name] = _REQUIRED_DEFAULTS[p.name]
     return kwargs
 
@@ -191,11 +224,11 @@ def method_options(method: Any) -> dict[str, Any]:
     name = {cls: n for n, cls in arrayprune.METHODS.items()}.get(type(method))
     if name is None:
         raise TypeError(
-            f"method must be a name of {', '.join(METHODS)} or an object of a class of arrayprune.METHODS, "
+            f"method must be a name of {', '.join(runnable_methods())} or an object of a class of arrayprune.METHODS, "
             f"not {type(method).__name__} (add a new method to the table: see CONTRIBUTING)"
         )
-    if name not in METHODS:
-        raise PruneError(f"{name} cannot be run on a file (choose from {', '.join(METHODS)})")
+    if name not in runnable_methods():
+        raise PruneError(f"{name} cannot be run on a file (choose from {', '.join(runnable_methods())})")
     if getattr(method, "generator", None) is not None:
         raise TypeError(f"{type(method).__name__} with a generator: give it a seed (one stream per tensor)")
     options: dict[str, Any] = {"method": name}
@@ -206,6 +239,8 @@ def method_options(method: Any) -> dict[str, Any]:
         value = getattr(method, p.name)
         if flags[p.name] == "--nm":
             options["nm"] = (value, method.m)
+        elif flags[p.name] not in _OWN_FLAGS:
+            options.setdefault("method_options", {})[p.name] = value
         else:
             options[{"block_shape": "block"}.get(p.name, p.name)] = value
     return options
@@ -244,9 +279,12 @@ class PruneSpec:
     lamp : bool, default False
         ``global_``: rank by layer-adaptive (LAMP) scores.
     calibration : str, optional
-        ONNX: calibration samples (``.npz``) for Wanda's input norms or ``sparsegpt``.
+        Calibration samples (``.npz``) for Wanda's input norms or ``sparsegpt``: an ONNX
+        model's inputs, or a Hugging Face folder's token ids (``input_ids``).
     calibration_batch : int, optional
         Samples run at a time with `calibration`.
+    hessians : str, optional
+        ``sparsegpt`` on safetensors: precomputed Hessians (``.npz``, weight name -> ``K x K``).
     input_norms : str, optional
         Precomputed input norms (``.npz``) for Wanda's scores.
     seed : int, optional
@@ -295,6 +333,7 @@ class PruneSpec:
     lamp: bool = False
     calibration: str | None = None
     calibration_batch: int | None = None
+    hessians: str | None = None
     input_norms: str | None = None
     seed: int | None = None
     keep_masks: bool = False
@@ -308,6 +347,7 @@ class PruneSpec:
     groups: str | None = None
     allocation: str | None = None
     allocation_check: bool = True
+    method_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str):  # a method object: its name and arguments as options
@@ -324,7 +364,7 @@ class PruneSpec:
         for name in ("include", "exclude"):  # a single pattern, or any iterable: a tuple
             value = getattr(self, name)
             object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
-        for name in ("calibration", "input_norms", "verify_data", "allocation"):
+        for name in ("calibration", "input_norms", "verify_data", "allocation", "hessians"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, os.fspath(value))
@@ -369,18 +409,30 @@ class PruneSpec:
         check_shrink(self)
         if self.method in RECONSTRUCTIONS:  # its other options as its stand-in mask method's
             own = {name: getattr(self, name) for name in OWN_OPTIONS}
-            stand_in = dataclasses.replace(self, method=self.mask_method, one_pass=False)
+            stand_in = dataclasses.replace(self, method=self.mask_method, one_pass=False, hessians=None)
             return dataclasses.replace(stand_in.checked(), **own)
         cls = self.method_class()
-        if self.global_ and cls.PRUNING_TYPE != "unstructured" and not self.shrink:  # --shrink: channels
-            unstructured = [m for m in METHODS if PruneSpec(m).method_class().PRUNING_TYPE == "unstructured"]
+        if self.global_ and not pattern_of(cls).across_arrays and not self.shrink:  # --shrink: channels
+            unstructured = [m for m in runnable_methods() if pattern_of(PruneSpec(m).method_class()).across_arrays]
             raise PruneError(f"--global needs an unstructured method ({' or '.join(unstructured)}), not {self.method}")
         bounded = self.min_sparsity is not None or self.max_sparsity is not None
         if not self.global_ and (self.lamp or (bounded and not self.allocation)):
             raise PruneError("--min-sparsity, --max-sparsity and --lamp shape global pruning: add --global")
-        if self.lamp and self.method != "l1_unstructured":
-            raise PruneError("--lamp ranks magnitudes: use it with --method l1_unstructured")
+        if self.lamp and not score_of(cls).magnitude:
+            magnitudes = [
+                name
+                for name, method in arrayprune.METHODS.items()
+                if name in runnable_methods() and score_of(method).magnitude and pattern_of(method).across_arrays
+            ]
+            raise PruneError(f"--lamp ranks magnitudes: use it with --method {' or '.join(magnitudes)}")
         flags = set(method_flags(self.method).values())
+        declared = {param: flag for flag, (param, _, _) in extra_flags().items()}
+        for param in self.method_options:
+            flag = declared.get(param, f"--{param.replace('_', '-')}")
+            if flag not in flags:
+                takes = methods_with(flag)
+                only = f" (only to {', '.join(takes)})" if takes else ""
+                raise PruneError(f"{flag} does not apply to {self.method}{only}")
         given = {"--n": self.n, "--dim": self.dim, "--nm": self.nm, "--block": self.block}
         for flag, value in given.items():
             if value is not None and flag not in flags:
@@ -416,8 +468,9 @@ class PruneSpec:
 
     def _check_values(self) -> None:
         """What the command line's parser checks of each value alone (Python callers skip it)."""
-        if self.method not in METHODS:
-            raise PruneError(f"invalid choice for --method: {self.method!r} (choose from {', '.join(METHODS)})")
+        if self.method not in runnable_methods():
+            choices = ", ".join(runnable_methods())
+            raise PruneError(f"invalid choice for --method: {self.method!r} (choose from {choices})")
         amount = self.amount
         if amount is not None and (
             isinstance(amount, bool)
@@ -446,11 +499,13 @@ class PruneSpec:
         given = [f for f, v in (("--calibration", self.calibration), ("--input-norms", self.input_norms)) if v]
         if len(given) == 2:
             raise PruneError("--calibration and --input-norms both give input norms: pass one")
-        if given and self.method not in SCORED_METHODS:
-            raise PruneError(f"{given[0]} makes Wanda's scores, for {', '.join(SCORED_METHODS)}; not for {self.method}")
-        if not given and self.method == "wanda":
+        scored = scored_methods()
+        if given and self.method not in scored:
+            raise PruneError(f"{given[0]} makes Wanda's scores, for {', '.join(scored)}; not for {self.method}")
+        if not given and self.method in arrayprune.METHODS and score_of(self.method_class()).needs_calibration:
             raise PruneError(
-                "--method wanda needs input norms: --calibration calib.npz (ONNX models) or --input-norms norms.npz"
+                "--method wanda needs input norms: --calibration calib.npz (ONNX models; token ids for a "
+                "Hugging Face folder) or --input-norms norms.npz"
             )
         if self.calibration_batch is not None and not self.calibration:
             raise PruneError("--calibration-batch needs --calibration")
@@ -463,8 +518,13 @@ def _negative(value: Any) -> bool:
 def spec_from(options: Iterable[tuple[str, Any]]) -> PruneSpec:
     """A :class:`PruneSpec` from option names and values; an unknown name is a :class:`PruneError`."""
     fields = {f.name for f in dataclasses.fields(PruneSpec)}
-    options = dict(options)
-    unknown = sorted(set(options) - fields)
+    given = dict(options)
+    # A parameter a method declares a flag of, beyond the options of the command line's own.
+    extra = {param for param, _, _ in extra_flags().values()}
+    method_options = {k: given.pop(k) for k in list(given) if k in extra and k not in fields}
+    if method_options:
+        given["method_options"] = {**given.get("method_options", {}), **method_options}
+    unknown = sorted(set(given) - fields)
     if unknown:
         raise PruneError(f"unknown option {unknown[0]!r}; the options are {', '.join(sorted(fields))}")
-    return PruneSpec(**options)
+    return PruneSpec(**given)

@@ -40,6 +40,7 @@ from arrayprune.adapters import formats as fmt
 from arrayprune.adapters.plan import PlanEntry, file_roles, make_plan
 from arrayprune.adapters.request import PruneSpec
 from arrayprune.adapters.roles.names import tree_roles
+from arrayprune.method_parts import score_of
 
 __all__ = [
     "DEFAULT_SPARSITIES",
@@ -235,7 +236,7 @@ def _check_method(method: str) -> None:
 def _targets(
     params: Mapping, roles: Mapping, method: str, include: Sequence[str], exclude: Sequence[str], min_size: int
 ) -> list[PlanEntry]:
-    stand_in = "l1_unstructured" if method == "sparsegpt" else method
+    stand_in = "l1_unstructured" if _reconstructs(method) else method
     plan = make_plan(params, roles, method=stand_in, include=include, exclude=exclude, min_size=min_size)
     targets = [e for e in plan if e.prune]
     if not targets:
@@ -243,12 +244,26 @@ def _targets(
     return targets
 
 
+def _reconstructs(method: str) -> bool:
+    """Whether `method` updates the weights it keeps (a reconstruction, not a mask)."""
+    from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS
+
+    return method in RECONSTRUCTIONS
+
+
+def _calibrated(method: str) -> bool:
+    """Whether `method`'s score needs the calibration's input norms (Wanda's)."""
+    return not _reconstructs(method) and score_of(arrayprune.METHODS[method]).needs_calibration
+
+
 def _masked(target: PlanEntry, method: str, sparsity: float, norms: Mapping | None) -> np.ndarray:
     """`target`'s value pruned alone at `sparsity` by the pipeline's method for it."""
-    from arrayprune.adapters.pipeline import method_for
+    from arrayprune.adapters.pipeline import method_for, scores_for
 
     value = np.asarray(target.value)
-    keep = method_for(target, PruneSpec(method=method, amount=sparsity), norms).compute_mask(value, None)
+    scores = scores_for(target, norms, value)
+    ranked = value if scores is None else scores
+    keep = method_for(target, PruneSpec(method=method, amount=sparsity)).compute_mask(ranked, None)
     return np.where(np.asarray(keep, dtype=bool), value, np.zeros((), value.dtype))
 
 
@@ -413,9 +428,9 @@ def scan_onnx(
     targets = _targets(wf.params, file_roles(wf), method, include, exclude, min_size)
     model = wf.context["model"]
     names = [t.name for t in targets]
-    norms = onnx_input_norms(wf, calibration, names, batch_size=batch_size) if method == "wanda" else None
+    norms = onnx_input_norms(wf, calibration, names, batch_size=batch_size) if _calibrated(method) else None
     rebuilt = {}
-    if method == "sparsegpt":
+    if _reconstructs(method):
         feeds, roles = weight_feeds(model), onnx_roles(model)
         rebuilt = {name: _target(wf, name, feeds.get(name), roles.get(name)) for name in names}
     activations = sorted({f.activation for t in rebuilt.values() for f in t.feeds})
@@ -424,7 +439,7 @@ def scan_onnx(
     curves = []
     for target in targets if progress is None else progress(targets, "scan", "weight"):
         hessians = None
-        if method == "sparsegpt":
+        if _reconstructs(method):
             hessians = _hessians(session, calibration, casts, samples, [rebuilt[target.name]], batch_size, dense)
         errors = []
         for s in sparsities:
@@ -502,6 +517,7 @@ def scan_arrays(
         missing = [t.name for t in targets if given is None or t.name not in given]
         if missing:
             raise ValueError(f"{method} needs {what} for every weight scanned; none for {missing[0]!r}")
+    given_hessians: Mapping[str, Any] = hessians or {}
 
     def outputs_of(weights: Mapping[str, Any]) -> list[np.ndarray]:
         y = forward(weights)
@@ -516,9 +532,9 @@ def scan_arrays(
     for target in targets if progress is None else progress(targets, "scan", "weight"):
         errors = []
         for s in sparsities:
-            if method == "sparsegpt":
+            if _reconstructs(method):
                 new, _ = arrayprune.sparsegpt(
-                    np.asarray(target.value), np.asarray(hessians[target.name]), s,
+                    np.asarray(target.value), np.asarray(given_hessians[target.name]), s,
                     reduction_axis=target.role.reduction_axis,
                 )
                 pruned = np.asarray(new)

@@ -230,20 +230,20 @@ def shrink_onnx(
     for t in graph.initializer:
         if t.name in small and small[t.name] is not arrays[t.name]:
             t.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(small[t.name]), t.name))
-    new_channels = {g.group.name: int(k.shape[0]) for g, k in zip(found.groups, kept, strict=True)}
-    sizes: dict[str, tuple[int, ...]] = {n: tuple(small[n].shape) for n in names}
+    new_channels: dict[Any, int] = {og.group.name: int(k.shape[0]) for og, k in zip(found.groups, kept, strict=True)}
+    sizes: dict[Any, tuple[int, ...]] = {n: tuple(small[n].shape) for n in names}
     for v in [*graph.input, *graph.value_info]:  # initializers listed as inputs (IR < 4) or with shapes
         if v.name in sizes:
             _set_shape(v, sizes[v.name])
     value_info = {v.name: v for v in graph.value_info}
-    for g in found.groups:
-        for value, axis in g.values:
+    for og in found.groups:
+        for value, axis in og.values:
             if value in value_info:
-                _set_dim(value_info[value], axis, new_channels[g.group.name])
-        for idx in g.depthwise:
+                _set_dim(value_info[value], axis, new_channels[og.group.name])
+        for idx in og.depthwise:
             for a in graph.node[idx].attribute:
                 if a.name == "group":
-                    a.i = new_channels[g.group.name]
+                    a.i = new_channels[og.group.name]
     before = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     after = sum(int(np.prod(t.dims)) for t in graph.initializer)
     report = ShrinkReport(

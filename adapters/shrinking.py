@@ -41,15 +41,14 @@ from arrayprune.adapters.pipeline import (
     PruneResult,
     WholeFile,
     _check_output,
-    _compare,
     _plan,
-    _verify_inputs,
 )
 from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module
 from arrayprune.adapters.roles.onnx_groups import OnnxGroups, onnx_groups
 from arrayprune.adapters.shrink import shrink_onnx
 from arrayprune.adapters.stream_pruning import PruneSummary, Totals
 from arrayprune.adapters.summary import report_rows, totals
+from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
 
 __all__ = ["ShrinkResult", "refusal", "run_shrink", "zeroed_reference"]
 
@@ -280,7 +279,7 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
     except (ValueError, TypeError, KeyError) as exc:
         raise PruneError(f"--shrink: {error_text(exc)}", src) from None
     # the dense model runs before OUT is written
-    prepared = _verify_inputs(spec, src, zeroed_reference(wf, found, report.kept)) if spec.verify else None
+    prepared = verify_inputs(spec, src, zeroed_reference(wf, found, report.kept)) if spec.verify else None
 
     numpy_helper = optional_module("onnx.numpy_helper", "onnx", "--shrink")
     members = {m.key for g in found.groups for m in g.group.members}
@@ -289,8 +288,9 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
     fmt.save(dst, params, "onnx", like=WeightFile(src, "onnx", params, {**wf.context, "model": small}))
 
     shrunk = ShrinkResult(found, spec.amount, report.kept, report.params_before, report.params_after)
+    assert dst is not None  # set (dry runs returned above)
     written = _summary(params, found, storage.roles, dst)
     result = PruneResult(src, dst, kind, spec, plan, written, notes=_notes(spec), shrink=shrunk)
     if prepared is not None:
-        result.verify, result.verify_sizes = _compare(prepared, dst, spec.verify_tol), dict(prepared.sizes)
+        result.verify, result.verify_sizes = compare_outputs(prepared, dst, spec.verify_tol), dict(prepared.sizes)
     return result

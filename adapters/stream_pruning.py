@@ -6,8 +6,9 @@ from memory-mapped files and writes every tensor of the plan, pruned or not, thr
 :class:`~arrayprune.adapters.formats.safetensors_stream.TensorWriter`, so that no more than a chunk or a tensor is
 in memory at a time.
 
-* **Global magnitude pruning** (``global_unstructured`` with ``L1Unstructured``): one
-  exact threshold over all the selected tensors, by radix selection
+* **Global pruning by an elementwise score** (``global_unstructured`` with
+  ``L1Unstructured``, or any method whose ``SCORE`` is elementwise: :func:`streams`):
+  one exact threshold over all the selected tensors, by radix selection
   (:mod:`arrayprune.selection.radix`): the magnitudes are turned into order-preserving
   integer keys chunk by chunk, and one histogram pass per 16-bit digit of the key (one
   for 16-bit floats, two for float32, four for float64) finds the k-th smallest key
@@ -16,11 +17,28 @@ in memory at a time.
   (:class:`~arrayprune.selection.radix.StreamingCut`). The masks are those of
   :func:`arrayprune.global_unstructured` on the tensors in plan order: ties broken by
   position (tensors in plan order, then flat index), NaN above +inf. Memory: a chunk's
-  keys and 65,536 counters.
-* **Magnitude pruning per tensor** (``l1_unstructured``): the same, one tensor at a
-  time.
+  keys and 65,536 counters. Usually one pass finds the threshold: a sample of about
+  a million keys, read in blocks spread over the tensors, brackets the k-th key, and the
+  pass counts the keys below the bracket and each key inside it
+  (:func:`arrayprune.selection.radix.cut_of_chunks`); the digit passes follow only
+  when the bracket misses. The sample changes the time, never the masks. A magnitude
+  score ranks the stored entries as they are; another elementwise score is computed
+  chunk by chunk, and its magnitudes ranked.
+* **Pruning per tensor by an elementwise score** (``l1_unstructured``, ...): the same,
+  one tensor at a time.
+* **N:M pruning** along the last axis (``nm_structured``, the reduction axis of a
+  Hugging Face ``[out, in]`` weight): chunk by chunk of whole rows, ranked on integer
+  keys of the bit patterns (bfloat16 without PyTorch), the order of
+  :class:`arrayprune.NMStructured`.
 * **Any other method per tensor**: the tensor is read whole and pruned by the core
   (bfloat16 as a PyTorch tensor, as the in-memory path reads it), then written.
+
+Every write goes through one background thread
+(:class:`~arrayprune.adapters.formats.safetensors_stream.BackgroundWrites`, at most one
+chunk waiting), so that the next chunk is read and pruned while the last is written;
+output chunks are reused once written. Zeros are counted from the keep mask where the
+threshold lies strictly between 0 and +inf (every pruned entry folds to a zero, no kept
+one is zero), else from the folded entries.
 
 Pruned entries are folded as the in-memory path folds them, ``w * mask``: NumPy's
 multiplication for float16/32/64; for bfloat16 (read as uint16 bit patterns, without
@@ -38,9 +56,10 @@ from typing import Any
 
 import numpy as np
 
-from arrayprune import L1Unstructured
+from arrayprune.adapters.formats import safetensors_stream
 from arrayprune.adapters.formats.errors import FormatError, _describe
-from arrayprune.adapters.formats.safetensors_stream import TensorFiles, TensorWriter, zero_count
+from arrayprune.adapters.formats.safetensors_stream import BackgroundWrites, TensorFiles, TensorWriter, zero_count
+from arrayprune.method_parts import N_OF_M, pattern_of, score_of
 from arrayprune.selection import radix
 
 __all__ = ["MAGNITUDE_DTYPES", "PruneSummary", "Totals", "fold", "prune_source", "prune_stored"]
@@ -91,7 +110,7 @@ class PruneSummary:
     by_tensor: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
-def fold(raw: np.ndarray, keep: np.ndarray, code: str) -> np.ndarray:
+def fold(raw: np.ndarray, keep: np.ndarray, code: str, out: np.ndarray | None = None) -> np.ndarray:
     """``w * keep`` on entries as read (bfloat16 as uint16 bit patterns).
 
     Parameters
@@ -103,6 +122,8 @@ def fold(raw: np.ndarray, keep: np.ndarray, code: str) -> np.ndarray:
         Same shape: False where the entry is pruned.
     code : str
         ``"F16"``, ``"BF16"``, ``"F32"`` or ``"F64"``.
+    out : ndarray, optional
+        Where to put the result (the shape and dtype of `raw`).
 
     Returns
     -------
@@ -111,15 +132,17 @@ def fold(raw: np.ndarray, keep: np.ndarray, code: str) -> np.ndarray:
     """
     with np.errstate(invalid="ignore"):  # inf * 0 is NaN, as in the in-memory path
         if code != "BF16":
-            return raw * keep
+            return np.multiply(raw, keep, out=out)
         # Finite entries: kept as they are, pruned to the zero of their sign (bit masks).
         bits = keep.astype(np.uint16)
         bits *= np.uint16(0x7FFF)
         bits |= np.uint16(0x8000)
-        out = raw & bits
+        out = np.bitwise_and(raw, bits, out=out)
         # Pruned inf and NaN: the float32 product, whose upper half is exact. Kept ones
         # keep their bits above (a float32 product would quiet a signalling NaN).
-        special = ((raw & np.uint16(0x7F80)) == np.uint16(0x7F80)) & ~keep
+        special = (raw & np.uint16(0x7F80)) == np.uint16(0x7F80)
+        if special.any():
+            special &= ~keep
         if special.any():
             wide = (raw[special].astype(np.uint32) << np.uint32(16)).view(np.float32)
             out[special] = ((wide * keep[special]).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
@@ -136,62 +159,217 @@ def _magnitude_name(entry: Any) -> str:
     return MAGNITUDE_DTYPES[code]
 
 
+def streams(method: Any) -> bool:
+    """Whether `method` prunes stored tensors chunk by chunk (alone, or ranked across them):
+    its score is elementwise, needs nothing but the values, and its units are entries."""
+    score = score_of(method)
+    return score.elementwise and score.uses_values and not score.needs_calibration and pattern_of(method).across_arrays
+
+
+#: Keys of the sample that guides the radix passes (:func:`_sample`), and its blocks.
+_SAMPLE, _BLOCK = 1 << 20, 1 << 12
+
+#: Bytes around a sampled block given back with it: a fault may map a whole large folio.
+_AROUND = 4 << 20
+
+#: Each safetensors dtype's +inf as read (bfloat16 as its bit pattern).
+_INF: dict[str, np.ndarray] = {
+    "F16": np.array([np.inf], dtype=np.float16), "BF16": np.array([0x7F80], dtype=np.uint16),
+    "F32": np.array([np.inf], dtype=np.float32), "F64": np.array([np.inf], dtype=np.float64),
+}
+
+
+class _Buffers:
+    """Output chunks to reuse once written (their number is bounded by the writes in flight)."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[str, int], list[np.ndarray]] = {}
+
+    def take(self, like: np.ndarray) -> np.ndarray:
+        free = self._free.get((like.dtype.str, like.size))
+        try:
+            return free.pop() if free else np.empty(like.size, dtype=like.dtype)
+        except IndexError:  # emptied by another thread meanwhile
+            return np.empty(like.size, dtype=like.dtype)
+
+    def give(self, buffer: np.ndarray) -> None:
+        self._free.setdefault((buffer.dtype.str, buffer.size), []).append(buffer)
+
+
+def _sample(targets: Sequence[Any], files: TensorFiles, keys: Callable[[Any, np.ndarray], np.ndarray]) -> np.ndarray:
+    """Keys of blocks spread evenly over the targets, about :data:`_SAMPLE` in all."""
+    total = sum(e.value.raw_count for e in targets) or 1
+    parts = []
+    for e in targets:
+        t = e.value
+        n = t.raw_count
+        blocks = max(1, round(_SAMPLE * n / total / _BLOCK))
+        if blocks * _BLOCK >= n:
+            spans = [(0, n)] if n else []
+        else:
+            starts = (i * (n - _BLOCK) // max(blocks - 1, 1) for i in range(blocks))
+            spans = [(start, start + _BLOCK) for start in starts]
+        size = t.raw_dtype.itemsize
+        for start, stop in spans:
+            parts.append(keys(e, files.raw(t, start, stop)))
+            # the pages read, and those the kernel mapped around them (a large folio)
+            begin, end = t.begin + start * size - _AROUND, t.begin + stop * size + _AROUND
+            files.release(t.path, max(begin, t.begin), min(end, t.end))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+
+
 class _Cut:
-    """The k smallest magnitudes of some tensors, found by radix passes, applied in order."""
+    """The k smallest scores of some tensors, found by radix passes, applied in order.
+
+    A magnitude score ranks the stored bit patterns as they are; another elementwise
+    score is computed chunk by chunk (``method.entry_scores``) and its magnitudes ranked.
+    """
 
     def __init__(self, targets: Sequence[Any], files: TensorFiles, method: Any, *, release: bool):
         self.names = {e.name: _magnitude_name(e) for e in targets}
-        self.bits = radix.key_bits(self.names.values())
+        self.method = None if score_of(method).magnitude else method
+        self.score_names = self.names if self.method is None else {e.name: self._score_dtype(e) for e in targets}
+        self.bits = radix.key_bits(self.score_names.values())
         total = sum(e.value.size for e in targets)
         k = method.count(total)
         self.stream = None
+        self.key = 0
+        self.buffers = _Buffers()
         if k:
 
             def keys() -> Iterable[np.ndarray]:
                 for e in targets:
                     for raw in files.chunks(e.value, release=release):
-                        yield radix.magnitude_keys(raw, self.names[e.name], self.bits)
+                        yield self.keys(e, raw)
 
-            self.stream = radix.StreamingCut(radix.cut_of_chunks(keys, self.bits, k, total))
+            sample = _sample(targets, files, self.keys)
+            found = radix.cut_of_chunks(keys, self.bits, k, total, sample=sample)
+            self.key = found.key
+            self.stream = radix.StreamingCut(found)
 
-    def write(self, entry: Any, files: TensorFiles, writer: TensorWriter) -> int:
+    def _scores(self, entry: Any, raw: np.ndarray) -> np.ndarray:
+        """The method's scores of entries as read (bfloat16 widened to float32)."""
+        assert self.method is not None
+        values = raw
+        if entry.value.code == "BF16":
+            values = (raw.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return np.asarray(self.method.entry_scores([values])[0])
+
+    def _score_dtype(self, entry: Any) -> str:
+        code = entry.value.code
+        probe = np.full(1, 0x3F80, np.uint16) if code == "BF16" else np.ones(1, MAGNITUDE_DTYPES[code])  # ones
+        name = self._scores(entry, probe).dtype.name
+        if name not in ("float16", "float32", "float64"):
+            raise TypeError(f"tensor {entry.name!r}: {type(self.method).__name__} scores are {name}, not floating")
+        return name
+
+    def keys(self, entry: Any, raw: np.ndarray) -> np.ndarray:
+        """The radix keys of a chunk of `entry` as read."""
+        if self.method is None:
+            return radix.magnitude_keys(raw, self.names[entry.name], self.bits)
+        scores = self._scores(entry, raw)
+        return radix.magnitude_keys(scores, self.score_names[entry.name], self.bits)
+
+    def write(self, entry: Any, files: TensorFiles, sink: BackgroundWrites) -> int:
         """Write the next target (in the order of the passes) pruned; its number of zeros."""
         t, zeros = entry.value, 0
+        name = self.names[entry.name]
+        # Below the key of +inf and above 0, every pruned entry folds to a zero and no
+        # kept one is zero: the zeros are the pruned entries, counted from the mask.
+        finite = self.method is None and self.stream is not None
+        finite = finite and 0 < self.key < int(radix.magnitude_keys(_INF[t.code], name, self.bits)[0])
         for raw in files.chunks(t):
             if self.stream is None:
                 keep = np.ones(raw.shape, dtype=bool)
             else:
-                keep = self.stream.keep(radix.magnitude_keys(raw, self.names[entry.name], self.bits))
-            out = fold(raw, keep, t.code)
-            writer.write(t.name, out)
-            zeros += zero_count(out, t.code)
+                keep = self.stream.keep(self.keys(entry, raw))
+            out = fold(raw, keep, t.code, out=self.buffers.take(raw))
+            zeros += raw.size - int(np.count_nonzero(keep)) if finite else zero_count(out, t.code)
+            sink.write(t.name, out, self.buffers.give)
         return zeros
 
 
-def _prune_in_core(entry: Any, files: TensorFiles, writer: TensorWriter, method: Any) -> int:
+#: Each dtype's key of NaN, as :func:`_nm_keep` ranks it: every NaN alike, above +inf.
+_NAN_KEY = {"F16": 0x7C01, "BF16": 0x7F81, "F32": 0x7F80_0001, "F64": 0x7FF0_0000_0000_0001}
+
+#: The longest groups :func:`_nm_keep` ranks by pairwise comparisons.
+_NM_MAX_M = 8
+
+
+def _nm_keep(raw: np.ndarray, code: str, n: int, m: int) -> np.ndarray:
+    """Keep mask of `n`:`m` pruning of consecutive groups of `raw` (flat, entries as read).
+
+    The order of :class:`arrayprune.NMStructured`: magnitude ascending, NaN above +inf
+    (all NaNs alike), ties by position; integer keys of the bit patterns (sign cleared)
+    order entries as their magnitudes do, bfloat16 included.
+    """
+    utype = raw.dtype.type if raw.dtype.kind == "u" else np.dtype(f"u{raw.dtype.itemsize}").type
+    keys = raw.view(utype) & utype((1 << (8 * raw.dtype.itemsize - 1)) - 1)
+    np.minimum(keys, utype(_NAN_KEY[code]), out=keys)
+    groups = keys.reshape(-1, m)
+    cols = [groups[:, j] for j in range(m)]
+    ranks = [np.zeros(groups.shape[0], dtype=np.uint8) for _ in range(m)]
+    for j in range(1, m):
+        for i in range(j):
+            first = cols[i] <= cols[j]  # position i ranks below position j (ties: the earlier)
+            ranks[j] += first
+            ranks[i] += ~first
+    keep = np.empty(groups.shape, dtype=bool)
+    for j in range(m):
+        np.greater_equal(ranks[j], n, out=keep[:, j])
+    return keep.reshape(-1)
+
+
+def _prune_nm_streamed(entry: Any, files: TensorFiles, sink: BackgroundWrites, method: Any) -> int | None:
+    """N:M pruning along the last axis in chunks of whole rows; its number of zeros.
+
+    None (nothing read or written) where the groups do not run along the tensor's last
+    axis, the axis is not a multiple of ``m`` long, groups are long, or a row does not
+    fit in a chunk: the tensor is then pruned whole by the core.
+    """
+    t = entry.value
+    if pattern_of(method) is not N_OF_M or not score_of(method).magnitude:
+        return None
+    if not t.shape or t.code not in MAGNITUDE_DTYPES or method.m > _NM_MAX_M:
+        return None
+    length = t.shape[-1]
+    if method.dim % len(t.shape) != len(t.shape) - 1 or length % method.m or length > safetensors_stream.CHUNK:
+        return None
+    buffers, zeros = _Buffers(), 0
+    for raw in files.chunks(t, safetensors_stream.CHUNK // length * length):
+        keep = _nm_keep(raw, t.code, method.n, method.m) if method.n else np.ones(raw.shape, dtype=bool)
+        out = fold(raw, keep, t.code, out=buffers.take(raw))
+        zeros += zero_count(out, t.code)
+        sink.write(t.name, out, buffers.give)
+    return zeros
+
+
+def _prune_in_core(entry: Any, files: TensorFiles, sink: BackgroundWrites, method: Any, scores_for: Any) -> int:
     """Prune one tensor with the core, read whole; write it; its number of zeros."""
     from arrayprune.adapters import mapping as mp
 
     t = entry.value
     _magnitude_name(entry)
     value = files.load(t) if t.code == "BF16" else files.raw(t).reshape(t.shape)
-    folded = mp.remove(mp.prune({"t": value}, "t", method), "t")["t"]
+    scores = None if scores_for is None else scores_for(entry, value)
+    folded = mp.remove(mp.prune({"t": value}, "t", method, scores), "t")["t"]
     del value
     if t.code == "BF16":  # a PyTorch tensor: its bit patterns
         import torch
 
         folded = folded.contiguous().view(torch.int16).numpy()
     raw = np.ascontiguousarray(folded).reshape(-1).view(t.raw_dtype)
-    writer.write(t.name, raw)
+    sink.write(t.name, raw)
     zeros = zero_count(raw, t.code)
+    sink.wait()  # a whole tensor: written before the next one is read
     files.release_tensor(t)
     return zeros
 
 
-def _copy(t: Any, files: TensorFiles, writer: TensorWriter) -> int:
+def _copy(t: Any, files: TensorFiles, sink: BackgroundWrites) -> int:
     zeros = 0
     for raw in files.chunks(t):
-        writer.write(t.name, raw)
+        sink.write(t.name, raw)
         zeros += zero_count(raw, t.code)
     return zeros
 
@@ -202,8 +380,10 @@ def prune_stored(
     files: TensorFiles,
     *,
     method_for: Callable[[Any], Any],
+    scores_for: Callable[[Any, Any], Any] | None = None,
     global_method: Any = None,
     progress: Progress | None = None,
+    replaced: Mapping[str, Callable[[], np.ndarray]] | None = None,
 ) -> PruneSummary:
     """Write every tensor of a plan, pruning those it selects, in bounded memory.
 
@@ -221,11 +401,19 @@ def prune_stored(
     method_for : callable
         ``method_for(entry)``: the method instance that prunes a selected tensor on its
         own (its ``dim`` and seed chosen for it).
-    global_method : L1Unstructured, optional
-        Prune all the selected tensors together with this method (global pruning);
-        only magnitude pruning (:class:`arrayprune.L1Unstructured`) is done here.
+    scores_for : callable, optional
+        ``scores_for(entry, value)``: the importance scores a selected tensor is ranked
+        by, given its value read whole (Wanda's); without it, the values rank.
+    global_method : UnstructuredPruningMethod, optional
+        Prune all the selected tensors together with this method (global pruning): one
+        whose score is elementwise (:func:`streams`), such as
+        :class:`arrayprune.L1Unstructured`.
     progress : callable, optional
         ``progress(items, description)`` wraps the loop over tensors (a progress bar).
+    replaced : mapping, optional
+        Selected tensors already pruned elsewhere (weights updated by a reconstruction
+        method): name -> a function returning the entries to write (raw, as
+        :class:`~arrayprune.adapters.formats.safetensors_stream.TensorFiles` reads them).
 
     Returns
     -------
@@ -234,7 +422,7 @@ def prune_stored(
     Raises
     ------
     TypeError
-        If `global_method` is not an ``L1Unstructured``, or a selected tensor's dtype
+        If `global_method`'s score is not elementwise, or a selected tensor's dtype
         cannot be pruned here (float8 and other formats without a magnitude order).
     ValueError
         If the amount is too large, or the method fails on a tensor (the message names it).
@@ -243,32 +431,38 @@ def prune_stored(
     summary = PruneSummary()
     cut = None
     if global_method is not None:
-        if type(global_method) is not L1Unstructured:
+        if not streams(global_method):
             name = type(global_method).__name__
-            raise TypeError(f"global pruning of stored tensors ranks magnitudes (L1Unstructured), not {name}")
+            raise TypeError(f"global pruning of stored tensors ranks an elementwise score, not {name}'s")
         cut = _Cut(targets, files, global_method, release=True)
-    for entry in (progress or (lambda items, desc: items))(list(plan), "pruning"):
-        t = entry.value
-        writer = writers[t.name]
-        if not entry.prune:
-            summary.whole.add(t.size, _copy(t, files, writer))
-            continue
-        if cut is not None:
-            zeros = cut.write(entry, files, writer)
-        else:
-            method = method_for(entry)
-            try:
-                if type(method) is L1Unstructured:
-                    zeros = _Cut([entry], files, method, release=False).write(entry, files, writer)
-                    files.release_tensor(t)
-                else:
-                    zeros = _prune_in_core(entry, files, writer, method)
-            except (ValueError, TypeError, IndexError, KeyError) as exc:
-                text = str(exc.args[0] if exc.args else exc)
-                raise type(exc)(text if text.startswith("tensor ") else f"tensor {entry.name!r}: {text}") from None
-        summary.pruned.add(t.size, zeros)
-        summary.by_tensor[entry.name] = (zeros, t.size)
-        summary.whole.add(t.size, zeros)
+    with BackgroundWrites(writers) as sink:
+        for entry in (progress or (lambda items, desc: items))(list(plan), "pruning"):
+            t = entry.value
+            if not entry.prune:
+                summary.whole.add(t.size, _copy(t, files, sink))
+                continue
+            if replaced is not None and entry.name in replaced:
+                raw = np.ascontiguousarray(replaced[entry.name]()).reshape(-1)
+                sink.write(t.name, raw)
+                zeros = zero_count(raw, t.code)
+                sink.wait()  # a whole tensor: written before the next one is read
+            elif cut is not None:
+                zeros = cut.write(entry, files, sink)
+            else:
+                method = method_for(entry)
+                try:
+                    if scores_for is None and streams(method):
+                        zeros = _Cut([entry], files, method, release=True).write(entry, files, sink)
+                        files.release_tensor(t)
+                    else:
+                        streamed = None if scores_for is not None else _prune_nm_streamed(entry, files, sink, method)
+                        zeros = _prune_in_core(entry, files, sink, method, scores_for) if streamed is None else streamed
+                except (ValueError, TypeError, IndexError, KeyError) as exc:
+                    text = str(exc.args[0] if exc.args else exc)
+                    raise type(exc)(text if text.startswith("tensor ") else f"tensor {entry.name!r}: {text}") from None
+            summary.pruned.add(t.size, zeros)
+            summary.by_tensor[entry.name] = (zeros, t.size)
+            summary.whole.add(t.size, zeros)
     return summary
 
 
@@ -278,8 +472,10 @@ def prune_source(
     plan: Sequence[Any],
     *,
     method_for: Callable[[Any], Any],
+    scores_for: Callable[[Any, Any], Any] | None = None,
     global_method: Any = None,
     progress: Progress | None = None,
+    replaced: Mapping[str, Callable[[], np.ndarray]] | None = None,
 ) -> PruneSummary:
     """:func:`prune_stored` from a checkpoint to `dst`, written atomically by the checkpoint.
 
@@ -289,7 +485,7 @@ def prune_source(
         What the plan's tensors come from; its ``write(dst, fill)`` writes `dst`.
     dst : str
         The output file (or folder, for a sharded checkpoint).
-    plan, method_for, global_method, progress
+    plan, method_for, scores_for, global_method, progress, replaced
         As for :func:`prune_stored`.
 
     Returns
@@ -306,7 +502,14 @@ def prune_source(
             return source.write(
                 dst,
                 lambda writers: prune_stored(
-                    plan, writers, files, method_for=method_for, global_method=global_method, progress=progress
+                    plan,
+                    writers,
+                    files,
+                    method_for=method_for,
+                    scores_for=scores_for,
+                    global_method=global_method,
+                    progress=progress,
+                    replaced=replaced,
                 ),
             )
     except OSError as exc:  # a full disk, a folder that cannot be written: nothing was written

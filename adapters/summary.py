@@ -36,6 +36,7 @@ def report_rows(
     storage: bool = True,
     roles: Mapping[tuple, Role] | None = None,
     load: Callable[[Any], Any] | None = None,
+    scan: Callable[[Any, int], tuple[int, bool] | None] | None = None,
 ) -> list[dict[str, Any]]:
     """Per-tensor statistics of every array of a mapping.
 
@@ -54,6 +55,10 @@ def report_rows(
         Reads one value of `params` as an array (one tensor in memory at a time):
         ``TensorFiles.load`` for :class:`~arrayprune.adapters.formats.safetensors_stream.StoredTensor`
         values.
+    scan : callable, optional
+        ``scan(value, dim)``: the zeros of a value of `params` and whether it is 2:4
+        sparse along `dim`, read in chunks (``TensorFiles.scan``), or None to `load` it
+        whole instead.
 
     Returns
     -------
@@ -79,6 +84,12 @@ def report_rows(
         if not (hasattr(value, "shape") and hasattr(value, "dtype")):
             continue  # plain numbers and strings of a checkpoint: not tensors
         key = alias_key(value)  # of the stored tensor: copies read one at a time may reuse memory
+        role = roles.get(path, Role("other", why="unknown"))
+        scanned = scan(value, _nm_axis(role, value)) if scan is not None and mask is None else None
+        if scanned is not None:
+            tied_to = first_name.setdefault(key, _name(path))
+            rows.append(_row(path, value, scanned, role, plan, tied_to, masked, storage))
+            continue
         if load is not None:
             value, mask = load(value), None if mask is None else load(mask)
         if mask is not None:
@@ -116,6 +127,53 @@ def report_rows(
             row.update(nm_2_4="semi_structured_2_4" in nbytes, bytes=nbytes)
         rows.append(row)
     return rows
+
+
+def _row(
+    path: tuple,
+    value: Any,
+    scanned: tuple[int, bool],
+    role: Role,
+    plan: Mapping[tuple, Any],
+    tied_to: str,
+    masked: set,
+    storage: bool,
+) -> dict[str, Any]:
+    """The row of a stored floating-point tensor read in chunks (``raw_dtype`` says its
+    entries' width): the same as from the whole array."""
+    name = _name(path)
+    z, nm = scanned
+    n = _size(value)
+    entry = plan.get(path)
+    reason = entry.reason if entry is not None else "tied"
+    row = {
+        "name": name,
+        "shape": [int(s) for s in value.shape],
+        "dtype": dtype_name(value),
+        "size": n,
+        "zeros": z,
+        "sparsity": z / n if n else 0.0,
+        "masked": path in masked,
+        "role": role.kind,
+        "output_axis": role.output_axis,
+        "reduction_axis": role.reduction_axis,
+        "nodes": list(role.nodes),
+        "prunable": reason is None,
+        "reason": reason,
+        "tied_to": None if tied_to == name else tied_to,
+    }
+    if storage:  # arrayprune.sparse_nbytes, from the counts
+        itemsize, nnz = int(value.raw_dtype.itemsize), n - z
+        rows = value.shape[0] if len(value.shape) > 1 else 1
+        nbytes = {
+            "dense": n * itemsize,
+            "csr": nnz * (itemsize + 4) + (rows + 1) * 4,
+            "bitmask": nnz * itemsize + -(-n // 8),
+        }
+        if nm:
+            nbytes["semi_structured_2_4"] = n // 2 * itemsize + n // 2 * 2 // 8
+        row.update(nm_2_4=nm, bytes=nbytes)
+    return row
 
 
 def _nm_axis(role: Role, value: Any) -> int:

@@ -162,7 +162,7 @@ def lookup(params: Mapping, path: Path) -> Any:
 def _rebuild(like: Mapping, items: Iterable[tuple[Any, Any]]) -> Mapping:
     """A new mapping holding `items`, of the type of `like` where possible."""
     data = dict(items)
-    cls = type(like)
+    cls: Any = type(like)
     if cls is dict:
         return data
     if cls is OrderedDict:

@@ -39,7 +39,7 @@ DEFAULT_TOL = (1.0, 1e-6)
 
 _SIZES = range(1, 9)  # sizes tried for each symbolic dimension
 _MAX_TRIES = 40  # runs of the original model while searching for sizes
-_TYPES = {
+_TYPES: dict[str, Any] = {
     "tensor(float)": np.float32,
     "tensor(double)": np.float64,
     "tensor(float16)": np.float16,

@@ -15,19 +15,26 @@ from .amount import (
     validate_pruning_dim,
     validate_structured_pruning,
 )
+from .functional import *  # noqa: F403 (one verb per method of the table)
 from .functional import mask_for
 from .global_pruning import global_unstructured, lamp_scores
 from .groups import ChannelGroup
 from .methods import (
     AmountPruningMethod,
     BasePruningMethod,
+    CustomFromMask,
+    Identity,
+    L1Unstructured,
+    LnStructured,
     PruningContainer,
+    RandomStructured,
+    RandomUnstructured,
     StructuredPruningMethod,
     UnstructuredPruningMethod,
     combine_masks,
 )
 from .norms import channel_norms
-from .patterns import is_nm_sparse
+from .patterns import BlockUnstructured, NMStructured, is_nm_sparse
 from .reconstruction import HessianAccumulator, sparsegpt, unfold_patches
 from .registry import METHODS
 from .schedules import (
@@ -38,17 +45,13 @@ from .schedules import (
 )
 from .selection import kth_smallest, smallest_magnitude_keep
 from .sparse import pack_mask, sparse_nbytes, to_csr, to_semi_structured, unpack_mask
-from .wanda import wanda_scores
+from .wanda import Wanda, wanda_scores
 
 __version__ = "0.1.0"
 
-# Every method of the table is exported twice: its class (``L1Unstructured``) and its
-# functional verb (``l1_unstructured``, see arrayprune.functional).
-_METHOD_EXPORTS = {
-    **{cls.__name__: cls for cls in METHODS.values()},
-    **{name: getattr(_functional, name) for name in METHODS},
-}
-globals().update(_METHOD_EXPORTS)
+# Importing the submodule ``arrayprune.wanda`` made it an attribute of the package: the
+# name is the functional verb's.
+wanda = _functional.wanda
 
 __all__ = [
     "METHODS",
@@ -59,7 +62,17 @@ __all__ = [
     "PruningContainer",
     "combine_masks",
     "mask_for",
-    *_METHOD_EXPORTS,
+    # Every method of the table is exported twice: its class and its functional verb.
+    "Identity",
+    "RandomUnstructured",
+    "L1Unstructured",
+    "RandomStructured",
+    "LnStructured",
+    "CustomFromMask",
+    "NMStructured",
+    "BlockUnstructured",
+    "Wanda",
+    *(name for name in _functional.__all__ if name != "mask_for"),
     "global_unstructured",
     "allocate_from_curves",
     "owl_allocation",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -63,7 +64,7 @@ def uniform(x: Array, shape: tuple[int, ...], generator: np.random.Generator) ->
 
 def _uniform_block(block_info: dict | None = None, *, state: dict) -> np.ndarray:
     """The numbers of one block, drawn run by run at their flat positions."""
-    info = block_info[None]
+    info = (block_info or {})[None]  # Dask always passes it
     location, shape = info["array-location"], info["shape"]
     extents = tuple(hi - lo for lo, hi in location)
     out = np.empty(math.prod(extents), dtype=np.float32)
@@ -74,7 +75,7 @@ def _uniform_block(block_info: dict | None = None, *, state: dict) -> np.ndarray
     return out.reshape(extents)
 
 
-def _positioned(state: dict, offset: int) -> np.random.Generator:
+def _positioned(state: Mapping[str, Any], offset: int) -> np.random.Generator:
     """A generator whose next 32-bit word is word `offset` of the stream of `state`.
 
     A 64-bit output gives two words, low half first; the state may hold the high half

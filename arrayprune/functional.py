@@ -19,14 +19,13 @@ array([ True, False,  True, False])
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
+from . import registry as _table  # the classes of the table (the core imports only relatively)
 from ._masks import check_same_shape, ones_mask
 from .methods import BasePruningMethod, combine_masks
-from .registry import METHODS, make_verb
 
-__all__ = ["mask_for", *METHODS]
+__all__ = ["mask_for"]
 
 Array = Any
 
@@ -73,42 +72,338 @@ def mask_for(
     return combine_masks(method, scores, default_mask)
 
 
-_DOC = """Mask of :class:`~arrayprune.{cls}` on `x`, on top of earlier pruning.
+# <verbs>
+# Written by tools/write_verbs.py from arrayprune.METHODS: edit the table or the class, then rerun it.
 
-See :class:`~arrayprune.{cls}` for what is pruned; this is ``mask_for({cls}(...), x,
-...)``.
+def identity(x: Array, *, default_mask: Array | None = None) -> Array:
+    """Mask of :class:`~arrayprune.Identity` on `x`, on top of earlier pruning.
 
-Parameters
-----------
-x : array
-    The array to prune.
-{parameters}
-default_mask : array, optional
-    Mask of earlier pruning: the method acts only on what it leaves, as in a
-    :class:`~arrayprune.PruningContainer`.
-importance_scores : array, optional
-    Scores to rank by instead of `x`, same shape (methods that rank by value).
+    See :class:`~arrayprune.Identity` for what is pruned; this is ``mask_for(Identity(...), x,
+    ...)``.
 
-Returns
--------
-array
-    The mask: boolean without `default_mask`, else of its dtype.
-"""
+    Parameters
+    ----------
+    x : array
+        The array to prune.
+
+    default_mask : array, optional
+        Mask of earlier pruning: the method acts only on what it leaves, as in a
+        :class:`~arrayprune.PruningContainer`.
+    importance_scores : array, optional
+        Scores to rank by instead of `x`, same shape (methods that rank by value).
+
+    Returns
+    -------
+    array
+        The mask: boolean without `default_mask`, else of its dtype.
+    """
+    method = _table.Identity()
+    return mask_for(method, x, default_mask=default_mask)
 
 
-def _call(method: Any, x: Array, default_mask: Array | None = None, importance_scores: Array | None = None) -> Array:
+def random_unstructured(
+    x: Array,
+    amount: int | float,
+    *,
+    seed: int | None = None,
+    generator: Any = None,
+    default_mask: Array | None = None,
+) -> Array:
+    """Mask of :class:`~arrayprune.RandomUnstructured` on `x`, on top of earlier pruning.
+
+    See :class:`~arrayprune.RandomUnstructured` for what is pruned; this is ``mask_for(RandomUnstructured(...), x,
+    ...)``.
+
+    Parameters
+    ----------
+    x : array
+        The array to prune.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the entries to prune, or their number.
+    seed : int, optional
+        Seed making the choice reproducible.
+    generator : object, optional
+        The array library's generator (or a JAX key) to draw from.
+    default_mask : array, optional
+        Mask of earlier pruning: the method acts only on what it leaves, as in a
+        :class:`~arrayprune.PruningContainer`.
+    importance_scores : array, optional
+        Scores to rank by instead of `x`, same shape (methods that rank by value).
+
+    Returns
+    -------
+    array
+        The mask: boolean without `default_mask`, else of its dtype.
+    """
+    method = _table.RandomUnstructured(amount, seed=seed, generator=generator)
+    return mask_for(method, x, default_mask=default_mask)
+
+
+def l1_unstructured(
+    x: Array,
+    amount: int | float,
+    *,
+    default_mask: Array | None = None,
+    importance_scores: Array | None = None,
+) -> Array:
+    """Mask of :class:`~arrayprune.L1Unstructured` on `x`, on top of earlier pruning.
+
+    See :class:`~arrayprune.L1Unstructured` for what is pruned; this is ``mask_for(L1Unstructured(...), x,
+    ...)``.
+
+    Parameters
+    ----------
+    x : array
+        The array to prune.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the entries to prune, or their number.
+    default_mask : array, optional
+        Mask of earlier pruning: the method acts only on what it leaves, as in a
+        :class:`~arrayprune.PruningContainer`.
+    importance_scores : array, optional
+        Scores to rank by instead of `x`, same shape (methods that rank by value).
+
+    Returns
+    -------
+    array
+        The mask: boolean without `default_mask`, else of its dtype.
+    """
+    method = _table.L1Unstructured(amount)
     return mask_for(method, x, default_mask=default_mask, importance_scores=importance_scores)
 
 
-for _name, _cls in METHODS.items():
-    globals()[_name] = make_verb(
-        _cls,
-        _name,
-        _call,
-        leading=[inspect.Parameter("x", inspect.Parameter.POSITIONAL_OR_KEYWORD)],
-        scores="keyword",
-        extra=[inspect.Parameter("default_mask", inspect.Parameter.KEYWORD_ONLY, default=None)],
-        doc=_DOC,
-        module="arrayprune",
-    )
-del _name, _cls
+def random_structured(
+    x: Array,
+    amount: int | float,
+    dim: int = -1,
+    *,
+    seed: int | None = None,
+    generator: Any = None,
+    default_mask: Array | None = None,
+) -> Array:
+    """Mask of :class:`~arrayprune.RandomStructured` on `x`, on top of earlier pruning.
+
+    See :class:`~arrayprune.RandomStructured` for what is pruned; this is ``mask_for(RandomStructured(...), x,
+    ...)``.
+
+    Parameters
+    ----------
+    x : array
+        The array to prune.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the channels to prune, or their number.
+    dim : int, default -1
+        Axis along which channels are defined.
+    seed : int, optional
+        Seed making the choice reproducible.
+    generator : object, optional
+        The array library's generator (or a JAX key) to draw from.
+    default_mask : array, optional
+        Mask of earlier pruning: the method acts only on what it leaves, as in a
+        :class:`~arrayprune.PruningContainer`.
+    importance_scores : array, optional
+        Scores to rank by instead of `x`, same shape (methods that rank by value).
+
+    Returns
+    -------
+    array
+        The mask: boolean without `default_mask`, else of its dtype.
+    """
+    method = _table.RandomStructured(amount, dim, seed=seed, generator=generator)
+    return mask_for(method, x, default_mask=default_mask)
+
+
+def ln_structured(
+    x: Array,
+    amount: int | float,
+    n: Any,
+    dim: int = -1,
+    *,
+    default_mask: Array | None = None,
+    importance_scores: Array | None = None,
+) -> Array:
+    """Mask of :class:`~arrayprune.LnStructured` on `x`, on top of earlier pruning.
+
+    See :class:`~arrayprune.LnStructured` for what is pruned; this is ``mask_for(LnStructured(...), x,
+    ...)``.
+
+    Parameters
+    ----------
+    x : array
+        The array to prune.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the channels to prune, or their number.
+    n : int, float, inf, -inf, 'fro' or 'nuc'
+        Order of the norm, as ``p`` in :func:`torch.norm` (see
+        :func:`arrayprune.norms.channel_norms`).
+    dim : int, default -1
+        Axis along which channels are defined.
+    default_mask : array, optional
+        Mask of earlier pruning: the method acts only on what it leaves, as in a
+        :class:`~arrayprune.PruningContainer`.
+    importance_scores : array, optional
+        Scores to rank by instead of `x`, same shape (methods that rank by value).
+
+    Returns
+    -------
+    array
+        The mask: boolean without `default_mask`, else of its dtype.
+    """
+    method = _table.LnStructured(amount, n, dim)
+    return mask_for(method, x, default_mask=default_mask, importance_scores=importance_scores)
+
+
+def custom_from_mask(x: Array, mask: Array, *, default_mask: Array | None = None) -> Array:
+    """Mask of :class:`~arrayprune.CustomFromMask` on `x`, on top of earlier pruning.
+
+    See :class:`~arrayprune.CustomFromMask` for what is pruned; this is ``mask_for(CustomFromMask(...), x,
+    ...)``.
+
+    Parameters
+    ----------
+    x : array
+        The array to prune.
+    mask : array
+        The mask; non-zero entries are kept.
+    default_mask : array, optional
+        Mask of earlier pruning: the method acts only on what it leaves, as in a
+        :class:`~arrayprune.PruningContainer`.
+    importance_scores : array, optional
+        Scores to rank by instead of `x`, same shape (methods that rank by value).
+
+    Returns
+    -------
+    array
+        The mask: boolean without `default_mask`, else of its dtype.
+    """
+    method = _table.CustomFromMask(mask)
+    return mask_for(method, x, default_mask=default_mask)
+
+
+def nm_structured(
+    x: Array,
+    n: int = 2,
+    m: int = 4,
+    dim: int = -1,
+    *,
+    default_mask: Array | None = None,
+    importance_scores: Array | None = None,
+) -> Array:
+    """Mask of :class:`~arrayprune.NMStructured` on `x`, on top of earlier pruning.
+
+    See :class:`~arrayprune.NMStructured` for what is pruned; this is ``mask_for(NMStructured(...), x,
+    ...)``.
+
+    Parameters
+    ----------
+    x : array
+        The array to prune.
+    n : int, default 2
+        Entries pruned per group.
+    m : int, default 4
+        Group length.
+    dim : int, default -1
+        Axis along which groups run (the input dimension of a linear weight is -1).
+    default_mask : array, optional
+        Mask of earlier pruning: the method acts only on what it leaves, as in a
+        :class:`~arrayprune.PruningContainer`.
+    importance_scores : array, optional
+        Scores to rank by instead of `x`, same shape (methods that rank by value).
+
+    Returns
+    -------
+    array
+        The mask: boolean without `default_mask`, else of its dtype.
+    """
+    method = _table.NMStructured(n, m, dim)
+    return mask_for(method, x, default_mask=default_mask, importance_scores=importance_scores)
+
+
+def block_unstructured(
+    x: Array,
+    amount: int | float,
+    block_shape: tuple[int, ...],
+    n: float = 1,
+    *,
+    default_mask: Array | None = None,
+    importance_scores: Array | None = None,
+) -> Array:
+    """Mask of :class:`~arrayprune.BlockUnstructured` on `x`, on top of earlier pruning.
+
+    See :class:`~arrayprune.BlockUnstructured` for what is pruned; this is ``mask_for(BlockUnstructured(...), x,
+    ...)``.
+
+    Parameters
+    ----------
+    x : array
+        The array to prune.
+    amount : int or float
+        Fraction in ``[0, 1]`` of the remaining blocks, or their number.
+    block_shape : tuple of int
+        Shape of a block, e.g. ``(1, 4)`` or ``(4, 4)``.
+    n : float, default 1
+        Order of the power mean (positive, or ``inf``).
+    default_mask : array, optional
+        Mask of earlier pruning: the method acts only on what it leaves, as in a
+        :class:`~arrayprune.PruningContainer`.
+    importance_scores : array, optional
+        Scores to rank by instead of `x`, same shape (methods that rank by value).
+
+    Returns
+    -------
+    array
+        The mask: boolean without `default_mask`, else of its dtype.
+    """
+    method = _table.BlockUnstructured(amount, block_shape, n)
+    return mask_for(method, x, default_mask=default_mask, importance_scores=importance_scores)
+
+
+def wanda(
+    x: Array,
+    amount: int | float,
+    dim: int = 0,
+    *,
+    default_mask: Array | None = None,
+    importance_scores: Array | None = None,
+) -> Array:
+    """Mask of :class:`~arrayprune.Wanda` on `x`, on top of earlier pruning.
+
+    See :class:`~arrayprune.Wanda` for what is pruned; this is ``mask_for(Wanda(...), x,
+    ...)``.
+
+    Parameters
+    ----------
+    x : array
+        The array to prune.
+    amount : int or float
+        Per output unit, the fraction in ``[0, 1]`` of its entries to prune, or their
+        number. Inside a container (iterative pruning), of its entries still unpruned.
+    dim : int, default 0
+        The output axis of the weight.
+    default_mask : array, optional
+        Mask of earlier pruning: the method acts only on what it leaves, as in a
+        :class:`~arrayprune.PruningContainer`.
+    importance_scores : array, optional
+        Scores to rank by instead of `x`, same shape (methods that rank by value).
+
+    Returns
+    -------
+    array
+        The mask: boolean without `default_mask`, else of its dtype.
+    """
+    method = _table.Wanda(amount, dim)
+    return mask_for(method, x, default_mask=default_mask, importance_scores=importance_scores)
+
+
+__all__ += [
+    "identity",
+    "random_unstructured",
+    "l1_unstructured",
+    "random_structured",
+    "ln_structured",
+    "custom_from_mask",
+    "nm_structured",
+    "block_unstructured",
+    "wanda",
+]
+# </verbs>

@@ -12,7 +12,8 @@ import array_api_compat as apc
 from ._masks import apply_keep, check_same_shape, count_true, eligible, ones_mask, size
 from ._namespace import namespace, widest_float
 from ._tracing import is_traced
-from .methods import L1Unstructured, UnstructuredPruningMethod, combine_masks
+from .method_parts import score_of
+from .methods import UnstructuredPruningMethod, combine_masks
 from .selection import smallest_magnitude_keep
 
 __all__ = ["global_unstructured", "lamp_scores"]
@@ -101,7 +102,7 @@ def global_unstructured(
         raise ValueError(f"normalization must be None or 'lamp', got {normalization!r}")
     if (constrained or normalization) and not isinstance(method, UnstructuredPruningMethod):
         raise TypeError("sparsity bounds and normalization need an UnstructuredPruningMethod")
-    if normalization == "lamp" and not isinstance(method, L1Unstructured):
+    if normalization == "lamp" and not score_of(method).magnitude:
         raise ValueError("normalization='lamp' ranks magnitudes: use L1Unstructured")
 
     if isinstance(method, UnstructuredPruningMethod):

@@ -160,7 +160,7 @@ class Shrunk(NamedTuple):
         arrays of the namespace and device of the group's first member.
     """
 
-    arrays: dict
+    arrays: Mapping
     kept: list
 
 
@@ -192,7 +192,7 @@ def resolve_method(method: Any = "ln_structured", **method_args: Any) -> Any:
     if isinstance(method, str):
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; expected one of {sorted(METHODS)}")
-        cls = METHODS[method]
+        cls: Any = METHODS[method]
         if not callable(getattr(cls, "channel_scores", None)):
             raise TypeError(f"method {method!r} does not remove whole channels: it cannot shrink a model")
         params = inspect.signature(cls.__init__).parameters

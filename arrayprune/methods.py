@@ -25,25 +25,30 @@ if it is larger, everything that remains is pruned.
 
 Writing a method
 ----------------
-Derive from :class:`UnstructuredPruningMethod` and implement ``entry_scores`` (entries of
-smallest score are pruned), or from :class:`StructuredPruningMethod` and implement
-``channel_scores`` (one score per channel along ``dim``); a method of another unit
-derives from :class:`AmountPruningMethod` (implement ``units``, ``compute_mask`` and,
-if the container should hand it the whole array, set ``PRUNING_TYPE = 'global'``).
-Listing the class in :data:`arrayprune.METHODS` gives it a functional verb, verbs in
-both adapters and a ``--method`` choice of the command line.
+A method is a score (``SCORE``: what ranks) and a pattern (``PATTERN``: which units go,
+what the amount counts), see :mod:`arrayprune.method_parts`. Derive from
+:class:`UnstructuredPruningMethod` and implement ``entry_scores`` (entries of smallest
+score are pruned; declare ``SCORE`` with ``elementwise=True`` if an entry's score
+depends on that entry alone, and stored tensors are then streamed), or from
+:class:`StructuredPruningMethod` and implement ``channel_scores`` (one score per channel
+along ``dim``); a method of another unit derives from :class:`AmountPruningMethod`
+(implement ``units`` and ``compute_mask``; a pattern with ``whole_array`` makes a
+container hand it the whole array). Each constructor parameter declares its
+command-line flag in ``FLAGS``. Listing the class in :data:`arrayprune.METHODS` gives it
+a functional verb, verbs in both adapters and a ``--method`` choice of the command line.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import array_api_compat as apc
 import array_api_extra as xpx
 
 from . import amount as _amount
+from . import method_parts as _parts
 from ._masks import (
     apply_keep,
     check_same_shape,
@@ -92,18 +97,30 @@ class BasePruningMethod(ABC):
 
     Attributes
     ----------
+    SCORE : arrayprune.method_parts.Score
+        What ranks (magnitude, random draws, a channel norm, ...): whether it is
+        elementwise (streamed, ranked across arrays), what it needs.
+    PATTERN : arrayprune.method_parts.Pattern
+        Which units go (entries, channels, N of M, blocks, ...), what the amount counts,
+        which axis ``dim`` names, whether a container hands it the whole array.
+    FLAGS : mapping of str to arrayprune.method_parts.Flag
+        The command-line flag of each constructor parameter (merged along the MRO).
     PRUNING_TYPE : {'unstructured', 'structured', 'global'}
-        What an iterative :class:`PruningContainer` hands the method: the entries still
-        unpruned, the channels along ``dim`` still unpruned, or the whole array (the
-        method then respects its ``default_mask`` itself).
+        PyTorch's name for what an iterative :class:`PruningContainer` hands the method:
+        the entries still unpruned, the channels along ``dim`` still unpruned, or the
+        whole array (the method then respects its ``default_mask`` itself); it is the
+        pattern's ``pruning_type``.
     USES_SCORES : bool
         Whether the method ranks by the values it is given, so that verbs offer
         ``importance_scores`` (False for random methods and given masks).
     """
 
     PRUNING_TYPE: ClassVar[str]
+    SCORE: ClassVar[_parts.Score]
+    PATTERN: ClassVar[_parts.Pattern]
+    FLAGS: ClassVar[Mapping[str, _parts.Flag]] = {}
     USES_SCORES: ClassVar[bool] = True
-    _tensor_name: str | None = None
+    _tensor_name: Any = None  # the name of the tensor pruned, set by adapters (PyTorch declares str)
 
     @abstractmethod
     def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
@@ -209,12 +226,17 @@ class PruningContainer(BasePruningMethod):
 
     def __init__(self, *methods: Any):
         self._pruning_methods: tuple[Any, ...] = ()
-        if len(methods) == 1 and isinstance(methods[0], Iterable) and not _is_method(methods[0]):
+        if len(methods) == 1 and isinstance(methods[0], Iterable) and not self._accepts(methods[0]):
             methods = tuple(methods[0])
-        if methods:
-            self._tensor_name = getattr(methods[0], "_tensor_name", None)
+        self._tensor_name = getattr(methods[0], "_tensor_name", None) if methods else None
         for method in methods:
             self.add_pruning_method(method)
+
+    @classmethod
+    def _accepts(cls, method: Any) -> bool:
+        """Whether `method` may join a container: a method instance (the PyTorch adapter's
+        container accepts PyTorch's methods only)."""
+        return _is_method(method)
 
     def add_pruning_method(self, method: Any) -> None:
         """Append `method` to the container.
@@ -228,7 +250,7 @@ class PruningContainer(BasePruningMethod):
         """
         if method is None:
             return
-        if not _is_method(method):
+        if not self._accepts(method):
             raise TypeError(f"{type(method)} is not a BasePruningMethod subclass")
         if self._tensor_name != getattr(method, "_tensor_name", None):
             raise ValueError(
@@ -392,6 +414,10 @@ class AmountPruningMethod(BasePruningMethod):
         If `amount` is a float outside ``[0, 1]`` or a negative integer.
     """
 
+    FLAGS: ClassVar[Mapping[str, _parts.Flag]] = {
+        "amount": _parts.Flag("--amount", float, "fraction (0..1) of the units to prune, or their number if > 1"),
+    }
+
     def __init__(self, amount: int | float):
         _amount.validate_pruning_amount_init(amount)
         self.amount = amount
@@ -448,6 +474,14 @@ class UnstructuredPruningMethod(AmountPruningMethod):
     """
 
     PRUNING_TYPE = "unstructured"
+    SCORE: ClassVar[_parts.Score] = _parts.Score("entry scores", elementwise=False)
+    PATTERN: ClassVar[_parts.Pattern] = _parts.UNSTRUCTURED
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "entry_scores" in cls.__dict__ and "SCORE" not in cls.__dict__:
+            # Its own scores rank, not an inherited score's: unknown unless it declares them.
+            cls.SCORE = _parts.Score("entry scores", elementwise=False)
 
     def entry_scores(self, arrays: list[Array]) -> list[Array]:
         """Scores of the entries of each array: entries of smallest ``|score|`` go first.
@@ -532,6 +566,11 @@ class StructuredPruningMethod(AmountPruningMethod):
     """
 
     PRUNING_TYPE = "structured"
+    SCORE: ClassVar[_parts.Score] = _parts.Score("channel scores", elementwise=False)
+    PATTERN: ClassVar[_parts.Pattern] = _parts.CHANNELS
+    FLAGS: ClassVar[Mapping[str, _parts.Flag]] = {
+        "dim": _parts.Flag("--dim", int, "the axis of the channels (default: each weight's output axis)")
+    }
 
     def __init__(self, amount: int | float, dim: int = -1):
         super().__init__(amount)
@@ -603,10 +642,18 @@ class StructuredPruningMethod(AmountPruningMethod):
 # --------------------------------------------------------------------------------------
 
 
+_RANDOM_FLAGS: Mapping[str, _parts.Flag] = {
+    "seed": _parts.Flag("--seed", int, "seed of the random methods (each tensor gets its own stream)"),
+    "generator": _parts.NO_FLAG,
+}
+
+
 class Identity(BasePruningMethod):
     """A method that prunes nothing: its mask is the default mask."""
 
     PRUNING_TYPE = "unstructured"
+    SCORE: ClassVar[_parts.Score] = _parts.NOTHING
+    PATTERN: ClassVar[_parts.Pattern] = _parts.UNSTRUCTURED
     USES_SCORES = False
 
     def compute_mask(self, t: Array, default_mask: Array | None) -> Array:
@@ -632,6 +679,8 @@ class L1Unstructured(UnstructuredPruningMethod):
     array([ True, False,  True, False])
     """
 
+    SCORE: ClassVar[_parts.Score] = _parts.MAGNITUDE
+
 
 class RandomUnstructured(UnstructuredPruningMethod):
     """Prune (currently unpruned) entries chosen uniformly at random.
@@ -646,6 +695,8 @@ class RandomUnstructured(UnstructuredPruningMethod):
         The array library's generator (or a JAX key) to draw from.
     """
 
+    SCORE: ClassVar[_parts.Score] = _parts.RANDOM
+    FLAGS = _RANDOM_FLAGS
     USES_SCORES = False
 
     def __init__(self, amount: int | float, *, seed: int | None = None, generator: Any = None):
@@ -674,6 +725,8 @@ class RandomStructured(StructuredPruningMethod):
         The array library's generator (or a JAX key) to draw from.
     """
 
+    SCORE: ClassVar[_parts.Score] = _parts.RANDOM
+    FLAGS = _RANDOM_FLAGS
     USES_SCORES = False
 
     def __init__(self, amount: int | float, dim: int = -1, *, seed: int | None = None, generator: Any = None):
@@ -700,6 +753,9 @@ class LnStructured(StructuredPruningMethod):
         Axis along which channels are defined.
     """
 
+    SCORE: ClassVar[_parts.Score] = _parts.CHANNEL_NORM
+    FLAGS = {"n": _parts.Flag("--n", float, "order of the channel norm (1, 2, inf, fro, ...)")}
+
     def __init__(self, amount: int | float, n: Any, dim: int = -1):
         super().__init__(amount, dim)
         self.n = n
@@ -718,6 +774,9 @@ class CustomFromMask(BasePruningMethod):
     """
 
     PRUNING_TYPE = "global"
+    SCORE: ClassVar[_parts.Score] = _parts.GIVEN_MASK
+    PATTERN: ClassVar[_parts.Pattern] = _parts.GIVEN
+    FLAGS = {"mask": _parts.NO_FLAG}
     USES_SCORES = False
 
     def __init__(self, mask: Array):

@@ -1,8 +1,9 @@
 """Pattern sparsity beyond ``torch.nn.utils.prune``: N:M groups and whole blocks.
 
 Both methods respect the ``default_mask`` inside :meth:`compute_mask` itself: entries
-already pruned stay pruned and count first. Their ``PRUNING_TYPE`` is ``'global'``, so
-a :class:`~arrayprune.PruningContainer` (arrayprune's or PyTorch's) hands them the whole
+already pruned stay pruned and count first. Their patterns take the whole array
+(``PATTERN.whole_array``, PyTorch's ``PRUNING_TYPE = 'global'``), so a
+:class:`~arrayprune.PruningContainer` (arrayprune's or PyTorch's) hands them the whole
 array and its mask, and they combine with every other method. Blocks are units of an
 amount, so :class:`BlockUnstructured` follows sparsity schedules; an N:M pattern has no
 amount and does not.
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, ClassVar
 
 import array_api_compat as apc
 import array_api_extra as xpx
 
 from . import amount as _amount
+from . import method_parts as _parts
 from ._masks import apply_keep, check_same_shape, count_true, eligible, known_count, mask_or_ones
 from ._namespace import namespace
 from ._tracing import is_traced
@@ -68,6 +70,13 @@ class NMStructured(BasePruningMethod):
     """
 
     PRUNING_TYPE = "global"
+    SCORE: ClassVar[_parts.Score] = _parts.MAGNITUDE
+    PATTERN: ClassVar[_parts.Pattern] = _parts.N_OF_M
+    FLAGS = {
+        "n": _parts.Flag("--nm", str, "N:M, N zeros in every M consecutive entries"),
+        "m": _parts.Flag("--nm", str, "N:M, N zeros in every M consecutive entries"),
+        "dim": _parts.Flag("--dim", int, "the axis of the groups (default: each weight's reduction axis)"),
+    }
 
     def __init__(self, n: int = 2, m: int = 4, dim: int = -1):
         self.n, self.m = _check_nm(n, m)
@@ -149,11 +158,11 @@ def _sorted_smallest(xp: Any, keys: Array, n: int) -> Array:
     cut = xp.sort(keys, axis=-1)[..., n - 1 : n]
     below = keys < cut
     equal = keys == cut
-    if has_nan:
+    if has_nan and nan is not None:
         equal = equal & ~nan
     need = n - xp.sum(xp.astype(below, xp.int32), axis=-1, keepdims=True)
     drop = below | (equal & (xp.cumulative_sum(xp.astype(equal, xp.int32), axis=-1) <= need))
-    if has_nan:  # a cut at +inf: the NaNs come after every +inf, first by position
+    if has_nan and nan is not None:  # a cut at +inf: the NaNs come after every +inf, first by position
         need = need - xp.sum(xp.astype(equal, xp.int32), axis=-1, keepdims=True)
         drop = drop | (nan & (xp.cumulative_sum(xp.astype(nan, xp.int32), axis=-1) <= need))
     return drop
@@ -172,7 +181,7 @@ def _rank_in_groups(xp: Any, keys: Array) -> Array:
     if has_nan:
         keys = xp.where(nan, xp.asarray(xp.inf, dtype=keys.dtype, device=apc.device(keys)), keys)
     cols = [keys[..., j] for j in range(m)]
-    flags = [nan[..., j] for j in range(m)] if has_nan else None
+    flags = [nan[..., j] for j in range(m)] if has_nan else []
     device = apc.device(keys)
     ranks = [xp.zeros(cols[0].shape, dtype=xp.int16, device=device) for _ in range(m)]
     for j in range(1, m):
@@ -249,6 +258,12 @@ class BlockUnstructured(AmountPruningMethod):
     """
 
     PRUNING_TYPE = "global"
+    SCORE: ClassVar[_parts.Score] = _parts.BLOCK_NORM
+    PATTERN: ClassVar[_parts.Pattern] = _parts.BLOCKS
+    FLAGS = {
+        "block_shape": _parts.Flag("--block", str, "block shape, RxC"),
+        "n": _parts.Flag("--n", float, "order of the block power mean (default: 1)"),
+    }
 
     def __init__(self, amount: int | float, block_shape: tuple[int, ...], n: float = 1):
         super().__init__(amount)
@@ -259,8 +274,8 @@ class BlockUnstructured(AmountPruningMethod):
             raise ValueError(f"block sizes must be positive, got {block_shape!r}")
         if isinstance(n, bool) or not isinstance(n, numbers.Real) or not (n > 0):
             raise ValueError(f"n must be a positive number or inf, got {n!r}")
-        self.block_shape = tuple(int(b) for b in shape)
-        self.n = n
+        self.block_shape: tuple[int, ...] = tuple(int(b) for b in shape)
+        self.n: float = n
 
     def _full_block_shape(self, ndim: int) -> tuple[int, ...]:
         if len(self.block_shape) > ndim:
@@ -331,9 +346,9 @@ def _block_reduce(xp: Any, x: Array, block: tuple[int, ...], grid: tuple[int, ..
             x = reduce(x, axis=axis)
             continue
         head = (slice(None),) * axis
-        acc = x[(*head, 0, ...)]
+        acc = x[head + (0, ...)]
         for i in range(1, length):
-            acc = combine(acc, x[(*head, i, ...)])
+            acc = combine(acc, x[head + (i, ...)])
         x = acc
     return x
 

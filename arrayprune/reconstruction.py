@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from typing import Any
 
 import array_api_compat as apc
@@ -349,8 +350,8 @@ class HessianAccumulator:
             raise TypeError(f"k must be an int, got {type(k).__name__}")
         if k < 1:
             raise ValueError(f"k must be positive, got {k}")
-        self.k = int(k)
-        self.rows = 0
+        self.k: int = int(k)
+        self.rows: int = 0
         self._sum: Array | None = None
 
     def update(self, x: Array) -> None:
@@ -399,11 +400,11 @@ class HessianAccumulator:
 
 def unfold_patches(
     x: Array,
-    kernel_size: int | tuple[int, int],
+    kernel_size: int | Sequence[int],
     *,
-    stride: int | tuple[int, int] = 1,
-    padding: int | tuple[int, int] = 0,
-    dilation: int | tuple[int, int] = 1,
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
     groups: int = 1,
 ) -> Array:
     """The input patches of a 2-D convolution as rows of a matrix, per group (im2col).

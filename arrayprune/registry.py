@@ -1,25 +1,25 @@
-"""The table of pruning methods, and verbs made from it.
+"""The table of pruning methods.
 
 :data:`METHODS` maps each method's name to its class. It is the single list of
 methods: the functional verbs of :mod:`arrayprune`, the verbs of the mapping and PyTorch
-adapters, and the ``--method`` choices and flags of the command line are all made from
-it. Adding a method is one class and one line here.
+adapters, and the ``--method`` choices and flags of the command line follow it.
 
-A verb is made from a class by :func:`make_verb`: its parameters are the leading ones
-of the verb (``x``, or ``params, key``, or ``module, name``), then the parameters of the
-class's constructor, then ``importance_scores`` if the method ranks by scores
-(``USES_SCORES``); its docstring lists the constructor's parameters from the class's
-own docstring.
+The verbs are plain functions, written into their modules by ``tools/write_verbs.py``
+from the table: a verb's parameters are the leading ones (``x``, or ``params, key``, or
+``module, name``), then those of the class's constructor, then ``importance_scores`` if
+the method ranks by scores (``USES_SCORES``); its docstring lists the constructor's
+parameters from the class's own docstring (:func:`parameters_doc`). A test fails when
+the written verbs and the table disagree.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
 
+from .method_parts import check_method
 from .methods import (
     BasePruningMethod,
     CustomFromMask,
@@ -32,11 +32,17 @@ from .methods import (
 from .patterns import BlockUnstructured, NMStructured
 from .wanda import Wanda
 
-__all__ = ["METHODS", "method_name", "make_verb", "parameters_doc"]
+__all__ = [
+    "METHODS",
+    "register_method",
+    "unregister_method",
+    "method_name",
+    "parameters_doc",
+    "constructor_parameters",
+]
 
-METHODS: Mapping[str, type[BasePruningMethod]] = MappingProxyType(
-    {
-        "identity": Identity,
+_TABLE: dict[str, type[BasePruningMethod]] = {
+    "identity": Identity,
         "random_unstructured": RandomUnstructured,
         "l1_unstructured": L1Unstructured,
         "random_structured": RandomStructured,
@@ -44,10 +50,66 @@ METHODS: Mapping[str, type[BasePruningMethod]] = MappingProxyType(
         "custom_from_mask": CustomFromMask,
         "nm_structured": NMStructured,
         "block_unstructured": BlockUnstructured,
-        "wanda": Wanda,
-    }
-)
+    "wanda": Wanda,
+}
+
+METHODS: Mapping[str, type[BasePruningMethod]] = MappingProxyType(_TABLE)
 """Read-only mapping of method names (``"l1_unstructured"``, ...) to method classes."""
+
+for _name, _cls in _TABLE.items():
+    check_method(_cls, _name)  # a method of the table declares its score, pattern and flags
+del _name, _cls
+
+
+def register_method(name: str, cls: type[BasePruningMethod]) -> None:
+    """Add a method to :data:`METHODS` while the program runs (a plug-in, a test).
+
+    The command line offers it at once (``--method name``, with the flags its
+    parameters declare), and so do the pipeline, :func:`arrayprune.mask_for` and both
+    adapters' generic verbs (``mapping.prune``, the drop-in's ``CoreMethod``); the
+    functional verbs written from the table (``arrayprune.l1_unstructured``, ...) are
+    those of the methods listed in this module.
+
+    Parameters
+    ----------
+    name : str
+        Its name (``"largest_first"``): a Python identifier, not yet in the table.
+    cls : type
+        The method class; it declares ``SCORE``, ``PATTERN`` and a flag for each
+        constructor parameter (``FLAGS``).
+
+    Raises
+    ------
+    ValueError
+        If `name` is taken or not an identifier.
+    TypeError
+        If `cls` is not a method class, or declares its parts incompletely
+        (:func:`~arrayprune.method_parts.check_method`).
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a method's name must be a Python identifier, got {name!r}")
+    if name in _TABLE:
+        raise ValueError(f"method {name!r} is already in arrayprune.METHODS")
+    if not (isinstance(cls, type) and issubclass(cls, BasePruningMethod)):
+        raise TypeError(f"{cls!r} is not a subclass of arrayprune.BasePruningMethod")
+    check_method(cls, name)
+    _TABLE[name] = cls
+
+
+def unregister_method(name: str) -> None:
+    """Remove a method added by :func:`register_method`.
+
+    Raises
+    ------
+    KeyError
+        If `name` was not registered at run time (the built-in methods stay).
+    """
+    if name in _BUILT_IN or name not in _TABLE:
+        raise KeyError(f"{name!r} is not a method registered at run time")
+    del _TABLE[name]
+
+
+_BUILT_IN = frozenset(_TABLE)
 
 _P = inspect.Parameter
 
@@ -76,118 +138,8 @@ def parameters_doc(cls: type) -> str:
 
 def constructor_parameters(cls: type) -> list[inspect.Parameter]:
     """The named parameters of ``cls.__init__`` after ``self`` (none for ``object``'s)."""
-    if cls.__init__ is object.__init__:
+    init = inspect.getattr_static(cls, "__init__")
+    if init is object.__init__:
         return []
-    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    params = list(inspect.signature(init).parameters.values())[1:]
     return [p for p in params if p.kind not in (_P.VAR_POSITIONAL, _P.VAR_KEYWORD)]
-
-
-def make_verb(
-    cls: type,
-    name: str,
-    call: Callable[..., Any],
-    *,
-    leading: Sequence[inspect.Parameter],
-    scores: str,
-    extra: Sequence[inspect.Parameter] = (),
-    doc: str,
-    module: str,
-    signature: inspect.Signature | None = None,
-) -> Callable[..., Any]:
-    """A function applying method `cls`, with an explicit signature and docstring.
-
-    Parameters
-    ----------
-    cls : type
-        The method class.
-    name : str
-        The function's name.
-    call : callable
-        ``call(method, **leading_and_extra)`` does the work, given the method built from
-        the constructor's arguments, the leading and extra arguments by name, and
-        ``importance_scores`` when the method takes it.
-    leading : sequence of inspect.Parameter
-        Parameters before the constructor's.
-    scores : {'positional', 'keyword'}
-        How ``importance_scores`` is passed, when ``cls.USES_SCORES``: after the
-        constructor's positional parameters (PyTorch's verbs) or keyword-only.
-    extra : sequence of inspect.Parameter
-        Keyword-only parameters after the constructor's (e.g. ``default_mask``).
-    doc : str
-        Docstring template; ``{parameters}`` is replaced by the constructor's
-        parameter descriptions and ``{cls}`` by the class name.
-    module : str
-        ``__module__`` of the function.
-    signature : inspect.Signature, optional
-        A signature to use instead of the one built from `cls` (PyTorch's verbs keep
-        PyTorch's); it must name the same parameters.
-
-    Returns
-    -------
-    callable
-        The verb.
-    """
-    if signature is None:
-        signature = verb_signature(cls, leading, scores, extra)
-    own = {p.name for p in constructor_parameters(cls)}
-    verb = _compiled(signature, own, cls, call)
-    if verb is None:  # positional-only or variadic parameters: bind them with the signature
-
-        def verb(*args: Any, **kwargs: Any) -> Any:
-            arguments = signature.bind(*args, **kwargs).arguments
-            method = cls(**{k: v for k, v in arguments.items() if k in own})
-            return call(method, **{k: v for k, v in arguments.items() if k not in own})
-
-    verb.__name__ = verb.__qualname__ = name
-    verb.__module__ = module
-    verb.__signature__ = signature  # type: ignore[attr-defined]
-    verb.__doc__ = doc.replace("{parameters}", parameters_doc(cls).rstrip("\n")).replace("{cls}", cls.__name__)
-    return verb
-
-
-_UNSET = object()
-
-
-def _compiled(signature: inspect.Signature, own: set[str], cls: type, call: Callable[..., Any]) -> Any:
-    """The verb as Python code, ``call(cls(<own arguments>), <the others>)``, so that the
-    interpreter binds its arguments (an argument not given is not passed on); None if the
-    signature has positional-only or variadic parameters (or names clashing with the code's)."""
-    params = list(signature.parameters.values())
-    if any(p.kind not in (_P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY) or p.name.startswith("_") for p in params):
-        return None
-    head: list[str] = []
-    given: dict[tuple[bool, bool], list[str]] = {(o, r): [] for o in (True, False) for r in (True, False)}
-    for p in params:
-        if p.kind is _P.KEYWORD_ONLY and "*" not in head:
-            head.append("*")
-        head.append(p.name if p.default is _P.empty else f"{p.name}=_unset")
-        given[p.name in own, p.default is _P.empty].append(p.name)
-    lines, args = [], {}
-    for mine, d in ((True, "_own"), (False, "_rest")):  # (the constructor's, the others)
-        args[mine] = [f"{n}={n}" for n in given[mine, True]]
-        if given[mine, False]:
-            lines += [f"    {d} = {{}}", *(f"    if {n} is not _unset: {d}[{n!r}] = {n}" for n in given[mine, False])]
-            args[mine].append(f"**{d}")
-    call_line = f"    return _call(_cls({', '.join(args[True])}), {', '.join(args[False])})"
-    source = f"def verb({', '.join(head)}):\n" + "\n".join([*lines, call_line]) + "\n"
-    namespace = {"_unset": _UNSET, "_cls": cls, "_call": call}
-    exec(source, namespace)  # names and structure from a signature; values stay in the namespace
-    return namespace["verb"]
-
-
-def verb_signature(
-    cls: type, leading: Sequence[inspect.Parameter], scores: str, extra: Sequence[inspect.Parameter] = ()
-) -> inspect.Signature:
-    """The signature :func:`make_verb` gives a verb of `cls` (see there)."""
-    own = constructor_parameters(cls)
-    positional = [p for p in own if p.kind is not _P.KEYWORD_ONLY]
-    keyword = [p for p in own if p.kind is _P.KEYWORD_ONLY]
-    scored = []
-    if getattr(cls, "USES_SCORES", True):
-        kind = _P.POSITIONAL_OR_KEYWORD if scores == "positional" else _P.KEYWORD_ONLY
-        scored = [_P("importance_scores", kind, default=None)]
-    if scores == "positional":
-        params = [*leading, *positional, *scored, *keyword, *extra]
-    else:
-        params = [*leading, *positional, *keyword, *extra, *scored]
-    return inspect.Signature(params)

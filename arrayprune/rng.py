@@ -76,7 +76,7 @@ def check_random_source(seed: Any, generator: Any) -> None:
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-        if not 0 <= seed < SEED_LIMIT:
+        if not 0 <= int(seed) < SEED_LIMIT:
             raise ValueError(f"seed must be in [0, 2**63), got {seed}")
 
 

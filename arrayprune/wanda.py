@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, ClassVar
 
 import array_api_compat as apc
 import array_api_extra as xpx
 
 from . import amount as _amount
+from . import method_parts as _parts
 from ._masks import apply_keep, is_bool, mask_or_ones
 from ._namespace import check_known_shape, namespace, widest_float
 from ._tracing import is_traced
@@ -64,7 +65,9 @@ class Wanda(AmountPruningMethod):
     """
 
     PRUNING_TYPE = "global"  # a container hands it the whole array and the mask
-    DIM_AXIS = "output"  # `dim` is a weight's output axis (adapters read this)
+    SCORE: ClassVar[_parts.Score] = _parts.WANDA
+    PATTERN: ClassVar[_parts.Pattern] = _parts.PER_OUTPUT  # `dim` is a weight's output axis
+    FLAGS = {"dim": _parts.Flag("--dim", int, "the output axis (default: each weight's own)")}
 
     def __init__(self, amount: int | float, dim: int = 0):
         super().__init__(amount)

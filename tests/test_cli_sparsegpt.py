@@ -203,12 +203,14 @@ def test_dry_run_shows_the_targets_and_writes_nothing(tmp_path, capsys):
 
 NOT_ONNX = (
     "--method sparsegpt runs the model on calibration data: IN must be an ONNX model (npz files hold no graph to "
-    "run); for a PyTorch model, use arrayprune.adapters.torch.sparsegpt(model, batches, amount)"
+    "run); a Hugging Face folder runs with --calibration tokens.npz; for a PyTorch model, use "
+    "arrayprune.adapters.torch.sparsegpt(model, batches, amount)"
 )
 
 REFUSED = [
     ({"amount": 0.5}, "--method sparsegpt needs --calibration calib.npz: samples of the model's inputs "
-     "(graph input name -> array, samples along axis 0)"),
+     "(graph input name -> array, samples along axis 0; token ids for a Hugging Face folder), "
+     "or --hessians hessians.npz for safetensors"),
     ({"amount": 0.5, "keep_masks": True, "calibration": "C"}, "--keep-masks does not apply to sparsegpt: it updates "
      "the weights it keeps, so name_orig would not be the original"),
     ({"amount": 0.5, "seed": 3, "calibration": "C"}, "--seed does not apply to sparsegpt, which is deterministic "

@@ -128,7 +128,7 @@ class Counter:
         # A pass in tie mode (the k-th key inside a heavy run of equal keys) is a bracket
         # pass too: it counts as "scan".
         counted_as = {"keep": "keep", "scan": "scan", "scan_tie": "scan", "exact": "exact"}
-        for module, cls_name in ((host, "_NumpyBitsSelect"), (portable, "_PortableSelect")):
+        for module, cls_name in ((host, "NumpyKeyStorage"), (portable, "StandardKeyStorage")):
             cls = getattr(module, cls_name, None)
             if cls is None:
                 continue

@@ -78,7 +78,7 @@ def test_narrow_recovers_from_missed_brackets(monkeypatch, kind):
 def test_ranked_matches_the_sorted_sample(kind):
     sample = _keys(kind, 40_000, seed=5)
     want = np.sort(sample)
-    select = host._NumpyBitsSelect([sample.copy()], [None])
+    select = host.NumpyKeyStorage([sample.copy()], [None])
     ranks = [20_000, 0, 39_999, 12_345]
     for r, (value, first, last) in zip(ranks, select.ranked(sample.copy(), ranks), strict=True):
         assert value == want[r]
@@ -110,7 +110,7 @@ def test_both_sides_of_the_crossover(lib, offset):
 
 @pytest.mark.parametrize("total", [2, 3, 9, 10_000, 1 << 20, 1 << 26])
 def test_sample_stride_is_prime_to_six(total):
-    stride = host._NumpyBitsSelect([np.zeros(1, np.uint32)], [None]).sample_stride(total)
+    stride = host.NumpyKeyStorage([np.zeros(1, np.uint32)], [None]).sample_stride(total)
     assert stride % 2 == 1 and stride % 3 != 0
 
 
@@ -118,13 +118,13 @@ def test_a_missed_bracket_widens_by_the_sample_first(monkeypatch):
     monkeypatch.setattr(bracket, "SMALL_SIZE", 1 << 10)
     monkeypatch.setattr(host, "BRACKET_SIGMAS", 0.0)  # a bracket of +-2 sample keys: misses often
     brackets = []
-    scan = host._NumpyBitsSelect.scan
+    scan = host.NumpyKeyStorage.scan
 
     def spy(self, lo, hi):
         brackets.append(lo != self.min_key and hi != self.max_key)
         return scan(self, lo, hi)
 
-    monkeypatch.setattr(host._NumpyBitsSelect, "scan", spy)
+    monkeypatch.setattr(host.NumpyKeyStorage, "scan", spy)
     x = np.random.default_rng(9).standard_normal(1 << 16).astype(np.float32)
     widened = 0
     for k in range(1, x.size, 997):

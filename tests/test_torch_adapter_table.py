@@ -12,7 +12,7 @@ tprune = pytest.importorskip("torch.nn.utils.prune")
 
 import arrayprune as ap  # noqa: E402
 import arrayprune.adapters.torch as prune  # noqa: E402
-from arrayprune.adapters.torch import _methods  # noqa: E402
+from arrayprune.adapters.torch._base import CoreMethod, core_parameter, make_core  # noqa: E402
 from arrayprune.registry import constructor_parameters  # noqa: E402
 
 P = inspect.Parameter
@@ -69,22 +69,38 @@ class LargestFirst(ap.UnstructuredPruningMethod):
         return [-abs(a) for a in arrays]
 
 
-def test_a_new_table_entry_needs_no_edit_of_the_adapter():
-    cls = _methods.method_class("largest_first", LargestFirst)
-    verb = _methods.method_verb("largest_first", cls)
-    assert issubclass(cls, prune.BasePruningMethod) and not issubclass(cls, tprune.L1Unstructured)
-    assert list(inspect.signature(verb).parameters) == ["module", "name", "amount", "importance_scores", "seed"]
-    assert "amount : int or float" in verb.__doc__ and "amount : int or float" in cls.__doc__
+class LargestFirstHook(CoreMethod):
+    """A drop-in class written by hand, as tools/write_verbs.py writes those of the table."""
+
+    PRUNING_TYPE = "unstructured"
+    _CORE = LargestFirst
+    _PARAMS = ("amount", "seed")
+    amount = core_parameter("amount")
+    seed = core_parameter("seed")
+
+    def __init__(self, amount, *, seed=None):
+        self._core = make_core(type(self), (), {"amount": amount, "seed": seed})
+
+
+def test_a_plain_subclass_of_core_method_is_a_drop_in_class():
     m = nn.Linear(5, 4)
     w = m.weight.detach().clone()
-    assert verb(m, "weight", 0.25) is m
-    hook = next(iter(m._forward_pre_hooks.values()))
-    assert isinstance(hook, cls) and isinstance(hook._core, LargestFirst) and hook.amount == 0.25
+    hook = LargestFirstHook.apply(m, "weight", 0.25)
+    assert isinstance(hook, LargestFirstHook) and isinstance(hook._core, LargestFirst) and hook.amount == 0.25
     expected = LargestFirst(0.25).keep_mask(w.numpy())
     assert torch.equal(m.weight_mask != 0, torch.from_numpy(expected))
     prune.l1_unstructured(m, "weight", amount=2)  # a container: both combine
-    verb(m, "weight", amount=1)
+    LargestFirstHook.apply(m, "weight", amount=1)
     assert int((m.weight_mask == 0).sum()) == 5 + 2 + 1
     assert isinstance(next(iter(m._forward_pre_hooks.values())), prune.PruningContainer)
-    hook = cls.apply(m, "bias", 2, seed=3)
+    hook = LargestFirstHook.apply(m, "bias", 2, seed=3)
     assert hook.seed == 3 and int((m.bias_mask == 0).sum()) == 2
+
+
+def test_table_classes_are_plain_classes_of_this_package():
+    for name, core in ap.METHODS.items():
+        cls = getattr(prune, core.__name__)
+        assert cls.__qualname__ == core.__name__ and cls.__init__.__qualname__ == f"{core.__name__}.__init__"
+        assert inspect.getsourcefile(cls.__init__).endswith("_methods.py")
+        assert inspect.getsource(cls.apply).lstrip().startswith("@classmethod\n    def apply(")
+        assert inspect.getsource(getattr(prune, name)).startswith(f"def {name}(")

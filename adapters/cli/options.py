@@ -15,25 +15,64 @@ from typing import Any, NoReturn
 import arrayprune
 from arrayprune.adapters.calibration import BATCH_SIZE
 from arrayprune.adapters.request import (
-    METHODS,
     PARAMETER_FLAGS,
-    SCORED_METHODS,
+    extra_flags,
     method_arguments,
     method_flags,
     methods_with,
+    runnable_methods,
+    scored_methods,
 )
 from arrayprune.adapters.shrink_request import GROUPS, channel_methods
 from arrayprune.adapters.verify import DEFAULT_TOL
 
 from .errors import PROG, CliError
 
-__all__ = ["METHODS", "PARAMETER_FLAGS", "DEFAULT_VERIFY_TOL", "build_parser", "method_arguments", "method_flags"]
+__all__ = [
+    "METHODS",  # noqa: F822 (the module's __getattr__: the --method choices as they are now)
+    "PARAMETER_FLAGS",
+    "DEFAULT_VERIFY_TOL",
+    "build_parser",
+    "method_arguments",
+    "method_flags",
+]
 
 
 DEFAULT_VERIFY_TOL = DEFAULT_TOL
 """``--verify`` default ``(rtol, atol)``. Pruning changes outputs by design, so the default
 fails only outputs that moved by more than their own largest magnitude or stopped being
 finite (a broken model, not a less accurate one); pass a smaller RTOL to gate accuracy."""
+
+
+def __getattr__(name: str) -> Any:
+    # ``METHODS``: the ``--method`` choices as they are now (methods registered at run time in).
+    if name == "METHODS":
+        return runnable_methods()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _MethodOption(argparse.Action):
+    """Stores a flag a method declares under its parameter's name in ``method_options``."""
+
+    def __init__(self, option_strings: Any, dest: str, param: str = "", **kwargs: Any):
+        super().__init__(option_strings, dest, **kwargs)
+        self.param = param
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, {**getattr(namespace, self.dest), self.param: values})
+
+
+def _declared(flag: Any) -> Any:
+    """A flag's declared type, its errors in argparse's form."""
+
+    def parse(text: str) -> Any:
+        try:
+            return flag.type(text)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: {exc}") from None
+
+    parse.__name__ = getattr(flag.type, "__name__", "value")
+    return parse
 
 
 class _Parser(argparse.ArgumentParser):
@@ -159,10 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--method",
-        choices=METHODS,
+        choices=runnable_methods(),
         default="l1_unstructured",
-        help="pruning method (default: %(default)s); sparsegpt (ONNX, needs --calibration, --amount or --nm) also"
-        " updates the weights it keeps, calibrated layer by layer",
+        help="pruning method (default: %(default)s); sparsegpt (needs --calibration or --hessians, --amount or"
+        " --nm) also updates the weights it keeps, calibrated layer by layer",
     )
     p.add_argument(
         "--amount", type=_amount, default=None, help="fraction in [0, 1] to prune, or a count (not for nm_structured)"
@@ -189,6 +228,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--nm", type=_pattern, default=None, metavar="N:M", help=f"{for_['--nm']}: N zeros in every M")
     p.add_argument("--block", type=_block, default=None, metavar="RxC", help=f"{for_['--block']}: block shape")
+    p.set_defaults(method_options={})
+    for flag, (param, declared, takes) in extra_flags().items():  # flags the methods declare
+        p.add_argument(
+            flag,
+            action=_MethodOption,
+            param=param,
+            dest="method_options",
+            type=_declared(declared),
+            metavar=param.upper(),
+            help=f"{', '.join(takes)}: {declared.help}",
+        )
     p.add_argument(
         "--min-sparsity", type=_fraction, default=None, metavar="F", help="--global: least sparsity of any tensor"
     )
@@ -217,7 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibration",
         metavar="NPZ",
         help="ONNX: calibration batches (graph input name -> samples along axis 0) for Wanda's input norms; "
-        f"with {', '.join(SCORED_METHODS)}; or for sparsegpt's Hessians",
+        f"with {', '.join(scored_methods())}; or for sparsegpt's Hessians; a Hugging Face folder: token ids "
+        "(input_ids [batch, seq]), run layer by layer through transformers",
     )
     p.add_argument(
         "--calibration-batch",
@@ -233,6 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--input-norms",
         metavar="NPZ",
         help="precomputed input norms for Wanda's scores (weight name -> one norm per input feature), any format",
+    )
+    p.add_argument(
+        "--hessians",
+        metavar="NPZ",
+        help="sparsegpt on safetensors: precomputed Hessians (weight name -> K x K, K its input features)",
     )
     p.add_argument(
         "--seed",

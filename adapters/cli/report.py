@@ -37,7 +37,7 @@ def run_report(args: argparse.Namespace) -> int:
     kind = storage.kind
     if isinstance(storage, StreamedCheckpoint):
         with TensorFiles() as files:  # tensors read one at a time
-            rows = report_rows(storage.params, roles=storage.roles, load=files.load)
+            rows = report_rows(storage.params, roles=storage.roles, load=files.load, scan=files.scan)
     else:
         rows = report_rows(storage.params, roles=storage.roles)
         for row in rows:  # bfloat16 read as float32 (ONNX): shown as stored
@@ -56,7 +56,8 @@ def run_report(args: argparse.Namespace) -> int:
         json.dump({**out, "covers": TOTALS_COVER}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    table = [("name", "read by", "shape", "dtype", "role", "zeros", "sparsity", "2:4", "prunable")]
+    header = ("name", "read by", "shape", "dtype", "role", "zeros", "sparsity", "2:4", "prunable")
+    table: list[tuple[str, ...]] = [header]
     for r in rows:
         name = r["name"] + (" (masked)" if r["masked"] else "")
         shape = "x".join(map(str, r["shape"])) or "scalar"

@@ -88,15 +88,13 @@ back, a writer that puts each tensor in place) and :mod:`.sharded` (sharded chec
 and their index). This package only reads and writes: pruning stored tensors one at a
 time is :mod:`arrayprune.adapters.stream_pruning`, beside the pipeline
 (:mod:`arrayprune.adapters.pipeline`).
-:data:`MEMORY_LIMIT`, :data:`NPZ_MAX_RATIO` and :data:`NPZ_RATIO_MIN_SIZE` are set on
-this package, as before: an assignment here reaches the npz module, which reads them.
+:data:`MEMORY_LIMIT`, :data:`NPZ_MAX_RATIO` and :data:`NPZ_RATIO_MIN_SIZE` are
+settings of this package, which the npz module reads from here.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-import types
 import zipfile
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -105,7 +103,7 @@ from . import npz, onnx, pytorch, safetensors
 from .arrays import to_numpy
 from .errors import FormatError, _describe
 from .files import _open_regular, _require_regular, atomic_write, cleanup_on_signals
-from .npz import MEMORY_LIMIT, NPZ_MAX_RATIO, NPZ_RATIO_MIN_SIZE, memory_limit
+from .npz import memory_limit
 from .onnx import _PROTOBUF_LIMIT, _parse_onnx
 from .weightfile import WeightFile
 
@@ -153,23 +151,21 @@ _WRITERS: dict[str, Callable[[str, Mapping, WeightFile | None], None]] = {
 }
 
 # --------------------------------------------------------------------------------------
-# Settings: MEMORY_LIMIT, NPZ_MAX_RATIO and NPZ_RATIO_MIN_SIZE are read by the npz module;
-# assigned here (``formats.MEMORY_LIMIT = 8 * 2**30``), they are assigned there too.
+# Settings of the npz checks: they live here, and the npz module reads them from here at
+# every check (``formats.MEMORY_LIMIT = 8 * 2**30`` is seen at once).
 # --------------------------------------------------------------------------------------
 
-_SETTINGS = ("MEMORY_LIMIT", "NPZ_MAX_RATIO", "NPZ_RATIO_MIN_SIZE")
+MEMORY_LIMIT: int | None = None
+"""Bytes that the arrays of an ``.npz`` file may take once inflated; None (the default)
+derives the limit from the memory available (see :func:`memory_limit`)."""
 
+NPZ_MAX_RATIO: float = 1000
+"""Largest compression ratio (inflated / compressed bytes) accepted for an ``.npz``
+member of :data:`NPZ_RATIO_MIN_SIZE` bytes or more; 0 disables the check. Environment
+variable: ``ARRAYPRUNE_NPZ_MAX_RATIO``."""
 
-class _Package(types.ModuleType):
-    """This package, passing assignments of its settings on to the module that reads them."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _SETTINGS:
-            setattr(npz, name, value)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+NPZ_RATIO_MIN_SIZE: int = 256 * 2**20
+"""Inflated size from which :data:`NPZ_MAX_RATIO` applies (256 MiB)."""
 
 
 # --------------------------------------------------------------------------------------

@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from .errors import FormatError, import_optional
+
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
+
+
+def release_pages(x: Any) -> None:
+    """Give back the resident pages of `x` if it views a read-only memory map of a file.
+
+    The process stops counting them (the kernel's page cache keeps them; reading `x`
+    again maps them again), so reading the external data of a model tensor by tensor
+    costs the memory of one tensor, not of the file. Anything else is left alone.
+    """
+    base = x
+    while base is not None and not isinstance(base, np.memmap):
+        base = getattr(base, "base", None)
+    mm = getattr(base, "_mmap", None)
+    if mm is None or _DONTNEED is None or getattr(base, "mode", "") != "r":
+        return
+    try:
+        mm.madvise(_DONTNEED)
+    except (OSError, ValueError, AttributeError):  # pragma: no cover - closed, or a kernel that refuses
+        pass
 
 
 def to_numpy(x: Any) -> np.ndarray:

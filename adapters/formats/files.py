@@ -175,7 +175,7 @@ def cleanup_on_signals() -> Iterator[None]:
         raise SystemExit(128 + exc.signum) from None
 
 
-def atomic_write(path: Any, write: Callable[[IO[bytes]], None]) -> None:
+def atomic_write(path: Any, write: Callable[[IO[bytes]], object]) -> None:
     """Write a file through a temporary file in its folder, renamed into place at the end.
 
     The temporary file is ``.NAME.XXXXXXXX.tmp`` in the destination's folder; it is

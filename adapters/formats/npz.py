@@ -3,7 +3,7 @@
 Members are checked before they are inflated: the npy header must describe exactly the
 bytes of the member, the arrays must fit in :func:`memory_limit`, and a large member may
 not be compressed more than :data:`NPZ_MAX_RATIO` (a possible zip bomb). These settings
-are assigned on :mod:`arrayprune.adapters.formats`, which passes them on to this module.
+are those of :mod:`arrayprune.adapters.formats`, read from there at every check.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import re
 import zipfile
 from collections.abc import Mapping
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
@@ -23,17 +23,21 @@ from .arrays import _flat_arrays, to_numpy
 from .errors import FormatError, _describe
 from .weightfile import WeightFile
 
-MEMORY_LIMIT: int | None = None
-"""Bytes that the arrays of an ``.npz`` file may take once inflated; None (the default)
-derives the limit from the memory available (see :func:`memory_limit`)."""
+_SETTINGS = ("MEMORY_LIMIT", "NPZ_MAX_RATIO", "NPZ_RATIO_MIN_SIZE")
 
-NPZ_MAX_RATIO = 1000
-"""Largest compression ratio (inflated / compressed bytes) accepted for an ``.npz``
-member of :data:`NPZ_RATIO_MIN_SIZE` bytes or more; 0 disables the check. Environment
-variable: ``ARRAYPRUNE_NPZ_MAX_RATIO``."""
 
-NPZ_RATIO_MIN_SIZE = 256 * 2**20
-"""Inflated size from which :data:`NPZ_MAX_RATIO` applies (256 MiB)."""
+def _setting(name: str) -> Any:
+    """The setting `name` of :mod:`arrayprune.adapters.formats`, where the settings live."""
+    from arrayprune.adapters import formats
+
+    return getattr(formats, name)
+
+
+def __getattr__(name: str) -> Any:
+    # ``npz.MEMORY_LIMIT`` and the others read the package's settings.
+    if name in _SETTINGS:
+        return _setting(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _bytes(n: int) -> str:
@@ -125,8 +129,9 @@ def memory_limit() -> int:
     int
         The limit in bytes (``2**63 - 1`` when nothing is known).
     """
-    if MEMORY_LIMIT is not None:
-        return int(MEMORY_LIMIT)
+    limit = _setting("MEMORY_LIMIT")
+    if limit is not None:
+        return int(limit)
     env = os.environ.get("ARRAYPRUNE_MEMORY_LIMIT", "").strip()
     if env:
         return _parse_size(env)
@@ -162,7 +167,7 @@ def memory_limit() -> int:
 
 def _npz_max_ratio() -> float:
     env = os.environ.get("ARRAYPRUNE_NPZ_MAX_RATIO", "").strip()
-    return float(env) if env else float(NPZ_MAX_RATIO)
+    return float(env) if env else float(_setting("NPZ_MAX_RATIO"))
 
 
 def _npy_header(stream: IO[bytes]) -> tuple[tuple[int, ...], np.dtype, int] | None:
@@ -199,13 +204,13 @@ def _check_npz_sizes(path: str, zf: zipfile.ZipFile) -> None:
     for info in zf.infolist():
         name = info.filename.removesuffix(".npy")
         size = info.file_size
-        if max_ratio > 0 and info.compress_type != zipfile.ZIP_STORED and size >= NPZ_RATIO_MIN_SIZE:
+        if max_ratio > 0 and info.compress_type != zipfile.ZIP_STORED and size >= _setting("NPZ_RATIO_MIN_SIZE"):
             ratio = size / max(info.compress_size, 1)
             if ratio > max_ratio:
                 raise FormatError(
                     path,
                     f"array {name!r} is implausibly compressed ({_bytes(size)} from {_bytes(info.compress_size)}, "
-                    f"{ratio:.0f}:1; at most {max_ratio:.0f}:1 above {_bytes(NPZ_RATIO_MIN_SIZE)}): "
+                    f"{ratio:.0f}:1; at most {max_ratio:.0f}:1 above {_bytes(_setting('NPZ_RATIO_MIN_SIZE'))}): "
                     "refused as a possible zip bomb (ARRAYPRUNE_NPZ_MAX_RATIO=0 turns the check off)",
                 )
         total += size

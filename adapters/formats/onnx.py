@@ -27,7 +27,7 @@ from typing import IO, Any
 import numpy as np
 
 from . import files
-from .arrays import _flat_arrays, to_numpy
+from .arrays import _flat_arrays, release_pages, to_numpy
 from .errors import FormatError, _describe, import_optional
 from .files import _fsync_dir, cache_blobs, resolve_inside
 from .weightfile import WeightFile
@@ -62,7 +62,7 @@ def _check_inside(path: str, location: str, what: str) -> str:
         "missing": f"external data file {location!r} not found",
     }
     if real is None:
-        raise FormatError(path, f"{what}: {messages.get(problem, f'external data file {location!r} {problem}')}")
+        raise FormatError(path, f"{what}: {messages.get(str(problem), f'external data file {location!r} {problem}')}")
     return real
 
 
@@ -321,9 +321,13 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
         raise FormatError(
             path, f"{unknown[0]!r} is not an initializer of the model (an ONNX model stores effective weights only)"
         )
+    # The new values of the initializers, in order: (tensor, array) with the array's
+    # bytes (little-endian, C order) as the tensor's raw data; None to leave the tensor.
+    chosen: list[tuple[Any, np.ndarray | None]] = []
     done: set[str] = set()
     for tensor in iter_initializers(model):
         if tensor.name in done:  # a later scope's tensor of that name: not read, left as it is
+            chosen.append((tensor, None))
             continue
         done.add(tensor.name)
         is_bfloat16 = tensor.data_type == _ONNX_BFLOAT16
@@ -343,55 +347,80 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
             if is_bfloat16 and arr.dtype != np.uint16:  # its bits, as load reads them, or bfloat16 values
                 arr = _as_bfloat16_bits(path, tensor.name, arr)
         else:
+            chosen.append((tensor, None))
             continue
-        doc = tensor.doc_string
-        if is_bfloat16:
-            new = _bfloat16_tensor(onnx, tensor.name, arr)
-        else:
-            new = numpy_helper.from_array(np.asarray(arr, order="C"), tensor.name)  # 0-d stays 0-d
-        if doc:
-            new.doc_string = doc
-        tensor.CopyFrom(new)
+        chosen.append((tensor, arr))
 
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FormatError(path, f"folder {folder!r} does not exist")
     base = os.path.basename(path)
-    use_external = bool(external) or model.ByteSize() > _PROTOBUF_LIMIT
-    blob_parts: list[bytes] = []
-    data_name = None
     old_data = _old_onnx_data(path)
-    if use_external:
+    blob_parts: list[Any] = []
+    data_name = None
+    data = None
+    if not external:  # serialized once, with the data inside, unless surely too large for that
+        lower = sum(arr.nbytes for _, arr in chosen if arr is not None)
+        if lower <= _PROTOBUF_LIMIT:
+            for tensor, value in chosen:
+                if value is not None:
+                    tensor.CopyFrom(_tensor_with_data(onnx, numpy_helper, tensor, value, None))
+            try:
+                data = model.SerializeToString()
+            except Exception:  # noqa: BLE001 - over what protobuf writes: external data below
+                data = None
+            if data is not None and len(data) > _PROTOBUF_LIMIT:
+                data = None
+            if data is None:  # the values are in the model now: moved to external data from there
+                chosen = [(tensor, None) for tensor, _ in chosen]
+    if data is None:
+        # External data: each large tensor's bytes go to the data file straight from its
+        # array (memory-mapped input data included); the model holds only their places.
         moved = []
         offset = 0
-        for tensor in iter_initializers(model):
-            if tensor.HasField("raw_data") and len(tensor.raw_data) >= _EXTERNAL_THRESHOLD:
+        for tensor, value in chosen:
+            if value is not None and value.dtype != object and value.nbytes >= _EXTERNAL_THRESHOLD:
+                raw: Any = _le_bytes(value)
+                tensor.CopyFrom(_tensor_with_data(onnx, numpy_helper, tensor, value, b""))
+                tensor.ClearField("raw_data")
+            elif value is not None:
+                tensor.CopyFrom(_tensor_with_data(onnx, numpy_helper, tensor, value, None))
+                if not (tensor.HasField("raw_data") and len(tensor.raw_data) >= _EXTERNAL_THRESHOLD):
+                    continue
                 raw = tensor.raw_data
-                pad = (-offset) % 64
-                if pad:
-                    blob_parts.append(b"\0" * pad)
-                    offset += pad
-                blob_parts.append(raw)
-                moved.append((tensor, offset, len(raw)))
-                offset += len(raw)
+            elif tensor.HasField("raw_data") and len(tensor.raw_data) >= _EXTERNAL_THRESHOLD:
+                raw = tensor.raw_data
+            else:
+                continue
+            pad = (-offset) % 64
+            if pad:
+                blob_parts.append(b"\0" * pad)
+                offset += pad
+            blob_parts.append(raw)
+            moved.append((tensor, offset, len(raw) if isinstance(raw, bytes) else raw.nbytes))
+            offset += moved[-1][2]
         digest = hashlib.sha256()
         for part in blob_parts:
             digest.update(part)
+            if isinstance(part, memoryview):
+                release_pages(part.obj)
         # never a file that another model uses, nor one the old model uses with other bytes
         data_name = _content_data_name(folder, base, digest.hexdigest(), old_data)
         for tensor, start, length in moved:
             tensor.ClearField("raw_data")
             tensor.data_location = onnx.TensorProto.EXTERNAL
             del tensor.external_data[:]
-            for key, value in (("location", data_name), ("offset", str(start)), ("length", str(length))):
+            for key, text in (("location", data_name), ("offset", str(start)), ("length", str(length))):
                 entry = tensor.external_data.add()
-                entry.key, entry.value = key, value
-    data = model.SerializeToString()
+                entry.key, entry.value = key, text
+        data = model.SerializeToString()
     stale = old_data - _external_locations(model)
 
     def write_data(f: IO[bytes]) -> None:
         for part in blob_parts:
             f.write(part)
+            if isinstance(part, memoryview):
+                release_pages(part.obj)  # memory-mapped input data: written, given back
 
     created: str | None = None
     try:
@@ -419,6 +448,34 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
             pass  # e.g. still mapped on Windows: left behind, harmless
     if removed:
         _fsync_dir(folder)
+
+
+def _le_bytes(arr: np.ndarray) -> memoryview:
+    """The bytes ONNX stores for `arr`: little-endian, C order (no copy where they are so)."""
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return memoryview(arr).cast("B")  # type: ignore[arg-type]  # an ndarray is a buffer
+
+
+def _tensor_with_data(onnx: Any, numpy_helper: Any, tensor: Any, arr: np.ndarray, raw: bytes | None) -> Any:
+    """Initializer `tensor` holding `arr`, as ``numpy_helper.from_array`` (or, for
+    bfloat16, :func:`_bfloat16_tensor`) makes it, with `tensor`'s doc string; with
+    ``raw=b""``, everything but the data (which goes to external data)."""
+    if tensor.data_type == _ONNX_BFLOAT16:
+        new = _bfloat16_tensor(onnx, tensor.name, arr) if raw is None else _bfloat16_tensor(onnx, tensor.name, arr[:0])
+        if raw is not None:
+            del new.dims[:]
+            new.dims.extend(int(d) for d in arr.shape)
+    elif raw is None:
+        new = numpy_helper.from_array(np.asarray(arr, order="C"), tensor.name)  # 0-d stays 0-d
+    else:
+        new = numpy_helper.from_array(np.zeros(0, dtype=arr.dtype), tensor.name)
+        del new.dims[:]
+        new.dims.extend(int(d) for d in arr.shape)
+    if tensor.doc_string:
+        new.doc_string = tensor.doc_string
+    return new
 
 
 def inline_tensor(tensor: Any, arr: np.ndarray) -> Any:

@@ -59,7 +59,7 @@ def save(path: str, params: Mapping, like: WeightFile | None = None) -> None:
                 out[k] = convert(v, f"{name}/{k}" if name else str(k))
             meta = getattr(node, "_metadata", None)
             if meta is not None and isinstance(out, OrderedDict):
-                out._metadata = meta
+                setattr(out, "_metadata", meta)  # noqa: B010 (an attribute OrderedDict does not declare)
             return out
         if _is_array(node):
             _check_has_data(path, name, node)

@@ -23,6 +23,10 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import os
+import queue
+import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar
@@ -36,6 +40,7 @@ from .safetensors import DTYPE_BITS, read_header
 __all__ = [
     "CHUNK",
     "DTYPE_NAMES",
+    "BackgroundWrites",
     "SafetensorsFile",
     "StoredTensor",
     "TensorFiles",
@@ -179,6 +184,11 @@ def zero_count(raw: np.ndarray, code: str) -> int:
 
 R = TypeVar("R")
 
+#: Linux starts writing dirty pages back when told they are not needed (the clean ones
+#: it drops); :class:`TensorWriter` does so after each write of at least :data:`_EARLY` bytes.
+_WRITEBACK = getattr(os, "POSIX_FADV_DONTNEED", None) if sys.platform.startswith("linux") else None
+_EARLY = 1 << 20
+
 _RELEASE = getattr(mmap, "MADV_DONTNEED", None)
 
 
@@ -219,12 +229,13 @@ class TensorFiles:
         offset = t.begin + start * dtype.itemsize
         return np.frombuffer(self._map(t.path), dtype=dtype, count=stop - start, offset=offset)
 
-    def chunks(self, t: StoredTensor, size: int = CHUNK, *, release: bool = True) -> Iterator[np.ndarray]:
-        """The flattened tensor as views of at most `size` elements, in order.
+    def chunks(self, t: StoredTensor, size: int | None = None, *, release: bool = True) -> Iterator[np.ndarray]:
+        """The flattened tensor as views of at most `size` elements (:data:`CHUNK`), in order.
 
         With `release`, the pages of each chunk are given back when the next one is asked
         for (and after the last).
         """
+        size = CHUNK if size is None else size
         for start in range(0, t.raw_count, size):
             stop = min(start + size, t.raw_count)
             yield self.raw(t, start, stop)
@@ -273,6 +284,46 @@ class TensorFiles:
             return np.array(self.raw(t)).reshape(t.shape)
         finally:
             self.release_tensor(t)
+
+    def scan(self, t: StoredTensor, dim: int = -1) -> tuple[int, bool] | None:
+        """The number of zeros of the tensor, and whether it is 2:4 sparse along `dim`,
+        read chunk by chunk (the memory of a chunk, whatever the tensor's size).
+
+        Entries are tested as :func:`zero_count` tests them (negative zeros are zeros).
+        2:4 is :func:`arrayprune.is_nm_sparse` with ``n=2, m=4``: every group of 4
+        consecutive entries along `dim` holds at most 2 non-zeros; it is False when the
+        axis's length is not a multiple of 4 (no 2:4 storage then) or the tensor has no
+        axis or no entry.
+
+        Returns
+        -------
+        tuple of (int, bool), or None
+            None for a dtype other than the IEEE floats and bfloat16, or when the groups
+            along `dim` do not fit in chunks (read the tensor whole then).
+        """
+        if t.code not in ("F16", "BF16", "F32", "F64"):
+            return None
+        shape = t.shape
+        if not shape or not t.size:
+            return zero_count(self.raw(t), t.code) if t.size else 0, False
+        dim = dim % len(shape)
+        pre, length, post = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1 :])
+        check = length % 4 == 0
+        slab = length * post
+        if check and slab > CHUNK and post != 1:
+            return None
+        step = (max(1, CHUNK // slab) * slab) if check and post != 1 else CHUNK - CHUNK % 4
+        zeros, sparse = 0, check
+        for raw in self.chunks(t, step):
+            nonzero = (raw & np.uint16(0x7FFF)) != 0 if t.code == "BF16" else raw != 0
+            zeros += raw.size - int(np.count_nonzero(nonzero))
+            if sparse:
+                if post == 1:  # groups are 4 consecutive bytes of the mask: add them up
+                    counts = (nonzero.view(np.uint32) * np.uint32(0x01010101)) >> np.uint32(24)
+                else:
+                    counts = nonzero.reshape(-1, length // 4, 4, post).sum(axis=2, dtype=np.uint8)
+                sparse = not bool((counts > 2).any())
+        return zeros, sparse and pre * slab > 0
 
     def close(self) -> None:
         """Unmap every file (maps still viewed by arrays stay until those are gone)."""
@@ -349,6 +400,13 @@ class TensorWriter:
         if view.nbytes:
             self._f.seek(self._offsets[name] + done)
             self._f.write(view)
+            if view.nbytes >= _EARLY and _WRITEBACK:
+                # Start writing these pages to disk now (without waiting), so that the
+                # fsync before the file is renamed into place has little left to do.
+                try:
+                    os.posix_fadvise(self._f.fileno(), self._offsets[name] + done, view.nbytes, _WRITEBACK)
+                except (OSError, AttributeError, ValueError):  # pragma: no cover - not a regular file
+                    pass
         self._written[name] = done + view.nbytes
 
     def finish(self) -> None:
@@ -420,3 +478,93 @@ class SafetensorsFile:
 
         atomic_write(dst, write)
         return result[0]
+
+
+class BackgroundWrites:
+    """The writes of :class:`TensorWriter` objects, done in order by one background thread.
+
+    File writes release the GIL, so the thread writes one chunk while the caller reads
+    and prunes the next: both cores of a small machine work. At most `depth` writes wait
+    at a time (:meth:`write` blocks until one is done), so the memory held by waiting
+    chunks stays bounded. Every write goes through the one thread in the order given, so
+    each file sees exactly the writes a direct caller would make.
+
+    Use as a context manager: leaving it normally waits for every write (and raises the
+    first error of a write); leaving it by an exception (a termination signal turned into
+    one, say) drops the waiting writes and waits for the one under way, so that nothing
+    is written once the caller's cleanups start.
+
+    Parameters
+    ----------
+    writers : mapping
+        Tensor name to its :class:`TensorWriter`.
+    depth : int
+        How many writes may wait.
+    """
+
+    def __init__(self, writers: Mapping[str, TensorWriter], depth: int = 1):
+        self._writers = writers
+        self._jobs: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="arrayprune-writes", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> BackgroundWrites:
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self._stop()
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            name, data, done = job
+            if name is None:  # a wait: every write before it is done
+                data.set()
+            elif self._error is None:
+                try:
+                    self._writers[name].write(name, data)
+                    if done is not None:
+                        done(data)
+                except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+                    self._error = exc
+
+    def write(self, name: str, data: Any, done: Callable[[Any], None] | None = None) -> None:
+        """Write `data` to tensor `name` (see :meth:`TensorWriter.write`) in the background.
+
+        `data` must not change until it is written; ``done(data)`` is called then (to
+        reuse its memory, say).
+        """
+        self._check()
+        self._jobs.put((name, data, done))
+
+    def wait(self) -> None:
+        """Wait until every write asked for so far is done."""
+        event = threading.Event()
+        self._jobs.put((None, event, None))
+        event.wait()
+        self._check()
+
+    def close(self) -> None:
+        """Wait for every write and stop the thread; raise the first error of a write."""
+        self._jobs.put(None)
+        self._thread.join()
+        self._check()
+
+    def _stop(self) -> None:
+        while True:
+            try:
+                self._jobs.get_nowait()
+            except queue.Empty:
+                break
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error

@@ -232,7 +232,7 @@ class ShardedCheckpoint:
         if "/" in shard or "\\" in shard:
             raise FormatError(where, f"shard {shard!r}: not a file name of the checkpoint's folder (a sub-folder)")
         if real is None:
-            raise FormatError(where, f"shard {shard!r}: {_WHERE.get(problem, problem)}")
+            raise FormatError(where, f"shard {shard!r}: {_WHERE.get(str(problem), problem)}")
         return real
 
     def _other_files(self) -> tuple[list[str], list[str]]:
@@ -392,7 +392,7 @@ def check_destination(dst: Any, source: ShardedCheckpoint | SafetensorsFile, for
         raise FormatError(dst, "exists and is not a folder (a sharded checkpoint is written to a folder)")
     if not sharded and os.path.isdir(dst):
         raise FormatError(dst, "is a directory")
-    if sharded:
+    if sharded and isinstance(source, ShardedCheckpoint):
         for name in source.written():
             if os.path.isdir(os.path.join(dst, name)):
                 raise FormatError(dst, f"holds a folder named {name!r}, a file of the checkpoint; not replaced")

@@ -98,7 +98,7 @@ _MATMULS = {
     "QLinearMatMul": (0, 3, "a", "b"),
 }
 # Convolutions: op -> (index of W, name of W, index of the bias or None).
-_CONVS = {
+_CONVS: dict[str, tuple[int, str, int | None]] = {
     "Conv": (1, "W", 2),
     "FusedConv": (1, "W", 2),
     "ConvInteger": (1, "w", None),
@@ -303,7 +303,7 @@ def _axes_of(
         k = k + rank if k < 0 else k
         if not 0 <= k <= rank:
             return f"Flatten axis {k} does not fit {rank} axes"
-        new = (_prod(shape[:k]), _prod(shape[k:]))
+        new: tuple[int, ...] = (_prod(shape[:k]), _prod(shape[k:]))
     else:  # Reshape
         target = _constant(onnx, g, node.input[1]) if len(node.input) > 1 and node.input[1] else None
         if target is None:
@@ -382,8 +382,8 @@ def _rule(onnx: ModuleType, node: Any, i: int, rank: int) -> Role:
             out, red, layout = (0, 1, "[N, K]") if t else (1, 0, "[K, N]")
         return Role("weight", out, red, f"{op} {name} ({attr}={t}) {layout}")
     if op in _CONVS:
-        iw, name, ib = _CONVS[op]
-        if i == ib:
+        iw, name, conv_bias = _CONVS[op]
+        if i == conv_bias:
             return Role("bias", why=f"{op} B")
         if i == iw:
             if rank < 3:
@@ -578,6 +578,8 @@ class Feed:
 
 def _feed(onnx: ModuleType, use: _Use) -> Feed | str:
     """The :class:`Feed` of a weight use, or why its activation cannot be read."""
+    if use.site is None:
+        return "no operator reads it"
     node, i, where = use.site
     op = node.op_type
     if where:
@@ -620,7 +622,7 @@ def weight_feeds(model: Any) -> dict[str, list[Feed] | str]:
             continue
         found = [_feed(onnx, u) for u in uses if not u.shape_only]
         problems = [f for f in found if isinstance(f, str)]
-        feeds[name] = problems[0] if problems else found
+        feeds[name] = problems[0] if problems else [f for f in found if not isinstance(f, str)]
     return feeds
 
 

@@ -211,7 +211,11 @@ class _Model:
                     return (len(a.floats) or len(a.ints),)
         return None
 
-    def own(self, name: str, what: str) -> None:
+    def init_dims(self, name: str) -> tuple[int, ...]:
+        """Shape of the initializer `name`."""
+        return tuple(int(d) for d in self.inits[name].dims)
+
+    def own(self, name: Any, what: str) -> None:
         """Raise unless initializer `name` is read once, by the operator at hand."""
         if name not in self.inits:
             raise _Left(f"{what} {name!r} is not an initializer")
@@ -219,20 +223,24 @@ class _Model:
             raise _Left(f"{what} {name!r} is also read elsewhere")
 
 
-def _producer(m: _Model, node: Any) -> tuple[str, int, list[Member], int] | None | str:
+_Producer = tuple[str, int, list[Member], int]
+_Refused = tuple[str, int, str]
+
+
+def _producer(m: _Model, node: Any) -> _Producer | _Refused | None:
     """(weight, channels, members, channel axis of the output) of a producer, None if the
-    node is no producer, or a reason if it is one whose channels cannot go."""
+    node is no producer, or (weight, channels, reason) if it is one whose channels cannot go."""
     op, ins = node.op_type, list(node.input)
     if op == "MatMul" and len(ins) == 2 and ins[1] in m.inits and ins[0] not in m.inits:
         w, axis = ins[1], 1
-        dims = m.dims(w)
+        dims = m.init_dims(w)
         if len(dims) != 2:
             return None
         members = [Member(w, 1)]
         out_axis = -1
     elif op == "Gemm" and len(ins) >= 2 and ins[1] in m.inits and ins[0] not in m.inits:
         w = ins[1]
-        dims = m.dims(w)
+        dims = m.init_dims(w)
         axis = 0 if int(_attr(m.onnx, node, "transB", 0)) else 1
         members = [Member(w, axis)]
         out_axis = -1
@@ -246,7 +254,7 @@ def _producer(m: _Model, node: Any) -> tuple[str, int, list[Member], int] | None
                 return (w, dims[axis], f"Gemm C of shape {list(c)}")
     elif op == "Conv" and len(ins) >= 2 and ins[1] in m.inits:
         w = ins[1]
-        dims = m.dims(w)
+        dims = m.init_dims(w)
         groups = int(_attr(m.onnx, node, "group", 1))
         if groups != 1:
             if dims[1] == 1 and dims[0] == groups:
@@ -298,6 +306,8 @@ def _trace(m: _Model, start: str, axis: int, channels: int, members: list[Member
 
     def constant_member(name: str, ax: int, node: Any) -> None:
         dims = m.dims(name)
+        if dims is None:
+            raise _Left(f"{m.label(node)} reads {name!r}, which is not a constant")
         p = len(dims) + ax
         if p < 0 or dims[p] == 1:
             return  # broadcast over the channels: untouched
@@ -482,8 +492,8 @@ def onnx_groups(model: Any) -> OnnxGroups:
         if found is None:
             continue
         name = node.output[0]
-        if isinstance(found[2], str):
-            out.left.append(LeftGroup(name, m.label(node), found[0], found[1], found[2]))
+        if len(found) == 3:
+            out.left.append(LeftGroup(name, m.label(node), *found))
             continue
         w, channels, members, axis = found
         try:

@@ -4,8 +4,9 @@
 prune``: the same names, signatures (random methods also take a keyword-only ``seed`` or
 ``generator``), reparametrization and masks, computed by the arrayprune core on the
 module's tensors, on their device; the classes derive from PyTorch's. There is one class
-and one verb per method of :data:`arrayprune.METHODS`, made from that table. How, and
-the differences from PyTorch: ``docs/torch-dropin.md``.
+and one verb per method of :data:`arrayprune.METHODS` (in ``_methods``, written from
+that table by ``tools/write_verbs.py``). How, and the differences from PyTorch:
+``docs/torch-dropin.md``.
 
 Examples
 --------
@@ -20,24 +21,18 @@ tensor([0., 1., 0.])
 
 from __future__ import annotations
 
-from arrayprune.registry import METHODS as _METHODS
-
-from . import _compat
+from . import _compat, _methods
 from ._base import BasePruningMethod, PruningContainer
 from ._compat import *  # noqa: F403 (PyTorch's private helpers)
-from ._methods import CLASSES as _CLASSES
-from ._methods import VERBS as _VERBS
+from ._methods import *  # noqa: F403 (one class and one verb per method of the table)
 from ._verbs import global_unstructured, is_pruned, prune_to_sparsity, remove
 from .calibration import input_norms, save_input_norms, wanda_importance
 from .reconstruction import sparsegpt
 
-globals().update({cls.__name__: cls for cls in _CLASSES.values()}, **_VERBS)
-
 __all__ = [
     "BasePruningMethod",
     "PruningContainer",
-    *(cls.__name__ for cls in _CLASSES.values()),
-    *_METHODS,
+    *_methods.__all__,
     "global_unstructured",
     "prune_to_sparsity",
     "remove",

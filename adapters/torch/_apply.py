@@ -91,7 +91,8 @@ def apply_method(module: torch.nn.Module, name: str, method: Any, scores: Any, p
             raise AssertionError(msg + " Use a PruningContainer.")
         for key, _ in found:
             del module._forward_pre_hooks[key]
-        hook = old = found[0][1] if found else None
+        old = found[0][1] if found else None
+        hook: Any = old
         if old is None:
             hook = method
         elif isinstance(old, PruningContainer):

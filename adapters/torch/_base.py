@@ -5,12 +5,12 @@ from __future__ import annotations
 import copy
 import operator
 import weakref
-from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
 from torch.nn.utils import prune as _tprune
 
+import arrayprune.methods as _core
 from arrayprune.methods import combine_masks
 
 from ._tensors import check_shape, detached, free_name, masked, plain_module
@@ -20,7 +20,7 @@ class BasePruningMethod(_tprune.BasePruningMethod):
     """Abstract base of pruning methods, a :class:`torch.nn.utils.prune.BasePruningMethod`: set
     ``PRUNING_TYPE``, implement ``compute_mask(t, default_mask)``. An instance is its hook."""
 
-    _tensor_name: str | None = None
+    _tensor_name: str = None  # type: ignore[assignment]  # PyTorch's declaration; None until applied
 
     def __call__(self, module: torch.nn.Module, inputs: Any) -> None:
         self._remember(module)
@@ -37,9 +37,11 @@ class BasePruningMethod(_tprune.BasePruningMethod):
         """Write ``mask * orig`` into ``<name>_orig``, which becomes ``module.<name>`` again."""
         name = self._tensor_name
         params, buffers = module._parameters, module._buffers
-        if name is None or name + "_orig" not in params or name + "_mask" not in buffers:
+        orig = None if name is None else params.get(name + "_orig")
+        stored = None if name is None else buffers.get(name + "_mask")
+        if name is None or orig is None or stored is None:
             return super().remove(module)  # PyTorch's own checks and messages
-        orig, mask = params[name + "_orig"], buffers[name + "_mask"].detach()
+        mask = stored.detach()
         weight = masked(mask if mask.dtype == orig.dtype else mask.to(dtype=orig.dtype), orig.detach())
         module.__dict__.pop(name, None)
         orig.data = weight
@@ -76,7 +78,7 @@ class BasePruningMethod(_tprune.BasePruningMethod):
 
 def _memoize_pruned_tensor(module: torch.nn.Module, name: str | None, memo: dict[int, Any]) -> None:
     current = module.__dict__.get(name) if name is not None else None
-    if not isinstance(current, torch.Tensor) or current.is_leaf or id(current) in memo:
+    if name is None or not isinstance(current, torch.Tensor) or current.is_leaf or id(current) in memo:
         return
     orig, mask = module._parameters.get(name + "_orig"), module._buffers.get(name + "_mask")
     if orig is None or mask is None:
@@ -147,9 +149,10 @@ def core_mask(method: Any, t: torch.Tensor, default_mask: Any, combine: bool = F
     return mask
 
 
-class PruningContainer(BasePruningMethod, _tprune.PruningContainer):
+class PruningContainer(BasePruningMethod, _tprune.PruningContainer, _core.PruningContainer):
     """Methods applied in turn to a tensor, the newest to what the others left: a
-    :class:`torch.nn.utils.prune.PruningContainer` combining by :func:`arrayprune.combine_masks`.
+    :class:`torch.nn.utils.prune.PruningContainer` and a :class:`arrayprune.PruningContainer`
+    (whose construction and checks it has), combining by :func:`arrayprune.combine_masks`.
 
     Parameters
     ----------
@@ -158,25 +161,17 @@ class PruningContainer(BasePruningMethod, _tprune.PruningContainer):
     """
 
     def __init__(self, *args: Any):
-        if len(args) == 1 and not isinstance(args[0], _tprune.BasePruningMethod) and isinstance(args[0], Iterable):
-            args = tuple(args[0])
-        self._pruning_methods: tuple[Any, ...] = ()
-        self._tensor_name = getattr(args[0], "_tensor_name", None) if args else None
-        for method in args:
-            self.add_pruning_method(method)
+        _core.PruningContainer.__init__(self, *args)
+
+    @classmethod
+    def _accepts(cls, method: Any) -> bool:
+        return isinstance(method, _tprune.BasePruningMethod)
 
     def add_pruning_method(self, method: Any) -> None:
         """Append `method`: TypeError if not a method, ValueError if of another tensor."""
-        if method is None:
-            return
-        if not isinstance(method, _tprune.BasePruningMethod):
-            raise TypeError(f"{type(method)} is not a BasePruningMethod subclass")
-        if self._tensor_name != (found := getattr(method, "_tensor_name", None)):
-            msg = f"Can only add pruning methods acting on the parameter named '{self._tensor_name}' "
-            raise ValueError(msg + f"to PruningContainer {self}. Found '{found}'")
-        self._pruning_methods += (method,)
+        _core.PruningContainer.add_pruning_method(self, method)
 
-    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+    def compute_mask(self, t: torch.Tensor, default_mask: Any) -> torch.Tensor:
         """The newest method on what `default_mask` leaves, in the dtype of `t` (IndexError if empty)."""
         if not self._pruning_methods:
             raise IndexError("PruningContainer holds no pruning method")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.nn.utils import prune as _tprune
@@ -15,7 +15,7 @@ from arrayprune.methods import UnstructuredPruningMethod
 
 from ._apply import apply_method, pruning_hooks, transaction
 from ._base import core_of
-from ._methods import CLASSES
+from ._methods import CustomFromMask, L1Unstructured
 from ._tensors import check_shape, detached
 
 
@@ -23,7 +23,7 @@ def prune_to_sparsity(
     module: torch.nn.Module,
     name: str,
     sparsity: float,
-    pruning_method: type = CLASSES["l1_unstructured"],
+    pruning_method: type = L1Unstructured,
     importance_scores: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> torch.nn.Module:
@@ -129,9 +129,10 @@ def global_unstructured(
             if core is None:  # a foreign method: its compute_mask sees the concatenation
                 old_masks = [torch.ones_like(t) if m is None else m for t, m in zip(tensors, old_masks, strict=True)]
             chosen = method if core is None else core
-            masks = _global.global_unstructured(tensors, lambda: chosen, scores, default_masks=old_masks, **bounds)
+            found = _global.global_unstructured(tensors, lambda: chosen, scores, default_masks=old_masks, **bounds)
+            masks = cast(list[Any], found)  # a list, as the tensors are
     # Each mask holds the earlier pruning: installed as it is (unless compute_mask is patched).
     with transaction(module for module, _ in pairs):
         for (module, name), mask, t in zip(pairs, masks, tensors, strict=True):
-            hook = CLASSES["custom_from_mask"](mask.to(dtype=t.dtype))
+            hook = CustomFromMask(mask.to(dtype=t.dtype))
             apply_method(module, name, hook, None, precomputed=hook.mask if core_of(hook) is not None else None)

@@ -55,7 +55,7 @@ def _chosen(model: nn.Module, modules: Iterable[Any] | None) -> dict[str, nn.Mod
     return chosen
 
 
-def _feature_axis(module: nn.Module, x: torch.Tensor) -> int:
+def _feature_axis(module: nn.Linear | nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> int:
     """Axis of the input features of `x`, as `module` reads it."""
     if isinstance(module, nn.Linear):
         return x.ndim - 1
@@ -110,7 +110,7 @@ def input_norms(
     sums: dict[str, torch.Tensor] = {}
 
     def hook_for(name: str):
-        def hook(module: nn.Module, args: tuple) -> None:
+        def hook(module: nn.Linear | nn.Conv1d | nn.Conv2d, args: tuple) -> None:
             x = args[0].detach()
             axis = _feature_axis(module, x)
             flat = torch.movedim(x, axis, -1).reshape(-1, x.shape[axis])
@@ -180,7 +180,7 @@ def save_input_norms(norms: Mapping[str, Any], path: Any) -> None:
     formats.save(path, arrays)
 
 
-def _layer_scores(module: nn.Module, norms: torch.Tensor) -> torch.Tensor:
+def _layer_scores(module: nn.Linear | nn.Conv1d | nn.Conv2d, norms: torch.Tensor) -> torch.Tensor:
     """Wanda scores of a layer's weight ``[out, in/groups, ...]``: |W| times its input norms."""
     weight = module.weight.detach()
     groups = getattr(module, "groups", 1)

@@ -37,6 +37,7 @@ from .calibration import _run
 __all__ = ["sparsegpt"]
 
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d)
+Layer = nn.Linear | nn.Conv1d | nn.Conv2d  # the layers sparsegpt prunes
 
 
 class _Captured(Exception):
@@ -60,7 +61,7 @@ def _batch_list(calibration_batches: Any) -> list[Any] | tuple[Any, ...]:
     return calibration_batches
 
 
-def _chosen(model: nn.Module, modules: Iterable[Any] | None) -> dict[str, nn.Module]:
+def _chosen(model: nn.Module, modules: Iterable[Any] | None) -> dict[str, Layer]:
     """Qualified name -> layer to prune, in model order, checked (nothing is changed)."""
     named = dict(model.named_modules())
     if modules is None:
@@ -99,7 +100,7 @@ def _chosen(model: nn.Module, modules: Iterable[Any] | None) -> dict[str, nn.Mod
     return chosen
 
 
-def _counts(layer: nn.Module, amount: Any) -> list[int] | None:
+def _counts(layer: Layer, amount: Any) -> list[int] | None:
     """Entries to prune per group of `layer` (they sum to the layer's count), None for N:M."""
     if amount is None:
         return None
@@ -111,13 +112,13 @@ def _counts(layer: nn.Module, amount: Any) -> list[int] | None:
     return [b - a for a, b in zip(share, share[1:], strict=False)]
 
 
-def _accumulators(layer: nn.Module) -> list[arrayprune.HessianAccumulator]:
+def _accumulators(layer: Layer) -> list[arrayprune.HessianAccumulator]:
     """One Hessian accumulator per group of `layer` (one for a Linear)."""
     k = math.prod(layer.weight.shape[1:])
     return [arrayprune.HessianAccumulator(k) for _ in range(getattr(layer, "groups", 1))]
 
 
-def _feed(layer: nn.Module, accs: list[arrayprune.HessianAccumulator], x: torch.Tensor) -> None:
+def _feed(layer: Layer, accs: list[arrayprune.HessianAccumulator], x: torch.Tensor) -> None:
     """Add `layer`'s input `x` to its accumulators: rows of its matrix product, per group."""
     x = x.detach()
     if isinstance(layer, nn.Linear):
@@ -142,7 +143,7 @@ def _input_of(args: tuple, kwargs: dict) -> torch.Tensor:
 
 
 def _reconstruct(
-    layer: nn.Module,
+    layer: Layer,
     accs: list[arrayprune.HessianAccumulator],
     counts: list[int] | None,
     pattern: tuple[int, int] | None,
@@ -382,7 +383,7 @@ class _Capture:
     def reset(self) -> None:
         self.seen = 0
 
-    def __call__(self, layer: nn.Module, args: tuple, kwargs: dict) -> None:
+    def __call__(self, layer: Layer, args: tuple, kwargs: dict) -> None:
         _feed(layer, self.accs, _input_of(args, kwargs))
         self.seen += 1
         if self.calls is not None and self.seen >= self.calls:

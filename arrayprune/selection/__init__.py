@@ -98,6 +98,8 @@ def smallest_magnitude_keep(
     """
     if type(scores[0]) is not np.ndarray and lazy.is_lazy(scores[0]):
         return _lazy_keep(list(scores), [None] * len(scores) if eligible is None else list(eligible), k)
+    if callable(k):  # a count deferred to the first pass: for lazy arrays only
+        raise TypeError("k must be an int for arrays in memory")
     if k < 0:
         raise ValueError(f"cannot drop a negative number of entries ({k})")
     if len(scores) == 1 and (eligible is None or eligible[0] is None):

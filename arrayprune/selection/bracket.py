@@ -10,9 +10,10 @@ of the sample first, then to the end of the key range, which always succeeds. Ma
 traffic is one read of the data and one write of the mask; nothing is concatenated.
 
 A storage (:mod:`.host`, :mod:`.portable`) subclasses :class:`_BracketSelect` and says
-how keys are read and how results are written; it may also choose its own crossover and
-sample and bracket (:meth:`~_BracketSelect.small_size`,
-:meth:`~_BracketSelect.sample_stride`, :meth:`~_BracketSelect.sigmas`), as :mod:`.host`
+how keys are read and how results are written (the :class:`KeyStorage` protocol); it
+may also choose its own crossover and sample and bracket
+(:meth:`~_BracketSelect.small_size`, :meth:`~_BracketSelect.sample_stride`,
+:meth:`~_BracketSelect.sigmas`), as :mod:`.host`
 does. The tuning constants below are read at call time, so tests shrink
 them with ``monkeypatch`` to reach every path on small data.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 #: Up to this many entries in total, select exactly without a bracket (a storage may
 #: take a smaller crossover, never a larger one: lowering this forces the bracket).
@@ -58,22 +59,87 @@ class _Candidates(NamedTuple):
     rank: int
 
 
-class _BracketSelect:
-    """Sample-bracket selection over several flat arrays of ordered keys.
+class KeyStorage(Protocol):
+    """What the bracket asks of a storage of keys (:mod:`.host`, :mod:`.portable`).
 
-    Subclasses say how keys are read (`sample`, `scan`, `scan_tie`, `exact`,
-    `exact_kth`) and how results are written back (`write_candidates`,
-    `resolve_tie`), and give the helpers on keys the bracket needs (`count`, `at`
-    and `run` on a sorted sample or else `ranked`, `after`, `before`, `nth`,
-    `min_key`, `max_key`). Ineligible entries get a
-    key below every eligible one, so selecting ``k + n_ineligible`` smallest keys drops
-    them all plus the `k` wanted; `scan` and `exact` then report them as kept.
+    How keys are read (`sample`, `scan`, `scan_tie`, `exact`, `exact_kth`), how results
+    are written back (`write_candidates`, `resolve_tie`, `all_kept`), and the helpers on
+    keys (`count`, `after`, `before`, `nth`; and :meth:`_BracketSelect.at` and
+    :meth:`_BracketSelect.run` on a sorted sample, unless the storage ranks its sample
+    itself with :meth:`_BracketSelect.ranked`). Ineligible
+    entries get a key below every eligible one, so selecting ``k + n_ineligible``
+    smallest keys drops them all plus the `k` wanted; `scan` and `exact` then report them
+    as kept.
     """
 
     sizes: list[int]
     n_ineligible: int
     min_key: Any
     max_key: Any
+
+    def sample(self, stride: int) -> Any:
+        """A stratified sample of the eligible keys, one in `stride` (sorted, by default)."""
+        ...
+
+    def scan(self, lo: Any, hi: Any) -> tuple[list[Any], int, Any, list[Any]]:
+        """One pass: keep masks (kept = key > `hi`), the count below `lo`, the candidate
+        keys in ``[lo, hi]`` and where they sit, per array."""
+        ...
+
+    def scan_tie(self, v: Any) -> tuple[list[Any], int, list[int]]:
+        """One pass: keep masks (kept = key > `v`), the count below `v`, the count equal
+        to `v` per chunk."""
+        ...
+
+    def resolve_tie(self, masks: list[Any], v: Any, need: int, ties: list[int]) -> None:
+        """Drop the first `need` keys equal to `v` (flat order) from `masks`, in place."""
+        ...
+
+    def write_candidates(self, masks: list[Any], cand_keys: Any, cand_where: list[Any], rank: int) -> None:
+        """Drop the `rank` smallest candidates from `masks`, in place."""
+        ...
+
+    def exact(self, kk: int) -> list[Any]:
+        """Keep masks dropping the `kk` smallest keys, without a bracket."""
+        ...
+
+    def exact_kth(self, k: int) -> Any:
+        """The `k`-th smallest key, without a bracket."""
+        ...
+
+    def all_kept(self) -> list[Any]:
+        """Keep masks keeping everything."""
+        ...
+
+    def count(self, keys: Any) -> int:
+        """How many keys `keys` holds."""
+        ...
+
+    def nth(self, keys: Any, rank: int) -> Any:
+        """The `rank`-th smallest (1-based) of `keys`."""
+        ...
+
+    def after(self, v: Any) -> Any:
+        """The smallest key above `v`."""
+        ...
+
+    def before(self, v: Any) -> Any:
+        """The largest key below `v`."""
+        ...
+
+
+
+class _BracketSelect(KeyStorage):
+    """Sample-bracket selection over several flat arrays of ordered keys: a storage
+    derives from it and implements the :class:`KeyStorage` hooks."""
+
+    def at(self, sample: Any, i: int) -> Any:
+        """The key of rank `i` (0-based) of a sorted sample (for the default :meth:`ranked`)."""
+        raise NotImplementedError
+
+    def run(self, sample: Any, i: int) -> tuple[int, int]:
+        """The first and last ranks of the keys equal to the `i`-th of a sorted sample."""
+        raise NotImplementedError
 
     def keep(self, k: int) -> list[Any]:
         """Keep masks, one per array, that drop the `k` smallest eligible keys."""
@@ -149,7 +215,7 @@ class _BracketSelect:
                 lo, hi = hi, (self.max_key if edge is None else edge)
         return None  # only reached for NaN thresholds on the portable path
 
-    def bracket(self, kk: int, total: int) -> tuple[Any, Any, Any, Callable[[bool], Any]]:
+    def bracket(self, kk: int, total: int) -> tuple[Any, Any, Any, Callable[[bool], Any] | None]:
         """Bounds ``lo``, ``hi`` likely to enclose the kk-th key, or a likely tie value.
 
         The last item, ``beyond(low)``, gives the sample key WIDEN bracket half-widths

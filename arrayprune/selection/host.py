@@ -1,7 +1,7 @@
 """Selection on host memory: NumPy arrays, and CPU tensors through zero-copy views.
 
 Keys are unsigned integers made from the bit patterns of the values, so that integer
-order is the wanted order, exact and total:
+order is the wanted order, exact and total (the key space of :mod:`.keys`):
 
 * by magnitude (`smallest_magnitude_keep`): a float's bits with the sign bit cleared
   order like ``|x|``, with every NaN above +inf;
@@ -32,16 +32,11 @@ import numpy as np
 
 from . import bracket
 from .bracket import _BracketSelect, _sample_slice, check_rank, stratified_stride
+from .keys import BFLOAT16_INF_BITS, INF_BITS, INT_FOR_SIZE, MAGNITUDE, UINT_FOR_SIZE, value_keys
 
 Array = Any
 
-_UINT_FOR_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-_INT_FOR_SIZE = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
-_MAGNITUDE = {n: t((1 << (8 * n - 1)) - 1) for n, t in _UINT_FOR_SIZE.items()}
 _NATIVE_FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
-#: Bits of +inf: IEEE half, single and double by width, and bfloat16 (a float16's width).
-_INF_BITS = {2: 0x7C00, 4: 0x7F80_0000, 8: 0x7FF0_0000_0000_0000}
-_BFLOAT16_INF_BITS = 0x7F80
 
 #: Up to this many entries in total (and up to ``bracket.SMALL_SIZE``), select exactly
 #: with ``np.partition``; above, the bracket. See :func:`small_size`.
@@ -99,15 +94,15 @@ def keep_masks(scores: list[Array], eligible: list[Array | None], k: int) -> lis
 
     It takes float arrays of one dtype in host memory, with host eligibility masks.
     """
-    bits = [_host_bits(s) for s in scores]
+    bits = [b for b in (_host_bits(s) for s in scores) if b is not None]
     # Bit patterns only compare within one float format (float16 and bfloat16 share a
     # width, not an encoding): mixed dtypes take the portable path, which promotes.
-    if any(b is None for b in bits) or len({str(s.dtype) for s in scores}) != 1:
+    if len(bits) != len(scores) or len({str(s.dtype) for s in scores}) != 1:
         return None
     host_elig = [None if e is None else _host_bool(e) for e in eligible]
     if any((e is None) != (h is None) for e, h in zip(eligible, host_elig, strict=True)):
         return None
-    keep = _NumpyBitsSelect(bits, host_elig).keep(k)
+    keep = NumpyKeyStorage(bits, host_elig).keep(k)
     return [_from_host(m, s) for m, s in zip(keep, scores, strict=True)]
 
 
@@ -125,11 +120,11 @@ def kth_smallest(x: Array, k: int) -> Array | None:
         # ranks NaN last, and keys would cost passes a copy does not.
         check_rank(k, view.values.size)
         return _scalar_like(_nth_in_place(view.values.copy(), k), x)
-    select = _NumpyBitsSelect([view.bits], [None], by_value=view.kind, inf=view.inf)
+    select = NumpyKeyStorage([view.bits], [None], by_value=view.kind, inf=view.inf)
     return _scalar_like(select.bits_of(select.kth(k)), x)  # a NaN comes back positive
 
 
-class _NumpyBitsSelect(_BracketSelect):
+class NumpyKeyStorage(_BracketSelect):
     """Selection on bit patterns held as unsigned NumPy integers.
 
     Keys order by magnitude (the default: float bits only), or by value when `by_value`
@@ -178,23 +173,7 @@ class _NumpyBitsSelect(_BracketSelect):
         return key
 
     def _value_keys(self, bits: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-        if self.by_value != "f":
-            return np.bitwise_xor(bits, self.sign if self.by_value == "i" else 0, out=out)
-        # Flip every bit of negatives, only the sign bit of the rest. An arithmetic shift
-        # spreads the sign bit over the word: no branch, and no masked ufunc (ten times
-        # slower). Three passes in place, as the copy a partition needs anyway.
-        signed = bits.view(_INT_FOR_SIZE[bits.itemsize])
-        key = np.right_shift(signed, 8 * bits.itemsize - 1, out=None if out is None else out.view(signed.dtype))
-        key = key.view(bits.dtype)
-        key |= self.sign
-        key ^= bits
-        # A negative NaN was flipped below -inf, where no other key lands: flip it back,
-        # so that every NaN ranks above +inf. A reduction tells whether there is one.
-        lowest = self.magnitude - self.inf
-        if key.size and key.min() < lowest:
-            nan = key < lowest
-            key[nan] = ~key[nan]
-        return key
+        return value_keys(bits, self.by_value or "u", self.inf if self.by_value == "f" else 0, out)
 
     def bits_of(self, key: Any) -> Any:
         """The bit pattern of the value whose key (by value) is `key`."""
@@ -352,7 +331,7 @@ def _small_keep(bits: np.ndarray, k: int) -> np.ndarray:
         if k == 0:
             return np.ones(n, dtype=bool)
         raise ValueError(f"cannot drop {k} of {n} entries")
-    keys = bits & _MAGNITUDE[bits.itemsize]
+    keys = bits & MAGNITUDE[bits.itemsize]
     part = keys.copy()
     part.partition(k - 1)  # `_nth_in_place`, inline: a call shows on the smallest arrays
     v = part[k - 1]
@@ -380,7 +359,7 @@ def _small_keep_float(x: np.ndarray, k: int) -> np.ndarray:
     keep = a > part[k - 1]
     if n - np.count_nonzero(keep) == k:
         return keep
-    return _small_keep(x.view(_UINT_FOR_SIZE[x.dtype.itemsize]), k)
+    return _small_keep(x.view(UINT_FOR_SIZE[x.dtype.itemsize]), k)
 
 
 def _nth_in_place(keys: np.ndarray, rank: int) -> Any:
@@ -442,7 +421,7 @@ def _host_bits(x: Array) -> np.ndarray | None:
     """
     if type(x) is np.ndarray or apc.is_numpy_array(x):
         dtype = x.dtype
-        utype = _UINT_FOR_SIZE.get(dtype.itemsize) if dtype.kind == "f" else None
+        utype = UINT_FOR_SIZE.get(dtype.itemsize) if dtype.kind == "f" else None
         if utype is None:
             return None
         if not dtype.isnative:
@@ -458,7 +437,7 @@ def _host_bits(x: Array) -> np.ndarray | None:
     if x.dtype not in (torch.float32, torch.float64, torch.float16):
         return None
     host = x.numpy()  # zero-copy
-    return host.reshape(-1).view(_UINT_FOR_SIZE[host.dtype.itemsize])
+    return host.reshape(-1).view(UINT_FOR_SIZE[host.dtype.itemsize])
 
 
 class _HostView(NamedTuple):
@@ -481,20 +460,20 @@ def _host_values(x: Array) -> _HostView | None:
         if x.requires_grad:
             x = x.detach()
         if x.dtype is torch.bfloat16:  # NumPy has no bfloat16: reinterpret in torch first
-            return _HostView(x.view(torch.int16).numpy().reshape(-1).view(np.uint16), "f", _BFLOAT16_INF_BITS, None)
+            return _HostView(x.view(torch.int16).numpy().reshape(-1).view(np.uint16), "f", BFLOAT16_INF_BITS, None)
         try:
             host = x.numpy()  # zero-copy
         except TypeError:  # a dtype NumPy lacks
             return None
     dtype = host.dtype
-    utype = _UINT_FOR_SIZE.get(dtype.itemsize)
+    utype = UINT_FOR_SIZE.get(dtype.itemsize)
     if utype is None or dtype.kind not in "fiub":
         return None
     if not dtype.isnative:
         host = host.astype(dtype.newbyteorder("="))  # bit patterns are read in native order
     values = host if host.ndim == 1 else host.reshape(-1)
     if dtype.kind == "f":
-        return _HostView(values.view(utype), "f", _INF_BITS[dtype.itemsize], values)
+        return _HostView(values.view(utype), "f", INF_BITS[dtype.itemsize], values)
     return _HostView(values.view(utype), "i" if dtype.kind == "i" else "u", 0, values)
 
 
@@ -527,6 +506,6 @@ def _scalar_like(value: np.generic, like: Array) -> Array:
     if torch is not None and isinstance(like, torch.Tensor):
         # Through a signed integer of the same width, which torch reinterprets as any
         # dtype of that width (bfloat16 and the unsigned ones too).
-        one = np.array([value]).view(_INT_FOR_SIZE[value.itemsize])
+        one = np.array([value]).view(INT_FOR_SIZE[value.itemsize])
         return torch.from_numpy(one).view(like.dtype).reshape(())
     return value.view(like.dtype.newbyteorder("="))

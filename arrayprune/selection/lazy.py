@@ -372,12 +372,12 @@ def _value_digit_histogram(block, prefix: int, shift: int, width: int) -> np.nda
     return radix.digit_histogram(select._value_keys(select.bits[0], None), prefix, shift, width)
 
 
-def _value_select(x: np.ndarray) -> host._NumpyBitsSelect:
+def _value_select(x: np.ndarray) -> host.NumpyKeyStorage:
     """Host's selection by value on `x`: its keys, and the values of keys."""
     view = host._host_values(x)
     if view is None:
         raise TypeError(f"kth_smallest needs a real or boolean array, got {x.dtype}")
-    return host._NumpyBitsSelect([view.bits], [None], by_value=view.kind, inf=view.inf)
+    return host.NumpyKeyStorage([view.bits], [None], by_value=view.kind, inf=view.inf)
 
 
 # ---------------------------------------------------------------------------------------

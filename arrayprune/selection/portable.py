@@ -4,7 +4,7 @@ The storage for every array that does not live in host memory: CuPy, CUDA tensor
 JAX, array-api-strict, ... The bracket algorithm of :mod:`.bracket` runs with one
 whole-array operation per step, on keys that are the values themselves: magnitudes in
 a floating dtype for `smallest_magnitude_keep`, the signed values for `kth_smallest`.
-JAX floats are keyed by their bit patterns instead (see `_JaxBitKeys`).
+JAX floats are keyed by their bit patterns instead (see `JaxBitKeys`).
 
 Arrays traced by ``jax.jit`` take the exact path only, with no value read back to
 Python: one sort finds the k-th key, and the tie rule counts with arrays. The number of
@@ -15,7 +15,6 @@ eligibility masks, how many entries are ineligible stays an array.
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any
 
 import array_api_compat as apc
@@ -24,6 +23,7 @@ import array_api_extra as xpx
 from .._namespace import widest_float
 from .._tracing import is_traced
 from .bracket import _BracketSelect, _sample_slice, check_rank
+from .keys import JaxBitKeys
 
 Array = Any
 
@@ -32,7 +32,7 @@ def keep_masks(xp: Any, scores: list[Array], eligible: list[Array | None], k: in
     """Keep masks shaped like `scores` that drop the `k` eligible entries of smallest magnitude."""
     if k == 0:
         return [xp.ones(s.shape, dtype=xp.bool, device=apc.device(s)) for s in scores]
-    select = _PortableSelect(xp, scores, eligible)
+    select = StandardKeyStorage(xp, scores, eligible)
     keep = select.keep_traced(k) if select.traced else select.keep(k)
     return [xp.reshape(m, s.shape) for m, s in zip(keep, scores, strict=True)]
 
@@ -44,7 +44,7 @@ def kth_smallest(xp: Any, x: Array, k: int) -> Array:
     if not xp.isdtype(flat.dtype, ("real floating", "integral")):
         # No order the bracket knows (booleans, complex): whatever the library's sort does.
         return xp.sort(flat)[k - 1]
-    select = _PortableSelect(xp, [flat], [None], by_value=True)
+    select = StandardKeyStorage(xp, [flat], [None], by_value=True)
     value = select.exact_kth(k) if select.traced else select.kth(k)
     if type(value) in (int, float):  # a tie value, read back from the sample
         value = xp.asarray(value, dtype=select.key_dtype, device=select.device)
@@ -54,66 +54,15 @@ def kth_smallest(xp: Any, x: Array, k: int) -> Array:
 def magnitude_keys(xp: Any, x: Array, dtype: Any) -> Array:
     """Keys of `x` (converted to the floating `dtype`) that order like ``|x|``, NaN last.
 
-    ``|x|`` itself, or on JAX the integer keys of `_JaxBitKeys` (exact on subnormals).
+    ``|x|`` itself, or on JAX the integer keys of `JaxBitKeys` (exact on subnormals).
     Float keys leave the place of NaN to the caller (NaN compares false).
     """
     x = xp.astype(x, dtype, copy=False)
-    bits = _JaxBitKeys.of(xp, x, dtype)
+    bits = JaxBitKeys.of(xp, x, dtype)
     return xp.abs(x) if bits is None else bits.magnitude(x)
 
 
-class _JaxBitKeys:
-    """Signed-integer keys made from the bit patterns of JAX floats of one dtype.
-
-    JAX on CPU flushes subnormal floats to zero when it compares or sorts them, so a
-    ranking by ``|x|`` in floats ties every subnormal with zero where NumPy (and the
-    host path) tells them apart. Integers of the float's width compare exactly:
-
-    * by magnitude, the bits with the sign bit cleared order like ``|x|``, with every
-      NaN above +inf; the keys are non-negative, so -1 stays free for ineligible entries;
-    * by value, non-negative floats keep their bits and negative ones flip all bits but
-      the sign, so that keys order like the values (-0 just below +0); NaN of either
-      sign gets its magnitude key, above +inf.
-
-    ``jax.lax.bitcast_convert_type`` reinterprets the bits (the standard has no bit
-    cast); JAX is reached through ``sys.modules``, never imported.
-    """
-
-    _INT_NAMES = {16: "int16", 32: "int32", 64: "int64"}
-
-    def __init__(self, xp: Any, dtype: Any):
-        self.xp = xp
-        self.bitcast = sys.modules["jax"].lax.bitcast_convert_type
-        self.float_dtype = dtype
-        width = xp.finfo(dtype).bits
-        self.dtype = getattr(xp, self._INT_NAMES[width])
-        self.low_bits = (1 << (width - 1)) - 1  # every bit but the sign
-
-    @classmethod
-    def of(cls, xp: Any, x: Array, dtype: Any) -> _JaxBitKeys | None:
-        """The keys for floats of `dtype` if `x` is a JAX array and `dtype` floating, else None."""
-        if apc.is_jax_array(x) and xp.isdtype(dtype, "real floating"):
-            return cls(xp, dtype)
-        return None
-
-    def magnitude(self, x: Array) -> Array:
-        """Keys ordering like ``|x|``, NaN above +inf."""
-        return self.bitcast(x, self.dtype) & self.low_bits
-
-    def value(self, x: Array) -> Array:
-        """Keys ordering like `x`, NaN above +inf."""
-        xp = self.xp
-        bits = self.bitcast(x, self.dtype)
-        keys = xp.where(bits < 0, bits ^ self.low_bits, bits)
-        return xp.where(xp.isnan(x), bits & self.low_bits, keys)
-
-    def decode(self, keys: Array) -> Array:
-        """The floats whose `value` keys are `keys` (NaN comes back positive)."""
-        xp = self.xp
-        return self.bitcast(xp.where(keys < 0, keys ^ self.low_bits, keys), self.float_dtype)
-
-
-class _PortableSelect(_BracketSelect):
+class StandardKeyStorage(_BracketSelect):
     """The same selection with whole-array operations of the Array API standard.
 
     By magnitude, keys are ``|x|`` in a floating dtype and ineligible entries get -1.
@@ -134,7 +83,7 @@ class _PortableSelect(_BracketSelect):
             self.dtype = xp.result_type(*dtypes)
         else:
             self.dtype = widest_float(xp, self.device)
-        self.bits = _JaxBitKeys.of(xp, scores[0], self.dtype)
+        self.bits = JaxBitKeys.of(xp, scores[0], self.dtype)
         self.key_dtype = self.dtype if self.bits is None else self.bits.dtype
         self.floating = xp.isdtype(self.key_dtype, "real floating")
         self.eligible = [None if e is None else xp.reshape(e, (-1,)) for e in eligible]

@@ -1,12 +1,13 @@
 """Radix selection: the k-th smallest key from histograms of its digits, in passes.
 
-Keys are unsigned integers whose order is the wanted order (see :mod:`.host`). The
-k-th smallest key is found one digit of `DIGIT_BITS` bits at a time, most significant
-first: a histogram of the first digit over all keys gives the digit of the k-th key and
-how many keys lie below it; a histogram of the next digit over the keys that share that
-first digit gives the next one; and so on until every bit is known. Histograms add up
-over chunks, arrays and files, so a pass reads each chunk once, in any order, and holds
-``2**DIGIT_BITS`` counters: nothing is gathered or concatenated. A 32-bit key takes two
+Keys are unsigned integers whose order is the wanted order (:mod:`.keys`, where
+:func:`magnitude_keys` and :func:`key_bits` live). The k-th smallest key is found one
+digit of `DIGIT_BITS` bits at a time, most significant first: a histogram of the first
+digit over all keys gives the digit of the k-th key and how many keys lie below it; a
+histogram of the next digit over the keys that share that first digit gives the next
+one; and so on until every bit is known. Histograms add up over chunks, arrays and
+files, so a pass reads each chunk once, in any order, and holds ``2**DIGIT_BITS``
+counters: nothing is gathered or concatenated. A 32-bit key takes two
 passes, a 16-bit one (float16, bfloat16) one, a 64-bit one four.
 
 The result is a :class:`Cut`: every key below ``Cut.key`` is dropped, and of the keys
@@ -25,6 +26,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
+
+from .keys import key_bits, magnitude_keys
 
 __all__ = [
     "DIGIT_BITS",
@@ -105,8 +108,17 @@ def cut(histogram: Histogram, bits: int, k: int, total: int) -> Cut:
     return Cut(prefix, below, k - below)
 
 
-def cut_of_chunks(chunks: Callable[[], Iterable[np.ndarray]], bits: int, k: int, total: int) -> Cut:
+def cut_of_chunks(
+    chunks: Callable[[], Iterable[np.ndarray]], bits: int, k: int, total: int, sample: np.ndarray | None = None
+) -> Cut:
     """:func:`cut` over keys read as NumPy chunks, one pass over them per digit.
+
+    With a `sample` of the keys, one pass usually does: the sample's order statistics
+    give a narrow range of keys holding the k-th one with overwhelming probability; the
+    pass counts the keys below the range and each key inside it (at most
+    :data:`_BRACKET_KEYS` counters), which gives the cut when the k-th key is inside.
+    Otherwise the digit passes follow. The sample only decides how fast the cut is
+    found, never what it is.
 
     Parameters
     ----------
@@ -115,6 +127,8 @@ def cut_of_chunks(chunks: Callable[[], Iterable[np.ndarray]], bits: int, k: int,
         sizes), each time it is called.
     bits, k, total
         As for :func:`cut`.
+    sample : ndarray, optional
+        Some of the keys (any, in any order; spread over all of them is best).
 
     Returns
     -------
@@ -127,7 +141,62 @@ def cut_of_chunks(chunks: Callable[[], Iterable[np.ndarray]], bits: int, k: int,
             counts += digit_histogram(keys, prefix, shift, width)
         return counts
 
+    if sample is not None and 1 <= k <= total:
+        bracket = _bracket(sample, k, total)
+        if bracket is not None:
+            below, counts = _bracket_pass(chunks(), *bracket)
+            if below < k <= below + int(counts.sum()):
+                ranks = np.cumsum(counts, dtype=np.int64)
+                offset = int(np.searchsorted(ranks, k - below, side="left"))
+                below += int(ranks[offset - 1]) if offset else 0
+                return Cut(bracket[0] + offset, below, k - below)
     return cut(histogram, bits, k, total)
+
+
+#: The widest range of keys one pass with a sample counts key by key (8 MiB of counters).
+_BRACKET_KEYS = 1 << 20
+
+#: Keys gathered from the bracket before they are counted (bounds the memory of a pass).
+_GATHER = 1 << 20
+
+
+def _bracket(sample: np.ndarray, k: int, total: int) -> tuple[int, int] | None:
+    """Keys ``low:low + span`` holding the k-th smallest key with overwhelming
+    probability, by the sample's order statistics: ``(low, span)``, or None."""
+    if sample.size < 1024:
+        return None
+    ordered = np.sort(sample.reshape(-1))
+    n = ordered.size
+    q = (k - 0.5) / total
+    spread = 6.0 * (q * (1.0 - q) * n) ** 0.5 + 2.0
+    first = int(ordered[int(min(max(q * n - spread, 0), n - 1))])
+    last = int(ordered[int(min(max(q * n + spread, 0), n - 1))])
+    span = last - first + 1
+    return (first, span) if span <= _BRACKET_KEYS else None
+
+
+def _bracket_pass(chunks: Iterable[np.ndarray], low: int, span: int) -> tuple[int, np.ndarray]:
+    """How many keys lie below `low`, and the count of each key in ``low:low + span``."""
+    below = 0
+    counts = np.zeros(span, dtype=np.int64)
+    gathered: list[np.ndarray] = []
+    held = 0
+    for keys in chunks:
+        keys = keys.reshape(-1)
+        utype = keys.dtype.type
+        for start in range(0, keys.size, _SLICE):
+            part = keys[start : start + _SLICE]
+            below += int(np.count_nonzero(part < utype(low)))
+            offset = part - utype(low)  # wraps below `low`: far above `span` then
+            near = offset[offset < utype(span)]
+            gathered.append(near)
+            held += near.size
+            if held >= _GATHER:
+                counts += np.bincount(np.concatenate(gathered).astype(np.intp), minlength=span)
+                gathered, held = [], 0
+    if gathered:
+        counts += np.bincount(np.concatenate(gathered).astype(np.intp), minlength=span)
+    return below, counts
 
 
 def digit_histogram(keys: np.ndarray, prefix: int, shift: int, width: int) -> np.ndarray:
@@ -223,88 +292,11 @@ class StreamingCut:
     def keep(self, keys: np.ndarray) -> np.ndarray:
         """Keep mask of the next chunk: False at the keys it drops."""
         key = keys.dtype.type(self.key)
+        if not self.left:  # no equal key is dropped any more: one comparison
+            return keys >= key
         keep = keys > key
-        if self.left:
-            equal = np.flatnonzero(keys.reshape(-1) == key)
-            if equal.size > self.left:
-                keep.reshape(-1)[equal[self.left :]] = True
-            self.left -= min(self.left, equal.size)
-        else:
-            keep |= keys == key
+        equal = np.flatnonzero(keys.reshape(-1) == key)
+        if equal.size > self.left:
+            keep.reshape(-1)[equal[self.left :]] = True
+        self.left -= min(self.left, equal.size)
         return keep
-
-
-#: NumPy dtype names of the floats keys are made from, and bfloat16 (held as uint16).
-_FLOAT_BITS = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
-
-
-def key_bits(dtype_names: Iterable[str], *, shifted: bool = False) -> int:
-    """Width of the magnitude keys of :func:`magnitude_keys` for arrays of these dtypes.
-
-    Parameters
-    ----------
-    dtype_names : iterable of str
-        ``'float16'``, ``'bfloat16'``, ``'float32'`` or ``'float64'``.
-    shifted : bool
-        Whether keys carry eligibility (one more bit).
-
-    Returns
-    -------
-    int
-        31 (63 if any is float64; 15 if all are one 16-bit dtype), plus one if `shifted`.
-    """
-    names = set(dtype_names)
-    unknown = names - set(_FLOAT_BITS)
-    if unknown:
-        raise TypeError(f"magnitude keys need floating-point arrays, got {sorted(unknown)}")
-    if len(names) == 1 and _FLOAT_BITS[next(iter(names))] == 16:
-        width = 16
-    else:
-        width = 64 if "float64" in names else 32
-    return width - 1 + int(shifted)
-
-
-def magnitude_keys(raw: np.ndarray, dtype_name: str, bits: int, eligible: np.ndarray | None = None) -> np.ndarray:
-    """Unsigned keys ordered like ``|x|`` (NaN above +inf), in a space shared by dtypes.
-
-    Parameters
-    ----------
-    raw : ndarray
-        Values of `dtype_name`, or their bit patterns as unsigned integers of the same
-        width (the only way to hold bfloat16 in NumPy).
-    dtype_name : str
-        What `raw` holds: ``'float16'``, ``'bfloat16'``, ``'float32'``, ``'float64'``.
-    bits : int
-        The key width from :func:`key_bits` for all arrays ranked together: a 16-bit
-        float is widened exactly to the float32 (or float64) key when others are wider.
-    eligible : ndarray of bool, optional
-        Entries that may be dropped. Keys then become ``key + 1`` on eligible entries
-        and 0 elsewhere (`bits` must have been chosen with ``shifted=True``).
-
-    Returns
-    -------
-    ndarray
-        A new flat array of uint16, uint32 or uint64 keys.
-    """
-    raw = raw.reshape(-1)
-    width = _FLOAT_BITS[dtype_name]
-    value_bits = bits - int(eligible is not None)
-    target = 16 if value_bits <= 15 else (32 if value_bits <= 31 else 64)
-    utype = {16: np.uint16, 32: np.uint32, 64: np.uint64}[target]
-    if raw.dtype.kind == "f":
-        raw = raw.view({16: np.uint16, 32: np.uint32, 64: np.uint64}[width])
-    if width == target:
-        keys = raw & utype((1 << (target - 1)) - 1)
-    elif dtype_name == "bfloat16" and target == 32:
-        # bfloat16 is the upper half of a float32: widening is a shift.
-        keys = (raw.astype(np.uint32) << np.uint32(16)) & np.uint32(0x7FFF_FFFF)
-    else:
-        value = raw.view({16: np.float16, 32: np.float32, 64: np.float64}[width])
-        if dtype_name == "bfloat16":
-            value = (raw.astype(np.uint32) << np.uint32(16)).view(np.float32)
-        wide = np.abs(value.astype({32: np.float32, 64: np.float64}[target]))
-        keys = wide.view(utype)
-    if eligible is not None:
-        keys += utype(1)
-        keys *= eligible.reshape(-1)
-    return keys

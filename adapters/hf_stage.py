@@ -1,0 +1,139 @@
+"""The pipeline's stage for Hugging Face checkpoints calibrated layer by layer.
+
+With ``--calibration tokens.npz`` on a safetensors checkpoint (``--method sparsegpt``, or
+a method ranking by Wanda's scores), :func:`calibrated` runs
+:func:`~arrayprune.adapters.hf_calibration.calibrate_checkpoint` before the checkpoint is
+written: the pruned weights wait in a temporary folder beside the output, and the
+streaming writer (:func:`~arrayprune.adapters.stream_pruning.prune_source`) writes them
+in place of the stored ones. With ``--method sparsegpt --hessians hessians.npz`` on any
+safetensors file or checkpoint, :func:`given_hessians` reconstructs each weight from its
+given Hessian as the writer reaches it (no model is run). :func:`input_refusal` says why
+an input cannot be calibrated on tokens, before anything is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from arrayprune.adapters.hf_calibration import calibrate_checkpoint, hf_folder, workdir_beside
+
+__all__ = ["calibrated", "given_hessians", "input_refusal"]
+
+
+def input_refusal(spec: Any, src: str, kind: str) -> str | None:
+    """Why `src` (a ``"sharded"`` or ``"safetensors"`` `kind`) cannot be calibrated on tokens; None if it can."""
+    if not spec.calibration or kind not in ("sharded", "safetensors"):
+        return None
+    if hf_folder(os.fspath(src)) is None:
+        return (
+            "--calibration runs the model: IN must be an ONNX model, or a Hugging Face folder (config.json beside "
+            "the safetensors weights) run with transformers layer by layer on token ids"
+            + ("" if _reconstructs(spec) else " (or use --input-norms)")
+        )
+    return None
+
+
+def _reconstructs(spec: Any) -> bool:
+    """Whether the request's method updates the weights it keeps (no --input-norms for it)."""
+    from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS
+
+    return spec.method in RECONSTRUCTIONS
+
+
+def _masking(target: Any, spec: Any, norms: Mapping, value: Any) -> tuple[Any, Any]:
+    """The pipeline's method of `target` and the importance scores it ranks `value` by."""
+    from arrayprune.adapters.pipeline import method_for, scores_for
+
+    return method_for(target, spec), scores_for(target, norms, value)
+
+
+def calibrated(
+    storage: Any,
+    targets: list[Any],
+    spec: Any,
+    hooks: Any,
+    dst: str,
+    stack: contextlib.ExitStack,
+) -> dict[str, Callable[[], np.ndarray]] | None:
+    """The targets pruned layer by layer or from ``hessians`` (weight name -> its entries); None without either.
+
+    The temporary folder lives as long as `stack`.
+
+    Raises
+    ------
+    PruneError
+        Missing transformers (naming the extra), bad token ids, a model that cannot be
+        built or run, a target outside the model's layers: one line, nothing written.
+    """
+    if spec.hessians:
+        return given_hessians(storage, targets, spec, stack)
+    if not spec.calibration:
+        return None
+    from arrayprune.adapters.request import PruneError, error_text, optional_module
+
+    optional_module("transformers", "transformers", "--calibration on a Hugging Face checkpoint")
+    workdir = stack.enter_context(workdir_beside(dst))
+    try:
+        return calibrate_checkpoint(storage, targets, spec, hooks, workdir, _masking)
+    except (ValueError, TypeError, RuntimeError, IndexError) as exc:  # the model's own errors too
+        raise PruneError(f"--calibration: {error_text(exc)}", storage.src) from None
+
+
+def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextlib.ExitStack) -> dict[str, Callable]:
+    """``--hessians``: each target pruned by SparseGPT with its Hessian from the file, when written.
+
+    Every Hessian is checked (present, ``K x K`` for the weight's reduction axis,
+    finite) before anything is written; each weight is read and reconstructed when the
+    writer reaches it, so one weight is in memory at a time.
+
+    Raises
+    ------
+    PruneError
+        One line naming the weight or the file.
+    """
+    import arrayprune
+    from arrayprune.adapters.calibration import _read_npz
+    from arrayprune.adapters.formats.safetensors_stream import TensorFiles
+    from arrayprune.adapters.hf_calibration import _stored
+    from arrayprune.adapters.request import PruneError, error_text
+
+    try:
+        hessians = _read_npz(spec.hessians)
+    except ValueError as exc:
+        raise PruneError(error_text(exc), spec.hessians) from None
+    for entry in targets:
+        axis = entry.role.reduction_axis
+        if len(entry.shape) != 2 or axis is None:
+            raise PruneError(f"{entry.name!r}: --hessians prunes 2-D weights with a known input axis", storage.src)
+        k = entry.shape[axis]
+        h = hessians.get(entry.name)
+        if h is None:
+            raise PruneError(f"no Hessian for {entry.name!r} (selected for pruning)", spec.hessians)
+        if h.shape != (k, k) or h.dtype.kind != "f" or not np.isfinite(h).all():
+            raise PruneError(
+                f"the Hessian of {entry.name!r} must be finite floats of shape [{k}, {k}] (its {k} input features), "
+                f"got {h.dtype} {list(h.shape)}",
+                spec.hessians,
+            )
+    files = stack.enter_context(TensorFiles())
+    options = {"n": spec.nm[0], "m": spec.nm[1]} if spec.nm is not None else {"amount": spec.amount}
+
+    def reconstructed(entry: Any) -> Callable[[], np.ndarray]:
+        def compute() -> np.ndarray:
+            import torch
+
+            value = files.load(entry.value)
+            weight = value.to(torch.float32).numpy() if isinstance(value, torch.Tensor) else value
+            new, _ = arrayprune.sparsegpt(
+                weight, hessians[entry.name], reduction_axis=entry.role.reduction_axis, **options
+            )
+            return _stored(torch.from_numpy(np.asarray(new, dtype=np.float32)), entry.value.code).reshape(-1)
+
+        return compute
+
+    return {entry.name: reconstructed(entry) for entry in targets}

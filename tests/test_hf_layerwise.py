@@ -1,0 +1,353 @@
+"""``arrayprune prune HF_FOLDER --calibration tokens.npz``: SparseGPT and Wanda layer by layer.
+
+A random-init ``LlamaForCausalLM`` with grouped-query attention, saved sharded by
+``save_pretrained``: the command's SparseGPT weights equal those of the PyTorch path
+(:func:`arrayprune.adapters.torch.sparsegpt` on the whole model, same calibration tokens,
+same sequential order), its logits are closer to the dense model's than Wanda's, each
+weight loses exactly its count, everything else is copied bit for bit; ``--hessians``
+equals the core on the same Hessians; bad inputs are one line, exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+import arrayprune as ap  # noqa: E402
+import arrayprune.adapters.torch as prune  # noqa: E402
+from arrayprune.adapters import prune_file  # noqa: E402
+from arrayprune.adapters.request import PruneError  # noqa: E402
+from cli_helpers import assert_error, run  # noqa: E402
+
+VOCAB = 128
+ROWS = 8  # calibration sequences per forward (the command's default)
+
+
+def _config():
+    return transformers.LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+    )
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """The folder of a sharded random-init Llama, calibration tokens, held-out tokens."""
+    root = tmp_path_factory.mktemp("llama")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_config()).eval()
+    folder = root / "llama"
+    model.save_pretrained(folder, max_shard_size="100KB")
+    assert len([n for n in os.listdir(folder) if n.endswith(".safetensors")]) > 2  # sharded
+    rng = np.random.default_rng(0)
+    tokens = root / "tokens.npz"
+    ids = rng.integers(0, VOCAB, (16, 12))
+    np.savez(tokens, input_ids=ids)
+    held_out = torch.from_numpy(rng.integers(0, VOCAB, (8, 12)))
+    return folder, tokens, ids, held_out
+
+
+def _tensors(folder):
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            out.update(safetensors_numpy.load_file(os.path.join(folder, name)))
+    return out
+
+
+def _layer_linears(model):
+    return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n]
+
+
+def _torch_path(folder, ids, **options):
+    """``prune.sparsegpt`` on the whole model: the pruned weights by name."""
+    model = transformers.LlamaForCausalLM.from_pretrained(folder).eval()
+    batches = [{"input_ids": torch.from_numpy(ids[i : i + ROWS]), "use_cache": False} for i in range(0, len(ids), ROWS)]
+    prune.sparsegpt(model, batches, modules=_layer_linears(model), **options)
+    return {f"{n}.weight": model.get_submodule(n).weight.detach().numpy() for n in _layer_linears(model)}
+
+
+def _logits(folder, tokens):
+    model = transformers.LlamaForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        return model(input_ids=tokens).logits.double().numpy()
+
+
+@pytest.mark.parametrize(
+    ("cli", "torch_options"),
+    [({"amount": 0.5}, {"amount": 0.5}), ({"nm": (2, 4)}, {"n": 2, "m": 4})],
+    ids=["50%", "2:4"],
+)
+def test_sparsegpt_equals_the_torch_path_and_beats_wanda(llama, tmp_path, cli, torch_options):
+    folder, tokens, ids, held_out = llama
+    out = tmp_path / "gpt"
+    result = prune_file(folder, out, method="sparsegpt", calibration=tokens, **cli)
+    want = _torch_path(folder, ids, **torch_options)
+    got, dense = _tensors(out), _tensors(folder)
+    assert set(result.written.by_tensor) == set(want)
+    for name, weight in want.items():
+        np.testing.assert_allclose(got[name], weight, rtol=1e-5, atol=1e-6, err_msg=name)
+        assert np.array_equal(got[name] == 0, weight == 0), name
+        assert not np.array_equal(got[name], dense[name] * (got[name] != 0)), f"{name}: kept weights not updated"
+        count = weight.size // 2  # round(0.5 * size) and 2 of every 4
+        assert int((got[name] == 0).sum()) == count == result.written.by_tensor[name][0], name
+        if "nm" in cli:
+            assert ((got[name].reshape(weight.shape[0], -1, 4) == 0).sum(-1) == 2).all(), name
+    for name in dense.keys() - want.keys():  # embeddings, norms, lm_head: the same bytes
+        assert got[name].dtype == dense[name].dtype and got[name].tobytes() == dense[name].tobytes(), name
+    assert sorted(os.listdir(out)) == sorted(os.listdir(folder))
+
+    wanda = tmp_path / "wanda"
+    prune_file(
+        folder,
+        wanda,
+        method="wanda" if "amount" in cli else "nm_structured",
+        calibration=tokens,
+        **cli,
+    )
+    w = _tensors(wanda)
+    for name in want:
+        assert int((w[name] == 0).sum()) == want[name].size // 2, name
+    reference = _logits(folder, held_out)
+    error_gpt = np.linalg.norm(_logits(out, held_out) - reference)
+    error_wanda = np.linalg.norm(_logits(wanda, held_out) - reference)
+    print(f"logit error: sparsegpt {error_gpt:.4f}, wanda {error_wanda:.4f}")
+    assert error_gpt < 0.95 * error_wanda, (error_gpt, error_wanda)
+
+
+def test_wanda_norms_come_from_the_layer_by_layer_run(llama, tmp_path):
+    """Layer 0's Wanda mask is the one of the norms of its inputs; layer 1's of the pruned layer 0's outputs."""
+    folder, tokens, ids, _ = llama
+    out = tmp_path / "wanda"
+    prune_file(folder, out, method="wanda", amount=0.5, calibration=tokens)
+    got = _tensors(out)
+
+    model = transformers.LlamaForCausalLM.from_pretrained(folder).eval()
+    batches = [{"input_ids": torch.from_numpy(ids[i : i + ROWS]), "use_cache": False} for i in range(0, len(ids), ROWS)]
+    for layer in range(2):
+        names = [n for n in _layer_linears(model) if f".layers.{layer}." in n]
+        norms = prune.input_norms(model, batches, modules=names)
+        for name in names:
+            weight = model.get_submodule(name).weight
+            scores = weight.detach().abs() * norms[f"{name}.weight"][None, :]
+            keep = torch.ones_like(weight, dtype=torch.bool)
+            drop = torch.argsort(scores, dim=1, stable=True)[:, : weight.shape[1] // 2]
+            keep.scatter_(1, drop, False)
+            with torch.no_grad():
+                weight.mul_(keep)
+            np.testing.assert_array_equal(got[f"{name}.weight"], weight.detach().numpy(), err_msg=name)
+
+
+def test_one_pass_differs_from_sequential_in_the_second_layer_only(llama, tmp_path):
+    folder, tokens, _, _ = llama
+    prune_file(folder, tmp_path / "seq", method="sparsegpt", amount=0.5, calibration=tokens)
+    prune_file(folder, tmp_path / "one", method="sparsegpt", amount=0.5, calibration=tokens, one_pass=True)
+    seq, one = _tensors(tmp_path / "seq"), _tensors(tmp_path / "one")
+    # q/k/v of layer 0 read the embeddings in both modes; layer 1 reads pruned or dense outputs
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        name = f"model.layers.0.self_attn.{proj}.weight"
+        np.testing.assert_allclose(seq[name], one[name], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(seq["model.layers.1.mlp.down_proj.weight"], one["model.layers.1.mlp.down_proj.weight"])
+
+
+def test_the_command_writes_what_prune_file_writes(llama, tmp_path):
+    folder, tokens, _, _ = llama
+    prune_file(folder, tmp_path / "a", method="sparsegpt", nm=(2, 4), calibration=tokens)
+    proc = run("prune", folder, "-o", tmp_path / "b", "--method", "sparsegpt", "--nm", "2:4", "--calibration", tokens)
+    assert proc.returncode == 0, proc.stderr
+    for name in os.listdir(tmp_path / "a"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_hessians_file_equals_the_core(llama, tmp_path):
+    folder, _, _, _ = llama
+    dense = _tensors(folder)
+    names = [n for n in dense if ".layers." in n and n.endswith("proj.weight")]
+    rng = np.random.default_rng(1)
+    hessians = {}
+    for name in names:
+        x = rng.standard_normal((200, dense[name].shape[1])) @ rng.standard_normal((dense[name].shape[1],) * 2)
+        hessians[name] = x.T @ x / len(x)
+    np.savez(tmp_path / "h.npz", **hessians)
+    proc = run(
+        "prune",
+        folder,
+        "-o",
+        tmp_path / "out",
+        "--method",
+        "sparsegpt",
+        "--amount",
+        "0.5",
+        "--hessians",
+        tmp_path / "h.npz",
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = _tensors(tmp_path / "out")
+    for name in names:
+        want, _ = ap.sparsegpt(dense[name], hessians[name], 0.5, reduction_axis=1)
+        np.testing.assert_array_equal(got[name], np.asarray(want, dtype=np.float32), err_msg=name)
+        assert int((got[name] == 0).sum()) == dense[name].size // 2
+    for name in dense.keys() - set(names):
+        assert got[name].tobytes() == dense[name].tobytes(), name
+
+
+def _hf_copy(folder, tmp_path, drop_config=False):
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    if drop_config:
+        os.remove(copy / "config.json")
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("case", "fragments"),
+    [
+        ("out_of_vocab", ["token ids must be in [0, 128)", "holds 1..128"]),
+        ("no_input_ids", ["'input_ids'", "x"]),
+        ("no_config", ["Hugging Face folder (config.json"]),
+        ("remote_architecture", ["names no architecture of transformers", "remote code is not run"]),
+        ("hessian_shape", ["must be finite floats of shape [64, 64]", "got float64 [3, 3]"]),
+        ("hessian_missing", ["no Hessian for 'model.layers.0.mlp.down_proj.weight'"]),
+        ("hessians_with_wanda", ["--hessians gives the Hessians of sparsegpt"]),
+        ("hessians_on_onnx", ["--hessians applies to safetensors"]),
+    ],
+)
+def test_bad_inputs_are_one_line_and_write_nothing(llama, tmp_path, case, fragments):
+    folder, tokens, ids, _ = llama
+    args = ["--method", "sparsegpt", "--amount", "0.5", "--calibration", tokens]
+    src = folder
+    if case == "out_of_vocab":
+        np.savez(tmp_path / "bad.npz", input_ids=np.array([[1, 2, VOCAB]]))
+        args[-1] = tmp_path / "bad.npz"
+    elif case == "no_input_ids":
+        np.savez(tmp_path / "bad.npz", x=ids)
+        args[-1] = tmp_path / "bad.npz"
+    elif case == "no_config":
+        src = _hf_copy(folder, tmp_path, drop_config=True)
+    elif case == "remote_architecture":
+        src = _hf_copy(folder, tmp_path)
+        config = json.loads((src / "config.json").read_text())
+        config["architectures"] = ["MyOwnForCausalLM"]
+        (src / "config.json").write_text(json.dumps(config))
+    elif case.startswith("hessian"):
+        dense = _tensors(folder)
+        hessians = {n: np.eye(v.shape[1]) for n, v in dense.items() if ".layers." in n and n.endswith("proj.weight")}
+        if case == "hessian_shape":
+            hessians["model.layers.0.self_attn.q_proj.weight"] = np.eye(3)
+        elif case == "hessian_missing":
+            del hessians["model.layers.0.mlp.down_proj.weight"]
+        np.savez(tmp_path / "h.npz", **hessians)
+        args = ["--method", "wanda" if case == "hessians_with_wanda" else "sparsegpt", "--amount", "0.5"]
+        args += ["--hessians", tmp_path / "h.npz"]
+        if case == "hessians_on_onnx":
+            src = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "mlp.onnx")
+    out = tmp_path / ("out.onnx" if case == "hessians_on_onnx" else "out")
+    assert_error(run("prune", src, "-o", out, *args), *fragments)
+    assert not os.path.exists(out)
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".arrayprune")] == []
+
+
+def test_missing_transformers_names_the_extra(llama, tmp_path):
+    folder, tokens, _, _ = llama
+    blocker = tmp_path / "blocker"
+    (blocker / "transformers").mkdir(parents=True)
+    (blocker / "transformers" / "__init__.py").write_text("raise ImportError('blocked for the test')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "out"
+    proc = run("prune", folder, "-o", out, "--method", "sparsegpt", "--amount", "0.5", "--calibration", tokens, env=env)
+    assert_error(proc, "needs the 'transformers' package", 'pip install "arrayprune[transformers]"')
+    assert not os.path.exists(out)
+
+
+def test_prune_file_errors_are_prune_errors(llama, tmp_path):
+    folder, _, _, _ = llama
+    np.savez(tmp_path / "bad.npz", input_ids=np.array([[-1, 2]]))
+    with pytest.raises(PruneError, match=r"token ids must be in \[0, 128\)"):
+        prune_file(folder, tmp_path / "out", method="wanda", amount=0.5, calibration=tmp_path / "bad.npz")
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_one_layer_holds_values_at_a_time(llama, tmp_path, monkeypatch):
+    """While a layer is pruned, the other layers and lm_head are on the meta device (no memory)."""
+    from arrayprune.adapters import hf_calibration
+
+    folder, tokens, _, _ = llama
+    built, seen = [], []
+    skeleton, replay = hf_calibration._skeleton, hf_calibration._replay
+
+    def recording_skeleton(path):
+        model, config = skeleton(path)
+        built.append(model)
+        return model, config
+
+    def checking_replay(layer, inputs):
+        (model,) = built
+        holding = [i for i, lay in enumerate(model.model.layers) if any(not p.is_meta for p in lay.parameters())]
+        seen.append(holding)
+        assert model.lm_head.weight.is_meta
+        return replay(layer, inputs)
+
+    monkeypatch.setattr(hf_calibration, "_skeleton", recording_skeleton)
+    monkeypatch.setattr(hf_calibration, "_replay", checking_replay)
+    prune_file(folder, tmp_path / "out", method="sparsegpt", amount=0.5, calibration=tokens)
+    assert seen == [[0], [1]]
+
+
+def test_bert_encoder_layers_equal_the_torch_path(tmp_path):
+    """``encoder.layer`` of a BertModel (with an attention mask); the pooler, outside the layers, is refused."""
+    config = transformers.BertConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+    )
+    torch.manual_seed(1)
+    transformers.BertModel(config).eval().save_pretrained(tmp_path / "bert")
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, VOCAB, (12, 10))
+    mask = np.ones_like(ids)
+    mask[:, 7:] = 0  # padded ends
+    np.savez(tmp_path / "tokens.npz", input_ids=ids, attention_mask=mask)
+
+    with pytest.raises(PruneError, match=r"'pooler.dense.weight' is not a weight of the model's layers"):
+        prune_file(
+            tmp_path / "bert", tmp_path / "out", method="sparsegpt", amount=0.5, calibration=tmp_path / "tokens.npz"
+        )
+    prune_file(
+        tmp_path / "bert",
+        tmp_path / "out",
+        method="sparsegpt",
+        amount=0.5,
+        calibration=tmp_path / "tokens.npz",
+        exclude="pooler*",
+    )
+    got = _tensors(tmp_path / "out")
+
+    model = transformers.BertModel.from_pretrained(tmp_path / "bert").eval()
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.startswith("encoder.layer.")]
+    batches = [
+        {"input_ids": torch.from_numpy(ids[i : i + ROWS]), "attention_mask": torch.from_numpy(mask[i : i + ROWS])}
+        for i in range(0, len(ids), ROWS)
+    ]
+    prune.sparsegpt(model, batches, 0.5, modules=names)
+    assert len(names) == 12
+    for name in names:
+        want = model.get_submodule(name).weight.detach().numpy()
+        np.testing.assert_allclose(got[f"{name}.weight"], want, rtol=1e-5, atol=1e-6, err_msg=name)
+        assert int((got[f"{name}.weight"] == 0).sum()) == want.size // 2
+    assert got["pooler.dense.weight"].tobytes() == _tensors(tmp_path / "bert")["pooler.dense.weight"].tobytes()
