@@ -336,7 +336,12 @@ def report(d: dict | None, mini: dict | None, seconds: float, argv: list[str], o
             lines.append(
                 f"| {method} | " + " | ".join(" / ".join(f"{100 * s:.1f}" for s in by[h]) for h in ALLOCATIONS) + " |"
             )
-        lines += ["", "The joint checks (calibration output error of each candidate; the one chosen in bold):", ""]
+        extra = [(m, h, by[h]) for m, by in d["shares"].items() for h in by if h not in ALLOCATIONS]
+        if extra:
+            lines += ["", "The other scan rows at 90%:", "", "| method | row | sparsities |", "|---|---|---|"]
+            lines += [f"| {m} | {h} | " + " / ".join(f"{100 * x:.1f}" for x in share) + " |" for m, h, share in extra]
+        lines += ["", "The joint checks (calibration output error of each candidate, the one chosen in bold; no refined"
+                  " figure where no coordinate move lowered the error):", ""]
         lines += ["| method | row | amount | scan | uniform | global | refined | chosen |", "|---|---|---|---|---|---|---|---|"]
         for method, by_row in d.get("checks", {}).items():
             for how, by_amount in by_row.items():
@@ -344,7 +349,7 @@ def report(d: dict | None, mini: dict | None, seconds: float, argv: list[str], o
                     cells = []
                     for cand in ("scan", "uniform", "global", "refined"):
                         e = c["errors"].get(cand)
-                        text = "" if e is None else f"{e:.4f}"
+                        text = "" if e is None else f"{e:.3g}"
                         cells.append(f"**{text}**" if cand == c["chosen"] else text)
                     lines.append(f"| {method} | {how} | {int(100 * a)}% | " + " | ".join(cells) + f" | {c['chosen']} |")
         scan_time = ", ".join(f"{m} {s:.1f} s" for m, s in d["scan_seconds"].items())
