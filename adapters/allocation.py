@@ -9,6 +9,14 @@ input norms (``wanda``, ``sparsegpt``, or ``l1_unstructured`` with ``--calibrati
 magnitudes otherwise. Either way the selected weights lose ``round(amount * n)`` entries
 in all, each within ``--min-sparsity`` and ``--max-sparsity``.
 
+With ``--calibration`` (ONNX), a scan's allocation is **checked jointly**: the curves
+come from one weight pruned at a time and miss how layers interact, so the scan's counts,
+uniform and global (:func:`candidate_counts`) each prune the model in memory and run
+the calibration data (:func:`measure_allocations`, the scan's metric with every weight
+pruned at once); a few coordinate moves from the best of them follow
+(:func:`refine_counts`), and the least measured error wins, ties to the scan's
+(``allocation_check=False``, ``--no-allocation-check``: the scan's counts as they are).
+
 A method that prunes the same number of entries from every output unit (``wanda``)
 moves in steps of its number of output units, and ``ln_structured`` in whole channels;
 the total is then the nearest the steps reach below it. The counts become the amounts
