@@ -309,13 +309,14 @@ def candidate_counts(
     flat = np.concatenate([np.abs(np.asarray(x, dtype=np.float64)).ravel() for x in scores]) if scores else np.zeros(0)
     owner = np.repeat(np.arange(len(sizes)), sizes)
     lowest = np.argsort(flat, kind="stable")[:total]
-    threshold = np.bincount(owner[lowest], minlength=len(sizes))
-    bounds = {"min_sparsity": min_sparsity, "max_sparsity": max_sparsity, "steps": steps}
+    below = np.bincount(owner[lowest], minlength=len(sizes))
     fraction = total / n if n else 0.0
-    uniform = counts_near([fraction] * len(sizes), sizes, amount, **bounds)
-    wished = [int(k) / m if m else fraction for k, m in zip(threshold, sizes, strict=True)]
-    threshold = counts_near(wished, sizes, amount, **bounds)
-    return {"scan": [int(k) for k in scan], "uniform": uniform, "global": threshold}
+
+    def near(sparsities: list[float]) -> list[int]:
+        return counts_near(sparsities, sizes, amount, min_sparsity=min_sparsity, max_sparsity=max_sparsity, steps=steps)
+
+    wished = [int(k) / m if m else fraction for k, m in zip(below, sizes, strict=True)]
+    return {"scan": [int(k) for k in scan], "uniform": near([fraction] * len(sizes)), "global": near(wished)}
 
 
 def _pruned(
