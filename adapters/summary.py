@@ -102,22 +102,7 @@ def report_rows(
         entry = plan.get(path)
         role = roles.get(path, Role("other", why="unknown"))
         reason = entry.reason if entry is not None else "tied"
-        row = {
-            "name": name,
-            "shape": [int(s) for s in value.shape],
-            "dtype": dtype_name(value),
-            "size": n,
-            "zeros": z,
-            "sparsity": z / n if n else 0.0,
-            "masked": path in masked,
-            "role": role.kind,
-            "output_axis": role.output_axis,
-            "reduction_axis": role.reduction_axis,
-            "nodes": list(role.nodes),
-            "prunable": reason is None,
-            "reason": reason,
-            "tied_to": None if tied_to == name else tied_to,
-        }
+        row = _fields(name, value, n, z, path in masked, role, reason, tied_to)
         if storage:
             nbytes = (
                 arrayprune.sparse_nbytes(value, dim=_nm_axis(role, value))
@@ -127,6 +112,28 @@ def report_rows(
             row.update(nm_2_4="semi_structured_2_4" in nbytes, bytes=nbytes)
         rows.append(row)
     return rows
+
+
+def _fields(
+    name: str, value: Any, n: int, z: int, masked: bool, role: Role, reason: str | None, tied_to: str
+) -> dict[str, Any]:
+    """The fields every row has: name, shape and dtype, counts, role and whether it is pruned."""
+    return {
+        "name": name,
+        "shape": [int(s) for s in value.shape],
+        "dtype": dtype_name(value),
+        "size": n,
+        "zeros": z,
+        "sparsity": z / n if n else 0.0,
+        "masked": masked,
+        "role": role.kind,
+        "output_axis": role.output_axis,
+        "reduction_axis": role.reduction_axis,
+        "nodes": list(role.nodes),
+        "prunable": reason is None,
+        "reason": reason,
+        "tied_to": None if tied_to == name else tied_to,
+    }
 
 
 def _row(
@@ -146,22 +153,7 @@ def _row(
     n = _size(value)
     entry = plan.get(path)
     reason = entry.reason if entry is not None else "tied"
-    row = {
-        "name": name,
-        "shape": [int(s) for s in value.shape],
-        "dtype": dtype_name(value),
-        "size": n,
-        "zeros": z,
-        "sparsity": z / n if n else 0.0,
-        "masked": path in masked,
-        "role": role.kind,
-        "output_axis": role.output_axis,
-        "reduction_axis": role.reduction_axis,
-        "nodes": list(role.nodes),
-        "prunable": reason is None,
-        "reason": reason,
-        "tied_to": None if tied_to == name else tied_to,
-    }
+    row = _fields(name, value, n, z, path in masked, role, reason, tied_to)
     if storage:  # arrayprune.sparse_nbytes, from the counts
         itemsize, nnz = int(value.raw_dtype.itemsize), n - z
         rows = value.shape[0] if len(value.shape) > 1 else 1
