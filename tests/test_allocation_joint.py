@@ -9,7 +9,8 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-from onnx import helper, numpy_helper  # noqa: E402
+from onnx import numpy_helper  # noqa: E402
+from onnx_builders import two_layer_relu  # noqa: E402
 
 import arrayprune as ap  # noqa: E402
 from arrayprune.adapters import formats, prune_file  # noqa: E402
@@ -31,21 +32,8 @@ def model(tmp_path_factory):
     w1[:, :2] *= 50
     w2[:2, :] /= 5
     x = rng.standard_normal((96, 8)).astype(np.float32)
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["X", "W1"], ["H"], name="fc1"),
-            helper.make_node("Relu", ["H"], ["R"], name="relu"),
-            helper.make_node("MatMul", ["R", "W2"], ["Y"], name="fc2"),
-        ],
-        "two",
-        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["n", 8])],
-        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["n", 4])],
-        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")],
-    )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    proto.ir_version = 8
     path = folder / "two.onnx"
-    onnx.save(proto, str(path))
+    two_layer_relu(path, w1, w2)
     calib = folder / "calib.npz"
     np.savez(calib, X=x)
     # A misleading scan: it says W2 costs almost nothing and W1 a lot (one weight at a time

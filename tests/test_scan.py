@@ -15,7 +15,8 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-from onnx import helper, numpy_helper  # noqa: E402
+from onnx import numpy_helper  # noqa: E402
+from onnx_builders import two_layer_relu  # noqa: E402
 
 import arrayprune as ap  # noqa: E402
 from arrayprune.adapters import formats, prune_file  # noqa: E402
@@ -36,23 +37,6 @@ def _weights(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return w1, w2, x
 
 
-def _model(path, w1: np.ndarray, w2: np.ndarray) -> None:
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["X", "W1"], ["H"], name="fc1"),
-            helper.make_node("Relu", ["H"], ["R"], name="relu"),
-            helper.make_node("MatMul", ["R", "W2"], ["Y"], name="fc2"),
-        ],
-        "two",
-        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["n", 8])],
-        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["n", 4])],
-        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-
-
 def _forward(w1: np.ndarray, w2: np.ndarray, x: np.ndarray) -> np.ndarray:
     x, w1, w2 = (np.asarray(a, np.float64) for a in (x, w1, w2))
     return np.maximum(x @ w1, 0) @ w2
@@ -71,7 +55,7 @@ def two(tmp_path_factory):
     folder = tmp_path_factory.mktemp("two")
     w1, w2, x = _weights()
     path = folder / "two.onnx"
-    _model(path, w1, w2)
+    two_layer_relu(path, w1, w2)
     calib = folder / "calib.npz"
     np.savez(calib, X=x)
     return path, calib, w1, w2, x
