@@ -267,3 +267,16 @@ def test_method_objects_that_a_request_cannot_take(tmp_path):
     with pytest.raises(PruneError, match="^identity cannot be run on a file"):
         PruneSpec(method=ap.Identity())
     assert not (tmp_path / "x.onnx").exists()
+
+
+def test_every_prune_flag_is_a_prune_file_option():
+    """Each flag of ``arrayprune prune`` (but IN and -o) is an option of ``prune_file``, under its dest's name."""
+    import dataclasses
+
+    from arrayprune.adapters.cli.options import build_parser
+
+    prune = build_parser()._subparsers._group_actions[0].choices["prune"]
+    dests = {a.dest for a in prune._actions if a.dest != "help"}
+    fields = {f.name for f in dataclasses.fields(PruneSpec)}
+    assert dests - fields == {"input", "output"}
+    assert {"allocation", "allocation_check", "hessians", "shrink", "groups", "calibration"} <= dests
