@@ -42,7 +42,6 @@ from arrayprune.allocation import counts_near
 from arrayprune.method_parts import PER_OUTPUT, pattern_of
 
 __all__ = [
-    "ALLOCATED_METHODS",
     "CANDIDATES",
     "OWL",
     "REFINE_ROUNDS",
@@ -57,9 +56,6 @@ __all__ = [
 
 #: The value of ``--allocation`` that asks for OWL instead of a scan's curves.
 OWL = "owl"
-
-#: The methods whose per-weight amounts an allocation sets.
-ALLOCATED_METHODS = ("l1_unstructured", "wanda", "sparsegpt", "ln_structured")
 
 #: The allocations a joint check measures, in the order ties are broken.
 CANDIDATES = ("scan", "uniform", "global")
@@ -141,8 +137,11 @@ def check_allocation(spec: Any) -> str | None:
         return "--allocation sets each weight's sparsity and --global one threshold for all: pass one"
     if spec.shrink:
         return "--allocation does not apply to --shrink"
-    if spec.method not in ALLOCATED_METHODS:
-        return f"--allocation applies to {', '.join(ALLOCATED_METHODS)}, not {spec.method}"
+    from arrayprune.adapters.scan import scan_methods
+
+    allocated = scan_methods()  # the methods a scan's curves can be made with
+    if spec.method not in allocated:
+        return f"--allocation applies to {', '.join(allocated)}, not {spec.method}"
     if spec.nm is not None:
         return "--allocation shares an --amount among weights; --nm N:M gives every weight the same pattern"
     if spec.amount is None:

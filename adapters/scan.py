@@ -40,13 +40,13 @@ from arrayprune.adapters import formats as fmt
 from arrayprune.adapters.plan import PlanEntry, file_roles, make_plan
 from arrayprune.adapters.request import PruneSpec
 from arrayprune.adapters.roles.names import tree_roles
-from arrayprune.method_parts import score_of
+from arrayprune.method_parts import pattern_of, score_of
 
 __all__ = [
     "DEFAULT_SPARSITIES",
     "METRIC",
     "OnnxTrials",
-    "SCAN_METHODS",
+    "scan_methods",
     "Curve",
     "ScanResult",
     "check_sparsities",
@@ -56,8 +56,6 @@ __all__ = [
 
 #: The sparsities scanned unless told otherwise.
 DEFAULT_SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-#: The methods a scan prunes with.
-SCAN_METHODS = ("l1_unstructured", "wanda", "sparsegpt", "ln_structured")
 #: What a curve's values are.
 METRIC = "relative squared error of the floating outputs against the dense model, mean over outputs"
 #: Fewest sparsities a scan takes.
@@ -228,9 +226,29 @@ def check_sparsities(values: Iterable[Any], least: int = MIN_SPARSITIES) -> tupl
     return out
 
 
+#: The units of the patterns a scan (and an allocation) shares out by an amount.
+_SCANNED_UNITS = ("entries", "entries of each output unit", "channels")
+
+
+def scan_methods() -> tuple[str, ...]:
+    """The methods a scan prunes with: those that rank a weight's values (or Wanda's scores
+    of them) and remove an amount of entries, of each output unit's entries or of
+    channels, and the reconstructions. Methods registered at run time are in."""
+    from arrayprune.adapters.request import runnable_methods
+
+    def scanned(name: str) -> bool:
+        if _reconstructs(name):
+            return True
+        method = arrayprune.METHODS[name]
+        return score_of(method).uses_values and pattern_of(method).unit in _SCANNED_UNITS
+
+    return tuple(name for name in runnable_methods() if scanned(name))
+
+
 def _check_method(method: str) -> None:
-    if method not in SCAN_METHODS:
-        raise ValueError(f"a scan prunes with {', '.join(SCAN_METHODS)}, not {method!r}")
+    methods = scan_methods()
+    if method not in methods:
+        raise ValueError(f"a scan prunes with {', '.join(methods)}, not {method!r}")
 
 
 def _targets(
@@ -393,7 +411,7 @@ def scan_onnx(
     calibration : mapping of str to ndarray
         Every graph input to samples along axis 0.
     method : str, default "l1_unstructured"
-        One of :data:`SCAN_METHODS`; ``wanda`` takes its input norms and ``sparsegpt``
+        One of :func:`scan_methods`; ``wanda`` takes its input norms and ``sparsegpt``
         its Hessians from `calibration`, in the dense model.
     sparsities : sequence of float
         At least five, ascending, in ``(0, 1)``; :data:`DEFAULT_SPARSITIES` if omitted.
@@ -478,7 +496,7 @@ def scan_arrays(
         weights given (a mapping like `params`): an array, or a sequence or mapping of
         arrays.
     method : str, default "l1_unstructured"
-        One of :data:`SCAN_METHODS`.
+        One of :func:`scan_methods`.
     sparsities : sequence of float
         At least five, ascending, in ``(0, 1)``.
     include, exclude, min_size
@@ -511,7 +529,11 @@ def scan_arrays(
     sparsities = check_sparsities(sparsities)
     params = {str(k): v for k, v in params.items()}
     targets = _targets(params, tree_roles(params), method, include, exclude, min_size)
-    needed = {"wanda": ("input_norms", input_norms), "sparsegpt": ("hessians", hessians)}.get(method)
+    needed = None
+    if _reconstructs(method):
+        needed = ("hessians", hessians)
+    elif _calibrated(method):
+        needed = ("input_norms", input_norms)
     if needed is not None:
         what, given = needed
         missing = [t.name for t in targets if given is None or t.name not in given]

@@ -11,7 +11,8 @@ import pytest
 pytest.importorskip("matplotlib")
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-from test_scan import SPARSITIES, _model, _weights  # noqa: E402
+from onnx_builders import two_layer_relu  # noqa: E402
+from test_scan import SPARSITIES, _weights  # noqa: E402
 
 from arrayprune.adapters.cli import main  # noqa: E402
 from arrayprune.adapters.plots import plot_scan, plot_sparsity  # noqa: E402
@@ -40,7 +41,7 @@ def two(tmp_path_factory):
     folder = tmp_path_factory.mktemp("plots")
     w1, w2, x = _weights()
     path = folder / "two.onnx"
-    _model(path, w1, w2)
+    two_layer_relu(path, w1, w2)
     calib = folder / "calib.npz"
     np.savez(calib, X=x)
     return path, calib

@@ -41,14 +41,14 @@ def add_scan_parser(
     sub: Any, fraction: Callable[[str], float], non_negative: Callable[[str], int], positive: Callable[[str], int]
 ) -> argparse.ArgumentParser:
     """Add the ``scan`` sub-command to the parser's sub-parsers `sub`."""
-    from arrayprune.adapters.scan import DEFAULT_SPARSITIES, SCAN_METHODS
+    from arrayprune.adapters.scan import DEFAULT_SPARSITIES, scan_methods
 
     s = sub.add_parser("scan", help="prune each weight alone at several sparsities and measure the output change")
     s.add_argument("input", metavar="IN", help="ONNX model to scan (never modified)")
     s.add_argument("-o", "--output", metavar="SCAN.json", required=True, help="the curves, as JSON")
     s.add_argument("--calibration", metavar="NPZ", required=True, help="graph input name -> samples along axis 0")
     s.add_argument("--plot", metavar="PNG", default=None, help="draw the curves (matplotlib: arrayprune[plot])")
-    s.add_argument("--method", choices=SCAN_METHODS, default="l1_unstructured", help="default: %(default)s")
+    s.add_argument("--method", choices=scan_methods(), default="l1_unstructured", help="default: %(default)s")
     default = ",".join(f"{v:g}" for v in DEFAULT_SPARSITIES)
     s.add_argument(
         "--sparsities",
