@@ -179,6 +179,22 @@ _INF: dict[str, np.ndarray] = {
 }
 
 
+class _Scratch:
+    """One flat buffer per dtype, as large as the largest chunk asked for: the
+    temporaries of a pass (keys, a keep mask), written anew for every chunk, so that
+    no chunk allocates (and faults in) fresh memory."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, np.ndarray] = {}
+
+    def take(self, dtype: Any, size: int) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        held = self._held.get(dtype.str)
+        if held is None or held.size < size:
+            held = self._held[dtype.str] = np.empty(size, dtype=dtype)
+        return held[:size]
+
+
 class _Buffers:
     """Output chunks to reuse once written (their number is bounded by the writes in flight)."""
 
@@ -235,12 +251,13 @@ class _Cut:
         self.stream = None
         self.key = 0
         self.buffers = _Buffers()
+        self.scratch = _Scratch()
         if k:
 
-            def keys() -> Iterable[np.ndarray]:
+            def keys() -> Iterable[np.ndarray]:  # each chunk's keys are used before the next
                 for e in targets:
                     for raw in files.chunks(e.value, release=release):
-                        yield self.keys(e, raw)
+                        yield self.keys(e, raw, reuse=True)
 
             sample = _sample(targets, files, self.keys)
             found = radix.cut_of_chunks(keys, self.bits, k, total, sample=sample)
@@ -263,10 +280,15 @@ class _Cut:
             raise TypeError(f"tensor {entry.name!r}: {type(self.method).__name__} scores are {name}, not floating")
         return name
 
-    def keys(self, entry: Any, raw: np.ndarray) -> np.ndarray:
-        """The radix keys of a chunk of `entry` as read."""
+    def keys(self, entry: Any, raw: np.ndarray, *, reuse: bool = False) -> np.ndarray:
+        """The radix keys of a chunk of `entry` as read (with `reuse`, in a buffer that
+        the next call overwrites)."""
         if self.method is None:
-            return radix.magnitude_keys(raw, self.names[entry.name], self.bits)
+            name = self.names[entry.name]
+            out = None
+            if reuse and 8 * raw.dtype.itemsize == self.bits + 1:  # keys as wide as the entries
+                out = self.scratch.take(f"u{raw.dtype.itemsize}", raw.size)
+            return radix.magnitude_keys(raw, name, self.bits, out=out)
         scores = self._scores(entry, raw)
         return radix.magnitude_keys(scores, self.score_names[entry.name], self.bits)
 
@@ -282,7 +304,7 @@ class _Cut:
             if self.stream is None:
                 keep = np.ones(raw.shape, dtype=bool)
             else:
-                keep = self.stream.keep(self.keys(entry, raw))
+                keep = self.stream.keep(self.keys(entry, raw, reuse=True), out=self.scratch.take(bool, raw.size))
             out = fold(raw, keep, t.code, out=self.buffers.take(raw))
             zeros += raw.size - int(np.count_nonzero(keep)) if finite else zero_count(out, t.code)
             sink.write(t.name, out, self.buffers.give)

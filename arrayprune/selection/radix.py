@@ -289,12 +289,25 @@ class StreamingCut:
         self.key = found.key
         self.left = found.need
 
-    def keep(self, keys: np.ndarray) -> np.ndarray:
-        """Keep mask of the next chunk: False at the keys it drops."""
+    def keep(self, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Keep mask of the next chunk: False at the keys it drops.
+
+        Parameters
+        ----------
+        keys : ndarray
+            The chunk's keys, in position order.
+        out : ndarray of bool, optional
+            Where to write the mask (the shape of `keys`), reused across chunks.
+
+        Returns
+        -------
+        ndarray of bool
+            The mask (`out` where given).
+        """
         key = keys.dtype.type(self.key)
         if not self.left:  # no equal key is dropped any more: one comparison
-            return keys >= key
-        keep = keys > key
+            return np.greater_equal(keys, key, out=out)
+        keep = np.greater(keys, key, out=out)
         equal = np.flatnonzero(keys.reshape(-1) == key)
         if equal.size > self.left:
             keep.reshape(-1)[equal[self.left :]] = True
