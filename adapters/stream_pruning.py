@@ -388,6 +388,69 @@ def _prune_in_core(entry: Any, files: TensorFiles, sink: BackgroundWrites, metho
     return zeros
 
 
+class _CutsAhead:
+    """The cut of the next tensor pruned on its own, found in a second thread while the
+    current one is written.
+
+    Pruning per tensor by an elementwise score takes a sample and a counting pass over
+    a tensor (compute alone) before its write pass (compute and writes). Here the next
+    tensor's cut is found by a worker thread (NumPy releases the GIL) while the caller
+    writes the current one, so that both cores work. At most one cut is ahead: memory
+    stays bounded (one more chunk's keys and a sample). The cuts, and so the masks, are
+    those found in order; each method is made once, in plan order, by the caller's
+    thread, and an error is raised when its tensor is reached.
+    """
+
+    def __init__(self, targets: Sequence[Any], files: TensorFiles, method_for: Callable[[Any], Any]):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._targets = list(targets)
+        self._index = {e.name: i for i, e in enumerate(self._targets)}
+        self._files = files
+        self._method_for = method_for
+        self._started: dict[str, tuple[Any, Any]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrayprune-cut")
+
+    def _start(self, entry: Any) -> tuple[Any, Any]:
+        method = self._method_for(entry)
+        if not streams(method):
+            return method, None
+        return method, self._pool.submit(_Cut, [entry], self._files, method, release=True)
+
+    def take(self, entry: Any) -> tuple[Any, Any]:
+        """``(method, future of its _Cut or None)`` for `entry`; starts the next one's cut."""
+        started = self._started.pop(entry.name, None)
+        if started is None:
+            started = self._start(entry)
+        i = self._index.get(entry.name)
+        if started[1] is not None and i is not None and i + 1 < len(self._targets):
+            following = self._targets[i + 1]
+            if following.name not in self._started:
+                try:
+                    self._started[following.name] = self._start(following)
+                except Exception:  # noqa: BLE001 - made again, and raised, when its tensor is reached
+                    pass
+        return started
+
+    def close(self) -> None:
+        """Drop the cut ahead (if not begun) or wait for it (reads only, no writes)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _closing:
+    """``with _closing(x)``: ``x.close()`` on leaving, where `x` is not None."""
+
+    def __init__(self, thing: Any) -> None:
+        self._thing = thing
+
+    def __enter__(self) -> Any:
+        return self._thing
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thing is not None:
+            self._thing.close()
+
+
 def _copy(t: Any, files: TensorFiles, sink: BackgroundWrites) -> int:
     zeros = 0
     for raw in files.chunks(t):
@@ -457,7 +520,10 @@ def prune_stored(
             name = type(global_method).__name__
             raise TypeError(f"global pruning of stored tensors ranks an elementwise score, not {name}'s")
         cut = _Cut(targets, files, global_method, release=True)
-    with BackgroundWrites(writers) as sink:
+    ahead = None
+    if cut is None and scores_for is None:
+        ahead = _CutsAhead([e for e in targets if replaced is None or e.name not in replaced], files, method_for)
+    with _closing(ahead), BackgroundWrites(writers) as sink:
         for entry in (progress or (lambda items, desc: items))(list(plan), "pruning"):
             t = entry.value
             if not entry.prune:
@@ -471,9 +537,12 @@ def prune_stored(
             elif cut is not None:
                 zeros = cut.write(entry, files, sink)
             else:
-                method = method_for(entry)
                 try:
-                    if scores_for is None and streams(method):
+                    method, found = ahead.take(entry) if ahead is not None else (method_for(entry), None)
+                    if found is not None:
+                        zeros = found.result().write(entry, files, sink)
+                        files.release_tensor(t)
+                    elif scores_for is None and streams(method):
                         zeros = _Cut([entry], files, method, release=True).write(entry, files, sink)
                         files.release_tensor(t)
                     else:
