@@ -50,6 +50,7 @@ position in its vector loops; here a kept NaN keeps its bits).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -166,6 +167,9 @@ def streams(method: Any) -> bool:
     return score.elementwise and score.uses_values and not score.needs_calibration and pattern_of(method).across_arrays
 
 
+#: Threads that count the keys of the global cut's passes (each over its own run of chunks).
+_COUNTING_THREADS = min(2, os.cpu_count() or 1)
+
 #: Keys of the sample that guides the radix passes (:func:`_sample`), and its blocks.
 _SAMPLE, _BLOCK = 1 << 20, 1 << 12
 
@@ -241,7 +245,7 @@ class _Cut:
     score is computed chunk by chunk (``method.entry_scores``) and its magnitudes ranked.
     """
 
-    def __init__(self, targets: Sequence[Any], files: TensorFiles, method: Any, *, release: bool):
+    def __init__(self, targets: Sequence[Any], files: TensorFiles, method: Any, *, release: bool, threads: int = 1):
         self.names = {e.name: _magnitude_name(e) for e in targets}
         self.method = None if score_of(method).magnitude else method
         self.score_names = self.names if self.method is None else {e.name: self._score_dtype(e) for e in targets}
@@ -257,10 +261,31 @@ class _Cut:
             def keys() -> Iterable[np.ndarray]:  # each chunk's keys are used before the next
                 for e in targets:
                     for raw in files.chunks(e.value, release=release):
-                        yield self.keys(e, raw, reuse=True)
+                        yield self.keys(e, raw, scratch=self.scratch)
+
+            def part(pieces: Sequence[tuple[Any, int, int]]) -> Iterable[np.ndarray]:
+                scratch = _Scratch()  # its own buffers: the parts are read at once
+                for e, start, stop in pieces:
+                    yield self.keys(e, files.raw(e.value, start, stop), scratch=scratch)
+                    if release:
+                        size = e.value.raw_dtype.itemsize
+                        files.release(e.value.path, e.value.begin + start * size, e.value.begin + stop * size)
+
+            def split() -> list[Iterable[np.ndarray]]:
+                """The chunks in `threads` runs of about equal numbers of entries."""
+                pieces = [
+                    (e, start, min(start + safetensors_stream.CHUNK, e.value.raw_count))
+                    for e in targets
+                    for start in range(0, e.value.raw_count, safetensors_stream.CHUNK)
+                ]
+                ends = np.cumsum([stop - start for _, start, stop in pieces])
+                bounds = [0] + [int(np.searchsorted(ends, ends[-1] * i / threads)) + 1 for i in range(1, threads)]
+                bounds.append(len(pieces))
+                return [part(pieces[a:b]) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
             sample = _sample(targets, files, self.keys)
-            found = radix.cut_of_chunks(keys, self.bits, k, total, sample=sample)
+            many = threads > 1 and self.method is None  # the method's scores are made in one thread
+            found = radix.cut_of_chunks(keys, self.bits, k, total, sample=sample, split=split if many else None)
             self.key = found.key
             self.stream = radix.StreamingCut(found)
 
@@ -280,14 +305,14 @@ class _Cut:
             raise TypeError(f"tensor {entry.name!r}: {type(self.method).__name__} scores are {name}, not floating")
         return name
 
-    def keys(self, entry: Any, raw: np.ndarray, *, reuse: bool = False) -> np.ndarray:
-        """The radix keys of a chunk of `entry` as read (with `reuse`, in a buffer that
-        the next call overwrites)."""
+    def keys(self, entry: Any, raw: np.ndarray, *, scratch: _Scratch | None = None) -> np.ndarray:
+        """The radix keys of a chunk of `entry` as read (with `scratch`, in its buffer,
+        which the next call with it overwrites)."""
         if self.method is None:
             name = self.names[entry.name]
             out = None
-            if reuse and 8 * raw.dtype.itemsize == self.bits + 1:  # keys as wide as the entries
-                out = self.scratch.take(f"u{raw.dtype.itemsize}", raw.size)
+            if scratch is not None and 8 * raw.dtype.itemsize == self.bits + 1:  # keys as wide as the entries
+                out = scratch.take(f"u{raw.dtype.itemsize}", raw.size)
             return radix.magnitude_keys(raw, name, self.bits, out=out)
         scores = self._scores(entry, raw)
         return radix.magnitude_keys(scores, self.score_names[entry.name], self.bits)
@@ -304,7 +329,8 @@ class _Cut:
             if self.stream is None:
                 keep = np.ones(raw.shape, dtype=bool)
             else:
-                keep = self.stream.keep(self.keys(entry, raw, reuse=True), out=self.scratch.take(bool, raw.size))
+                keys = self.keys(entry, raw, scratch=self.scratch)
+                keep = self.stream.keep(keys, out=self.scratch.take(bool, raw.size))
             out = fold(raw, keep, t.code, out=self.buffers.take(raw))
             zeros += raw.size - int(np.count_nonzero(keep)) if finite else zero_count(out, t.code)
             sink.write(t.name, out, self.buffers.give)
@@ -519,7 +545,7 @@ def prune_stored(
         if not streams(global_method):
             name = type(global_method).__name__
             raise TypeError(f"global pruning of stored tensors ranks an elementwise score, not {name}'s")
-        cut = _Cut(targets, files, global_method, release=True)
+        cut = _Cut(targets, files, global_method, release=True, threads=_COUNTING_THREADS)
     ahead = None
     if cut is None and scores_for is None:
         ahead = _CutsAhead([e for e in targets if replaced is None or e.name not in replaced], files, method_for)

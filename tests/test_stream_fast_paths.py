@@ -230,3 +230,16 @@ def test_cuts_ahead_start_the_next_cut_and_raise_errors_at_their_tensor(tmp_path
                 assert (got.key, got.stream.left) == (want.key, want.stream.left)
         finally:
             ahead.close()
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_global_cut_in_any_number_of_threads_equals_in_memory(tmp_path, small_chunks, monkeypatch, threads):
+    monkeypatch.setattr(stream_pruning, "_COUNTING_THREADS", threads)
+    tensors = llama_tensors(dtype="float32", ties=True, seed=14, hidden=48, inter=80)
+    src = write_checkpoint(tmp_path / "in", tensors, 3)
+    out = tmp_path / "out"
+    assert cli("prune", src, "-o", out, "--amount", 0.6, "--global") == 0
+    got, _ = load_folder(out)
+    want, _ = in_memory(tensors, 0.6, global_=True)
+    for name, t in tensors.items():
+        assert torch.equal(bits(got[name]), bits(want.get(name, t))), name
