@@ -36,7 +36,11 @@ in memory at a time.
 Every write goes through one background thread
 (:class:`~arrayprune.adapters.formats.safetensors_stream.BackgroundWrites`, at most one
 chunk waiting), so that the next chunk is read and pruned while the last is written;
-output chunks are reused once written. Zeros are counted from the keep mask where the
+output chunks, keys and keep masks are reused from chunk to chunk. Per tensor, the next
+tensor's cut is found by a worker thread while the current one is written
+(:class:`_CutsAhead`); the global cut's counting passes run in two threads over halves
+of the chunks (``split`` of :func:`arrayprune.selection.radix.cut_of_chunks`). Neither
+changes a mask. Zeros are counted from the keep mask where the
 threshold lies strictly between 0 and +inf (every pruned entry folds to a zero, no kept
 one is zero), else from the folded entries.
 
