@@ -36,7 +36,11 @@ in memory at a time.
 Every write goes through one background thread
 (:class:`~arrayprune.adapters.formats.safetensors_stream.BackgroundWrites`, at most one
 chunk waiting), so that the next chunk is read and pruned while the last is written;
-output chunks are reused once written. Zeros are counted from the keep mask where the
+output chunks, keys and keep masks are reused from chunk to chunk. Per tensor, the next
+tensor's cut is found by a worker thread while the current one is written
+(:class:`_CutsAhead`); the global cut's counting passes run in two threads over halves
+of the chunks (``split`` of :func:`arrayprune.selection.radix.cut_of_chunks`). Neither
+changes a mask. Zeros are counted from the keep mask where the
 threshold lies strictly between 0 and +inf (every pruned entry folds to a zero, no kept
 one is zero), else from the folded entries.
 
@@ -50,6 +54,7 @@ position in its vector loops; here a kept NaN keeps its bits).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -166,6 +171,9 @@ def streams(method: Any) -> bool:
     return score.elementwise and score.uses_values and not score.needs_calibration and pattern_of(method).across_arrays
 
 
+#: Threads that count the keys of the global cut's passes (each over its own run of chunks).
+_COUNTING_THREADS = min(2, os.cpu_count() or 1)
+
 #: Keys of the sample that guides the radix passes (:func:`_sample`), and its blocks.
 _SAMPLE, _BLOCK = 1 << 20, 1 << 12
 
@@ -177,6 +185,22 @@ _INF: dict[str, np.ndarray] = {
     "F16": np.array([np.inf], dtype=np.float16), "BF16": np.array([0x7F80], dtype=np.uint16),
     "F32": np.array([np.inf], dtype=np.float32), "F64": np.array([np.inf], dtype=np.float64),
 }
+
+
+class _Scratch:
+    """One flat buffer per dtype, as large as the largest chunk asked for: the
+    temporaries of a pass (keys, a keep mask), written anew for every chunk, so that
+    no chunk allocates (and faults in) fresh memory."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, np.ndarray] = {}
+
+    def take(self, dtype: Any, size: int) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        held = self._held.get(dtype.str)
+        if held is None or held.size < size:
+            held = self._held[dtype.str] = np.empty(size, dtype=dtype)
+        return held[:size]
 
 
 class _Buffers:
@@ -225,7 +249,7 @@ class _Cut:
     score is computed chunk by chunk (``method.entry_scores``) and its magnitudes ranked.
     """
 
-    def __init__(self, targets: Sequence[Any], files: TensorFiles, method: Any, *, release: bool):
+    def __init__(self, targets: Sequence[Any], files: TensorFiles, method: Any, *, release: bool, threads: int = 1):
         self.names = {e.name: _magnitude_name(e) for e in targets}
         self.method = None if score_of(method).magnitude else method
         self.score_names = self.names if self.method is None else {e.name: self._score_dtype(e) for e in targets}
@@ -235,15 +259,37 @@ class _Cut:
         self.stream = None
         self.key = 0
         self.buffers = _Buffers()
+        self.scratch = _Scratch()
         if k:
 
-            def keys() -> Iterable[np.ndarray]:
+            def keys() -> Iterable[np.ndarray]:  # each chunk's keys are used before the next
                 for e in targets:
                     for raw in files.chunks(e.value, release=release):
-                        yield self.keys(e, raw)
+                        yield self.keys(e, raw, scratch=self.scratch)
+
+            def part(pieces: Sequence[tuple[Any, int, int]]) -> Iterable[np.ndarray]:
+                scratch = _Scratch()  # its own buffers: the parts are read at once
+                for e, start, stop in pieces:
+                    yield self.keys(e, files.raw(e.value, start, stop), scratch=scratch)
+                    if release:
+                        size = e.value.raw_dtype.itemsize
+                        files.release(e.value.path, e.value.begin + start * size, e.value.begin + stop * size)
+
+            def split() -> list[Iterable[np.ndarray]]:
+                """The chunks in `threads` runs of about equal numbers of entries."""
+                pieces = [
+                    (e, start, min(start + safetensors_stream.CHUNK, e.value.raw_count))
+                    for e in targets
+                    for start in range(0, e.value.raw_count, safetensors_stream.CHUNK)
+                ]
+                ends = np.cumsum([stop - start for _, start, stop in pieces])
+                bounds = [0] + [int(np.searchsorted(ends, ends[-1] * i / threads)) + 1 for i in range(1, threads)]
+                bounds.append(len(pieces))
+                return [part(pieces[a:b]) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
             sample = _sample(targets, files, self.keys)
-            found = radix.cut_of_chunks(keys, self.bits, k, total, sample=sample)
+            many = threads > 1 and self.method is None  # the method's scores are made in one thread
+            found = radix.cut_of_chunks(keys, self.bits, k, total, sample=sample, split=split if many else None)
             self.key = found.key
             self.stream = radix.StreamingCut(found)
 
@@ -263,10 +309,15 @@ class _Cut:
             raise TypeError(f"tensor {entry.name!r}: {type(self.method).__name__} scores are {name}, not floating")
         return name
 
-    def keys(self, entry: Any, raw: np.ndarray) -> np.ndarray:
-        """The radix keys of a chunk of `entry` as read."""
+    def keys(self, entry: Any, raw: np.ndarray, *, scratch: _Scratch | None = None) -> np.ndarray:
+        """The radix keys of a chunk of `entry` as read (with `scratch`, in its buffer,
+        which the next call with it overwrites)."""
         if self.method is None:
-            return radix.magnitude_keys(raw, self.names[entry.name], self.bits)
+            name = self.names[entry.name]
+            out = None
+            if scratch is not None and 8 * raw.dtype.itemsize == self.bits + 1:  # keys as wide as the entries
+                out = scratch.take(f"u{raw.dtype.itemsize}", raw.size)
+            return radix.magnitude_keys(raw, name, self.bits, out=out)
         scores = self._scores(entry, raw)
         return radix.magnitude_keys(scores, self.score_names[entry.name], self.bits)
 
@@ -282,7 +333,8 @@ class _Cut:
             if self.stream is None:
                 keep = np.ones(raw.shape, dtype=bool)
             else:
-                keep = self.stream.keep(self.keys(entry, raw))
+                keys = self.keys(entry, raw, scratch=self.scratch)
+                keep = self.stream.keep(keys, out=self.scratch.take(bool, raw.size))
             out = fold(raw, keep, t.code, out=self.buffers.take(raw))
             zeros += raw.size - int(np.count_nonzero(keep)) if finite else zero_count(out, t.code)
             sink.write(t.name, out, self.buffers.give)
@@ -366,6 +418,69 @@ def _prune_in_core(entry: Any, files: TensorFiles, sink: BackgroundWrites, metho
     return zeros
 
 
+class _CutsAhead:
+    """The cut of the next tensor pruned on its own, found in a second thread while the
+    current one is written.
+
+    Pruning per tensor by an elementwise score takes a sample and a counting pass over
+    a tensor (compute alone) before its write pass (compute and writes). Here the next
+    tensor's cut is found by a worker thread (NumPy releases the GIL) while the caller
+    writes the current one, so that both cores work. At most one cut is ahead: memory
+    stays bounded (one more chunk's keys and a sample). The cuts, and so the masks, are
+    those found in order; each method is made once, in plan order, by the caller's
+    thread, and an error is raised when its tensor is reached.
+    """
+
+    def __init__(self, targets: Sequence[Any], files: TensorFiles, method_for: Callable[[Any], Any]):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._targets = list(targets)
+        self._index = {e.name: i for i, e in enumerate(self._targets)}
+        self._files = files
+        self._method_for = method_for
+        self._started: dict[str, tuple[Any, Any]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrayprune-cut")
+
+    def _start(self, entry: Any) -> tuple[Any, Any]:
+        method = self._method_for(entry)
+        if not streams(method):
+            return method, None
+        return method, self._pool.submit(_Cut, [entry], self._files, method, release=True)
+
+    def take(self, entry: Any) -> tuple[Any, Any]:
+        """``(method, future of its _Cut or None)`` for `entry`; starts the next one's cut."""
+        started = self._started.pop(entry.name, None)
+        if started is None:
+            started = self._start(entry)
+        i = self._index.get(entry.name)
+        if started[1] is not None and i is not None and i + 1 < len(self._targets):
+            following = self._targets[i + 1]
+            if following.name not in self._started:
+                try:
+                    self._started[following.name] = self._start(following)
+                except Exception:  # noqa: BLE001 - made again, and raised, when its tensor is reached
+                    pass
+        return started
+
+    def close(self) -> None:
+        """Drop the cut ahead (if not begun) or wait for it (reads only, no writes)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _closing:
+    """``with _closing(x)``: ``x.close()`` on leaving, where `x` is not None."""
+
+    def __init__(self, thing: Any) -> None:
+        self._thing = thing
+
+    def __enter__(self) -> Any:
+        return self._thing
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thing is not None:
+            self._thing.close()
+
+
 def _copy(t: Any, files: TensorFiles, sink: BackgroundWrites) -> int:
     zeros = 0
     for raw in files.chunks(t):
@@ -434,8 +549,11 @@ def prune_stored(
         if not streams(global_method):
             name = type(global_method).__name__
             raise TypeError(f"global pruning of stored tensors ranks an elementwise score, not {name}'s")
-        cut = _Cut(targets, files, global_method, release=True)
-    with BackgroundWrites(writers) as sink:
+        cut = _Cut(targets, files, global_method, release=True, threads=_COUNTING_THREADS)
+    ahead = None
+    if cut is None and scores_for is None:
+        ahead = _CutsAhead([e for e in targets if replaced is None or e.name not in replaced], files, method_for)
+    with _closing(ahead), BackgroundWrites(writers) as sink:
         for entry in (progress or (lambda items, desc: items))(list(plan), "pruning"):
             t = entry.value
             if not entry.prune:
@@ -449,9 +567,12 @@ def prune_stored(
             elif cut is not None:
                 zeros = cut.write(entry, files, sink)
             else:
-                method = method_for(entry)
                 try:
-                    if scores_for is None and streams(method):
+                    method, found = ahead.take(entry) if ahead is not None else (method_for(entry), None)
+                    if found is not None:
+                        zeros = found.result().write(entry, files, sink)
+                        files.release_tensor(t)
+                    elif scores_for is None and streams(method):
                         zeros = _Cut([entry], files, method, release=True).write(entry, files, sink)
                         files.release_tensor(t)
                     else:

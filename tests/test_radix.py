@@ -166,3 +166,56 @@ def test_property_any_chunking(values, chunk, data):
     k = data.draw(st.integers(0, total))
     for g, w in zip(radix_keep(arrays, k, chunk), reference_keep(arrays, k), strict=True):
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_reused_buffers_give_the_same_keys_and_masks(kind, dtype):
+    """``magnitude_keys(out=)`` and ``StreamingCut.keep(out=)`` write into buffers reused
+    across chunks; keys and masks equal those of fresh arrays, ties straddling chunks."""
+    x = make_data(kind, 37 * 29, seed=3).astype(dtype)
+    bits = radix.key_bits([dtype])
+    keys = radix.magnitude_keys(x, dtype, bits)
+    found = radix.cut_of_chunks(lambda: [keys], bits, x.size // 2, x.size)
+    fresh, reused = radix.StreamingCut(found), radix.StreamingCut(found)
+    key_buf = np.empty(100, dtype=keys.dtype)
+    keep_buf = np.empty(100, dtype=bool)
+    for start in range(0, x.size, 100):
+        part = x[start : start + 100]
+        into = radix.magnitude_keys(part, dtype, bits, out=key_buf[: part.size])
+        assert np.shares_memory(into, key_buf)
+        np.testing.assert_array_equal(into, radix.magnitude_keys(part, dtype, bits))
+        mask = reused.keep(into, out=keep_buf[: part.size])
+        assert np.shares_memory(mask, keep_buf)
+        np.testing.assert_array_equal(mask, fresh.keep(radix.magnitude_keys(part, dtype, bits)))
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 5])
+@pytest.mark.parametrize("guide", ["none", "spread", "misleading"])
+def test_cut_counted_in_threads_equals_one_thread(parts, guide):
+    """``cut_of_chunks(split=)`` counts runs of chunks in threads and adds the counts:
+    the same cut, by the sample's one pass or by the digit passes."""
+    rng = np.random.default_rng(4)
+    keys = rng.integers(0, 5000, 40_000).astype(np.uint32)
+    chunks = [keys[i : i + 3000] for i in range(0, keys.size, 3000)]
+    runs = np.array_split(np.arange(len(chunks)), parts)
+
+    def split():
+        return [(chunks[i] for i in run) for run in runs]
+
+    sample = {"none": None, "spread": keys[::13], "misleading": np.sort(keys)[-3000:]}[guide]
+    for k in (1, 777, 20_000, keys.size):
+        want = radix.cut_of_chunks(lambda: chunks, 31, k, keys.size)
+        assert radix.cut_of_chunks(lambda: chunks, 31, k, keys.size, sample=sample, split=split) == want
+
+
+def test_cut_counted_in_threads_raises_a_parts_error():
+    def failing():
+        yield np.zeros(10, dtype=np.uint32)
+        raise OSError(5, "Input/output error")
+
+    def split():
+        return [iter([np.ones(10, dtype=np.uint32)]), failing()]
+
+    with pytest.raises(OSError, match="Input/output"):
+        radix.cut_of_chunks(lambda: [], 31, 5, 20, split=split)

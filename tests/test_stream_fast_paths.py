@@ -195,3 +195,51 @@ def test_report_rows_scanned_equal_rows_of_loaded_tensors(tmp_path, monkeypatch,
         got = report_rows(storage.params, roles=storage.roles, load=files.load, scan=files.scan)
     assert got == want
     assert any(r["nm_2_4"] for r in got) and not all(r.get("nm_2_4", True) for r in got)
+
+
+def test_cuts_ahead_start_the_next_cut_and_raise_errors_at_their_tensor(tmp_path):
+    """Per tensor, the next tensor's cut is found in a worker thread while the current
+    one is written: the same cut as found in order, and a method's error is raised when
+    its own tensor is reached, not while the one before it is written."""
+    from types import SimpleNamespace
+
+    import arrayprune
+    from arrayprune.adapters.formats.sharded import open_checkpoint
+
+    tensors = llama_tensors(dtype="float32", seed=5, hidden=48, inter=80)
+    src = write_checkpoint(tmp_path / "in", tensors, 2)
+    stored = open_checkpoint(src).tensors
+    entries = [SimpleNamespace(name=n, value=t) for n, t in stored.items() if n.endswith("proj.weight")][:3]
+
+    def method_for(entry):
+        if entry is entries[2]:
+            raise ValueError("bad dim")
+        return arrayprune.L1Unstructured(0.5)
+
+    with safetensors_stream.TensorFiles() as files:
+        ahead = stream_pruning._CutsAhead(entries, files, method_for)
+        try:
+            _, first = ahead.take(entries[0])
+            assert entries[1].name in ahead._started  # found while entries[0] is written
+            _, second = ahead.take(entries[1])  # entries[2]'s method fails: not raised yet
+            with pytest.raises(ValueError, match="bad dim"):
+                ahead.take(entries[2])
+            for entry, found in ((entries[0], first), (entries[1], second)):
+                got = found.result()
+                want = stream_pruning._Cut([entry], files, method_for(entry), release=True)
+                assert (got.key, got.stream.left) == (want.key, want.stream.left)
+        finally:
+            ahead.close()
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_global_cut_in_any_number_of_threads_equals_in_memory(tmp_path, small_chunks, monkeypatch, threads):
+    monkeypatch.setattr(stream_pruning, "_COUNTING_THREADS", threads)
+    tensors = llama_tensors(dtype="float32", ties=True, seed=14, hidden=48, inter=80)
+    src = write_checkpoint(tmp_path / "in", tensors, 3)
+    out = tmp_path / "out"
+    assert cli("prune", src, "-o", out, "--amount", 0.6, "--global") == 0
+    got, _ = load_folder(out)
+    want, _ = in_memory(tensors, 0.6, global_=True)
+    for name, t in tensors.items():
+        assert torch.equal(bits(got[name]), bits(want.get(name, t))), name

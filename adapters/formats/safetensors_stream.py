@@ -204,6 +204,7 @@ class TensorFiles:
 
     def __init__(self) -> None:
         self._maps: dict[str, mmap.mmap] = {}
+        self._lock = threading.Lock()  # maps may be asked for from several threads
 
     def __enter__(self) -> TensorFiles:
         return self
@@ -214,9 +215,12 @@ class TensorFiles:
     def _map(self, path: str) -> mmap.mmap:
         mm = self._maps.get(path)
         if mm is None:
-            with _open_regular(path) as f:
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            self._maps[path] = mm
+            with self._lock:
+                mm = self._maps.get(path)
+                if mm is None:
+                    with _open_regular(path) as f:
+                        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                    self._maps[path] = mm
         return mm
 
     def raw(self, t: StoredTensor, start: int = 0, stop: int | None = None) -> np.ndarray:

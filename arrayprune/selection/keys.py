@@ -122,7 +122,9 @@ def key_bits(dtype_names: Iterable[str], *, shifted: bool = False) -> int:
     return width - 1 + int(shifted)
 
 
-def magnitude_keys(raw: np.ndarray, dtype_name: str, bits: int, eligible: np.ndarray | None = None) -> np.ndarray:
+def magnitude_keys(
+    raw: np.ndarray, dtype_name: str, bits: int, eligible: np.ndarray | None = None, out: np.ndarray | None = None
+) -> np.ndarray:
     """Unsigned keys ordered like ``|x|`` (NaN above +inf), in a space shared by dtypes.
 
     Parameters
@@ -138,11 +140,15 @@ def magnitude_keys(raw: np.ndarray, dtype_name: str, bits: int, eligible: np.nda
     eligible : ndarray of bool, optional
         Entries that may be dropped. Keys then become ``key + 1`` on eligible entries
         and 0 elsewhere (`bits` must have been chosen with ``shifted=True``).
+    out : ndarray, optional
+        A flat buffer of the keys' dtype and ``raw.size`` entries, reused across calls
+        (no new memory to fault in per chunk). It receives the keys, and is returned,
+        where they have the width of `raw`; wider keys are a new array.
 
     Returns
     -------
     ndarray
-        A new flat array of uint16, uint32 or uint64 keys.
+        A flat array of uint16, uint32 or uint64 keys (`out`, or a new one).
     """
     raw = raw.reshape(-1)
     width = FLOAT_BITS[dtype_name]
@@ -152,7 +158,7 @@ def magnitude_keys(raw: np.ndarray, dtype_name: str, bits: int, eligible: np.nda
     if raw.dtype.kind == "f":
         raw = raw.view({16: np.uint16, 32: np.uint32, 64: np.uint64}[width])
     if width == target:
-        keys = raw & utype((1 << (target - 1)) - 1)
+        keys = np.bitwise_and(raw, utype((1 << (target - 1)) - 1), out=out)
     elif dtype_name == "bfloat16" and target == 32:
         # bfloat16 is the upper half of a float32: widening is a shift.
         keys = (raw.astype(np.uint32) << np.uint32(16)) & np.uint32(0x7FFF_FFFF)

@@ -22,8 +22,9 @@ serves NumPy chunks, memory-mapped files and lazy (Dask) arrays.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
@@ -109,7 +110,13 @@ def cut(histogram: Histogram, bits: int, k: int, total: int) -> Cut:
 
 
 def cut_of_chunks(
-    chunks: Callable[[], Iterable[np.ndarray]], bits: int, k: int, total: int, sample: np.ndarray | None = None
+    chunks: Callable[[], Iterable[np.ndarray]],
+    bits: int,
+    k: int,
+    total: int,
+    sample: np.ndarray | None = None,
+    *,
+    split: Callable[[], Sequence[Iterable[np.ndarray]]] | None = None,
 ) -> Cut:
     """:func:`cut` over keys read as NumPy chunks, one pass over them per digit.
 
@@ -129,28 +136,83 @@ def cut_of_chunks(
         As for :func:`cut`.
     sample : ndarray, optional
         Some of the keys (any, in any order; spread over all of them is best).
+    split : callable, optional
+        Returns new iterables that together hold the keys (each key in one of them),
+        each time it is called: each is counted by its own thread and the counts are
+        added (NumPy releases the GIL, so several cores count). Without it, `chunks`
+        is read by the calling thread. The cut is the same either way.
 
     Returns
     -------
     Cut
     """
 
+    def each(count: Callable[[Iterable[np.ndarray]], _T]) -> list[_T]:
+        return [count(chunks())] if split is None else _in_threads(split(), count)
+
     def histogram(prefix: int, shift: int, width: int) -> np.ndarray:
-        counts = np.zeros(1 << width, dtype=np.int64)
-        for keys in chunks():
-            counts += digit_histogram(keys, prefix, shift, width)
-        return counts
+        def count(part: Iterable[np.ndarray]) -> np.ndarray:
+            counts = np.zeros(1 << width, dtype=np.int64)
+            for keys in part:
+                counts += digit_histogram(keys, prefix, shift, width)
+            return counts
+
+        return _added(each(count), 1 << width)
 
     if sample is not None and 1 <= k <= total:
         bracket = _bracket(sample, k, total)
         if bracket is not None:
-            below, counts = _bracket_pass(chunks(), *bracket)
+            passes = each(lambda part: _bracket_pass(part, *bracket))
+            below = sum(b for b, _ in passes)
+            counts = _added([c for _, c in passes], bracket[1])
             if below < k <= below + int(counts.sum()):
                 ranks = np.cumsum(counts, dtype=np.int64)
                 offset = int(np.searchsorted(ranks, k - below, side="left"))
                 below += int(ranks[offset - 1]) if offset else 0
                 return Cut(bracket[0] + offset, below, k - below)
     return cut(histogram, bits, k, total)
+
+
+_T = TypeVar("_T")
+
+
+def _added(counts: Sequence[np.ndarray], size: int) -> np.ndarray:
+    """The sum of some int64 count arrays of `size` entries (zeros if there are none)."""
+    total = np.zeros(size, dtype=np.int64)
+    for c in counts:
+        total += c
+    return total
+
+
+class _Stopped(Exception):
+    """A counting thread told to stop (the caller's thread raised)."""
+
+
+def _in_threads(parts: Sequence[Iterable[np.ndarray]], count: Callable[[Iterable[np.ndarray]], _T]) -> list[_T]:
+    """``count(part)`` for every part, each in its own thread; results in order.
+
+    If the calling thread is interrupted (an exception while it waits: a termination
+    signal turned into one, say), the threads stop after their current chunk.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    stop = threading.Event()
+
+    def guarded(part: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+        for keys in part:
+            if stop.is_set():
+                raise _Stopped
+            yield keys
+
+    pool = ThreadPoolExecutor(max_workers=max(1, len(parts)), thread_name_prefix="arrayprune-count")
+    try:
+        futures = [pool.submit(count, guarded(part)) for part in parts]
+        return [f.result() for f in futures]
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 #: The widest range of keys one pass with a sample counts key by key (8 MiB of counters).
@@ -289,12 +351,25 @@ class StreamingCut:
         self.key = found.key
         self.left = found.need
 
-    def keep(self, keys: np.ndarray) -> np.ndarray:
-        """Keep mask of the next chunk: False at the keys it drops."""
+    def keep(self, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Keep mask of the next chunk: False at the keys it drops.
+
+        Parameters
+        ----------
+        keys : ndarray
+            The chunk's keys, in position order.
+        out : ndarray of bool, optional
+            Where to write the mask (the shape of `keys`), reused across chunks.
+
+        Returns
+        -------
+        ndarray of bool
+            The mask (`out` where given).
+        """
         key = keys.dtype.type(self.key)
         if not self.left:  # no equal key is dropped any more: one comparison
-            return keys >= key
-        keep = keys > key
+            return np.greater_equal(keys, key, out=out)
+        keep = np.greater(keys, key, out=out)
         equal = np.flatnonzero(keys.reshape(-1) == key)
         if equal.size > self.left:
             keep.reshape(-1)[equal[self.left :]] = True
