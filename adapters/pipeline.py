@@ -743,7 +743,8 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
         written = _write_streamed(storage, dst, plan, targets, shared, norms, hooks)
         tied = 0
     else:
-        assert out_format is not None  # a whole file has one
+        if out_format is None:  # a whole file has one: _open_file chose it
+            raise PruneError("no output format for OUT", dst)
         written = _write_whole(storage, dst, out_format, targets, shared, norms, hooks)
         tied = sum(len(t.tied) for t in targets)
     result.written, result.tied = written, tied

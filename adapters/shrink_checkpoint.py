@@ -98,14 +98,16 @@ def open_hf(src: Any) -> tuple[sharded.ShardedCheckpoint, dict[str, Any]]:
     if not os.path.isdir(src):
         raise FormatError(src, "a Hugging Face checkpoint is a folder (config.json and safetensors)")
     ckpt = sharded.open_checkpoint(src)
-    assert isinstance(ckpt, sharded.ShardedCheckpoint)
+    if not isinstance(ckpt, sharded.ShardedCheckpoint):
+        raise FormatError(src, "a Hugging Face checkpoint is a folder of safetensors shards or one safetensors file")
     if not os.path.lexists(os.path.join(ckpt.folder, CONFIG_NAME)):
         raise FormatError(src, f"no {CONFIG_NAME}: the sizes of a Hugging Face model's layers are read from it")
     if CONFIG_NAME not in ckpt.files:  # a symlink leading out of the folder, ...: neither copied nor read
         why = next((x for x in ckpt.left if x.startswith(CONFIG_NAME + " ")), CONFIG_NAME)
         raise FormatError(src, f"{why}: not read")
     config = read_config(ckpt.folder)
-    assert config is not None
+    if config is None:
+        raise FormatError(src, f"{CONFIG_NAME}: not read")
     return ckpt, config
 
 

@@ -288,7 +288,8 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
     fmt.save(dst, params, "onnx", like=WeightFile(src, "onnx", params, {**wf.context, "model": small}))
 
     shrunk = ShrinkResult(found, spec.amount, report.kept, report.params_before, report.params_after)
-    assert dst is not None  # set (dry runs returned above)
+    if dst is None:  # dry runs returned above
+        raise PruneError("--shrink: give -o OUT, or --dry-run", src)
     written = _summary(params, found, storage.roles, dst)
     result = PruneResult(src, dst, kind, spec, plan, written, notes=_notes(spec), shrink=shrunk)
     if prepared is not None:

@@ -295,7 +295,8 @@ class _Cut:
 
     def _scores(self, entry: Any, raw: np.ndarray) -> np.ndarray:
         """The method's scores of entries as read (bfloat16 widened to float32)."""
-        assert self.method is not None
+        if self.method is None:  # magnitudes rank the stored bits: no scores to compute
+            raise TypeError("a magnitude score ranks the entries as stored")
         values = raw
         if entry.value.code == "BF16":
             values = (raw.astype(np.uint32) << np.uint32(16)).view(np.float32)
