@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import json
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ from typing import IO, Any
 from .errors import FormatError, _describe
 
 __all__ = [
+    "read_json",
     "atomic_files",
     "atomic_write",
     "cache_blobs",
@@ -78,6 +80,26 @@ def _open_regular(path: str) -> IO[bytes]:
         os.close(fd)
         raise FormatError(path, problem)
     return os.fdopen(fd, "rb")
+
+
+def read_json(path: str, limit: int, what: str, invalid: str, **loads: Any) -> Any:
+    """The JSON value of the regular file `path`, at most `limit` bytes.
+
+    Anything else is a :class:`FormatError`: a file over `limit` (named as `what`, e.g.
+    ``"index"``), or one that `invalid` describes (``"not a valid index"``): not JSON,
+    nested too deeply. `loads` go to :func:`json.loads` (``object_pairs_hook``).
+    """
+    st = _require_regular(path)
+    if st.st_size > limit:
+        raise FormatError(path, f"{what} of {st.st_size} bytes, larger than {limit}")
+    with _open_regular(path) as f:
+        data = f.read(limit + 1)
+    try:
+        return json.loads(data, **loads)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(path, f"{invalid}: {_describe(exc)}") from None
+    except RecursionError:  # the JSON parser recurses per level of nesting
+        raise FormatError(path, f"{invalid}: nested too deeply") from None
 
 
 def _fsync_dir(folder: str) -> None:

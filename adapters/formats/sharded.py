@@ -49,15 +49,14 @@ prunes with :mod:`arrayprune.adapters.stream_pruning`).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from . import files
-from .errors import FormatError, _describe
-from .files import _open_regular, _require_regular, cache_blobs, replace_folder, resolve_inside
+from .errors import FormatError
+from .files import _open_regular, cache_blobs, read_json, replace_folder, resolve_inside
 from .safetensors_stream import SafetensorsFile, StoredTensor, TensorWriter, stored_tensors
 
 __all__ = [
@@ -131,17 +130,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _read_index(path: str) -> dict[str, str]:
     """The weight map of an index: tensor names to shard file names, in the index's order."""
-    st = _require_regular(path)
-    if st.st_size > INDEX_MAX_BYTES:
-        raise FormatError(path, f"index of {st.st_size} bytes, larger than {INDEX_MAX_BYTES} (not an index?)")
-    with _open_regular(path) as f:
-        data = f.read(INDEX_MAX_BYTES + 1)
-    try:
-        index = json.loads(data, object_pairs_hook=_unique_keys)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise FormatError(path, f"not a valid index: {_describe(exc)}") from None
-    except RecursionError:  # the JSON parser recurses per level of nesting
-        raise FormatError(path, "not a valid index: nested too deeply") from None
+    index = read_json(path, INDEX_MAX_BYTES, "index", "not a valid index", object_pairs_hook=_unique_keys)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise FormatError(path, 'not a sharded checkpoint index: no "weight_map" of tensor names to shard files')

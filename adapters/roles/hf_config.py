@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from arrayprune.adapters.formats.errors import FormatError
-from arrayprune.adapters.formats.files import _open_regular, _require_regular
+from arrayprune.adapters.formats.files import read_json
 
 __all__ = ["CONFIG_MAX_BYTES", "CONFIG_NAME", "config_bytes", "read_config"]
 
@@ -34,15 +34,7 @@ def read_config(folder: str) -> dict[str, Any] | None:
     path = os.path.join(folder, CONFIG_NAME)
     if not os.path.lexists(path):
         return None
-    st = _require_regular(path)
-    if st.st_size > CONFIG_MAX_BYTES:
-        raise FormatError(path, f"config of {st.st_size} bytes, larger than {CONFIG_MAX_BYTES}")
-    with _open_regular(path) as f:
-        data = f.read(CONFIG_MAX_BYTES + 1)
-    try:
-        config = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise FormatError(path, f"not valid JSON: {type(exc).__name__}") from None
+    config = read_json(path, CONFIG_MAX_BYTES, "config", "not valid JSON")
     if not isinstance(config, dict):
         raise FormatError(path, "not a JSON object")
     return config
