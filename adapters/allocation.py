@@ -305,10 +305,9 @@ def candidate_counts(
     sizes = [int(np.size(x)) for x in scores]
     n = sum(sizes)
     total = arrayprune.amount.compute_nparams_toprune(amount, n)
-    flat = np.concatenate([np.abs(np.asarray(x, dtype=np.float64)).ravel() for x in scores]) if scores else np.zeros(0)
-    owner = np.repeat(np.arange(len(sizes)), sizes)
-    lowest = np.argsort(flat, kind="stable")[:total]
-    below = np.bincount(owner[lowest], minlength=len(sizes))
+    # global pruning's own ranking (ties by position, NaN above +inf), without concatenating
+    keeps = arrayprune.L1Unstructured(total).keep_masks(list(scores), [None] * len(scores)) if n else []
+    below = [m - int(np.count_nonzero(np.asarray(keep))) for m, keep in zip(sizes, keeps, strict=True)]
     fraction = total / n if n else 0.0
 
     def near(sparsities: list[float]) -> list[int]:
