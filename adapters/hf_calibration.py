@@ -347,28 +347,21 @@ def calibrate_checkpoint(
                     kwargs = {"n": spec.nm[0], "m": spec.nm[1]} if spec.nm is not None else {"amount": spec.amount}
                     reconstruction.sparsegpt(replay, steps, modules=names, sequential=not spec.one_pass, **kwargs)
                     for module_name in chosen:
-                        prune.remove(getattr_path(layer, module_name), "weight")
+                        prune.remove(layer.get_submodule(module_name), "weight")
                 else:
                     norms = torch_calibration.input_norms(replay, steps, modules=names)
                     for module_name, entry in chosen.items():
-                        module = getattr_path(layer, module_name)
+                        module = layer.get_submodule(module_name)
                         vector = norms[f"layer.{module_name}.weight"].to(torch.float64).numpy()
                         _mask_in_place(module, entry, spec, vector, method_for)
                 for module_name, entry in chosen.items():
                     path = os.path.join(workdir, f"{len(out)}.npy")
-                    np.save(path, _stored(getattr_path(layer, module_name).weight.detach(), entry.value.code))
+                    np.save(path, _stored(layer.get_submodule(module_name).weight.detach(), entry.value.code))
                     out[entry.name] = _reader(path)
             outputs = dense if dense is not None else [replay(i) for i in steps]
             inputs = [(h, args, kwargs) for h, (_, args, kwargs) in zip(outputs, inputs, strict=True)]
             _Weights.free(layer)
     return out
-
-
-def getattr_path(module: Any, name: str) -> Any:
-    """The submodule of `module` named `name` (dotted)."""
-    for part in name.split("."):
-        module = getattr(module, part)
-    return module
 
 
 def _mask_in_place(module: Any, entry: Any, spec: Any, norms: np.ndarray, method_for: Callable) -> None:
