@@ -54,6 +54,7 @@ position in its vector loops; here a kept NaN keeps its bits).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -468,20 +469,6 @@ class _CutsAhead:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-class _closing:
-    """``with _closing(x)``: ``x.close()`` on leaving, where `x` is not None."""
-
-    def __init__(self, thing: Any) -> None:
-        self._thing = thing
-
-    def __enter__(self) -> Any:
-        return self._thing
-
-    def __exit__(self, *exc: object) -> None:
-        if self._thing is not None:
-            self._thing.close()
-
-
 def _copy(t: Any, files: TensorFiles, sink: BackgroundWrites) -> int:
     zeros = 0
     for raw in files.chunks(t):
@@ -554,7 +541,8 @@ def prune_stored(
     ahead = None
     if cut is None and scores_for is None:
         ahead = _CutsAhead([e for e in targets if replaced is None or e.name not in replaced], files, method_for)
-    with _closing(ahead), BackgroundWrites(writers) as sink:
+    closing_ahead = contextlib.closing(ahead) if ahead is not None else contextlib.nullcontext()
+    with closing_ahead, BackgroundWrites(writers) as sink:
         for entry in (progress or (lambda items, desc: items))(list(plan), "pruning"):
             t = entry.value
             if not entry.prune:
