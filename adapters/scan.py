@@ -398,7 +398,7 @@ def scan_onnx(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     min_size: int = 0,
-    batch_size: int | None = None,
+    calibration_batch: int | None = None,
     outputs: Sequence[str] = (),
     progress: Callable[..., Iterable[Any]] | None = None,
 ) -> ScanResult:
@@ -417,7 +417,7 @@ def scan_onnx(
         At least five, ascending, in ``(0, 1)``; :data:`DEFAULT_SPARSITIES` if omitted.
     include, exclude, min_size
         The selection, as for ``arrayprune prune`` (the default: every layer weight).
-    batch_size : int, optional
+    calibration_batch : int, optional
         Samples run at a time.
     outputs : sequence of str, optional
         The values compared: names of graph outputs or of any value of the main graph
@@ -446,19 +446,19 @@ def scan_onnx(
     targets = _targets(wf.params, file_roles(wf), method, include, exclude, min_size)
     model = wf.context["model"]
     names = [t.name for t in targets]
-    norms = onnx_input_norms(wf, calibration, names, batch_size=batch_size) if _calibrated(method) else None
+    norms = onnx_input_norms(wf, calibration, names, batch_size=calibration_batch) if _calibrated(method) else None
     rebuilt = {}
     if _reconstructs(method):
         feeds, roles = weight_feeds(model), onnx_roles(model)
         rebuilt = {name: _target(wf, name, feeds.get(name), roles.get(name)) for name in names}
     activations = sorted({f.activation for t in rebuilt.values() for f in t.feeds})
-    trials = OnnxTrials(wf, calibration, names, outputs=outputs, extra=activations, batch_size=batch_size)
+    trials = OnnxTrials(wf, calibration, names, outputs=outputs, extra=activations, batch_size=calibration_batch)
     session, casts, samples, dense = trials.session, trials.casts, trials.samples, trials.dense
     curves = []
     for target in targets if progress is None else progress(targets, "scan", "weight"):
         hessians = None
         if _reconstructs(method):
-            hessians = _hessians(session, calibration, casts, samples, [rebuilt[target.name]], batch_size, dense)
+            hessians = _hessians(session, calibration, casts, samples, [rebuilt[target.name]], calibration_batch, dense)
         errors = []
         for s in sparsities:
             if hessians is not None:

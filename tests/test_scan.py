@@ -63,7 +63,7 @@ def two(tmp_path_factory):
 
 def test_curves_equal_a_numpy_forward_and_rank_the_fragile_layer_first(two):
     path, calib, w1, w2, x = two
-    result = scan_onnx(formats.load(str(path)), {"X": x}, sparsities=SPARSITIES, batch_size=40)
+    result = scan_onnx(formats.load(str(path)), {"X": x}, sparsities=SPARSITIES, calibration_batch=40)
     assert [c.name for c in result.curves] == ["W1", "W2"]
     assert [c.name for c in result.ranked()] == ["W2", "W1"]
     y0 = _forward(w1, w2, x)

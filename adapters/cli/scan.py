@@ -125,7 +125,7 @@ def run_scan(args: argparse.Namespace) -> int:
             include=args.include,
             exclude=args.exclude,
             min_size=args.min_size,
-            batch_size=args.calibration_batch,
+            calibration_batch=args.calibration_batch,
             outputs=args.outputs,
             progress=_progress,
         )
