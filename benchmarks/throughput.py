@@ -491,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     runner: dict[str, Callable[[Path], dict[str, Any]]] = {
         name: (lambda work, name=name: _file_case(name, work, args.runs, args.scale)) for name in CASES[:-1]
     }
+    if args.dir is not None:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
     for name in chosen:
         start = time.perf_counter()
         if name == "dropin":
