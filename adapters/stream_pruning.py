@@ -54,8 +54,11 @@ position in its vector loops; here a kept NaN keeps its bits).
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +66,7 @@ from typing import Any
 import numpy as np
 
 from arrayprune.adapters.formats import safetensors_stream
+from arrayprune.adapters.formats.direct_writes import buffer_at
 from arrayprune.adapters.formats.errors import FormatError, _describe
 from arrayprune.adapters.formats.safetensors_stream import BackgroundWrites, TensorFiles, TensorWriter, zero_count
 from arrayprune.method_parts import N_OF_M, pattern_of, score_of
@@ -205,20 +209,38 @@ class _Scratch:
 
 
 class _Buffers:
-    """Output chunks to reuse once written (their number is bounded by the writes in flight)."""
+    """Output chunks to reuse once written, at most :attr:`KEPT` of them held.
+
+    A chunk bound for a file written directly (:mod:`~arrayprune.adapters.formats.direct_writes`)
+    is placed in memory as it lies in the file's blocks (its `phase`), so that it is
+    written from where it is; tensors lie at different phases, so the buffers held are
+    few and the oldest dropped, and memory stays bounded however many tensors there are.
+    """
+
+    KEPT = 4
 
     def __init__(self) -> None:
-        self._free: dict[tuple[str, int], list[np.ndarray]] = {}
+        self._free: collections.deque[tuple[tuple[str, int, int | None], np.ndarray]] = collections.deque()
+        self._lock = threading.Lock()
 
-    def take(self, like: np.ndarray) -> np.ndarray:
-        free = self._free.get((like.dtype.str, like.size))
-        try:
-            return free.pop() if free else np.empty(like.size, dtype=like.dtype)
-        except IndexError:  # emptied by another thread meanwhile
+    def take(self, like: np.ndarray, phase: int | None = None) -> np.ndarray:
+        """An array of `like`'s size and dtype (at `phase` in a block, if given)."""
+        key = (like.dtype.str, like.size, phase)
+        with self._lock:
+            for i, (held, buffer) in enumerate(self._free):
+                if held == key:
+                    del self._free[i]
+                    return buffer
+        if phase is None:
             return np.empty(like.size, dtype=like.dtype)
+        return buffer_at(phase, like.dtype, like.size)
 
-    def give(self, buffer: np.ndarray) -> None:
-        self._free.setdefault((buffer.dtype.str, buffer.size), []).append(buffer)
+    def give(self, phase: int | None, buffer: np.ndarray) -> None:
+        """Take back `buffer`, made by :meth:`take` with `phase` (from any thread)."""
+        with self._lock:
+            self._free.append(((buffer.dtype.str, buffer.size, phase), buffer))
+            if len(self._free) > self.KEPT:
+                self._free.popleft()
 
 
 def _sample(targets: Sequence[Any], files: TensorFiles, keys: Callable[[Any, np.ndarray], np.ndarray]) -> np.ndarray:
@@ -337,9 +359,10 @@ class _Cut:
             else:
                 keys = self.keys(entry, raw, scratch=self.scratch)
                 keep = self.stream.keep(keys, out=self.scratch.take(bool, raw.size))
-            out = fold(raw, keep, t.code, out=self.buffers.take(raw))
+            phase = sink.phase(t.name)
+            out = fold(raw, keep, t.code, out=self.buffers.take(raw, phase))
             zeros += raw.size - int(np.count_nonzero(keep)) if finite else zero_count(out, t.code)
-            sink.write(t.name, out, self.buffers.give)
+            sink.write(t.name, out, functools.partial(self.buffers.give, phase))
         return zeros
 
 
@@ -392,9 +415,10 @@ def _prune_nm_streamed(entry: Any, files: TensorFiles, sink: BackgroundWrites, m
     buffers, zeros = _Buffers(), 0
     for raw in files.chunks(t, safetensors_stream.CHUNK // length * length):
         keep = _nm_keep(raw, t.code, method.n, method.m) if method.n else np.ones(raw.shape, dtype=bool)
-        out = fold(raw, keep, t.code, out=buffers.take(raw))
+        phase = sink.phase(t.name)
+        out = fold(raw, keep, t.code, out=buffers.take(raw, phase))
         zeros += zero_count(out, t.code)
-        sink.write(t.name, out, buffers.give)
+        sink.write(t.name, out, functools.partial(buffers.give, phase))
     return zeros
 
 

@@ -33,6 +33,7 @@ from typing import IO, Any, TypeVar
 
 import numpy as np
 
+from .direct_writes import BLOCK, open_direct
 from .errors import FormatError, import_optional
 from .files import _open_regular, atomic_write
 from .safetensors import DTYPE_BITS, read_header
@@ -378,12 +379,20 @@ class TensorWriter:
     Parameters
     ----------
     f : binary file
-        Open for writing and seeking (a temporary file of
+        New and empty, open for writing and seeking (a temporary file of
         :func:`~arrayprune.adapters.formats.files.atomic_files`, say).
     metadata : mapping of str to str
         The file's ``__metadata__``.
     tensors : iterable of StoredTensor
         What the file will hold: names, dtypes, shapes and byte sizes.
+
+    Notes
+    -----
+    A file of at least :data:`~arrayprune.adapters.formats.direct_writes.MIN_SIZE`
+    bytes is written past the page cache where the system allows it
+    (:mod:`~arrayprune.adapters.formats.direct_writes`): the same bytes, without
+    filling memory with the output. The caller's ``fsync`` of `f` after
+    :meth:`finish` makes either kind of write durable.
     """
 
     def __init__(self, f: IO[bytes], metadata: Mapping[str, str], tensors: Iterable[StoredTensor]):
@@ -392,8 +401,12 @@ class TensorWriter:
         self._f = f
         self._sizes = {t.name: t.nbytes for t in tensors}
         self._written = dict.fromkeys(self._sizes, 0)
-        f.seek(0)
-        f.write(head)
+        self._direct = open_direct(f, len(head) + sum(self._sizes.values()))
+        if self._direct is not None:
+            self._direct.write(0, head)
+        else:
+            f.seek(0)
+            f.write(head)
 
     def write(self, name: str, data: Any) -> None:
         """Append `data` (bytes or a C-contiguous array) to the bytes of tensor `name`."""
@@ -401,7 +414,9 @@ class TensorWriter:
         done = self._written[name]
         if done + view.nbytes > self._sizes[name]:
             raise ValueError(f"tensor {name!r}: more bytes than its shape and dtype hold")
-        if view.nbytes:
+        if view.nbytes and self._direct is not None:
+            self._direct.write(self._offsets[name] + done, view)
+        elif view.nbytes:
             self._f.seek(self._offsets[name] + done)
             self._f.write(view)
             if view.nbytes >= _EARLY and _WRITEBACK:
@@ -413,11 +428,19 @@ class TensorWriter:
                     pass
         self._written[name] = done + view.nbytes
 
+    def phase(self, name: str, done: int) -> int | None:
+        """Where the bytes of tensor `name` after its first `done` lie in a block of
+        direct writes (:func:`~arrayprune.adapters.formats.direct_writes.buffer_at`),
+        or None where this file is written through the page cache."""
+        return None if self._direct is None else (self._offsets[name] + done) % BLOCK
+
     def finish(self) -> None:
         """Check that every tensor was written whole; flush."""
         for name, size in self._sizes.items():
             if self._written[name] != size:
                 raise ValueError(f"tensor {name!r}: {self._written[name]} of its {size} bytes written")
+        if self._direct is not None:
+            self._direct.finish()
         self._f.flush()
 
 
@@ -508,6 +531,7 @@ class BackgroundWrites:
 
     def __init__(self, writers: Mapping[str, TensorWriter], depth: int = 1):
         self._writers = writers
+        self._issued: dict[str, int] = {}
         self._jobs: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="arrayprune-writes", daemon=True)
@@ -545,7 +569,12 @@ class BackgroundWrites:
         reuse its memory, say).
         """
         self._check()
+        self._issued[name] = self._issued.get(name, 0) + memoryview(data).nbytes
         self._jobs.put((name, data, done))
+
+    def phase(self, name: str) -> int | None:
+        """:meth:`TensorWriter.phase` of the next bytes written to tensor `name`."""
+        return self._writers[name].phase(name, self._issued.get(name, 0))
 
     def wait(self) -> None:
         """Wait until every write asked for so far is done."""
