@@ -66,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from arrayprune.adapters.formats import safetensors_stream
-from arrayprune.adapters.formats.direct_writes import buffer_at
+from arrayprune.adapters.formats.direct_writes import BLOCK, at_phase, block_buffer
 from arrayprune.adapters.formats.errors import FormatError, _describe
 from arrayprune.adapters.formats.safetensors_stream import BackgroundWrites, TensorFiles, TensorWriter, zero_count
 from arrayprune.method_parts import N_OF_M, pattern_of, score_of
@@ -213,32 +213,32 @@ class _Buffers:
 
     A chunk bound for a file written directly (:mod:`~arrayprune.adapters.formats.direct_writes`)
     is placed in memory as it lies in the file's blocks (its `phase`), so that it is
-    written from where it is; tensors lie at different phases, so the buffers held are
-    few and the oldest dropped, and memory stays bounded however many tensors there are.
+    written from where it is: each buffer has a block to spare and serves any phase.
     """
 
     KEPT = 4
 
     def __init__(self) -> None:
-        self._free: collections.deque[tuple[tuple[str, int, int | None], np.ndarray]] = collections.deque()
+        self._free: collections.deque[np.ndarray] = collections.deque()
         self._lock = threading.Lock()
 
-    def take(self, like: np.ndarray, phase: int | None = None) -> np.ndarray:
-        """An array of `like`'s size and dtype (at `phase` in a block, if given)."""
-        key = (like.dtype.str, like.size, phase)
+    def take(self, like: np.ndarray, phase: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """An array of `like`'s size and dtype (at `phase` in a block, if given), and the
+        memory it lies in, to :meth:`give` back once written."""
+        nbytes = like.nbytes
         with self._lock:
-            for i, (held, buffer) in enumerate(self._free):
-                if held == key:
+            for i, held in enumerate(self._free):
+                if held.size == nbytes + BLOCK:
                     del self._free[i]
-                    return buffer
-        if phase is None:
-            return np.empty(like.size, dtype=like.dtype)
-        return buffer_at(phase, like.dtype, like.size)
+                    break
+            else:
+                held = block_buffer(nbytes)
+        return at_phase(held, phase or 0, like.dtype, like.size), held
 
-    def give(self, phase: int | None, buffer: np.ndarray) -> None:
-        """Take back `buffer`, made by :meth:`take` with `phase` (from any thread)."""
+    def give(self, held: np.ndarray, data: Any = None) -> None:
+        """Take back the memory `held` of an array that :meth:`take` gave (from any thread)."""
         with self._lock:
-            self._free.append(((buffer.dtype.str, buffer.size, phase), buffer))
+            self._free.append(held)
             if len(self._free) > self.KEPT:
                 self._free.popleft()
 
@@ -359,10 +359,10 @@ class _Cut:
             else:
                 keys = self.keys(entry, raw, scratch=self.scratch)
                 keep = self.stream.keep(keys, out=self.scratch.take(bool, raw.size))
-            phase = sink.phase(t.name)
-            out = fold(raw, keep, t.code, out=self.buffers.take(raw, phase))
+            out, held = self.buffers.take(raw, sink.phase(t.name))
+            out = fold(raw, keep, t.code, out=out)
             zeros += raw.size - int(np.count_nonzero(keep)) if finite else zero_count(out, t.code)
-            sink.write(t.name, out, functools.partial(self.buffers.give, phase))
+            sink.write(t.name, out, functools.partial(self.buffers.give, held))
         return zeros
 
 
@@ -415,10 +415,10 @@ def _prune_nm_streamed(entry: Any, files: TensorFiles, sink: BackgroundWrites, m
     buffers, zeros = _Buffers(), 0
     for raw in files.chunks(t, safetensors_stream.CHUNK // length * length):
         keep = _nm_keep(raw, t.code, method.n, method.m) if method.n else np.ones(raw.shape, dtype=bool)
-        phase = sink.phase(t.name)
-        out = fold(raw, keep, t.code, out=buffers.take(raw, phase))
+        out, held = buffers.take(raw, sink.phase(t.name))
+        out = fold(raw, keep, t.code, out=out)
         zeros += zero_count(out, t.code)
-        sink.write(t.name, out, functools.partial(buffers.give, phase))
+        sink.write(t.name, out, functools.partial(buffers.give, held))
     return zeros
 
 

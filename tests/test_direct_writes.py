@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrayprune.adapters.formats import direct_writes
-from arrayprune.adapters.formats.direct_writes import BLOCK, DirectWrites, buffer_at, open_direct
+from arrayprune.adapters.formats.direct_writes import BLOCK, DirectWrites, at_phase, block_buffer, open_direct
 
 
 def _direct_or_skip(path, size):
@@ -52,17 +52,21 @@ def test_pieces_in_any_order_and_place_give_the_file(tmp_path_factory, case, see
     with f:
         for (start, stop), shift in zip(order, shifts, strict=True):
             # the piece at a chosen place in memory: in phase with the file (no copy) or not
-            buf = buffer_at(shift if shift % 3 else start % BLOCK, np.uint8, stop - start)
+            buf = at_phase(block_buffer(stop - start), shift if shift % 3 else start % BLOCK, np.uint8, stop - start)
             buf[:] = want[start:stop]
             d.write(start, buf)
         d.finish()
     assert path.read_bytes() == want.tobytes()
 
 
-def test_buffer_at_lies_at_its_phase():
+def test_at_phase_lies_at_its_phase_in_a_block_buffer():
+    held = block_buffer(4000)
     for phase in (0, 1, 8, 4095, 4096 + 24):
-        b = buffer_at(phase, np.float32, 1000)
+        b = at_phase(held, phase, np.float32, 1000)
         assert b.ctypes.data % BLOCK == phase % BLOCK and b.shape == (1000,) and b.dtype == np.float32
+    at_phase(held, 4095, np.float32, 1000)  # 4095 + 4000 bytes: fits in 4000 + 4096
+    with pytest.raises(ValueError, match="cannot hold 4004 at phase 4095"):
+        at_phase(held, 4095, np.float32, 1001)
 
 
 def test_unwritten_bytes_are_an_error(tmp_path):
@@ -155,17 +159,21 @@ def test_a_prune_written_directly_equals_one_written_through_the_cache(tmp_path,
         assert a.read_bytes() == b.read_bytes(), name
 
 
-def test_output_buffers_held_stay_few_whatever_the_phases():
+def test_output_buffers_held_stay_few_and_serve_any_phase():
     from arrayprune.adapters import stream_pruning
 
     buffers = stream_pruning._Buffers()
     like = np.empty(1000, np.float32)
-    for phase in range(0, BLOCK, 8):  # a tensor at every phase: buffers made, few kept
-        made = buffers.take(like, phase)
-        assert made.ctypes.data % BLOCK == phase and made.shape == like.shape and made.dtype == like.dtype
-        buffers.give(phase, made)
-        assert len(buffers._free) <= buffers.KEPT
-    again = buffers.take(like, BLOCK - 8)  # the last one given back is reused
-    assert again is made
-    plain = buffers.take(like)
-    assert plain is not made and plain.shape == like.shape
+    out, first = buffers.take(like, 8)
+    buffers.give(first)
+    for phase in range(0, BLOCK, 8):  # a tensor at every phase: the one buffer serves them all
+        out, held = buffers.take(like, phase)
+        assert held is first
+        assert out.ctypes.data % BLOCK == phase and out.shape == like.shape and out.dtype == like.dtype
+        buffers.give(held)
+    many = [buffers.take(like, 0)[1] for _ in range(10)]
+    for held in many:
+        buffers.give(held)
+    assert len(buffers._free) == buffers.KEPT
+    other, _ = buffers.take(np.empty(7, np.float64))  # another size: a buffer of its own
+    assert other.shape == (7,) and other.dtype == np.float64

@@ -33,7 +33,7 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["BLOCK", "MIN_SIZE", "DirectWrites", "buffer_at", "open_direct"]
+__all__ = ["BLOCK", "MIN_SIZE", "DirectWrites", "at_phase", "block_buffer", "open_direct"]
 
 #: Alignment of every direct write (offset, address and length): 4 KiB, a multiple of
 #: every common device's logical block size (512 or 4096 bytes).
@@ -52,17 +52,24 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 def _aligned(size: int) -> np.ndarray:
     """`size` bytes of page-aligned memory (an anonymous map is aligned to a page)."""
-    return np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
+    return np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=np.uint8)
 
 
-def buffer_at(phase: int, dtype: Any, size: int) -> np.ndarray:
-    """An empty array of `size` entries whose address is `phase` bytes past a block.
+def block_buffer(nbytes: int) -> np.ndarray:
+    """Bytes from which :func:`at_phase` takes `nbytes` at any phase."""
+    return _aligned(nbytes + BLOCK)
 
-    Bytes bound for file offset ``k * BLOCK + phase`` and placed in such a buffer are
-    written by :meth:`DirectWrites.write` straight from it, without a copy.
+
+def at_phase(buffer: np.ndarray, phase: int, dtype: Any, size: int) -> np.ndarray:
+    """`size` entries of `dtype` in `buffer` (of :func:`block_buffer`), `phase` bytes past a block.
+
+    Bytes bound for file offset ``k * BLOCK + phase`` and placed there are written by
+    :meth:`DirectWrites.write` straight from memory, without a copy.
     """
-    dtype = np.dtype(dtype)
-    return _aligned(phase % BLOCK + size * dtype.itemsize + 1)[phase % BLOCK :][: size * dtype.itemsize].view(dtype)
+    nbytes = size * np.dtype(dtype).itemsize
+    if buffer.size < phase % BLOCK + nbytes:
+        raise ValueError(f"a buffer of {buffer.size} bytes cannot hold {nbytes} at phase {phase % BLOCK}")
+    return buffer[phase % BLOCK :][:nbytes].view(dtype)
 
 
 def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
