@@ -58,6 +58,7 @@ import collections
 import contextlib
 import functools
 import os
+import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -178,6 +179,9 @@ def streams(method: Any) -> bool:
 
 #: Threads that count the keys of the global cut's passes (each over its own run of chunks).
 _COUNTING_THREADS = min(2, os.cpu_count() or 1)
+
+#: Threads that key, cut and fold the chunks of a magnitude cut's write pass.
+_FOLD_THREADS = min(2, os.cpu_count() or 1)
 
 #: Keys of the sample that guides the radix passes (:func:`_sample`), and its blocks.
 _SAMPLE, _BLOCK = 1 << 20, 1 << 12
@@ -345,14 +349,25 @@ class _Cut:
         scores = self._scores(entry, raw)
         return radix.magnitude_keys(scores, self.score_names[entry.name], self.bits)
 
-    def write(self, entry: Any, files: TensorFiles, sink: BackgroundWrites) -> int:
-        """Write the next target (in the order of the passes) pruned; its number of zeros."""
-        t, zeros = entry.value, 0
+    def _finite(self, entry: Any) -> bool:
+        """Whether the zeros written are the pruned entries, counted from the mask: so
+        below the key of +inf and above 0 (every pruned entry folds to a zero and no
+        kept one is zero)."""
+        if self.method is not None or self.stream is None:
+            return False
         name = self.names[entry.name]
-        # Below the key of +inf and above 0, every pruned entry folds to a zero and no
-        # kept one is zero: the zeros are the pruned entries, counted from the mask.
-        finite = self.method is None and self.stream is not None
-        finite = finite and 0 < self.key < int(radix.magnitude_keys(_INF[t.code], name, self.bits)[0])
+        return 0 < self.key < int(radix.magnitude_keys(_INF[entry.value.code], name, self.bits)[0])
+
+    def write(self, entry: Any, files: TensorFiles, sink: BackgroundWrites, *, threads: int = 1) -> int:
+        """Write the next target (in the order of the passes) pruned; its number of zeros.
+
+        With `threads` > 1, magnitude cuts fold chunks in that many threads
+        (:meth:`_write_in_threads`); the bytes written are the same.
+        """
+        if threads > 1 and self.method is None and self.stream is not None:
+            return self._write_in_threads(entry, files, sink, threads)
+        t, zeros = entry.value, 0
+        finite = self._finite(entry)
         for raw in files.chunks(t):
             if self.stream is None:
                 keep = np.ones(raw.shape, dtype=bool)
@@ -363,6 +378,89 @@ class _Cut:
             out = fold(raw, keep, t.code, out=out)
             zeros += raw.size - int(np.count_nonzero(keep)) if finite else zero_count(out, t.code)
             sink.write(t.name, out, functools.partial(self.buffers.give, held))
+        return zeros
+
+    def _write_in_threads(self, entry: Any, files: TensorFiles, sink: BackgroundWrites, threads: int) -> int:
+        """:meth:`write`, the chunks keyed, cut and folded in `threads` threads.
+
+        A chunk's mask depends on the chunks before it only through the entries equal
+        to the cut's key that are still to drop (the first ones in position order):
+        each chunk's task finds its equal keys, then waits for the count its
+        predecessor leaves (a future) before it drops its share and passes the rest on.
+        Once none is left, a chunk is cut by one comparison. Chunks are written in
+        order; at most `threads` + 1 are under way, each with its own scratch buffers.
+        """
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        t, stream, finite = entry.value, self.stream, self._finite(entry)
+        if stream is None:
+            raise TypeError("no cut to apply")  # write() writes such a tensor whole
+        size, itemsize = safetensors_stream.CHUNK, t.raw_dtype.itemsize
+        scratches: queue.SimpleQueue[_Scratch] = queue.SimpleQueue()
+        for _ in range(threads + 1):
+            scratches.put(_Scratch())
+
+        def task(start: int, stop: int, phase: int | None, before: Future[int], after: Future[int]) -> tuple[Any, ...]:
+            scratch = scratches.get()
+            try:
+                raw = files.raw(t, start, stop)
+                keys = self.keys(entry, raw, scratch=scratch)
+                keep = scratch.take(bool, raw.size)
+                key = keys.dtype.type(stream.key)
+                if before.done() and before.result() == 0:
+                    np.greater_equal(keys, key, out=keep)
+                    after.set_result(0)
+                else:
+                    np.greater(keys, key, out=keep)
+                    equal = np.flatnonzero(keys == key)
+                    left = before.result()  # waits for the chunk before (raises its error)
+                    drop = min(left, equal.size)
+                    keep[equal[drop:]] = True
+                    after.set_result(left - drop)
+                out, held = self.buffers.take(raw, phase)
+                fold(raw, keep, t.code, out=out)
+                zeros = raw.size - int(np.count_nonzero(keep)) if finite else zero_count(out, t.code)
+                return out, held, zeros
+            except BaseException as exc:
+                if not after.done():
+                    after.set_exception(exc)
+                raise
+            finally:
+                scratches.put(scratch)
+
+        first: Future[int] = Future()
+        first.set_result(stream.left)
+        before, zeros, ahead = first, 0, 0
+        pending: collections.deque[tuple[Any, int, int]] = collections.deque()
+
+        def collect() -> None:
+            nonlocal zeros, ahead
+            future, start, stop = pending.popleft()
+            out, held, count = future.result()
+            zeros += count
+            ahead -= out.nbytes
+            sink.write(t.name, out, functools.partial(self.buffers.give, held))
+            files.release(t.path, t.begin + start * itemsize, t.begin + stop * itemsize)
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="arrayprune-fold") as pool:
+            try:
+                for start in range(0, t.raw_count, size):
+                    stop = min(start + size, t.raw_count)
+                    after: Future[int] = Future()
+                    phase = sink.phase(t.name, ahead)
+                    pending.append((pool.submit(task, start, stop, phase, before, after), start, stop))
+                    before, ahead = after, ahead + (stop - start) * itemsize
+                    if len(pending) > threads:
+                        collect()
+                while pending:
+                    collect()
+                stream.left = before.result()
+            except BaseException:
+                # Tasks start in order, so none that started waits on one cancelled here;
+                # leaving the pool waits for those under way.
+                for future, _, _ in pending:
+                    future.cancel()
+                raise
         return zeros
 
 
@@ -578,15 +676,16 @@ def prune_stored(
                 zeros = zero_count(raw, t.code)
                 sink.wait()  # a whole tensor: written before the next one is read
             elif cut is not None:
-                zeros = cut.write(entry, files, sink)
+                zeros = cut.write(entry, files, sink, threads=_FOLD_THREADS)
             else:
                 try:
                     method, found = ahead.take(entry) if ahead is not None else (method_for(entry), None)
                     if found is not None:
-                        zeros = found.result().write(entry, files, sink)
+                        zeros = found.result().write(entry, files, sink, threads=_FOLD_THREADS)
                         files.release_tensor(t)
                     elif scores_for is None and streams(method):
-                        zeros = _Cut([entry], files, method, release=True).write(entry, files, sink)
+                        alone = _Cut([entry], files, method, release=True)
+                        zeros = alone.write(entry, files, sink, threads=_FOLD_THREADS)
                         files.release_tensor(t)
                     else:
                         streamed = None if scores_for is not None else _prune_nm_streamed(entry, files, sink, method)

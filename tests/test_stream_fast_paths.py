@@ -233,13 +233,40 @@ def test_cuts_ahead_start_the_next_cut_and_raise_errors_at_their_tensor(tmp_path
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_global_cut_in_any_number_of_threads_equals_in_memory(tmp_path, small_chunks, monkeypatch, threads):
+@pytest.mark.parametrize("fold_threads", [1, 2, 3])
+@pytest.mark.parametrize("global_", [True, False])
+def test_cuts_in_any_number_of_threads_equal_in_memory(
+    tmp_path, small_chunks, monkeypatch, threads, fold_threads, global_
+):
+    """Counting and folding in threads: the ties at the cut's key, spread over many
+    chunks (of 200 entries), are dropped first in position order, as in memory."""
     monkeypatch.setattr(stream_pruning, "_COUNTING_THREADS", threads)
+    monkeypatch.setattr(stream_pruning, "_FOLD_THREADS", fold_threads)
     tensors = llama_tensors(dtype="float32", ties=True, seed=14, hidden=48, inter=80)
     src = write_checkpoint(tmp_path / "in", tensors, 3)
     out = tmp_path / "out"
-    assert cli("prune", src, "-o", out, "--amount", 0.6, "--global") == 0
+    assert cli("prune", src, "-o", out, "--amount", 0.6, *(["--global"] if global_ else [])) == 0
     got, _ = load_folder(out)
-    want, _ = in_memory(tensors, 0.6, global_=True)
+    want, _ = in_memory(tensors, 0.6, global_=global_)
     for name, t in tensors.items():
         assert torch.equal(bits(got[name]), bits(want.get(name, t))), name
+
+
+@pytest.mark.parametrize("fails_at", [1, 4, 9])
+def test_an_error_in_a_fold_thread_is_raised_and_nothing_is_written(tmp_path, monkeypatch, capsys, fails_at):
+    monkeypatch.setattr(safetensors_stream, "CHUNK", 200)
+    monkeypatch.setattr(stream_pruning, "_FOLD_THREADS", 2)
+    real, calls = stream_pruning.fold, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == fails_at:
+            raise MemoryError
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stream_pruning, "fold", failing)
+    src = write_checkpoint(tmp_path / "in", llama_tensors(dtype="float32", ties=True, seed=3), 2)
+    out = tmp_path / "out"
+    assert cli("prune", src, "-o", out, "--amount", 0.6, "--global") != 0
+    assert "out of memory" in capsys.readouterr().err
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["in"]

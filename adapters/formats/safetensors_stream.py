@@ -430,7 +430,7 @@ class TensorWriter:
 
     def phase(self, name: str, done: int) -> int | None:
         """Where the bytes of tensor `name` after its first `done` lie in a block of
-        direct writes (:func:`~arrayprune.adapters.formats.direct_writes.buffer_at`),
+        direct writes (:func:`~arrayprune.adapters.formats.direct_writes.at_phase`),
         or None where this file is written through the page cache."""
         return None if self._direct is None else (self._offsets[name] + done) % BLOCK
 
@@ -572,9 +572,10 @@ class BackgroundWrites:
         self._issued[name] = self._issued.get(name, 0) + memoryview(data).nbytes
         self._jobs.put((name, data, done))
 
-    def phase(self, name: str) -> int | None:
-        """:meth:`TensorWriter.phase` of the next bytes written to tensor `name`."""
-        return self._writers[name].phase(name, self._issued.get(name, 0))
+    def phase(self, name: str, ahead: int = 0) -> int | None:
+        """:meth:`TensorWriter.phase` of the bytes of tensor `name` that follow the
+        ones written so far and `ahead` more."""
+        return self._writers[name].phase(name, self._issued.get(name, 0) + ahead)
 
     def wait(self) -> None:
         """Wait until every write asked for so far is done."""
