@@ -388,23 +388,31 @@ class _Cut:
         each chunk's task finds its equal keys, then waits for the count its
         predecessor leaves (a future) before it drops its share and passes the rest on.
         Once none is left, a chunk is cut by one comparison. Chunks are written in
-        order; at most `threads` + 1 are under way, each with its own scratch buffers.
+        order; at most `threads` are under way, in chunks of half the usual size, each
+        keyed in its output buffer (where entries as wide as the keys allow), so that
+        the memory held is less than one thread's.
         """
         from concurrent.futures import Future, ThreadPoolExecutor
 
         t, stream, finite = entry.value, self.stream, self._finite(entry)
         if stream is None:
             raise TypeError("no cut to apply")  # write() writes such a tensor whole
-        size, itemsize = safetensors_stream.CHUNK, t.raw_dtype.itemsize
+        size, itemsize = max(1, safetensors_stream.CHUNK // 2), t.raw_dtype.itemsize
+        in_place = 8 * itemsize == self.bits + 1  # keys as wide as the entries: made in the output
+        name = self.names[entry.name]
         scratches: queue.SimpleQueue[_Scratch] = queue.SimpleQueue()
-        for _ in range(threads + 1):
+        for _ in range(threads):
             scratches.put(_Scratch())
 
         def task(start: int, stop: int, phase: int | None, before: Future[int], after: Future[int]) -> tuple[Any, ...]:
             scratch = scratches.get()
             try:
                 raw = files.raw(t, start, stop)
-                keys = self.keys(entry, raw, scratch=scratch)
+                out, held = self.buffers.take(raw, phase)
+                if in_place:
+                    keys = radix.magnitude_keys(raw, name, self.bits, out=out.view(f"u{itemsize}"))
+                else:
+                    keys = self.keys(entry, raw, scratch=scratch)
                 keep = scratch.take(bool, raw.size)
                 key = keys.dtype.type(stream.key)
                 if before.done() and before.result() == 0:
@@ -417,8 +425,7 @@ class _Cut:
                     drop = min(left, equal.size)
                     keep[equal[drop:]] = True
                     after.set_result(left - drop)
-                out, held = self.buffers.take(raw, phase)
-                fold(raw, keep, t.code, out=out)
+                fold(raw, keep, t.code, out=out)  # over the keys, used up
                 zeros = raw.size - int(np.count_nonzero(keep)) if finite else zero_count(out, t.code)
                 return out, held, zeros
             except BaseException as exc:
@@ -450,7 +457,7 @@ class _Cut:
                     phase = sink.phase(t.name, ahead)
                     pending.append((pool.submit(task, start, stop, phase, before, after), start, stop))
                     before, ahead = after, ahead + (stop - start) * itemsize
-                    if len(pending) > threads:
+                    if len(pending) >= threads:
                         collect()
                 while pending:
                     collect()
