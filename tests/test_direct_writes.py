@@ -97,6 +97,10 @@ def test_small_files_and_unsupported_systems_are_written_through_the_cache(tmp_p
         raise OSError(22, "Invalid argument")
 
     monkeypatch.undo()
+    monkeypatch.setenv("ARRAYPRUNE_DIRECT_WRITES", "0")  # turned off by the user
+    with open(tmp_path / "d", "xb") as f:
+        assert open_direct(f, 1 << 40, min_size=0) is None
+    monkeypatch.undo()
     monkeypatch.setattr(direct_writes.os, "pwrite", refuse)  # opens, then refuses the write
     with open(tmp_path / "c", "xb") as f:
         assert open_direct(f, 1 << 40, min_size=0) is None

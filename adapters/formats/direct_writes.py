@@ -33,7 +33,7 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["BLOCK", "MIN_SIZE", "DirectWrites", "at_phase", "block_buffer", "open_direct"]
+__all__ = ["BLOCK", "ENV", "MIN_SIZE", "DirectWrites", "at_phase", "block_buffer", "open_direct"]
 
 #: Alignment of every direct write (offset, address and length): 4 KiB, a multiple of
 #: every common device's logical block size (512 or 4096 bytes).
@@ -48,6 +48,10 @@ MIN_SIZE = 64 << 20
 _STAGING = 8 << 20
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+#: The environment variable that turns direct writes off (``ARRAYPRUNE_DIRECT_WRITES=0``):
+#: every file is written through the page cache then.
+ENV = "ARRAYPRUNE_DIRECT_WRITES"
 
 
 def _aligned(size: int) -> np.ndarray:
@@ -170,8 +174,9 @@ class DirectWrites:
 def open_direct(f: IO[bytes], size: int, *, min_size: int | None = None) -> DirectWrites | None:
     """Direct writes of the new, empty file `f` will hold `size` bytes, or None.
 
-    None where the file is smaller than `min_size` or direct writes are not available
-    here (the caller writes through `f` then). The file is opened a second time, with
+    None where the file is smaller than `min_size`, direct writes are not available
+    here, or the environment variable ``ARRAYPRUNE_DIRECT_WRITES`` is ``0`` (the
+    caller writes through `f` then). The file is opened a second time, with
     ``O_DIRECT``; `f` itself is left as it is (its ``fsync`` after :meth:`DirectWrites.finish`
     makes the direct writes durable, as it does buffered ones).
 
@@ -185,6 +190,8 @@ def open_direct(f: IO[bytes], size: int, *, min_size: int | None = None) -> Dire
         The smallest file written directly (default :data:`MIN_SIZE`).
     """
     if not _O_DIRECT or size < (MIN_SIZE if min_size is None else min_size) or not sys.platform.startswith("linux"):
+        return None
+    if os.environ.get(ENV, "1").strip() == "0":
         return None
     try:
         fd = os.open(f"/proc/self/fd/{f.fileno()}", os.O_WRONLY | _O_DIRECT | os.O_CLOEXEC)
