@@ -2,7 +2,8 @@
 
 Only regular files are read (after following symlinks): a FIFO, device or socket is
 refused before it is opened. :func:`atomic_write` writes through a temporary file
-renamed into place (:func:`atomic_files` several files at once, renamed in order);
+renamed into place (:func:`atomic_files` several files at once, renamed in order;
+:func:`atomic_write_named` one whose name depends on what is written);
 :func:`resolve_inside` keeps names read from a file inside its folder;
 :func:`cleanup_on_signals` turns SIGTERM and SIGHUP into an
 exception so that the temporary files of an interrupted write are removed.
@@ -31,6 +32,7 @@ __all__ = [
     "read_json",
     "atomic_files",
     "atomic_write",
+    "atomic_write_named",
     "cache_blobs",
     "cleanup_on_signals",
     "replace_folder",
@@ -221,6 +223,67 @@ def atomic_write(path: Any, write: Callable[[IO[bytes]], object]) -> None:
     """
     with atomic_files([path]) as (f,):
         write(f)
+
+
+def atomic_write_named(folder: Any, prefix: str, write: Callable[[IO[bytes]], str]) -> str:
+    """Write a file whose name is known only once it is written, atomically.
+
+    As :func:`atomic_write`, through a temporary file ``.PREFIX.XXXXXXXX.tmp`` in
+    `folder`: `write` writes the content and returns the name to give it (in `folder`,
+    e.g. one made from a hash of the content, computed while writing); the file is then
+    flushed to disk (``fsync``), renamed to that name with :func:`os.replace` (a file of
+    that name is replaced), and the folder is synced. If `write` or any step fails, or
+    SIGINT, SIGTERM or SIGHUP arrives, the temporary file is removed and nothing else is
+    touched.
+
+    Parameters
+    ----------
+    folder : str or os.PathLike
+        Where the file goes.
+    prefix : str
+        The start of the temporary file's name (after its leading dot).
+    write : callable
+        Called with a binary file object open for writing; returns the file's name, a
+        plain name in `folder` (no separator).
+
+    Returns
+    -------
+    str
+        The path of the file written.
+
+    Raises
+    ------
+    FormatError
+        If the folder does not exist or cannot be written.
+    ValueError
+        If `write` returns a name that is not a plain file name.
+    """
+    folder = os.fspath(folder)
+    if not os.path.isdir(folder):
+        raise FormatError(folder, f"folder {folder!r} does not exist")
+    with cleanup_on_signals():
+        try:
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{prefix}.", suffix=".tmp")
+        except OSError as exc:
+            raise FormatError(folder, f"cannot write in {folder!r}: {exc.strerror or _describe(exc)}") from None
+        try:
+            with os.fdopen(fd, "wb") as f:
+                name = write(f)
+                if not name or os.path.basename(name) != name or name in (".", ".."):
+                    raise ValueError(f"not a plain file name: {name!r}")
+                f.flush()
+                os.fsync(f.fileno())
+            path = os.path.join(folder, name)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    _fsync_dir(folder)
+    return path
 
 
 @contextlib.contextmanager
