@@ -117,7 +117,8 @@ def _narrow_bfloat16(x: np.ndarray) -> np.ndarray:
     Values that are bfloat16 already (widened by :func:`_widen_bfloat16`, or zero) keep
     their bits exactly, NaN payloads included; other NaNs stay NaN (quiet).
     """
-    u = np.asarray(x, dtype=np.float32, order="C").view(np.uint32)
+    x = np.asarray(x, dtype=np.float32, order="C")
+    u = x.reshape(-1).view(np.uint32)  # 1-D: a 0-d array's operations would give scalars
     bits = (u >> 16).astype(np.uint16)
     inexact = (u & 0xFFFF) != 0
     if inexact.any():
@@ -126,7 +127,7 @@ def _narrow_bfloat16(x: np.ndarray) -> np.ndarray:
         nan = np.isnan(v.view(np.float32))
         rounded[nan] = bits[inexact][nan] | 0x0040
         bits[inexact] = rounded
-    return bits
+    return bits.reshape(x.shape)
 
 
 def iter_initializers(model: Any) -> Iterator[Any]:
@@ -500,14 +501,12 @@ def _tensor_with_data(onnx: Any, numpy_helper: Any, tensor: Any, arr: np.ndarray
     bfloat16, :func:`_bfloat16_tensor`) makes it, with `tensor`'s doc string; with
     ``raw=b""``, everything but the data (which is written from `arr`)."""
     if tensor.data_type == _ONNX_BFLOAT16:
-        new = _bfloat16_tensor(onnx, tensor.name, arr) if raw is None else _bfloat16_tensor(onnx, tensor.name, arr[:0])
-        if raw is not None:
-            del new.dims[:]
-            new.dims.extend(int(d) for d in arr.shape)
+        new = _bfloat16_tensor(onnx, tensor.name, arr if raw is None else np.zeros(0, np.uint16))
     elif raw is None:
         new = numpy_helper.from_array(np.asarray(arr, order="C"), tensor.name)  # 0-d stays 0-d
     else:
         new = numpy_helper.from_array(np.zeros(0, dtype=arr.dtype), tensor.name)
+    if raw is not None:  # the shape of `arr`, without its data
         del new.dims[:]
         new.dims.extend(int(d) for d in arr.shape)
     if tensor.doc_string:
