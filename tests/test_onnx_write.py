@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -463,6 +464,9 @@ def test_external_data_is_written_from_the_arrays_memory(tmp_path, monkeypatch):
             written.append(b)
             return self.f.write(b)
 
+        def __getattr__(self, name):  # flush, tell, fileno
+            return getattr(self.f, name)
+
     monkeypatch.setattr(fmt_files, "atomic_write_named", lambda d, p, write: real(d, p, lambda f: write(Recorder(f))))
     fmt.save(tmp_path / "out.onnx", params, like=wf)
     large = {k: v for k, v in params.items() if v.nbytes >= 1024}
@@ -698,3 +702,26 @@ def test_atomic_write_named_failure_leaves_nothing(tmp_path):
     assert _files(tmp_path) == {}
     with pytest.raises(fmt.FormatError, match="does not exist"):
         fmt_files.atomic_write_named(tmp_path / "missing", "x", write)
+
+
+def test_write_out_writes_slices_and_starts_their_writeback(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(fmt_files, "_WRITEBACK_SLICE", 1000)
+    monkeypatch.setattr(fmt_files, "_WRITEBACK_MIN", 100)
+    monkeypatch.setattr(fmt_files, "_start_writeback", lambda fd, offset, length: started.append((offset, length)))
+    data = np.arange(2600, dtype=np.uint8)
+    with open(tmp_path / "f", "wb") as f:
+        fmt_files.write_out(f, b"head")  # small: buffered, no writeback
+        fmt_files.write_out(f, data)
+        fmt_files.write_out(f, memoryview(np.arange(30, dtype=np.float32).reshape(5, 6)))  # 120 bytes, 2-D
+    assert (tmp_path / "f").read_bytes() == b"head" + data.tobytes() + np.arange(30, dtype=np.float32).tobytes()
+    assert started == [(4, 1000), (1004, 1000), (2004, 600), (2604, 120)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux's")
+def test_writeback_is_started_with_sync_file_range_on_linux(tmp_path):
+    with open(tmp_path / "f", "wb") as f:
+        f.write(b"x" * 8192)
+        f.flush()
+        fmt_files._start_writeback(f.fileno(), 0, 8192)  # no error, no wait
+    assert fmt_files._sync_file_range_fn and fmt_files._sync_file_range_fn[0] is not None

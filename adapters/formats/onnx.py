@@ -467,7 +467,7 @@ def _write_data(folder: str, base: str, moved: list[tuple[Any, Any]], old_data: 
         try:
             hashed = [pool.submit(digest.update, part) for part in parts]  # one worker: in order
             for part, done in zip(parts, hashed, strict=True):
-                f.write(part)
+                files.write_out(f, part)
                 done.result()
                 if isinstance(part, memoryview):
                     release_pages(part.obj)  # memory-mapped input data: written and hashed, given back

@@ -19,7 +19,7 @@ import importlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
-from . import protowire
+from . import files, protowire
 from .arrays import release_pages
 
 __all__ = [
@@ -170,9 +170,10 @@ class Skeleton:
 
 
 def write_buffers(f: IO[bytes], buffers: Iterable[Any]) -> None:
-    """Write `buffers` one after the other (large ones straight from their memory; the
-    pages of read-only memory maps given back once written, see :func:`release_pages`)."""
+    """Write `buffers` one after the other (large ones straight from their memory, their
+    writeback started as they go: :func:`~.files.write_out`; the pages of read-only
+    memory maps given back once written, see :func:`release_pages`)."""
     for b in buffers:
-        f.write(b)
+        files.write_out(f, b)
         if isinstance(b, memoryview):
             release_pages(b.obj)
