@@ -11,6 +11,13 @@ as a unit: new data first, under a name made from its content
 (``OUT.onnx.<16 hex digits of its SHA-256>.data``: the same data, the same bytes), the
 model renamed into place last, then the old model's own data files removed (see
 :mod:`arrayprune.adapters.formats`).
+
+Writing neither copies nor serializes a whole model: the model without its main graph's
+initializers is copied and serialized in pieces (:mod:`.onnx_skeleton`), and each
+initializer's data goes to the file straight from its array, inside the model as a
+record of protobuf's wire format (:mod:`.protowire`), or to the external data file,
+hashed for its name while it is written. The files have the bytes that serializing the
+whole model with protobuf would give.
 """
 
 from __future__ import annotations
