@@ -546,6 +546,7 @@ def test_unknown_fields_are_kept(tmp_path, external):
     assert written == expected
     assert written.SerializeToString() == expected.SerializeToString()  # the unknown fields included
     assert protowire.has_unknown_fields(written) and protowire.has_unknown_fields(written.graph)
+    onnx.checker.check_model(str(out), full_check=True)
     ref = tmp_path / "ref.onnx"
     ref.write_bytes(reference_model(wf, params).SerializeToString())
     _same_outputs(_run(out, feeds), _run(ref, feeds))
