@@ -100,18 +100,20 @@ def out_v1(tmp_path):
 def test_onnx_failure_at_each_step_keeps_the_old_model_whole(out_v1, monkeypatch, step):
     wf, out = out_v1
     before = sorted(p.name for p in out.parent.iterdir())
-    real_write, real_replace = fmt_files.atomic_write, os.replace
+    real_write, real_write_named, real_replace = fmt_files.atomic_write, fmt_files.atomic_write_named, os.replace
+
+    def write_then_fail(f):
+        f.write(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     def failing_write(path, write):
         is_model = os.fspath(path) == str(out)
         if step == ("model write" if is_model else "data write"):
-
-            def write_then_fail(f):
-                f.write(b"\0" * 100)
-                raise OSError(errno.ENOSPC, "No space left on device")
-
             return real_write(path, write_then_fail)
         return real_write(path, write)
+
+    def failing_write_named(folder, prefix, write):  # the data file: named after its content once written
+        return real_write_named(folder, prefix, write_then_fail if step == "data write" else write)
 
     def failing_replace(src, dst, *args, **kwargs):
         is_model = os.fspath(dst) == str(out)
@@ -120,6 +122,7 @@ def test_onnx_failure_at_each_step_keeps_the_old_model_whole(out_v1, monkeypatch
         return real_replace(src, dst, *args, **kwargs)
 
     monkeypatch.setattr(fmt_files, "atomic_write", failing_write)
+    monkeypatch.setattr(fmt_files, "atomic_write_named", failing_write_named)
     monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(fmt.FormatError, match="No space left"):
         fmt.save(out, _version(wf, 2), like=wf)

@@ -181,3 +181,10 @@ def test_scalar_initializers_keep_their_shape(tmp_path, dtype):
     fmt.save(tmp_path / "o.onnx", wf.params, like=wf)
     out = _by_name(tmp_path / "o.onnx")["scale"]
     assert list(out.dims) == [] and numpy_helper.to_array(out) == 0.5
+
+
+def test_narrow_a_0d_array_that_is_not_bfloat16_already():
+    x = np.array(1.1, np.float32)  # between two bfloat16 values: rounded
+    bits = _narrow_bfloat16(x)
+    assert bits.shape == () and bits.dtype == np.uint16
+    assert int(bits) == 0x3F8D  # 1.1015625, the nearest bfloat16 (1.09375 is 0x3F8C)

@@ -79,7 +79,9 @@ Layout
 One module per format, each with a ``load(path)`` and a ``save(path, params, like)``
 that :func:`load` and :func:`save` dispatch to: :mod:`.npz` (with the size checks and
 :func:`memory_limit`), :mod:`.safetensors`, :mod:`.onnx` (external data) and
-:mod:`.pytorch`. Shared pieces: :mod:`.errors` (:class:`FormatError`, optional imports),
+:mod:`.pytorch`; the ONNX writer's pieces are :mod:`.onnx_skeleton` (a model without
+its initializers, written around them) and :mod:`.protowire` (protobuf's wire format).
+Shared pieces: :mod:`.errors` (:class:`FormatError`, optional imports),
 :mod:`.files` (regular files, :func:`atomic_write`, :func:`cleanup_on_signals`),
 :mod:`.arrays` (:func:`to_numpy`, flattening) and :mod:`.weightfile`
 (:class:`WeightFile`). Safetensors tensor by tensor, in bounded memory:

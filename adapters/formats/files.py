@@ -2,7 +2,9 @@
 
 Only regular files are read (after following symlinks): a FIFO, device or socket is
 refused before it is opened. :func:`atomic_write` writes through a temporary file
-renamed into place (:func:`atomic_files` several files at once, renamed in order);
+renamed into place (:func:`atomic_files` several files at once, renamed in order;
+:func:`atomic_write_named` one whose name depends on what is written; :func:`write_out`
+large data, its writeback to disk started as it goes);
 :func:`resolve_inside` keeps names read from a file inside its folder;
 :func:`cleanup_on_signals` turns SIGTERM and SIGHUP into an
 exception so that the temporary files of an interrupted write are removed.
@@ -31,6 +33,8 @@ __all__ = [
     "read_json",
     "atomic_files",
     "atomic_write",
+    "atomic_write_named",
+    "write_out",
     "cache_blobs",
     "cleanup_on_signals",
     "replace_folder",
@@ -221,6 +225,127 @@ def atomic_write(path: Any, write: Callable[[IO[bytes]], object]) -> None:
     """
     with atomic_files([path]) as (f,):
         write(f)
+
+
+def atomic_write_named(folder: Any, prefix: str, write: Callable[[IO[bytes]], str]) -> str:
+    """Write a file whose name is known only once it is written, atomically.
+
+    As :func:`atomic_write`, through a temporary file ``.PREFIX.XXXXXXXX.tmp`` in
+    `folder`: `write` writes the content and returns the name to give it (in `folder`,
+    e.g. one made from a hash of the content, computed while writing); the file is then
+    flushed to disk (``fsync``), renamed to that name with :func:`os.replace` (a file of
+    that name is replaced), and the folder is synced. If `write` or any step fails, or
+    SIGINT, SIGTERM or SIGHUP arrives, the temporary file is removed and nothing else is
+    touched.
+
+    Parameters
+    ----------
+    folder : str or os.PathLike
+        Where the file goes.
+    prefix : str
+        The start of the temporary file's name (after its leading dot).
+    write : callable
+        Called with a binary file object open for writing; returns the file's name, a
+        plain name in `folder` (no separator).
+
+    Returns
+    -------
+    str
+        The path of the file written.
+
+    Raises
+    ------
+    FormatError
+        If the folder does not exist or cannot be written.
+    ValueError
+        If `write` returns a name that is not a plain file name.
+    """
+    folder = os.fspath(folder)
+    if not os.path.isdir(folder):
+        raise FormatError(folder, f"folder {folder!r} does not exist")
+    with cleanup_on_signals():
+        try:
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{prefix}.", suffix=".tmp")
+        except OSError as exc:
+            raise FormatError(folder, f"cannot write in {folder!r}: {exc.strerror or _describe(exc)}") from None
+        try:
+            with os.fdopen(fd, "wb") as f:
+                name = write(f)
+                if not name or os.path.basename(name) != name or name in (".", ".."):
+                    raise ValueError(f"not a plain file name: {name!r}")
+                f.flush()
+                os.fsync(f.fileno())
+            path = os.path.join(folder, name)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    _fsync_dir(folder)
+    return path
+
+
+_WRITEBACK_SLICE = 64 << 20  # bytes written between two starts of writeback
+_WRITEBACK_MIN = 1 << 20  # smaller data is only written (buffered)
+_SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range_fn: list[Any] = []
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Start writing a range of a file to disk, without waiting: ``sync_file_range`` with
+    ``SYNC_FILE_RANGE_WRITE`` (Linux); nothing where the C library lacks it. A hint only:
+    durability comes from the ``fsync`` that follows, which then has little left to do."""
+    if not _sync_file_range_fn:
+        lib = ctypes.util.find_library("c") if hasattr(os, "uname") and os.uname().sysname == "Linux" else None
+        fn = None
+        if lib:
+            try:
+                fn = ctypes.CDLL(lib, use_errno=True).sync_file_range
+                fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+        _sync_file_range_fn.append(fn)
+    fn = _sync_file_range_fn[0]
+    if fn is not None:
+        fn(fd, offset, length, _SYNC_FILE_RANGE_WRITE)  # a failure only means no early start
+
+
+def write_out(f: IO[bytes], data: Any) -> None:
+    """Write `data` to the file `f`, starting its way to disk as it goes.
+
+    Data of 1 MiB or more is written in slices of 64 MiB straight from its memory, and
+    after each slice the kernel is asked to start writing it to disk (Linux:
+    ``sync_file_range``) rather than let dirty pages pile up until the final ``fsync``
+    (where the writer may also be throttled): the ``fsync`` that :func:`atomic_write`
+    and :func:`atomic_write_named` end with then finds most of the file on disk already.
+    Smaller data is only written.
+
+    Parameters
+    ----------
+    f : binary file object
+        Open for writing, at the position where `data` goes (a real file: ``fileno``).
+    data : bytes-like
+        Anything that exports a buffer (``bytes``, ``memoryview``, a C-contiguous
+        ``ndarray``).
+    """
+    view = memoryview(data)
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    if len(view) < _WRITEBACK_MIN:
+        f.write(view)
+        return
+    f.flush()
+    start = f.tell()
+    fd = f.fileno()
+    for i in range(0, len(view), _WRITEBACK_SLICE):
+        piece = view[i : i + _WRITEBACK_SLICE]
+        f.write(piece)
+        f.flush()
+        _start_writeback(fd, start + i, len(piece))
 
 
 @contextlib.contextmanager

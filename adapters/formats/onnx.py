@@ -11,6 +11,13 @@ as a unit: new data first, under a name made from its content
 (``OUT.onnx.<16 hex digits of its SHA-256>.data``: the same data, the same bytes), the
 model renamed into place last, then the old model's own data files removed (see
 :mod:`arrayprune.adapters.formats`).
+
+Writing neither copies nor serializes a whole model: the model without its main graph's
+initializers is copied and serialized in pieces (:mod:`.onnx_skeleton`), and each
+initializer's data goes to the file straight from its array, inside the model as a
+record of protobuf's wire format (:mod:`.protowire`), or to the external data file,
+hashed for its name while it is written. The files have the bytes that serializing the
+whole model with protobuf would give.
 """
 
 from __future__ import annotations
@@ -22,19 +29,22 @@ import os
 import re
 import stat
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
 import numpy as np
 
-from . import files
+from . import files, protowire
 from .arrays import _flat_arrays, release_pages, to_numpy
 from .errors import FormatError, _describe, import_optional
 from .files import _fsync_dir, cache_blobs, resolve_inside
+from .onnx_skeleton import TENSOR_RAW_DATA, Skeleton, external_locations, graph_initializers, write_buffers
 from .weightfile import WeightFile
 
 _ONNX_FLOAT_TYPES = (1, 10, 11)  # FLOAT, FLOAT16, DOUBLE
 _ONNX_BFLOAT16 = 16
 _ONNX_INT_TYPES = (2, 3, 4, 5, 6, 7, 9, 12, 13)  # UINT8, INT8, UINT16, INT16, INT32, INT64, BOOL, UINT32, UINT64
+_STREAMED_TYPES = frozenset((*_ONNX_FLOAT_TYPES, *_ONNX_INT_TYPES, _ONNX_BFLOAT16))  # raw data = the array's bytes
 _EXTERNAL_THRESHOLD = 1024  # bytes: smaller tensors stay inside an ONNX model written with external data
 _PROTOBUF_LIMIT = 2**31 - 2**20
 
@@ -114,7 +124,8 @@ def _narrow_bfloat16(x: np.ndarray) -> np.ndarray:
     Values that are bfloat16 already (widened by :func:`_widen_bfloat16`, or zero) keep
     their bits exactly, NaN payloads included; other NaNs stay NaN (quiet).
     """
-    u = np.asarray(x, dtype=np.float32, order="C").view(np.uint32)
+    x = np.asarray(x, dtype=np.float32, order="C")
+    u = x.reshape(-1).view(np.uint32)  # 1-D: a 0-d array's operations would give scalars
     bits = (u >> 16).astype(np.uint16)
     inexact = (u & 0xFFFF) != 0
     if inexact.any():
@@ -123,19 +134,7 @@ def _narrow_bfloat16(x: np.ndarray) -> np.ndarray:
         nan = np.isnan(v.view(np.float32))
         rounded[nan] = bits[inexact][nan] | 0x0040
         bits[inexact] = rounded
-    return bits
-
-
-def _graph_initializers(graph: Any) -> Iterator[Any]:
-    """The initializers of `graph`, then those of its subgraphs (the bodies of ``If``,
-    ``Loop``, ``Scan``: any graph attribute), depth first in node and attribute order."""
-    yield from graph.initializer
-    for node in graph.node:
-        for a in node.attribute:
-            if a.HasField("g"):
-                yield from _graph_initializers(a.g)
-            for sub in a.graphs:
-                yield from _graph_initializers(sub)
+    return bits.reshape(x.shape)
 
 
 def iter_initializers(model: Any) -> Iterator[Any]:
@@ -152,7 +151,7 @@ def iter_initializers(model: Any) -> Iterator[Any]:
     onnx.TensorProto
         Each initializer, as stored in `model` (changes to it change the model).
     """
-    yield from _graph_initializers(model.graph)
+    yield from graph_initializers(model.graph)
 
 
 def load(path: str) -> WeightFile:
@@ -225,43 +224,6 @@ def _as_bfloat16_bits(path: str, name: str, arr: np.ndarray) -> np.ndarray:
     raise FormatError(path, f"initializer {name!r} is bfloat16 (read as float32), got {arr.dtype}")
 
 
-def _external_locations(model: Any) -> set[str]:
-    """The external-data locations that any tensor of an ONNX model references."""
-    onnx = importlib.import_module("onnx")
-    found: set[str] = set()
-
-    def tensor(t: Any) -> None:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            for e in t.external_data:
-                if e.key == "location":
-                    found.add(e.value)
-
-    def graph(g: Any) -> None:
-        for t in g.initializer:
-            tensor(t)
-        for st in g.sparse_initializer:
-            tensor(st.values)
-            tensor(st.indices)
-        for node in g.node:
-            for a in node.attribute:
-                if a.HasField("t"):
-                    tensor(a.t)
-                for t in a.tensors:
-                    tensor(t)
-                if a.HasField("g"):
-                    graph(a.g)
-                for sub in a.graphs:
-                    graph(sub)
-
-    graph(model.graph)
-    for fn in model.functions:
-        for node in fn.node:
-            for a in node.attribute:
-                if a.HasField("t"):
-                    tensor(a.t)
-    return found
-
-
 def _named_after(base: str, location: str) -> bool:
     """Whether an external-data `location` is a data file of the model named `base`:
     ``BASE.data`` or ``BASE.<anything>.data``, in the model's own folder."""
@@ -283,7 +245,7 @@ def _old_onnx_data(path: str) -> set[str]:
         old = onnx.load_model(path, load_external_data=False)
     except Exception:  # noqa: BLE001 - not a model: it references nothing
         return set()
-    return {loc for loc in _external_locations(old) if _named_after(base, loc)}
+    return {loc for loc in external_locations(old) if _named_after(base, loc)}
 
 
 def _content_data_name(folder: str, base: str, digest: str, old: set[str]) -> str:
@@ -304,132 +266,58 @@ def _content_data_name(folder: str, base: str, digest: str, old: set[str]) -> st
 
 
 def save(path: str, params: Mapping, like: WeightFile | None) -> None:
-    """Write `like`'s model with `params` as its initializers; model and data replaced as a unit."""
+    """Write `like`'s model with `params` as its initializers; model and data replaced as a unit.
+
+    Neither the model nor its tensor data go through a whole-model protobuf copy or
+    serialization: everything but the main graph's initializers is copied (small) and
+    serialized around them (:class:`~.onnx_skeleton.Skeleton`), and each initializer's
+    data is written from its array, inside the model (a record of protobuf's wire
+    format) or to the external data file; the bytes are those of the model serialized
+    whole. A model that would not fit protobuf's 2 GiB limit inline is written with
+    external data.
+    """
     onnx = import_optional("onnx", path, "writing ONNX models")
     numpy_helper = import_optional("onnx.numpy_helper", path, "writing ONNX models")
     helper = import_optional("onnx.helper", path, "writing ONNX models")
 
     if like is None or like.format != "onnx":
         raise FormatError(path, "an ONNX model can only be written from an ONNX model (its graph is needed)")
-    model = onnx.ModelProto()
-    model.CopyFrom(like.context["model"])
+    model = like.context["model"]  # read only: the output is built beside it
     external: dict[str, np.ndarray] = like.context.get("external", {})
     flat = _flat_arrays(path, params, "onnx")
-    by_name = {t.name for t in iter_initializers(model)}
+    skeleton = Skeleton(model)
+    tensors = [*model.graph.initializer, *skeleton.subgraph_initializers()]
+    by_name = {t.name for t in tensors}
     unknown = [k for k in flat if k not in by_name]
     if unknown:
         raise FormatError(
             path, f"{unknown[0]!r} is not an initializer of the model (an ONNX model stores effective weights only)"
         )
-    # The new values of the initializers, in order: (tensor, array) with the array's
-    # bytes (little-endian, C order) as the tensor's raw data; None to leave the tensor.
-    chosen: list[tuple[Any, np.ndarray | None]] = []
-    done: set[str] = set()
-    for tensor in iter_initializers(model):
-        if tensor.name in done:  # a later scope's tensor of that name: not read, left as it is
-            chosen.append((tensor, None))
-            continue
-        done.add(tensor.name)
-        is_bfloat16 = tensor.data_type == _ONNX_BFLOAT16
-        if tensor.name in flat:
-            arr = to_numpy(flat[tensor.name])
-            want = tuple(int(d) for d in tensor.dims)
-            if tuple(arr.shape) != want:
-                raise FormatError(path, f"initializer {tensor.name!r} has shape {want}, got {tuple(arr.shape)}")
-            if is_bfloat16:
-                arr = _as_bfloat16_bits(path, tensor.name, arr)
-            else:
-                dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
-                if arr.dtype != dtype:
-                    raise FormatError(path, f"initializer {tensor.name!r} has dtype {dtype}, got {arr.dtype}")
-        elif tensor.name in external:
-            arr = external[tensor.name]
-            if is_bfloat16 and arr.dtype != np.uint16:  # its bits, as load reads them, or bfloat16 values
-                arr = _as_bfloat16_bits(path, tensor.name, arr)
-        else:
-            chosen.append((tensor, None))
-            continue
-        chosen.append((tensor, arr))
+    values = _new_values(path, tensors, flat, external, helper)
 
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FormatError(path, f"folder {folder!r} does not exist")
     base = os.path.basename(path)
     old_data = _old_onnx_data(path)
-    blob_parts: list[Any] = []
-    data_name = None
-    data = None
-    if not external:  # serialized once, with the data inside, unless surely too large for that
-        lower = sum(arr.nbytes for _, arr in chosen if arr is not None)
-        if lower <= _PROTOBUF_LIMIT:
-            for tensor, value in chosen:
-                if value is not None:
-                    tensor.CopyFrom(_tensor_with_data(onnx, numpy_helper, tensor, value, None))
-            try:
-                data = model.SerializeToString()
-            except Exception:  # noqa: BLE001 - over what protobuf writes: external data below
-                data = None
-            if data is not None and len(data) > _PROTOBUF_LIMIT:
-                data = None
-            if data is None:  # the values are in the model now: moved to external data from there
-                chosen = [(tensor, None) for tensor, _ in chosen]
-    if data is None:
-        # External data: each large tensor's bytes go to the data file straight from its
-        # array (memory-mapped input data included); the model holds only their places.
-        moved = []
-        offset = 0
-        for tensor, value in chosen:
-            if value is not None and value.dtype != object and value.nbytes >= _EXTERNAL_THRESHOLD:
-                raw: Any = _le_bytes(value)
-                tensor.CopyFrom(_tensor_with_data(onnx, numpy_helper, tensor, value, b""))
-                tensor.ClearField("raw_data")
-            elif value is not None:
-                tensor.CopyFrom(_tensor_with_data(onnx, numpy_helper, tensor, value, None))
-                if not (tensor.HasField("raw_data") and len(tensor.raw_data) >= _EXTERNAL_THRESHOLD):
-                    continue
-                raw = tensor.raw_data
-            elif tensor.HasField("raw_data") and len(tensor.raw_data) >= _EXTERNAL_THRESHOLD:
-                raw = tensor.raw_data
-            else:
-                continue
-            pad = (-offset) % 64
-            if pad:
-                blob_parts.append(b"\0" * pad)
-                offset += pad
-            blob_parts.append(raw)
-            moved.append((tensor, offset, len(raw) if isinstance(raw, bytes) else raw.nbytes))
-            offset += moved[-1][2]
-        digest = hashlib.sha256()
-        for part in blob_parts:
-            digest.update(part)
-            if isinstance(part, memoryview):
-                release_pages(part.obj)
-        # never a file that another model uses, nor one the old model uses with other bytes
-        data_name = _content_data_name(folder, base, digest.hexdigest(), old_data)
-        for tensor, start, length in moved:
-            tensor.ClearField("raw_data")
-            tensor.data_location = onnx.TensorProto.EXTERNAL
-            del tensor.external_data[:]
-            for key, text in (("location", data_name), ("offset", str(start)), ("length", str(length))):
-                entry = tensor.external_data.add()
-                entry.key, entry.value = key, text
-        data = model.SerializeToString()
-    stale = old_data - _external_locations(model)
-
-    def write_data(f: IO[bytes]) -> None:
-        for part in blob_parts:
-            f.write(part)
-            if isinstance(part, memoryview):
-                release_pages(part.obj)  # memory-mapped input data: written, given back
-
+    main = len(model.graph.initializer)
+    buffers = None
+    if not external and sum(v.nbytes for v in values if v is not None) <= _PROTOBUF_LIMIT:
+        buffers = _inline_buffers(onnx, numpy_helper, skeleton, tensors, values, main)
     created: str | None = None
+    if buffers is None:  # external data: each large tensor's bytes go to the data file
+        skeleton = Skeleton(model)  # afresh: the inline attempt filled the subgraphs' tensors
+        tensors[main:] = skeleton.subgraph_initializers()
+        protos, moved = _external_protos(onnx, numpy_helper, tensors, values, main)
+        data_path = _write_data(folder, base, moved, old_data)  # complete and synced before any model refers to it
+        if os.path.basename(data_path) not in old_data:  # else the old model's own file, now with the same bytes
+            created = data_path
+        buffers = skeleton.buffers([[t.SerializeToString()] for t in protos])
+    else:
+        protos = tensors[:main]  # the external data they reference (none when read inline)
+    stale = old_data - skeleton.external_locations(protos)
     try:
-        if data_name is not None:
-            data_path = os.path.join(folder, data_name)
-            files.atomic_write(data_path, write_data)  # complete and synced before any model refers to it
-            if data_name not in old_data:  # else the old model's own file, now with the same bytes: kept
-                created = data_path
-        files.atomic_write(path, lambda f: f.write(data))  # the switch from the old model to the new one
+        files.atomic_write(path, lambda f: write_buffers(f, buffers))  # the switch from the old model to the new one
     except BaseException:
         if created is not None:
             try:
@@ -450,27 +338,182 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
         _fsync_dir(folder)
 
 
+def _new_values(
+    path: str, tensors: list[Any], flat: Mapping[str, Any], external: Mapping[str, np.ndarray], helper: Any
+) -> list[np.ndarray | None]:
+    """The new value of each of `tensors` (little-endian, C order bytes to be its data;
+    bfloat16 ones as their bits), or None to leave the tensor as it is; checked against
+    the tensor's shape and dtype."""
+    values: list[np.ndarray | None] = []
+    done: set[str] = set()
+    for tensor in tensors:
+        if tensor.name in done:  # a later scope's tensor of that name: not read, left as it is
+            values.append(None)
+            continue
+        done.add(tensor.name)
+        is_bfloat16 = tensor.data_type == _ONNX_BFLOAT16
+        arr: np.ndarray | None = None
+        if tensor.name in flat:
+            arr = to_numpy(flat[tensor.name])
+            want = tuple(int(d) for d in tensor.dims)
+            if tuple(arr.shape) != want:
+                raise FormatError(path, f"initializer {tensor.name!r} has shape {want}, got {tuple(arr.shape)}")
+            if is_bfloat16:
+                arr = _as_bfloat16_bits(path, tensor.name, arr)
+            else:
+                dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+                if arr.dtype != dtype:
+                    raise FormatError(path, f"initializer {tensor.name!r} has dtype {dtype}, got {arr.dtype}")
+        elif tensor.name in external:
+            arr = external[tensor.name]
+            if is_bfloat16 and arr.dtype != np.uint16:  # its bits, as load reads them, or bfloat16 values
+                arr = _as_bfloat16_bits(path, tensor.name, arr)
+        values.append(arr)
+    return values
+
+
+def _streamed(tensor: Any, value: np.ndarray) -> bool:
+    """Whether the data of `tensor` holding `value` is `value`'s bytes as they are (not
+    packed sub-byte types, not strings): written from the array, not through protobuf."""
+    return value.dtype != object and tensor.data_type in _STREAMED_TYPES
+
+
+def _inline_buffers(
+    onnx: Any, numpy_helper: Any, skeleton: Skeleton, tensors: list[Any], values: list[Any], main: int
+) -> list[Any] | None:
+    """The model with its data inside, as buffers to write; None if over the protobuf limit.
+
+    The main graph's initializers are records whose raw data is the arrays' memory;
+    the subgraphs' are set in the skeleton's copies.
+    """
+    records: list[list[Any]] = []
+    for tensor, value in zip(tensors[:main], values[:main], strict=True):
+        if value is None:
+            records.append([tensor.SerializeToString()])  # as it is
+        elif _streamed(tensor, value):
+            meta = _tensor_with_data(onnx, numpy_helper, tensor, value, b"")
+            below, above = protowire.split(meta, TENSOR_RAW_DATA)
+            raw = _le_bytes(value)
+            header = protowire.field_header(TENSOR_RAW_DATA, len(raw))
+            records.append([below.SerializeToString(), header, raw, above.SerializeToString()])
+        else:
+            records.append([_tensor_with_data(onnx, numpy_helper, tensor, value, None).SerializeToString()])
+    for tensor, value in zip(tensors[main:], values[main:], strict=True):
+        if value is not None:
+            tensor.CopyFrom(_tensor_with_data(onnx, numpy_helper, tensor, value, None))
+    try:
+        buffers = skeleton.buffers(records)
+    except Exception:  # noqa: BLE001 - over what protobuf serializes: external data instead
+        return None
+    return buffers if protowire.nbytes(buffers) <= _PROTOBUF_LIMIT else None
+
+
+def _external_protos(
+    onnx: Any, numpy_helper: Any, tensors: list[Any], values: list[Any], main: int
+) -> tuple[list[Any], list[tuple[Any, Any]]]:
+    """The main graph's initializers as written with external data, and what moves out.
+
+    Tensors from ``tensors[main:]`` (the skeleton's copies of the subgraphs') are changed
+    in place. Returns the main graph's new protos (the originals where unchanged) and
+    ``(proto, data)`` for every tensor whose data goes to the data file, in order.
+    """
+    protos: list[Any] = []
+    moved: list[tuple[Any, Any]] = []
+    for i, (tensor, value) in enumerate(zip(tensors, values, strict=True)):
+        new: Any = None
+        raw: Any = None
+        if value is not None and _streamed(tensor, value) and value.nbytes >= _EXTERNAL_THRESHOLD:
+            raw = _le_bytes(value)  # straight from the array: memory-mapped input data included
+            new = _tensor_with_data(onnx, numpy_helper, tensor, value, b"")
+            new.ClearField("raw_data")
+        elif value is not None:
+            new = _tensor_with_data(onnx, numpy_helper, tensor, value, None)
+            data = new.raw_data if new.HasField("raw_data") else b""
+            if len(data) >= _EXTERNAL_THRESHOLD:
+                raw = data
+                new.ClearField("raw_data")
+        elif tensor.HasField("raw_data"):
+            data = tensor.raw_data
+            if len(data) >= _EXTERNAL_THRESHOLD:
+                raw = data
+                new = protowire.without(tensor, TENSOR_RAW_DATA)
+        if new is not None and i >= main:  # in the skeleton: changed there
+            tensor.CopyFrom(new)
+            new = tensor
+        if i < main:
+            protos.append(tensor if new is None else new)
+        if raw is not None:
+            moved.append((new, raw))
+    return protos, moved
+
+
+def _write_data(folder: str, base: str, moved: list[tuple[Any, Any]], old_data: set[str]) -> str:
+    """Write the external data file of `moved` (``(proto, data)``) and point each proto at
+    its data; the file's name is made from its content (:func:`_content_data_name`).
+
+    The data are written in order, each at an offset that is a multiple of 64, while a
+    second thread hashes them (both release the GIL); the file is then renamed to its
+    name, and synced. Returns its path.
+    """
+    onnx = importlib.import_module("onnx")
+    parts: list[Any] = []
+    offsets: list[int] = []
+    offset = 0
+    for _, raw in moved:
+        pad = (-offset) % 64
+        if pad:
+            parts.append(b"\0" * pad)
+            offset += pad
+        parts.append(raw)
+        offsets.append(offset)
+        offset += len(raw)
+
+    def write(f: IO[bytes]) -> str:
+        digest = hashlib.sha256()
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrayprune-sha256")
+        try:
+            hashed = [pool.submit(digest.update, part) for part in parts]  # one worker: in order
+            for part, done in zip(parts, hashed, strict=True):
+                files.write_out(f, part)
+                done.result()
+                if isinstance(part, memoryview):
+                    release_pages(part.obj)  # memory-mapped input data: written and hashed, given back
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        # never a file that another model uses, nor one the old model uses with other bytes
+        return _content_data_name(folder, base, digest.hexdigest(), old_data)
+
+    data_path = files.atomic_write_named(folder, base + ".data", write)
+    name = os.path.basename(data_path)
+    for (proto, raw), start in zip(moved, offsets, strict=True):
+        proto.data_location = onnx.TensorProto.EXTERNAL
+        del proto.external_data[:]
+        for key, text in (("location", name), ("offset", str(start)), ("length", str(len(raw)))):
+            entry = proto.external_data.add()
+            entry.key, entry.value = key, text
+    return data_path
+
+
 def _le_bytes(arr: np.ndarray) -> memoryview:
-    """The bytes ONNX stores for `arr`: little-endian, C order (no copy where they are so)."""
+    """The bytes ONNX stores for `arr`: little-endian, C order (no copy where they are so),
+    as a 1-D byte view (``len`` is the byte count)."""
     arr = np.ascontiguousarray(arr)
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return memoryview(arr).cast("B")  # type: ignore[arg-type]  # an ndarray is a buffer
+    return memoryview(arr.reshape(-1)).cast("B")  # type: ignore[arg-type]  # an ndarray is a buffer
 
 
 def _tensor_with_data(onnx: Any, numpy_helper: Any, tensor: Any, arr: np.ndarray, raw: bytes | None) -> Any:
     """Initializer `tensor` holding `arr`, as ``numpy_helper.from_array`` (or, for
     bfloat16, :func:`_bfloat16_tensor`) makes it, with `tensor`'s doc string; with
-    ``raw=b""``, everything but the data (which goes to external data)."""
+    ``raw=b""``, everything but the data (which is written from `arr`)."""
     if tensor.data_type == _ONNX_BFLOAT16:
-        new = _bfloat16_tensor(onnx, tensor.name, arr) if raw is None else _bfloat16_tensor(onnx, tensor.name, arr[:0])
-        if raw is not None:
-            del new.dims[:]
-            new.dims.extend(int(d) for d in arr.shape)
+        new = _bfloat16_tensor(onnx, tensor.name, arr if raw is None else np.zeros(0, np.uint16))
     elif raw is None:
         new = numpy_helper.from_array(np.asarray(arr, order="C"), tensor.name)  # 0-d stays 0-d
     else:
         new = numpy_helper.from_array(np.zeros(0, dtype=arr.dtype), tensor.name)
+    if raw is not None:  # the shape of `arr`, without its data
         del new.dims[:]
         new.dims.extend(int(d) for d in arr.shape)
     if tensor.doc_string:
