@@ -181,3 +181,36 @@ def test_output_buffers_held_stay_few_and_serve_any_phase():
     assert len(buffers._free) == buffers.KEPT
     other, _ = buffers.take(np.empty(7, np.float64))  # another size: a buffer of its own
     assert other.shape == (7,) and other.dtype == np.float64
+
+
+def test_onnx_external_data_written_directly_equals_it_written_through_the_cache(tmp_path, monkeypatch):
+    onnx = pytest.importorskip("onnx")
+    from onnx_builders import two_layer_relu
+
+    rng = np.random.default_rng(0)
+    src = tmp_path / "in" / "model.onnx"
+    src.parent.mkdir()
+    two_layer_relu(src, rng.standard_normal((37, 61)).astype(np.float32), rng.standard_normal((61, 5)).astype(np.float32))
+    model = onnx.load(str(src))
+    onnx.save(model, str(src), save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    (tmp_path / "buffered").mkdir()
+    (tmp_path / "direct").mkdir()
+    monkeypatch.setenv("ARRAYPRUNE_DIRECT_WRITES", "0")
+    assert cli("prune", src, "-o", tmp_path / "buffered" / "out.onnx", "--amount", "0.5") == 0
+    monkeypatch.delenv("ARRAYPRUNE_DIRECT_WRITES")
+    monkeypatch.setattr(direct_writes, "MIN_SIZE", 0)
+    made = []
+    real = direct_writes.open_direct
+
+    def spy(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr("arrayprune.adapters.formats.onnx.open_direct", spy)
+    assert cli("prune", src, "-o", tmp_path / "direct" / "out.onnx", "--amount", "0.5") == 0
+    if not any(made):
+        pytest.skip("no O_DIRECT writes on this file system")
+    a, b = sorted((tmp_path / "buffered").iterdir()), sorted((tmp_path / "direct").iterdir())
+    assert [p.name for p in a] == [p.name for p in b] and len(a) == 2  # the model and its data file
+    for x, y in zip(a, b, strict=True):
+        assert x.read_bytes() == y.read_bytes(), x.name

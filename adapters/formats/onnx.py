@@ -36,6 +36,7 @@ import numpy as np
 
 from . import files, protowire
 from .arrays import _flat_arrays, release_pages, to_numpy
+from .direct_writes import open_direct
 from .errors import FormatError, _describe, import_optional
 from .files import _fsync_dir, cache_blobs, resolve_inside
 from .onnx_skeleton import TENSOR_RAW_DATA, Skeleton, external_locations, graph_initializers, write_buffers
@@ -470,16 +471,26 @@ def _write_data(folder: str, base: str, moved: list[tuple[Any, Any]], old_data: 
 
     def write(f: IO[bytes]) -> str:
         digest = hashlib.sha256()
+        direct = open_direct(f, offset)  # a large file: past the page cache
+        at = 0
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrayprune-sha256")
         try:
             hashed = [pool.submit(digest.update, part) for part in parts]  # one worker: in order
             for part, done in zip(parts, hashed, strict=True):
-                files.write_out(f, part)
+                if direct is not None:
+                    direct.write(at, part)
+                    at += len(part)
+                else:
+                    files.write_out(f, part)
                 done.result()
                 if isinstance(part, memoryview):
                     release_pages(part.obj)  # memory-mapped input data: written and hashed, given back
+            if direct is not None:
+                direct.finish()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            if direct is not None:
+                direct.close()
         # never a file that another model uses, nor one the old model uses with other bytes
         return _content_data_name(folder, base, digest.hexdigest(), old_data)
 
