@@ -92,7 +92,9 @@ class Allocation:
         The candidate whose counts are used: the least measured error, ties to the
         scan's; ``"scan"`` without a check.
     samples : int
-        Calibration samples of the check.
+        Samples of the check.
+    check_data : str or None
+        The file of ``--allocation-check-data`` the check ran on (None: the calibration data).
     """
 
     source: str
@@ -104,6 +106,7 @@ class Allocation:
     candidates: dict[str, dict[str, int]] = field(default_factory=dict)
     chosen: str = "scan"
     samples: int = 0
+    check_data: str | None = None
 
     def sparsity(self, name: str) -> float:
         """The sparsity weight `name` is given."""
@@ -119,8 +122,9 @@ class Allocation:
         lines.append(f"{'all'.ljust(width)}  {100 * total / n if n else 0.0:7.2f}%  {total}/{n}")
         if self.checked:
             errors = ", ".join(f"{how} {e:.6g}" for how, e in self.checked.items())
+            what = "calibration samples" if self.check_data is None else f"samples of {self.check_data}"
             lines.append(
-                f"checked jointly on {self.samples} calibration samples (output error, every weight pruned): "
+                f"checked jointly on {self.samples} {what} (output error, every weight pruned): "
                 f"{errors}; chosen: {self.chosen}"
             )
         return "\n".join(lines)
@@ -129,6 +133,14 @@ class Allocation:
 def check_allocation(spec: Any) -> str | None:
     """Why `spec`'s ``allocation`` does not apply, as one line naming the flags; None if it does."""
     allocation = spec.allocation
+    owl_flags = [f for f, v in (("--owl-m", spec.owl_m), ("--owl-lambda", spec.owl_lambda)) if v is not None]
+    if owl_flags and allocation != OWL:
+        return f"{owl_flags[0]} applies to --allocation owl"
+    if spec.allocation_check_data is not None:
+        if allocation is None or allocation == OWL:
+            return "--allocation-check-data: samples to check a scan's allocation jointly: add --allocation SCAN.json"
+        if not spec.allocation_check:
+            return "--allocation-check-data gives the joint check its samples, --no-allocation-check skips it: pass one"
     if allocation is None:
         return None
     if not isinstance(allocation, str) or not allocation:
@@ -243,7 +255,10 @@ def allocate(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None,
         if spec.allocation == OWL:
             hooks.stage(f"allocation: OWL over {len(targets)} weights")
             scores = _owl_scores(spec, storage, targets, norms, src, hooks)
-            counts = arrayprune.owl_allocation(scores, spec.amount, **bounds)
+            owl = {"m": spec.owl_m, "lam": spec.owl_lambda}
+            counts = arrayprune.owl_allocation(
+                scores, spec.amount, **{k: v for k, v in owl.items() if v is not None}, **bounds
+            )
         else:
             curves, scan, notes = _scan_curves(spec, targets)
             sparsities = scan.sparsities
@@ -261,7 +276,10 @@ def allocate(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None,
             raise
         raise PruneError(f"--allocation: {error_text(exc)}", src) from None
     result = Allocation(spec.allocation, notes=notes)
-    checked = spec.allocation_check and spec.calibration and getattr(storage, "kind", None) == "onnx"
+    onnx = getattr(storage, "kind", None) == "onnx"
+    if spec.allocation_check_data is not None and not onnx:
+        raise PruneError("--allocation-check-data: the joint check runs ONNX models only", src)
+    checked = spec.allocation_check and (spec.calibration or spec.allocation_check_data) and onnx
     if spec.allocation != OWL and checked:
         counts = _check_jointly(spec, storage, targets, norms, counts, scan.outputs, bounds, result, src, hooks)
     for t, n, k, step in zip(targets, sizes, counts, steps, strict=True):
@@ -323,7 +341,7 @@ def _pruned(
     targets: list[Any],
     counts: Mapping[str, int],
     norms: Mapping | None,
-    calibration: Mapping[str, np.ndarray],
+    calibration: Mapping[str, np.ndarray] | None,
 ) -> dict[str, np.ndarray]:
     """Every target pruned to its count, as the pipeline will prune it (nothing written)."""
     if spec.method in RECONSTRUCTIONS:
@@ -361,6 +379,7 @@ def measure_allocations(
     outputs: tuple[str, ...] | list[str] = (),
     batch_size: int | None = None,
     sequential: bool = True,
+    check_data: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, float]:
     """The output error of an ONNX model pruned by each candidate allocation, every weight at once.
 
@@ -390,6 +409,9 @@ def measure_allocations(
         Samples run at a time.
     sequential : bool, default True
         SparseGPT: each weight calibrated on the model whose earlier weights are pruned.
+    check_data : mapping of str to ndarray, optional
+        The samples the error is measured on, if not `calibration` (which then only
+        feeds SparseGPT's Hessians): ``--allocation-check-data``.
 
     Returns
     -------
@@ -413,7 +435,7 @@ def measure_allocations(
     if missing:
         raise ValueError(f"{missing[0]!r} is no tensor of the model")
     spec = PruneSpec(method=method, amount=0.5, one_pass=not sequential, calibration_batch=batch_size)
-    return _measure(spec, wf, [by_name[n] for n in names], candidates, norms, calibration, outputs)[0]
+    return _measure(spec, wf, [by_name[n] for n in names], candidates, norms, calibration, outputs, check_data)[0]
 
 
 def _measure(
@@ -422,13 +444,17 @@ def _measure(
     targets: list[Any],
     candidates: Mapping[str, Mapping[str, int]],
     norms: Mapping | None,
-    calibration: Mapping[str, np.ndarray],
+    calibration: Mapping[str, np.ndarray] | None,
     outputs: Any,
+    check: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, float], int]:
-    """Each candidate's joint error, and the samples run."""
+    """Each candidate's joint error on `check` (`calibration` if None), and the samples run.
+
+    `calibration` feeds a reconstruction's Hessians."""
     from arrayprune.adapters.scan import OnnxTrials
 
-    trials = OnnxTrials(wf, calibration, [t.name for t in targets], outputs=outputs, batch_size=spec.calibration_batch)
+    check = calibration if check is None else check
+    trials = OnnxTrials(wf, check, [t.name for t in targets], outputs=outputs, batch_size=spec.calibration_batch)
     errors: dict[str, float] = {}
     seen: dict[tuple[int, ...], float] = {}
     for how, counts in candidates.items():
@@ -463,19 +489,23 @@ def _check_jointly(
     model = storage.wf.context["model"]
     values = {v for node in model.graph.node for v in node.output} | {o.name for o in model.graph.output}
     compared = list(outputs) if outputs and all(o in values for o in outputs) else []
+    data: dict[str, Any] = {}  # what each file holds: the check's samples, and the reconstruction's
+    for path in dict.fromkeys(p for p in (spec.allocation_check_data, spec.calibration) if p):
+        try:
+            data[path] = read_calibration(path)
+        except ValueError as exc:
+            raise PruneError(error_text(exc), path) from None
+    samples_of = data[spec.allocation_check_data or spec.calibration]
+    calibration = data[spec.calibration] if spec.calibration else None
+    hooks.stage(f"allocation: checking {len(named)} allocations jointly on {len(next(iter(samples_of.values())))} "
+                "samples")
     try:
-        calibration = read_calibration(spec.calibration)
-    except ValueError as exc:
-        raise PruneError(error_text(exc), spec.calibration) from None
-    hooks.stage(f"allocation: checking {len(named)} allocations jointly on {len(next(iter(calibration.values())))} "
-                "calibration samples")
-    try:
-        errors, samples = _measure(spec, storage.wf, targets, named, norms, calibration, compared)
+        errors, samples = _measure(spec, storage.wf, targets, named, norms, calibration, compared, check=samples_of)
     except (ValueError, TypeError) as exc:
         raise PruneError(f"--allocation: joint check: {error_text(exc)}", src) from None
     chosen = min(CANDIDATES, key=lambda how: errors[how])  # ties: the first, the scan's
     least, most = _limits(targets, bounds)
-    trials = _Evaluator(spec, storage.wf, targets, norms, calibration, compared)
+    trials = _Evaluator(spec, storage.wf, targets, norms, calibration, compared, check=samples_of)
     try:
         refined, error = refine_counts(trials, candidates[chosen], errors[chosen], least, most, bounds["steps"])
     except (ValueError, TypeError) as exc:
@@ -486,6 +516,7 @@ def _check_jointly(
         named[chosen] = {t.name: int(k) for t, k in zip(targets, refined, strict=True)}
         errors[chosen] = error
     result.checked, result.candidates, result.chosen, result.samples = errors, named, chosen, samples
+    result.check_data = spec.allocation_check_data
     return candidates[chosen]
 
 
@@ -500,11 +531,17 @@ def _limits(targets: list[Any], bounds: Mapping[str, Any]) -> tuple[list[int], l
 class _Evaluator:
     """``evaluator(counts)``: the joint output error of the targets pruned to `counts` (one session)."""
 
-    def __init__(self, spec: Any, wf: Any, targets: list[Any], norms: Any, calibration: Any, outputs: Any):
+    def __init__(
+        self, spec: Any, wf: Any, targets: list[Any], norms: Any, calibration: Any, outputs: Any, check: Any = None
+    ):
         from arrayprune.adapters.scan import OnnxTrials
 
         self.trials = OnnxTrials(
-            wf, calibration, [t.name for t in targets], outputs=outputs, batch_size=spec.calibration_batch
+            wf,
+            calibration if check is None else check,
+            [t.name for t in targets],
+            outputs=outputs,
+            batch_size=spec.calibration_batch,
         )
         self.args = (spec, wf, targets)
         self.norms, self.calibration = norms, calibration

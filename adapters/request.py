@@ -313,9 +313,21 @@ class PruneSpec:
         scan``) or ``"owl"`` (see :mod:`arrayprune.adapters.allocation`); bounded by
         `min_sparsity` and `max_sparsity`.
     allocation_check : bool, default True
-        With a scan's ``allocation`` and ``calibration``: check the scan's allocation,
-        uniform and global jointly on the calibration data and take the least error
-        (:mod:`arrayprune.adapters.allocation`); False: the scan's allocation as it is.
+        With a scan's ``allocation`` and ``calibration`` (or `allocation_check_data`):
+        check the scan's allocation, uniform and global jointly on the calibration data
+        and take the least error (:mod:`arrayprune.adapters.allocation`); False: the
+        scan's allocation as it is.
+    allocation_check_data : str, optional
+        ONNX, a scan's ``allocation``: the samples (``.npz``, graph input name ->
+        samples) the joint check runs, in place of `calibration`'s. They make no scores:
+        ``l1_unstructured`` then checks the magnitude masks it prunes with.
+    owl_m : float, optional
+        ``allocation="owl"``: a score is an outlier above `owl_m` times its weight's mean
+        (``--owl-m``; :data:`arrayprune.allocation.OWL_M`, 5, if omitted).
+    owl_lambda : float, optional
+        ``allocation="owl"``: every weight's sparsity within ``amount +- owl_lambda``
+        (``--owl-lambda``, in ``[0, 1]``; :data:`arrayprune.allocation.OWL_LAMBDA`, 0.08,
+        if omitted).
     """
 
     method: str = "l1_unstructured"
@@ -347,6 +359,9 @@ class PruneSpec:
     groups: str | None = None
     allocation: str | None = None
     allocation_check: bool = True
+    allocation_check_data: str | None = None
+    owl_m: float | None = None
+    owl_lambda: float | None = None
     method_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -364,7 +379,7 @@ class PruneSpec:
         for name in ("include", "exclude"):  # a single pattern, or any iterable: a tuple
             value = getattr(self, name)
             object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
-        for name in ("calibration", "input_norms", "verify_data", "allocation", "hessians"):
+        for name in ("calibration", "input_norms", "verify_data", "allocation", "hessians", "allocation_check_data"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, os.fspath(value))
@@ -493,6 +508,13 @@ class PruneSpec:
             raise PruneError(f"--verify-tol: invalid tolerance {self.verify_tol!r}: (RTOL, ATOL), numbers >= 0")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
             raise PruneError(f"--seed: invalid seed {self.seed!r}: an integer")
+        for flag, value, high in (("--owl-m", self.owl_m, math.inf), ("--owl-lambda", self.owl_lambda, 1.0)):
+            if value is None:
+                continue
+            number = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+            if not number or not 0.0 <= value <= high or (flag == "--owl-m" and value == 0):
+                what = "a finite number > 0" if flag == "--owl-m" else "a fraction in [0, 1]"
+                raise PruneError(f"{flag}: invalid value {value!r}: must be {what}")
 
     def _check_norm_options(self) -> None:
         """Input norms go with the methods that rank by scores, and Wanda needs them."""

@@ -157,3 +157,149 @@ def test_no_allocation_check_keeps_the_scans_counts(model):
     assert "checked jointly" not in proc.stdout
     shares = [li.split()[-1] for li in proc.stdout.splitlines() if li.startswith(("W1 ", "W2 "))]
     assert shares[-2:] == [f"{TOTAL - 57}/128", "57/64"]  # the misleading scan's own: W2 at its bound
+
+
+def _magnitude_error(w1, w2, x, counts):
+    """The relative squared error of ``Y`` on `x` with each weight's `counts` smallest magnitudes zeroed."""
+    x64 = x.astype(np.float64)
+    y0 = np.maximum(x64 @ w1, 0) @ w2
+    pruned = []
+    for w, k in zip((w1, w2), counts, strict=True):
+        flat = w.astype(np.float64).ravel().copy()
+        flat[np.argsort(np.abs(flat), kind="stable")[:k]] = 0
+        pruned.append(flat.reshape(w.shape))
+    y = np.maximum(x64 @ pruned[0], 0) @ pruned[1]
+    return float(((y - y0) ** 2).sum() / (y0**2).sum())
+
+
+def test_allocation_check_data_checks_magnitude_masks_from_the_command_line(model, tmp_path):
+    # --calibration with l1_unstructured ranks by Wanda's scores; --allocation-check-data gives the
+    # joint check its samples and makes no scores: magnitude masks, checked jointly.
+    path, calib, scan, w1, w2, x, _ = model
+    other = np.random.default_rng(7).standard_normal((40, 8)).astype(np.float32)
+    check = tmp_path / "check.npz"
+    np.savez(check, X=other)
+    out = tmp_path / "out.onnx"
+    bounds = {"min_sparsity": LOW, "max_sparsity": HIGH}
+    result = prune_file(path, out, amount=AMOUNT, allocation=scan, allocation_check_data=check, **bounds)
+    a = result.allocation
+    assert a.samples == 40 and a.check_data == str(check)
+    # global: one magnitude threshold over both weights
+    lowest = np.argsort(np.abs(np.concatenate([w1.ravel(), w2.ravel()])), kind="stable")[:TOTAL]
+    assert a.candidates["global"] == {"W1": int((lowest < 128).sum()), "W2": int((lowest >= 128).sum())}
+    for how, e in a.checked.items():  # magnitude masks, measured on the check samples
+        counts = [a.candidates[how]["W1"], a.candidates[how]["W2"]]
+        assert e == pytest.approx(_magnitude_error(w1, w2, other, counts), rel=1e-4)
+    assert a.chosen == min(a.checked, key=a.checked.get) and a.counts == a.candidates[a.chosen]
+    weights = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
+    for name, w in (("W1", w1), ("W2", w2)):  # the file: each weight's smallest magnitudes zeroed
+        flat = w.ravel()
+        want = np.ones(flat.size, bool)
+        want[np.argsort(np.abs(flat), kind="stable")[: a.counts[name]]] = False
+        np.testing.assert_array_equal(weights[name].ravel() != 0, want)
+
+    proc = run("prune", path, "--dry-run", "--amount", AMOUNT, "--allocation", scan, "--allocation-check-data", check,
+               "--min-sparsity", LOW, "--max-sparsity", HIGH)
+    assert proc.returncode == 0, proc.stderr
+    line = next(li for li in proc.stdout.splitlines() if li.startswith("checked jointly"))
+    assert line.startswith(f"checked jointly on 40 samples of {check} (output error")
+    assert line.endswith(f"chosen: {a.chosen}")
+
+
+def test_allocation_check_data_with_calibration_measures_on_the_check_samples(model, tmp_path):
+    # Wanda: norms (and SparseGPT's Hessians) from --calibration, the errors on the other samples
+    path, calib, scan, w1, w2, x, _ = model
+    other = np.random.default_rng(8).standard_normal((32, 8)).astype(np.float32)
+    check = tmp_path / "check.npz"
+    np.savez(check, X=other)
+    result = prune_file(path, tmp_path / "o.onnx", amount=AMOUNT, calibration=calib, allocation=scan,
+                        allocation_check_data=check, min_sparsity=LOW, max_sparsity=HIGH)
+    a = result.allocation
+    _, norms = _numpy(w1, w2, x, [0, 0])  # Wanda's norms from the calibration samples
+    x64, y0 = other.astype(np.float64), np.maximum(other.astype(np.float64) @ w1, 0) @ w2
+    for how, e in a.checked.items():
+        pruned = []
+        for w, n, k in zip((w1, w2), norms, (a.candidates[how]["W1"], a.candidates[how]["W2"]), strict=True):
+            flat = w.astype(np.float64).ravel().copy()
+            flat[np.argsort((np.abs(w.astype(np.float64)) * n[:, None]).ravel(), kind="stable")[:k]] = 0
+            pruned.append(flat.reshape(w.shape))
+        y = np.maximum(x64 @ pruned[0], 0) @ pruned[1]
+        assert e == pytest.approx(float(((y - y0) ** 2).sum() / (y0**2).sum()), rel=1e-4)
+    # SparseGPT: the Hessians from --calibration, the error on the check samples
+    gpt = prune_file(path, tmp_path / "g.onnx", amount=AMOUNT, method="sparsegpt", calibration=calib,
+                     allocation=scan, allocation_check_data=check)
+    errors = measure_allocations(formats.load(str(path)), {"X": x}, gpt.allocation.candidates, method="sparsegpt",
+                                 check_data={"X": other})
+    assert errors == pytest.approx(gpt.allocation.checked)
+    assert gpt.allocation.samples == 32
+
+
+def test_allocation_check_data_refusals(model, tmp_path):
+    from cli_helpers import assert_error
+
+    path, calib, scan, w1, w2, x, _ = model
+    out = tmp_path / "p.onnx"
+    assert_error(run("prune", path, "-o", out, "--amount", "0.5", "--allocation-check-data", calib),
+                 "--allocation-check-data", "add --allocation SCAN.json")
+    assert_error(run("prune", path, "-o", out, "--amount", "0.5", "--allocation", "owl", "--allocation-check-data",
+                     calib), "add --allocation SCAN.json")
+    assert_error(run("prune", path, "-o", out, "--amount", "0.5", "--allocation", scan, "--allocation-check-data",
+                     calib, "--no-allocation-check"), "--no-allocation-check skips it: pass one")
+    npz = tmp_path / "w.npz"
+    np.savez(npz, W1=w1, W2=w2)
+    assert_error(run("prune", npz, "-o", tmp_path / "p.npz", "--amount", "0.5", "--include", "W*", "--allocation",
+                     scan, "--allocation-check-data", calib), "the joint check runs ONNX models only")
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, Z=np.zeros((4, 8), np.float32))
+    assert_error(run("prune", path, "-o", out, "--amount", "0.5", "--allocation", scan, "--allocation-check-data",
+                     bad), "lacks graph input 'X'")
+    assert not out.exists() and not (tmp_path / "p.npz").exists()
+
+
+def test_owl_m_and_lambda_flags(model, tmp_path):
+    from cli_helpers import assert_error
+
+    path, calib, scan, w1, w2, x, _ = model
+    default = prune_file(path, tmp_path / "d.onnx", amount=0.5, allocation="owl")
+    assert list(default.allocation.counts.values()) == ap.owl_allocation([w1, w2], 0.5)  # M = 5, lambda = 0.08
+    assert prune_file(path, tmp_path / "d5.onnx", amount=0.5, allocation="owl", owl_m=5.0,
+                      owl_lambda=0.08).allocation.counts == default.allocation.counts
+    result = prune_file(path, tmp_path / "o.onnx", amount=0.5, allocation="owl", owl_m=2.0, owl_lambda=0.3)
+    want = ap.owl_allocation([w1, w2], 0.5, m=2.0, lam=0.3)
+    assert list(result.allocation.counts.values()) == want != list(default.allocation.counts.values())
+    proc = run("prune", path, "--dry-run", "--amount", "0.5", "--allocation", "owl", "--owl-m", "2", "--owl-lambda",
+               "0.3")
+    assert proc.returncode == 0, proc.stderr
+    shares = [li.split()[-1] for li in proc.stdout.splitlines() if li.startswith(("W1 ", "W2 "))]
+    assert shares[-2:] == [f"{want[0]}/128", f"{want[1]}/64"]
+    # with Wanda's scores (--method wanda --calibration): the flags reach the outliers among them
+    wanda = prune_file(path, tmp_path / "w.onnx", amount=0.5, method="wanda", calibration=calib, allocation="owl",
+                       owl_lambda=0.0)
+    assert [k / n for k, n in zip(wanda.allocation.counts.values(), (128, 64), strict=True)] == [0.5, 0.5]
+
+    out = tmp_path / "p.onnx"
+    for args, fragment in (
+        (["--owl-m", "0"], "invalid number '0': must be finite and > 0"),
+        (["--owl-m", "-1"], "invalid number '-1'"),
+        (["--owl-m", "nan"], "invalid number 'nan'"),
+        (["--owl-m", "x"], "invalid number 'x'"),
+        (["--owl-lambda", "1.5"], "invalid fraction '1.5': must be in [0, 1]"),
+        (["--owl-lambda", "-0.1"], "invalid fraction '-0.1'"),
+    ):
+        assert_error(run("prune", path, "-o", out, "--amount", "0.5", "--allocation", "owl", *args), fragment)
+    assert_error(run("prune", path, "-o", out, "--amount", "0.5", "--owl-m", "3"),
+                 "--owl-m applies to --allocation owl")
+    assert_error(run("prune", path, "-o", out, "--amount", "0.5", "--allocation", scan, "--owl-lambda", "0.1"),
+                 "--owl-lambda applies to --allocation owl")
+    from arrayprune.adapters.request import PruneError
+
+    for options, message in (
+        ({"owl_m": 0}, "--owl-m: invalid value 0: must be a finite number > 0"),
+        ({"owl_m": float("inf")}, "--owl-m: invalid value inf"),
+        ({"owl_m": "5"}, "--owl-m: invalid value '5'"),
+        ({"owl_lambda": 1.5}, r"--owl-lambda: invalid value 1.5: must be a fraction in \[0, 1\]"),
+        ({"owl_lambda": True}, "--owl-lambda: invalid value True"),
+    ):
+        with pytest.raises(PruneError, match=message):
+            prune_file(path, out, amount=0.5, allocation="owl", **options)
+    assert not out.exists()

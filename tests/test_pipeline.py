@@ -185,6 +185,8 @@ INVALID = [
     ({"allocation": "owl"}, "--allocation shares an --amount among weights: give --amount"),
     ({"amount": 0.5, "allocation": "owl", "method": "random_unstructured"}, "--allocation applies to"),
     ({"amount": 0.5, "allocation": "owl", "method": "ln_structured"}, "--allocation owl counts outlier entries"),
+    ({"amount": 0.5, "owl_m": 3.0}, "--owl-m applies to --allocation owl"),
+    ({"amount": 0.5, "allocation_check_data": "c.npz"}, "--allocation-check-data: samples to check a scan's"),
 ]
 
 

@@ -471,3 +471,112 @@ def test_layer_called_twice_accumulates_both_inputs(sequential):
     prune.sparsegpt(net, batches, 0.5, block_size=8, sequential=sequential)
     np.testing.assert_array_equal(net.fc.weight_mask.numpy(), keep.astype(np.float64))
     np.testing.assert_allclose(net.fc.weight_orig.detach().numpy(), new, rtol=1e-9, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------
+# Per-layer amounts: a mapping of layers to amounts
+# --------------------------------------------------------------------------------------
+
+
+def _mlp3(seed: int = 3) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 8)).double()
+
+
+#: Layer -> amount for :func:`_mlp3`: a float, a count, another float.
+_AMOUNTS = {"0": 0.75, "2": 40, "4": 0.25}
+
+
+@pytest.mark.parametrize("sequential", [True, False])
+def test_per_layer_amounts_equal_sparsegpt_by_hand_layer_by_layer(sequential):
+    batches = _batches()
+    net = _mlp3()
+    dense = [(_np(net[i].weight), _np(net[i].bias)) for i in (0, 2, 4)]
+    # By hand: each layer's Hessian from its inputs (through the pruned, updated earlier
+    # layers when sequential, through the dense ones otherwise), the core's sparsegpt with
+    # that layer's amount.
+    x = np.concatenate([_np(b) for b in batches])
+    inputs = x
+    want = []
+    for (w, b), amount in zip(dense, _AMOUNTS.values(), strict=True):
+        new, keep = arrayprune.sparsegpt(w, _hessian(inputs), amount, block_size=8, reduction_axis=1)
+        want.append((new, keep))
+        inputs = _relu(inputs @ (new if sequential else w).T + b)
+
+    keys = {net[0]: 0.75, "2": 40, net[4]: 0.25}  # modules and qualified names alike
+    prune.sparsegpt(net, batches, keys, block_size=8, sequential=sequential)
+    for i, (new, keep) in zip((0, 2, 4), want, strict=True):
+        np.testing.assert_array_equal(net[i].weight_mask.numpy(), keep.astype(np.float64))
+        np.testing.assert_allclose(net[i].weight_orig.detach().numpy(), new, rtol=1e-9, atol=1e-12)
+    zeros = [int((net[i].weight_mask == 0).sum()) for i in (0, 2, 4)]
+    assert zeros == [round(0.75 * 192), 40, round(0.25 * 128)]
+
+    # The same as one call per layer with its single amount, in the order data flows.
+    by_layer = _mlp3()
+    if sequential:
+        for name, amount in _AMOUNTS.items():
+            prune.sparsegpt(by_layer, batches, amount, modules=[name], block_size=8)
+    else:  # every Hessian from the dense model: prune copies of it, one layer each
+        for name, amount in _AMOUNTS.items():
+            one = prune.sparsegpt(_mlp3(), batches, amount, modules=[name], block_size=8)
+            prune.custom_from_mask(by_layer.get_submodule(name), "weight", one.get_submodule(name).weight_mask)
+            with torch.no_grad():
+                by_layer.get_submodule(name).weight_orig.copy_(one.get_submodule(name).weight_orig)
+    for i in (0, 2, 4):
+        torch.testing.assert_close(net[i].weight_mask, by_layer[i].weight_mask, rtol=0, atol=0)
+        torch.testing.assert_close(net[i].weight_orig, by_layer[i].weight_orig, rtol=0, atol=0)
+
+
+def test_per_layer_amounts_prune_only_their_layers_and_agree_with_modules():
+    batches = _batches()
+    net = _mlp3()
+    prune.l1_unstructured(net[4], "weight", 0.5)  # not in the mapping: left alone, not refused
+    before = net[4].weight_orig.detach().clone()
+    prune.sparsegpt(net, batches, {"2": 0.5, "0": 0.25}, block_size=8)
+    assert [int((net[i].weight_mask == 0).sum()) for i in (0, 2)] == [48, 128]
+    assert torch.equal(net[4].weight_orig, before) and int((net[4].weight_mask == 0).sum()) == 64
+
+    same = _mlp3()
+    prune.sparsegpt(same, batches, {"0": 0.25, "2": 0.5}, modules=[same[2], "0"], block_size=8)
+    for i in (0, 2):
+        torch.testing.assert_close(same[i].weight_orig, net[i].weight_orig, rtol=0, atol=0)
+    untouched = _mlp3()
+    assert prune.sparsegpt(untouched, batches, {}) is untouched and not prune.is_pruned(untouched)
+
+
+@pytest.mark.parametrize(
+    ("amount", "kwargs", "error", "message"),
+    [
+        ({"0": "half"}, {}, TypeError, "amount for '0': Invalid type for amount: 'half'. Must be int or float."),
+        ({"0": None}, {}, TypeError, "amount for '0': Invalid type for amount: None"),
+        ({"2": 1.5}, {}, ValueError, r"amount for '2': amount=1.5 should either be a float in the range \[0, 1\]"),
+        ({"0": 0.5, "2": -1}, {}, ValueError, "amount for '2': amount=-1 should either be a float"),
+        (
+            {"0": 0.5, "2": 129},
+            {},
+            ValueError,
+            "amount for '2': amount=129 should be smaller than the number of parameters to prune=128",
+        ),
+        ({0: 0.5}, {}, TypeError, "the keys of amount must be modules or qualified names of the model's layers"),
+        ({"nope": 0.5}, {}, ValueError, "'nope' is not a submodule of the model"),
+        ({nn.Linear(12, 16): 0.5}, {}, ValueError, "Linear is not a submodule of the model"),
+        ({"1": 0.5}, {}, TypeError, "'1' is a ReLU: sparsegpt prunes Linear, Conv1d and Conv2d layers"),
+        ({"0": 0.5}, {"n": 2, "m": 4}, ValueError, "give either amount or n and m, not both"),
+        ({"0": 0.5}, {"modules": ["0", "2"]}, ValueError, "'2' is in modules but has no amount"),
+        ({"0": 0.5, "2": 0.5}, {"modules": ["0"]}, ValueError, "amount gives '2' an amount, but it is not in modules"),
+    ],
+)
+def test_bad_per_layer_amounts_raise_before_any_change(amount, kwargs, error, message):
+    net = _mlp()
+    snap = _snapshot(net)
+    with pytest.raises(error, match=message):
+        prune.sparsegpt(net, _batches(), amount, **kwargs)
+    _unchanged(net, snap)
+
+
+def test_a_layer_given_twice_in_the_mapping_is_refused():
+    net = _mlp()
+    snap = _snapshot(net)
+    with pytest.raises(ValueError, match=r"amount gives '0' twice \(as a module and by its name\)"):
+        prune.sparsegpt(net, _batches(), {net[0]: 0.5, "0": 0.25})
+    _unchanged(net, snap)

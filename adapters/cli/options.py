@@ -154,6 +154,16 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _positive_real(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: must be finite and > 0")
+    return value
+
+
 def _positive(text: str) -> int:
     value = _non_negative(text)
     if value == 0:
@@ -346,6 +356,27 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="--allocation SCAN.json with --calibration: use the scan's allocation as it is, without checking it "
         "jointly against uniform and global on the calibration data",
+    )
+    p.add_argument(
+        "--allocation-check-data",
+        metavar="NPZ",
+        default=None,
+        help="ONNX, --allocation SCAN.json: check the allocation jointly on these samples (graph input name -> "
+        "samples) instead of --calibration's; they make no scores, so l1_unstructured checks its magnitude masks",
+    )
+    p.add_argument(
+        "--owl-m",
+        type=_positive_real,
+        default=None,
+        metavar="M",
+        help="--allocation owl: a score is an outlier above M times its weight's mean (default 5)",
+    )
+    p.add_argument(
+        "--owl-lambda",
+        type=_fraction,
+        default=None,
+        metavar="LAMBDA",
+        help="--allocation owl: every weight's sparsity within --amount +- LAMBDA (default 0.08)",
     )
 
     r = sub.add_parser("report", help="per-tensor sparsity of a model file")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +61,18 @@ def _batch_list(calibration_batches: Any) -> list[Any] | tuple[Any, ...]:
     return calibration_batches
 
 
+def _layer_name(named: dict[str, nn.Module], by_module: dict[int, str], item: Any) -> str:
+    """The qualified name of `item` (a module of the model or its name), checked to be a prunable layer."""
+    name = item if isinstance(item, str) else by_module.get(id(item))
+    if name is None or name not in named:
+        shown = repr(item) if isinstance(item, str) else type(item).__name__
+        raise ValueError(f"{shown} is not a submodule of the model")
+    layer = named[name]
+    if not isinstance(layer, _LAYERS):
+        raise TypeError(f"{name!r} is a {type(layer).__name__}: sparsegpt prunes Linear, Conv1d and Conv2d layers")
+    return name
+
+
 def _chosen(model: nn.Module, modules: Iterable[Any] | None) -> dict[str, Layer]:
     """Qualified name -> layer to prune, in model order, checked (nothing is changed)."""
     named = dict(model.named_modules())
@@ -72,16 +84,8 @@ def _chosen(model: nn.Module, modules: Iterable[Any] | None) -> dict[str, Layer]
         by_module = {id(m): name for name, m in named.items()}
         chosen = {}
         for item in modules:
-            name = item if isinstance(item, str) else by_module.get(id(item))
-            if name is None or name not in named:
-                shown = repr(item) if isinstance(item, str) else type(item).__name__
-                raise ValueError(f"{shown} is not a submodule of the model")
-            layer = named[name]
-            if not isinstance(layer, _LAYERS):
-                raise TypeError(
-                    f"{name!r} is a {type(layer).__name__}: sparsegpt prunes Linear, Conv1d and Conv2d layers"
-                )
-            chosen[name] = layer
+            name = _layer_name(named, by_module, item)
+            chosen[name] = cast(Layer, named[name])
     weights: dict[int, str] = {}
     for name, layer in chosen.items():
         if "weight_orig" in layer._parameters or pruning_hooks(layer, "weight"):
@@ -100,12 +104,50 @@ def _chosen(model: nn.Module, modules: Iterable[Any] | None) -> dict[str, Layer]
     return chosen
 
 
-def _counts(layer: Layer, amount: Any) -> list[int] | None:
+def _layer_amounts(model: nn.Module, amount: Mapping[Any, Any], modules: Iterable[Any] | None) -> dict[str, Any]:
+    """Qualified name -> amount, from a mapping of layers (modules or names) to amounts, checked.
+
+    The layers are the mapping's keys; with `modules` given too, the keys must name exactly
+    those layers."""
+    named = dict(model.named_modules())
+    by_module = {id(m): name for name, m in named.items()}
+    amounts: dict[str, Any] = {}
+    for key, value in amount.items():
+        if not isinstance(key, (nn.Module, str)):
+            raise TypeError(
+                f"the keys of amount must be modules or qualified names of the model's layers, got {type(key).__name__}"
+            )
+        name = _layer_name(named, by_module, key)
+        if name in amounts:
+            raise ValueError(f"amount gives {name!r} twice (as a module and by its name)")
+        try:
+            arrayprune.validate_pruning_amount_init(value)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"amount for {name!r}: {exc}") from None
+        amounts[name] = value
+    if modules is not None:
+        wanted = _chosen(model, modules)
+        without = [name for name in wanted if name not in amounts]
+        if without:
+            raise ValueError(f"{without[0]!r} is in modules but has no amount (amount maps layers to their amounts)")
+        outside = [name for name in amounts if name not in wanted]
+        if outside:
+            raise ValueError(f"amount gives {outside[0]!r} an amount, but it is not in modules")
+    return amounts
+
+
+def _counts(layer: Layer, amount: Any, name: str | None = None) -> list[int] | None:
     """Entries to prune per group of `layer` (they sum to the layer's count), None for N:M."""
     if amount is None:
         return None
     numel = layer.weight.numel()
-    arrayprune.validate_pruning_amount(amount, numel)
+    if name is None:
+        arrayprune.validate_pruning_amount(amount, numel)
+    else:  # one amount of a mapping: the message names its layer
+        try:
+            arrayprune.validate_pruning_amount(amount, numel)
+        except ValueError as exc:
+            raise ValueError(f"amount for {name!r}: {exc}") from None
     total = arrayprune.compute_nparams_toprune(amount, numel)
     groups = getattr(layer, "groups", 1)
     share = [(2 * total * g + groups) // (2 * groups) for g in range(groups + 1)]
@@ -196,7 +238,7 @@ def _run_capturing(model: nn.Module, batches: Any, hooks: dict[nn.Module, Any], 
 def sparsegpt(
     model: nn.Module,
     calibration_batches: Iterable[Any],
-    amount: int | float | None = None,
+    amount: int | float | Mapping[nn.Module | str, int | float] | None = None,
     *,
     n: int | None = None,
     m: int | None = None,
@@ -228,20 +270,26 @@ def sparsegpt(
         ``DataLoader``) is read once into a list first, so its batches are held in memory
         and are the same on every pass. A tensor on its own is refused (TypeError):
         give ``[batch]``.
-    amount : int or float, optional
+    amount : int, float or mapping, optional
         Unstructured pruning: each layer's weight loses exactly
         ``round(amount * weight.numel())`` entries for a float in ``[0, 1]``, `amount`
         entries for an int, chosen over the whole weight (over each group of a grouped
-        convolution, the groups' counts summing to the layer's).
+        convolution, the groups' counts summing to the layer's). A mapping gives each
+        layer its own amount: its keys are layers of `model` (modules or qualified
+        names, as in `modules`), its values amounts as above, validated as the single
+        amount is (TypeError for a value that is no int or float, ValueError out of range
+        or above the layer's size; the message names the layer). The layers pruned are
+        then its keys; with `modules` too, the keys must be exactly those layers.
     n, m : int, optional
         N:M pruning instead of `amount`: `n` of every `m` consecutive entries of each
         output row along the input axis (for a convolution, along ``in/groups x k``
         flattened in C order, as :func:`arrayprune.sparsegpt` does).
     modules : iterable of modules or qualified names, optional
         The layers to prune, each a ``Linear``, ``Conv1d`` or ``Conv2d`` of `model`;
-        every such layer of `model` if omitted. A layer whose weight is already pruned is
-        refused (ValueError), whether given or found: make that pruning permanent with
-        :func:`remove` first (its zeros are then pruned first), or leave it out.
+        the keys of a mapping `amount`, else every such layer of `model`, if omitted.
+        A layer whose weight is already pruned is refused (ValueError), whether given
+        or found: make that pruning permanent with :func:`remove` first (its zeros are
+        then pruned first), or leave it out.
     block_size : int, default 128
         Input columns processed together (a multiple of `m` for N:M).
     damp : float, default 0.01
@@ -265,13 +313,15 @@ def sparsegpt(
     ------
     TypeError
         If `calibration_batches` is a tensor or no iterable, a layer given is not a
-        ``Linear``, ``Conv1d`` or ``Conv2d``, its weight is not a floating Parameter, or an
-        amount or integer parameter has the wrong type.
+        ``Linear``, ``Conv1d`` or ``Conv2d``, its weight is not a floating Parameter, an
+        amount or integer parameter has the wrong type, or a key of a mapping `amount`
+        is neither a module nor a name.
     ValueError
         If there is no batch, the amount or pattern is bad (both or neither given, out of
         range), a module given is not part of `model`, a layer is already pruned or
-        shares its weight with another, a layer is never reached by the batches, or a
-        Hessian is not positive definite after damping.
+        shares its weight with another, a layer is never reached by the batches, a
+        Hessian is not positive definite after damping, or a mapping `amount` names a
+        layer twice or does not match `modules`.
 
     Notes
     -----
@@ -304,10 +354,23 @@ def sparsegpt(
     [32, 8]
     >>> torch.equal(net[0].weight, net[0].weight_orig * net[0].weight_mask)
     True
+
+    Each layer its own amount (modules or their names as keys):
+
+    >>> net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> _ = prune.sparsegpt(net, batches, {net[0]: 0.75, "2": 4})
+    >>> [int((layer.weight_mask == 0).sum()) for layer in (net[0], net[2])]
+    [48, 4]
     """
-    pattern = _check_pattern(amount, n, m)
-    if pattern is None:
-        arrayprune.validate_pruning_amount_init(amount)
+    per_layer = isinstance(amount, Mapping)
+    if per_layer:
+        if n is not None or m is not None:
+            raise ValueError(f"give either amount or n and m, not both: got a mapping of amounts, n={n!r}, m={m!r}")
+        pattern = None
+    else:
+        pattern = _check_pattern(amount, n, m)
+        if pattern is None:
+            arrayprune.validate_pruning_amount_init(amount)
     block_size = _positive_int("block_size", block_size)
     if pattern is not None and block_size % pattern[1]:
         raise ValueError(f"block_size={block_size} must be a multiple of m={pattern[1]} for {pattern[0]}:{pattern[1]}")
@@ -317,8 +380,13 @@ def sparsegpt(
         raise TypeError(f"sequential must be a bool, got {type(sequential).__name__}")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    layers = _chosen(model, modules)
-    counts = {name: _counts(layer, amount) for name, layer in layers.items()}
+    if per_layer:
+        amounts = _layer_amounts(model, cast(Mapping[Any, Any], amount), modules)
+        layers = _chosen(model, list(amounts))
+        counts = {name: _counts(layer, amounts[name], name) for name, layer in layers.items()}
+    else:
+        layers = _chosen(model, modules)
+        counts = {name: _counts(layer, amount) for name, layer in layers.items()}
     batches = _batch_list(calibration_batches)
     if not layers:
         return model
