@@ -190,7 +190,8 @@ def test_onnx_external_data_written_directly_equals_it_written_through_the_cache
     rng = np.random.default_rng(0)
     src = tmp_path / "in" / "model.onnx"
     src.parent.mkdir()
-    two_layer_relu(src, rng.standard_normal((37, 61)).astype(np.float32), rng.standard_normal((61, 5)).astype(np.float32))
+    w1, w2 = rng.standard_normal((37, 61)).astype(np.float32), rng.standard_normal((61, 5)).astype(np.float32)
+    two_layer_relu(src, w1, w2)
     model = onnx.load(str(src))
     onnx.save(model, str(src), save_as_external_data=True, location="model.onnx.data", size_threshold=0)
     (tmp_path / "buffered").mkdir()
