@@ -528,12 +528,24 @@ def _prune_nm_streamed(entry: Any, files: TensorFiles, sink: BackgroundWrites, m
 
 
 def _prune_in_core(entry: Any, files: TensorFiles, sink: BackgroundWrites, method: Any, scores_for: Any) -> int:
-    """Prune one tensor with the core, read whole; write it; its number of zeros."""
+    """Prune one tensor with the core, read whole; write it; its number of zeros.
+
+    Without importance scores, the core computes only the boolean keep mask
+    (:meth:`~arrayprune.BasePruningMethod.keep_mask`) and the tensor is folded and
+    written chunk by chunk: no second copy of it is made.
+    """
     from arrayprune.adapters import mapping as mp
 
     t = entry.value
     _magnitude_name(entry)
     value = files.load(t) if t.code == "BF16" else files.raw(t).reshape(t.shape)
+    if scores_for is None:
+        keep = method.keep_mask(value)  # what the mapping adapter's prune computes, as booleans
+        keep = np.asarray(keep.numpy() if hasattr(keep, "numpy") and not isinstance(keep, np.ndarray) else keep)
+        if keep.dtype == np.bool_:
+            del value
+            files.release_tensor(t)  # read whole for the mask; folded chunk by chunk below
+            return _fold_by_chunks(entry, files, sink, keep.reshape(-1))
     scores = None if scores_for is None else scores_for(entry, value)
     folded = mp.remove(mp.prune({"t": value}, "t", method, scores), "t")["t"]
     del value
@@ -546,6 +558,19 @@ def _prune_in_core(entry: Any, files: TensorFiles, sink: BackgroundWrites, metho
     zeros = zero_count(raw, t.code)
     sink.wait()  # a whole tensor: written before the next one is read
     files.release_tensor(t)
+    return zeros
+
+
+def _fold_by_chunks(entry: Any, files: TensorFiles, sink: BackgroundWrites, keep: np.ndarray) -> int:
+    """Write tensor `entry` folded with the flat boolean mask `keep`, chunk by chunk
+    into reused buffers; its number of zeros."""
+    t, buffers, zeros, start = entry.value, _Buffers(), 0, 0
+    for raw in files.chunks(t):
+        out, held = buffers.take(raw, sink.phase(t.name))
+        out = fold(raw, keep[start : start + raw.size], t.code, out=out)
+        start += raw.size
+        zeros += zero_count(out, t.code)
+        sink.write(t.name, out, functools.partial(buffers.give, held))
     return zeros
 
 

@@ -21,7 +21,7 @@ import pytest
 import arrayprune
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.cli import main
-from arrayprune.adapters.formats import FormatError, files, sharded
+from arrayprune.adapters.formats import FormatError, files, safetensors_stream, sharded
 from arrayprune.adapters.formats.safetensors_stream import TensorWriter, header_bytes, stored_tensors
 from arrayprune.adapters.plan import make_plan, stream_seed
 from arrayprune.adapters.roles.names import tree_roles
@@ -111,7 +111,8 @@ def in_memory(tensors, amount, *, method="l1_unstructured", global_=True, seed=N
     else:
         folded = {}
         for e in targets:
-            extra = {"dim": e.dim} if "dim" in {p.name for p in arrayprune.registry.constructor_parameters(cls)} else {}
+            takes_dim = "dim" in {p.name for p in arrayprune.registry.constructor_parameters(cls)}
+            extra = {"dim": e.dim} if takes_dim and "dim" not in kwargs else {}
             if seed is not None:
                 extra["seed"] = stream_seed(seed, e.name)
             m = cls(amount=amount, **kwargs, **extra) if amount is not None else cls(**kwargs, **extra)
@@ -214,18 +215,21 @@ def test_count_amount_and_amount_zero(tmp_path):
             assert torch.equal(bits(got[name]), bits(t)), name
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize(
     ("method", "options", "kwargs"),
     [
         ("l1_unstructured", ["--amount", "0.4"], {"amount": 0.4}),
         ("ln_structured", ["--amount", "0.25", "--n", "1"], {"amount": 0.25, "n": 1}),
+        ("ln_structured", ["--amount", "0.5", "--n", "2", "--dim", "1"], {"amount": 0.5, "n": 2, "dim": 1}),
+        ("random_structured", ["--amount", "0.3", "--seed", "3"], {"amount": 0.3, "seed": 3}),
         ("nm_structured", [], {"n": 2, "m": 4}),
         ("random_unstructured", ["--amount", "0.3", "--seed", "7"], {"amount": 0.3, "seed": 7}),
         ("block_unstructured", ["--amount", "0.5", "--block", "4x4"], {"amount": 0.5, "block_shape": (4, 4)}),
     ],
 )
-def test_per_tensor_methods_equal_in_memory(tmp_path, dtype, method, options, kwargs):
+def test_per_tensor_methods_equal_in_memory(tmp_path, monkeypatch, dtype, method, options, kwargs):
+    monkeypatch.setattr(safetensors_stream, "CHUNK", 200)  # tensors folded in many chunks
     tensors = llama_tensors(dtype=dtype, layers=2, ties=True, seed=5)
     src = write_checkpoint(tmp_path / "in", tensors, 2)
     out = tmp_path / "out"
