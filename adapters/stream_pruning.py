@@ -67,6 +67,7 @@ from typing import Any
 import numpy as np
 
 from arrayprune.adapters.formats import safetensors_stream
+from arrayprune.adapters.formats.arrays import to_numpy
 from arrayprune.adapters.formats.direct_writes import BLOCK, at_phase, block_buffer
 from arrayprune.adapters.formats.errors import FormatError, _describe
 from arrayprune.adapters.formats.safetensors_stream import BackgroundWrites, TensorFiles, TensorWriter, zero_count
@@ -337,14 +338,18 @@ class _Cut:
             raise TypeError(f"tensor {entry.name!r}: {type(self.method).__name__} scores are {name}, not floating")
         return name
 
-    def keys(self, entry: Any, raw: np.ndarray, *, scratch: _Scratch | None = None) -> np.ndarray:
-        """The radix keys of a chunk of `entry` as read (with `scratch`, in its buffer,
-        which the next call with it overwrites)."""
+    def keys(
+        self, entry: Any, raw: np.ndarray, *, scratch: _Scratch | None = None, into: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The radix keys of a chunk of `entry` as read: in `into` (a buffer of the
+        chunk's size and width) or `scratch`'s buffer (which the next call with it
+        overwrites) where magnitudes rank keys as wide as the entries."""
         if self.method is None:
             name = self.names[entry.name]
             out = None
-            if scratch is not None and 8 * raw.dtype.itemsize == self.bits + 1:  # keys as wide as the entries
-                out = scratch.take(f"u{raw.dtype.itemsize}", raw.size)
+            if 8 * raw.dtype.itemsize == self.bits + 1:  # keys as wide as the entries
+                width = f"u{raw.dtype.itemsize}"
+                out = into.view(width) if into is not None else scratch.take(width, raw.size) if scratch else None
             return radix.magnitude_keys(raw, name, self.bits, out=out)
         scores = self._scores(entry, raw)
         return radix.magnitude_keys(scores, self.score_names[entry.name], self.bits)
@@ -398,8 +403,6 @@ class _Cut:
         if stream is None:
             raise TypeError("no cut to apply")  # write() writes such a tensor whole
         size, itemsize = max(1, safetensors_stream.CHUNK // 2), t.raw_dtype.itemsize
-        in_place = 8 * itemsize == self.bits + 1  # keys as wide as the entries: made in the output
-        name = self.names[entry.name]
         scratches: queue.SimpleQueue[_Scratch] = queue.SimpleQueue()
         for _ in range(threads):
             scratches.put(_Scratch())
@@ -409,10 +412,7 @@ class _Cut:
             try:
                 raw = files.raw(t, start, stop)
                 out, held = self.buffers.take(raw, phase)
-                if in_place:
-                    keys = radix.magnitude_keys(raw, name, self.bits, out=out.view(f"u{itemsize}"))
-                else:
-                    keys = self.keys(entry, raw, scratch=scratch)
+                keys = self.keys(entry, raw, scratch=scratch, into=out)  # in the output where they fit
                 keep = scratch.take(bool, raw.size)
                 key = keys.dtype.type(stream.key)
                 if before.done() and before.result() == 0:
@@ -517,14 +517,11 @@ def _prune_nm_streamed(entry: Any, files: TensorFiles, sink: BackgroundWrites, m
     length = t.shape[-1]
     if method.dim % len(t.shape) != len(t.shape) - 1 or length % method.m or length > safetensors_stream.CHUNK:
         return None
-    buffers, zeros = _Buffers(), 0
-    for raw in files.chunks(t, safetensors_stream.CHUNK // length * length):
-        keep = _nm_keep(raw, t.code, method.n, method.m) if method.n else np.ones(raw.shape, dtype=bool)
-        out, held = buffers.take(raw, sink.phase(t.name))
-        out = fold(raw, keep, t.code, out=out)
-        zeros += zero_count(out, t.code)
-        sink.write(t.name, out, functools.partial(buffers.give, held))
-    return zeros
+
+    def keep(raw: np.ndarray, start: int) -> np.ndarray:
+        return _nm_keep(raw, t.code, method.n, method.m) if method.n else np.ones(raw.shape, dtype=bool)
+
+    return _fold_by_chunks(entry, files, sink, keep, safetensors_stream.CHUNK // length * length)
 
 
 def _prune_in_core(entry: Any, files: TensorFiles, sink: BackgroundWrites, method: Any, scores_for: Any) -> int:
@@ -540,12 +537,11 @@ def _prune_in_core(entry: Any, files: TensorFiles, sink: BackgroundWrites, metho
     _magnitude_name(entry)
     value = files.load(t) if t.code == "BF16" else files.raw(t).reshape(t.shape)
     if scores_for is None:
-        keep = method.keep_mask(value)  # what the mapping adapter's prune computes, as booleans
-        keep = np.asarray(keep.numpy() if hasattr(keep, "numpy") and not isinstance(keep, np.ndarray) else keep)
-        if keep.dtype == np.bool_:
+        mask = to_numpy(method.keep_mask(value)).reshape(-1)  # the mapping adapter's mask, as booleans
+        if mask.dtype == np.bool_:
             del value
             files.release_tensor(t)  # read whole for the mask; folded chunk by chunk below
-            return _fold_by_chunks(entry, files, sink, keep.reshape(-1))
+            return _fold_by_chunks(entry, files, sink, lambda raw, start: mask[start : start + raw.size])
     scores = None if scores_for is None else scores_for(entry, value)
     folded = mp.remove(mp.prune({"t": value}, "t", method, scores), "t")["t"]
     del value
@@ -561,13 +557,20 @@ def _prune_in_core(entry: Any, files: TensorFiles, sink: BackgroundWrites, metho
     return zeros
 
 
-def _fold_by_chunks(entry: Any, files: TensorFiles, sink: BackgroundWrites, keep: np.ndarray) -> int:
-    """Write tensor `entry` folded with the flat boolean mask `keep`, chunk by chunk
-    into reused buffers; its number of zeros."""
+def _fold_by_chunks(
+    entry: Any,
+    files: TensorFiles,
+    sink: BackgroundWrites,
+    keep: Callable[[np.ndarray, int], np.ndarray],
+    size: int | None = None,
+) -> int:
+    """Write tensor `entry` folded chunk by chunk (of `size` entries) into reused
+    buffers, ``keep(raw, start)`` the boolean mask of the chunk at flat index `start`;
+    its number of zeros."""
     t, buffers, zeros, start = entry.value, _Buffers(), 0, 0
-    for raw in files.chunks(t):
+    for raw in files.chunks(t, size):
         out, held = buffers.take(raw, sink.phase(t.name))
-        out = fold(raw, keep[start : start + raw.size], t.code, out=out)
+        out = fold(raw, keep(raw, start), t.code, out=out)
         start += raw.size
         zeros += zero_count(out, t.code)
         sink.write(t.name, out, functools.partial(buffers.give, held))

@@ -468,6 +468,16 @@ def _judged(rows: dict[str, dict[float, float]], method: str = "") -> list[str]:
     return checked or [h for h in ("scan", LAYER_WIDE) if h in rows]
 
 
+def _table_rows(method: str, rows: dict) -> list[str]:
+    """A method's rows of a results table: one per allocation, the best cell of each amount in bold."""
+    best = {a: max(r[a] for r in rows.values()) for a in AMOUNTS}
+    out = []
+    for how in [h for h in ROWS if h in rows]:
+        cells = [f"**{rows[how][a]:.3f}**" if rows[how][a] == best[a] else f"{rows[how][a]:.3f}" for a in AMOUNTS]
+        out.append(f"| {method} | {how} | " + " | ".join(cells) + " |")
+    return out
+
+
 def _best_verdict(
     rows: dict[str, dict[float, float]], amount: float, method: str = "", judged: list[str] | None = None
 ) -> tuple[str, bool]:
@@ -546,12 +556,7 @@ def report(d: dict | None, mini: dict | None, seconds: float, argv: list[str], o
             "|---|---|" + "---|" * len(AMOUNTS),
         ]
         for method, rows in d["results"].items():
-            for how in [h for h in ROWS if h in rows]:
-                best = {a: max(r[a] for r in rows.values()) for a in AMOUNTS}
-                cells = [
-                    f"**{rows[how][a]:.3f}**" if rows[how][a] == best[a] else f"{rows[how][a]:.3f}" for a in AMOUNTS
-                ]
-                lines.append(f"| {method} | {how} | " + " | ".join(cells) + " |")
+            lines += _table_rows(method, rows)
             for a in (0.8, 0.9):
                 text, ok = _best_verdict(rows, a, method)
                 short = _short_by(rows, a, method, d.get("test_images", 540))
@@ -611,12 +616,7 @@ def report(d: dict | None, mini: dict | None, seconds: float, argv: list[str], o
             "|---|---|" + "---|" * len(AMOUNTS),
         ]
         for method, rows in mini["results"].items():
-            for how in [h for h in ROWS if h in rows]:
-                best = {a: max(r[a] for r in rows.values()) for a in AMOUNTS}
-                cells = [
-                    f"**{rows[how][a]:.3f}**" if rows[how][a] == best[a] else f"{rows[how][a]:.3f}" for a in AMOUNTS
-                ]
-                lines.append(f"| {method} | {how} | " + " | ".join(cells) + " |")
+            lines += _table_rows(method, rows)
             for a in (0.8, 0.9):
                 text, ok = _best_verdict(rows, a)
                 two = "; the better of its two scan rows" if LAYER_WIDE in rows else ""

@@ -23,9 +23,7 @@ from __future__ import annotations
 import json
 import math
 import mmap
-import os
 import queue
-import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -35,7 +33,7 @@ import numpy as np
 
 from .direct_writes import BLOCK, open_direct
 from .errors import FormatError, import_optional
-from .files import _open_regular, atomic_write
+from .files import _open_regular, atomic_write, write_out
 from .safetensors import DTYPE_BITS, read_header
 
 __all__ = [
@@ -184,11 +182,6 @@ def zero_count(raw: np.ndarray, code: str) -> int:
 
 
 R = TypeVar("R")
-
-#: Linux starts writing dirty pages back when told they are not needed (the clean ones
-#: it drops); :class:`TensorWriter` does so after each write of at least :data:`_EARLY` bytes.
-_WRITEBACK = getattr(os, "POSIX_FADV_DONTNEED", None) if sys.platform.startswith("linux") else None
-_EARLY = 1 << 20
 
 _RELEASE = getattr(mmap, "MADV_DONTNEED", None)
 
@@ -418,14 +411,7 @@ class TensorWriter:
             self._direct.write(self._offsets[name] + done, view)
         elif view.nbytes:
             self._f.seek(self._offsets[name] + done)
-            self._f.write(view)
-            if view.nbytes >= _EARLY and _WRITEBACK:
-                # Start writing these pages to disk now (without waiting), so that the
-                # fsync before the file is renamed into place has little left to do.
-                try:
-                    os.posix_fadvise(self._f.fileno(), self._offsets[name] + done, view.nbytes, _WRITEBACK)
-                except (OSError, AttributeError, ValueError):  # pragma: no cover - not a regular file
-                    pass
+            write_out(self._f, view)  # large writes start their way to disk as they go
         self._written[name] = done + view.nbytes
 
     def phase(self, name: str, done: int) -> int | None:
