@@ -240,12 +240,22 @@ class _Buffers:
                 held = block_buffer(nbytes)
         return at_phase(held, phase or 0, like.dtype, like.size), held
 
+    def close(self) -> None:
+        """Drop the buffers held (their memory goes when the last user lets go)."""
+        with self._lock:
+            self._free.clear()
+
     def give(self, held: np.ndarray, data: Any = None) -> None:
         """Take back the memory `held` of an array that :meth:`take` gave (from any thread)."""
         with self._lock:
             self._free.append(held)
             if len(self._free) > self.KEPT:
                 self._free.popleft()
+
+
+#: The output buffers of every streamed prune: tensors after the first reuse them (fresh
+#: memory is dear: it is faulted in page by page). Emptied when a prune ends.
+_BUFFERS = _Buffers()
 
 
 def _sample(targets: Sequence[Any], files: TensorFiles, keys: Callable[[Any, np.ndarray], np.ndarray]) -> np.ndarray:
@@ -286,7 +296,7 @@ class _Cut:
         k = method.count(total)
         self.stream = None
         self.key = 0
-        self.buffers = _Buffers()
+        self.buffers = _BUFFERS
         self.scratch = _Scratch()
         if k:
 
@@ -567,10 +577,11 @@ def _fold_by_chunks(
     """Write tensor `entry` folded chunk by chunk (of `size` entries) into reused
     buffers, ``keep(raw, start)`` the boolean mask of the chunk at flat index `start`;
     its number of zeros."""
-    t, buffers, zeros, start = entry.value, _Buffers(), 0, 0
+    t, buffers, zeros, start = entry.value, _BUFFERS, 0, 0
     for raw in files.chunks(t, size):
+        mask = keep(raw, start)  # before a buffer is taken: the last one written is back by then
         out, held = buffers.take(raw, sink.phase(t.name))
-        out = fold(raw, keep(raw, start), t.code, out=out)
+        out = fold(raw, mask, t.code, out=out)
         start += raw.size
         zeros += zero_count(out, t.code)
         sink.write(t.name, out, functools.partial(buffers.give, held))
@@ -699,7 +710,7 @@ def prune_stored(
     if cut is None and scores_for is None:
         ahead = _CutsAhead([e for e in targets if replaced is None or e.name not in replaced], files, method_for)
     closing_ahead = contextlib.closing(ahead) if ahead is not None else contextlib.nullcontext()
-    with closing_ahead, BackgroundWrites(writers) as sink:
+    with closing_ahead, contextlib.closing(_BUFFERS), BackgroundWrites(writers) as sink:
         for entry in (progress or (lambda items, desc: items))(list(plan), "pruning"):
             t = entry.value
             if not entry.prune:
