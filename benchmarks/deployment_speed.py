@@ -143,9 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         med = statistics.median(samples[n])
         out = sessions[n].run(None, {"x": x})[0]
         diff = float(np.abs(out - reference).max())
-        lines.append(
-            f"| {n} | {_params(m):,} | {_zeros(m):.1%} | {med * 1e3:.1f} | {med / base:.2f}x | {diff:.3g} |"
-        )
+        lines.append(f"| {n} | {_params(m):,} | {_zeros(m):.1%} | {med * 1e3:.1f} | {med / base:.2f}x | {diff:.3g} |")
     lines += [
         "",
         "## PyTorch CPU: one Linear 4096 -> 4096, batch 64",
