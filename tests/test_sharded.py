@@ -488,14 +488,16 @@ def test_other_files_copied_and_left(tmp_path, capsys):
     (src / ".gitattributes").write_text("*.safetensors filter=lfs")
     (src / "pytorch_model.bin").write_bytes(b"unpruned weights")
     (src / "original").mkdir()
+    (src / "original" / "consolidated.00.pth").write_bytes(b"unpruned weights")
     (tmp_path / "secret.txt").write_text("outside")
     os.symlink(tmp_path / "secret.txt", src / "notes.txt")
     assert cli("prune", src, "-o", tmp_path / "out", "--amount", "0.5") == 0
     said = capsys.readouterr().out
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert written == sorted([*OTHER_FILES, "model.safetensors.index.json", "model-00001-of-00002.safetensors",
-                              "model-00002-of-00002.safetensors"])
-    for fragment in (".gitattributes (hidden)", "original/ (a folder)", "pytorch_model.bin (weights",
+                              "model-00002-of-00002.safetensors", "original"])
+    assert list((tmp_path / "out" / "original").iterdir()) == []
+    for fragment in (".gitattributes (hidden)", "original/consolidated.00.pth (weights", "pytorch_model.bin (weights",
                      "notes.txt (a symlink leading outside"):
         assert fragment in said
 

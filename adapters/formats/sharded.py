@@ -35,10 +35,15 @@ folder may lead into the ``blobs`` folder of its own cache repository
 (:func:`~.files.cache_blobs`), nowhere else out of the folder. The output is regular
 files; the blobs are only read.
 
-Other files: the regular files at the top of the folder are copied unchanged, except
-hidden ones (``.name``), weight files the index does not list (``*.safetensors``,
-``*.bin``, ``*.pt``, ... : they would carry the unpruned weights) and symlinks leading
-out of the folder; sub-folders are not copied. :attr:`ShardedCheckpoint.left` says what
+Sub-folders (a sentence-transformers model's ``1_Pooling/``, ``2_Dense/``) are walked:
+each ``*.safetensors`` file in one is a shard of its own, not in the index, whose tensors
+are named ``FOLDER/NAME`` (``2_Dense/linear.weight``) in :attr:`ShardedCheckpoint.tensors`
+and written back under their own names.
+
+Other files: the regular files of the folder and its sub-folders are copied unchanged,
+except hidden ones (``.name``), weight files the index does not list (``*.bin``,
+``*.pt``, ``*.onnx``, ... : they would carry the unpruned weights), symlinks leading out
+of the folder and anything but regular files. :attr:`ShardedCheckpoint.left` says what
 was left and why.
 
 :func:`prune_checkpoint` prunes a sharded checkpoint or a single safetensors file in
@@ -49,6 +54,7 @@ prunes with :mod:`arrayprune.adapters.stream_pruning`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -207,9 +213,16 @@ class ShardedCheckpoint:
         for name, shard in weight_map.items():
             if name not in found[shard]:
                 raise FormatError(self.index, f"tensor {name!r} is listed in {shard}, which does not hold it")
+        self.folders, self.files, self.left, nested = self._other_files()
+        for shard in nested:  # a sub-folder's weights: a shard of their own, named FOLDER/NAME
+            folder = shard.rsplit("/", 1)[0] + "/"
+            self.metadata[shard], tensors = stored_tensors(os.path.join(self.folder, *shard.split("/")))
+            for name, t in tensors.items():
+                holders[folder + name] = [shard]
+                found.setdefault(shard, {})[folder + name] = dataclasses.replace(t, name=folder + name)
+            self.shards.append(shard)
         self.shard_of = {name: where[0] for name, where in holders.items()}
         self.tensors = {name: found[self.shard_of[name]][name] for name in sorted(holders)}
-        self.files, self.left = self._other_files()
 
     def _shard_path(self, shard: str) -> str:
         where = self.index or self.folder
@@ -224,24 +237,42 @@ class ShardedCheckpoint:
             raise FormatError(where, f"shard {shard!r}: {_WHERE.get(str(problem), problem)}")
         return real
 
-    def _other_files(self) -> tuple[list[str], list[str]]:
+    def _other_files(self) -> tuple[list[str], list[str], list[str], list[str]]:
+        """The sub-folders, the files copied, those left (with why) and the safetensors
+        files of sub-folders (their own shards), as paths relative to the folder."""
         ours = {*self.shards, os.path.basename(self.index)}  # "" when there is no index
-        files, left = [], []
-        for name in sorted(os.listdir(self.folder)):
-            if name in ours:
-                continue
-            path = os.path.join(self.folder, name)
-            if name.startswith("."):
-                left.append(f"{name} (hidden)")
-            elif os.path.isdir(path):
-                left.append(f"{name}/ (a folder)")
-            elif name.lower().endswith(WEIGHT_SUFFIXES):
-                left.append(f"{name} (weights the index does not list)")
-            elif (problem := resolve_inside(self.folder, name, blobs=self.blobs)[1]) is not None:
-                left.append(f"{name} ({_WHERE.get(problem, problem)})")
-            else:
-                files.append(name)
-        return files, left
+        folders: list[str] = []
+        files: list[str] = []
+        left: list[str] = []
+        nested: list[str] = []
+        pending = [""]
+        while pending:
+            here = pending.pop(0)
+            for name in sorted(os.listdir(os.path.join(self.folder, here) if here else self.folder)):
+                rel = here + name
+                if rel in ours:
+                    continue
+                path = os.path.join(self.folder, *rel.split("/"))
+                problem = resolve_inside(self.folder, rel, blobs=self.blobs)[1]
+                if name.startswith("."):
+                    left.append(f"{rel} (hidden)")
+                elif problem in ("symlink", "outside", "absolute", "missing"):
+                    left.append(f"{rel} ({_WHERE.get(problem, problem)})")
+                elif os.path.isdir(path):
+                    if os.path.islink(path):
+                        left.append(f"{rel}/ (a symlink to a folder)")
+                    else:
+                        folders.append(rel)
+                        pending.append(rel + "/")
+                elif here and name.lower().endswith(".safetensors") and problem is None:
+                    nested.append(rel)
+                elif name.lower().endswith(WEIGHT_SUFFIXES):
+                    left.append(f"{rel} (weights the index does not list)")
+                elif problem is not None:
+                    left.append(f"{rel} ({_WHERE.get(problem, problem)})")
+                else:
+                    files.append(rel)
+        return folders, files, left, nested
 
     def write(
         self,
@@ -285,12 +316,17 @@ class ShardedCheckpoint:
             return self._write_one_file(dst, fill)
         names = self.written()
         with replace_folder(dst) as tmp:
+            for folder in self.folders:
+                os.mkdir(os.path.join(tmp, *folder.split("/")))
             with contextlib.ExitStack() as stack:
-                handles = [stack.enter_context(open(os.path.join(tmp, n), "xb")) for n in self.shards]
-                writers = {}
+                handles = [stack.enter_context(open(os.path.join(tmp, *n.split("/")), "xb")) for n in self.shards]
+                writers: dict[str, Any] = {}
                 for shard, f in zip(self.shards, handles, strict=True):
                     mine = [t for name, t in tensors.items() if self.shard_of[name] == shard]
-                    writers[shard] = TensorWriter(f, self.metadata[shard], mine)
+                    prefix = shard[: shard.rfind("/") + 1]  # a sub-folder's shard stores names without it
+                    local = [dataclasses.replace(t, name=t.name[len(prefix) :]) for t in mine] if prefix else mine
+                    writer = TensorWriter(f, self.metadata[shard], local)
+                    writers[shard] = _LocalNames(writer, len(prefix)) if prefix else writer
                 result = fill({name: writers[self.shard_of[name]] for name in self.tensors})
                 for shard, f in zip(self.shards, handles, strict=True):
                     writers[shard].finish()
@@ -298,13 +334,14 @@ class ShardedCheckpoint:
                     files._step(f"shard {shard}")
             for name in names[len(self.shards) :]:
                 if name in contents:
-                    with open(os.path.join(tmp, name), "xb") as f:
+                    with open(os.path.join(tmp, *name.split("/")), "xb") as f:
                         f.write(contents[name])
                         f.flush()
                         os.fsync(f.fileno())
                     files._step(f"write {name}")
                     continue
-                with _open_regular(os.path.join(self.folder, name)) as src, open(os.path.join(tmp, name), "xb") as f:
+                source, target = os.path.join(self.folder, *name.split("/")), os.path.join(tmp, *name.split("/"))
+                with _open_regular(source) as src, open(target, "xb") as f:
                     shutil.copyfileobj(src, f, 1 << 20)
                     f.flush()
                     os.fsync(f.fileno())
@@ -323,6 +360,22 @@ class ShardedCheckpoint:
     def written(self) -> list[str]:
         """The names :meth:`write` writes, in order."""
         return [*self.shards, *self.files, *([os.path.basename(self.index)] if self.index else [])]
+
+
+class _LocalNames:
+    """The writer of a sub-folder's shard, taking the checkpoint's ``FOLDER/NAME`` names."""
+
+    def __init__(self, writer: TensorWriter, cut: int):
+        self._writer, self._cut = writer, cut
+
+    def write(self, name: str, data: Any) -> None:
+        self._writer.write(name[self._cut :], data)
+
+    def phase(self, name: str, done: int) -> int | None:
+        return self._writer.phase(name[self._cut :], done)
+
+    def finish(self) -> None:
+        self._writer.finish()
 
 
 def writes_one_file(dst: Any) -> bool:

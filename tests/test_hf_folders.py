@@ -1,0 +1,104 @@
+"""Hugging Face and sentence-transformers folders: sub-folders, messages, provenance, full disks."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from test_sharded import _minilm_folder, cli, in_memory  # noqa: F401
+
+torch = pytest.importorskip("torch")
+st = pytest.importorskip("sentence_transformers")
+from safetensors.torch import load_file as load_torch  # noqa: E402
+
+SENTENCES = ["A man is eating food.", "The new movie is awesome.", "Pruning removes weights.", "Hello world"]
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def _sentence_model(folder):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return st.SentenceTransformer(str(folder), device="cpu")
+
+
+def test_pruned_sentence_transformers_folder_loads_and_matches_the_tensors(tmp_path, capsys):
+    folder = _minilm_folder(tmp_path)
+    assert (folder / "1_Pooling" / "config.json").is_file()
+    assert cli("prune", folder, "-o", tmp_path / "m50", "--amount", "0.5", "--global") == 0
+    said = capsys.readouterr().out
+    assert "wrote 9 files to" in said and "1 weights file, 8 other files copied" in said, said
+    assert "shards" not in said and "index" not in said
+    assert (tmp_path / "m50" / "1_Pooling" / "config.json").read_bytes() == (
+        folder / "1_Pooling" / "config.json"
+    ).read_bytes()
+
+    dense = _sentence_model(folder)
+    want = dense.encode(SENTENCES, convert_to_numpy=True)
+    pruned, _ = in_memory(load_torch(str(folder / "model.safetensors")), 0.5)
+    transformer = dense[0].auto_model
+    state = transformer.state_dict()
+    assert set(pruned) <= set(state)
+    transformer.load_state_dict({**state, **pruned})
+    by_tensors = _cosine(dense.encode(SENTENCES, convert_to_numpy=True), want)
+
+    loaded = _sentence_model(tmp_path / "m50")
+    by_folder = _cosine(loaded.encode(SENTENCES, convert_to_numpy=True), want)
+    assert by_tensors.min() < 0.99  # pruning did change the embeddings
+    np.testing.assert_array_equal(by_folder, by_tensors)
+
+
+def test_dense_sub_folder_weights_are_pruned(tmp_path, capsys):
+    from sentence_transformers.models import Dense
+
+    folder = _minilm_folder(tmp_path)
+    torch.manual_seed(0)
+    (folder / "2_Dense").mkdir()
+    Dense(384, 64).save(str(folder / "2_Dense"))
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    stored = load_torch(str(folder / "2_Dense" / "model.safetensors"))
+    assert set(stored) == {"linear.weight", "linear.bias"}
+    assert cli("prune", folder, "-o", tmp_path / "out", "--amount", "0.5") == 0
+    said = capsys.readouterr().out
+    assert "2 weights files" in said, said
+    got = load_torch(str(tmp_path / "out" / "2_Dense" / "model.safetensors"))
+    assert set(got) == {"linear.weight", "linear.bias"}
+    w = stored["linear.weight"]
+    keep = w.abs().flatten().argsort(stable=True)[round(0.5 * w.numel()) :]
+    want = torch.zeros_like(w).flatten()
+    want[keep] = w.flatten()[keep]
+    assert torch.equal(got["linear.weight"], want.reshape(w.shape))
+    assert int((got["linear.weight"] == 0).sum()) == w.numel() // 2
+    assert torch.equal(got["linear.bias"], stored["linear.bias"])  # biases stay
+    config = "2_Dense/config.json"
+    assert (tmp_path / "out" / config).read_bytes() == (folder / config).read_bytes()
+    loaded = _sentence_model(tmp_path / "out")
+    assert torch.equal(loaded[2].linear.weight.detach(), got["linear.weight"])
+    assert loaded.encode(SENTENCES, convert_to_numpy=True).shape == (len(SENTENCES), 64)
+
+
+def test_sub_folder_links_and_weights_are_not_copied(tmp_path, capsys):
+    import os
+
+    folder = _minilm_folder(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "secret.txt").write_text("outside")
+    os.symlink(tmp_path / "elsewhere", folder / "linked")
+    os.symlink(tmp_path / "elsewhere" / "secret.txt", folder / "1_Pooling" / "notes.txt")
+    (folder / "onnx").mkdir()
+    (folder / "onnx" / "model.onnx").write_bytes(b"unpruned weights")
+    os.mkfifo(folder / "1_Pooling" / "pipe")
+    assert cli("prune", folder, "-o", tmp_path / "out", "--amount", "0.5") == 0
+    said = capsys.readouterr().out
+    for fragment in ("linked (a symlink leading outside", "1_Pooling/notes.txt (a symlink leading outside",
+                     "onnx/model.onnx (weights the index does not list)", "1_Pooling/pipe (not a regular file"):
+        assert fragment in said, said
+    out = tmp_path / "out"
+    assert not (out / "linked").exists() and not (out / "onnx" / "model.onnx").exists()
+    assert sorted(p.name for p in (out / "1_Pooling").iterdir()) == ["config.json"]
