@@ -194,6 +194,23 @@ def _owl_scores(spec: Any, storage: Any, targets: list[Any], norms: Mapping | No
     return scores
 
 
+def _owl_uniform_note(spec: Any, scores: list[Any], calibrated: bool) -> str | None:
+    """The note when OWL finds the same outlier ratio in every weight (its allocation is then uniform)."""
+    m = arrayprune.allocation.OWL_M if spec.owl_m is None else spec.owl_m
+    ratios = {arrayprune.outlier_ratio(x, m) for x in scores}
+    if len(ratios) != 1:
+        return None
+    ratio = next(iter(ratios))
+    what = "Wanda's scores" if calibrated else "magnitudes alone (no --calibration or --input-norms)"
+    return (
+        f"--allocation owl: every weight has the same outlier ratio ({100 * ratio:.2f}% of its scores above "
+        f"{m:g} x their mean) on {what}, so every weight gets the same sparsity (uniform): "
+        + "to spread it, give "
+        + ("--calibration (or --input-norms) for Wanda's scores, or " if not calibrated else "")
+        + "a smaller --owl-m (more entries count as outliers)"
+    )
+
+
 def _scan_curves(spec: Any, targets: list[Any]) -> tuple[list[list[float]], Any, list[str]]:
     """The curves of the targets from the scan file, the scan, and what to note about them."""
     from arrayprune.adapters.scan import ScanResult
@@ -259,6 +276,8 @@ def allocate(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None,
             counts = arrayprune.owl_allocation(
                 scores, spec.amount, **{k: v for k, v in owl.items() if v is not None}, **bounds
             )
+            uniform = _owl_uniform_note(spec, scores, norms is not None or spec.method in RECONSTRUCTIONS)
+            notes.extend([uniform] if uniform else [])
         else:
             curves, scan, notes = _scan_curves(spec, targets)
             sparsities = scan.sparsities

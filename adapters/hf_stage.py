@@ -22,7 +22,7 @@ import numpy as np
 
 from arrayprune.adapters.hf_calibration import calibrate_checkpoint, hf_folder, workdir_beside
 
-__all__ = ["calibrated", "given_hessians", "input_refusal"]
+__all__ = ["calibrated", "calibration_needed", "given_hessians", "input_refusal"]
 
 
 def input_refusal(spec: Any, src: str, kind: str) -> str | None:
@@ -36,6 +36,21 @@ def input_refusal(spec: Any, src: str, kind: str) -> str | None:
             + ("" if _reconstructs(spec) else " (or use --input-norms)")
         )
     return None
+
+
+def calibration_needed(method: str, src: str) -> str:
+    """Why `method` cannot run on the safetensors input `src` without calibration, and how to give it."""
+    if hf_folder(os.fspath(src)) is not None:
+        return (
+            f"--method {method} needs calibration data on this Hugging Face folder: give --calibration tokens.npz "
+            "(token ids, input_ids [batch, seq]; the model runs through transformers layer by layer), "
+            "or --hessians hessians.npz (weight name -> K x K)"
+        )
+    return (
+        f"--method {method} needs calibration data on this safetensors input: give --hessians hessians.npz "
+        "(weight name -> K x K), or --calibration tokens.npz with a Hugging Face folder (config.json beside "
+        "the weights) as IN"
+    )
 
 
 def _reconstructs(spec: Any) -> bool:

@@ -326,7 +326,7 @@ def run_checkpoint_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> A
     written = PruneSummary(pruned=pruned, whole=whole, files=done.files, left=done.left)
     shrunk = ShrinkResult(done.groups, spec.amount, done.kept, done.params_before, done.params_after)
     sizes_before = {**done.groups.sizes, "head_dim": done.groups.sizes.get("head_dim")}
-    changes = ", ".join(f"{k} {sizes_before.get(k, v)} -> {v}" for k, v in done.config.items())
+    changes = ", ".join(f"{k} {sizes_before[k]} -> {v}" for k, v in done.config.items() if sizes_before.get(k, v) != v)
     notes = [*_notes(spec), f"{CONFIG_NAME} rewritten: {changes}"]
     return PruneResult(
         src, dst, kind, spec, [], written, shards=len(ckpt.shards), copied=len(ckpt.files) - 1, notes=notes,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from arrayprune.adapters.formats.sharded import INDEX_SUFFIX
 from arrayprune.adapters.pipeline import Hooks, PruneResult, run
 from arrayprune.adapters.plan import format_plan
 from arrayprune.adapters.request import PruneSpec
@@ -110,7 +111,7 @@ def _print_files(result: PruneResult) -> None:
     if written.files == [result.dst]:
         print(f"wrote one safetensors file holding the tensors of {result.shards} shards; other files not copied")
         return
-    indexed = result.kind == "sharded safetensors"  # a "safetensors folder" has no index
+    indexed = any(f.endswith(INDEX_SUFFIX) for f in written.files)  # a folder of one safetensors file has none
     parts = [_count(result.shards, "shard" if indexed else "weights file")]
     if result.copied:
         parts.append(f"{_count(result.copied, 'other file')} copied")
