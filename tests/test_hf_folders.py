@@ -7,7 +7,9 @@ import warnings
 
 import numpy as np
 import pytest
-from test_sharded import _minilm_folder, cli, in_memory  # noqa: F401
+from test_sharded import _minilm_folder, cli, in_memory, llama_tensors, write_checkpoint
+
+from cli_helpers import EXAMPLE, assert_error, run
 
 torch = pytest.importorskip("torch")
 st = pytest.importorskip("sentence_transformers")
@@ -102,3 +104,70 @@ def test_sub_folder_links_and_weights_are_not_copied(tmp_path, capsys):
     out = tmp_path / "out"
     assert not (out / "linked").exists() and not (out / "onnx" / "model.onnx").exists()
     assert sorted(p.name for p in (out / "1_Pooling").iterdir()) == ["config.json"]
+
+
+# --------------------------------------------------------------------------------------
+# Messages
+# --------------------------------------------------------------------------------------
+
+
+def test_sparsegpt_without_calibration_on_a_hf_folder_says_how_to_give_it(tmp_path):
+    folder = _minilm_folder(tmp_path)
+    line = assert_error(
+        run("prune", folder, "-o", tmp_path / "out", "--method", "sparsegpt", "--amount", "0.5"),
+        "--method sparsegpt needs calibration data on this Hugging Face folder",
+        "--calibration tokens.npz",
+        "--hessians hessians.npz",
+    )
+    assert "ONNX" not in line
+    line = assert_error(
+        run("prune", folder / "model.safetensors", "-o", tmp_path / "o.safetensors", "--method", "sparsegpt",
+            "--amount", "0.5"),
+        "needs calibration data",
+    )
+    assert "ONNX" not in line
+    assert not (tmp_path / "out").exists() and not (tmp_path / "o.safetensors").exists()
+
+
+def test_files_line_counts_in_words(tmp_path, capsys):
+    src = write_checkpoint(tmp_path / "in", llama_tensors(layers=1), 2, other={"config.json": b"{}"})
+    assert cli("prune", src, "-o", tmp_path / "out", "--amount", "0.5") == 0
+    said = capsys.readouterr().out
+    assert f"wrote 4 files to {tmp_path / 'out'}: 2 shards, 1 other file copied, the index last" in said, said
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    tr = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = tr.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, head_dim=8,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("llama") / "dense"
+    tr.LlamaForCausalLM(cfg).save_pretrained(path, max_shard_size="20KB")
+    return path
+
+
+def test_shrink_note_lists_only_what_changes(llama, tmp_path):
+    proc = run("prune", llama, "-o", tmp_path / "heads", "--shrink", "--method", "ln_structured", "--amount", "0.5",
+               "--groups", "heads")
+    assert proc.returncode == 0, proc.stderr
+    note = next(line for line in proc.stderr.splitlines() if "config.json rewritten" in line)
+    assert "num_key_value_heads 2 -> 1" in note and "num_attention_heads 4 -> 2" in note, note
+    assert "head_dim" not in note, note
+    assert json.loads((tmp_path / "heads" / "config.json").read_text())["head_dim"] == 8
+
+
+def test_owl_without_calibration_notes_why_it_is_uniform(tmp_path):
+    proc = run("prune", EXAMPLE, "-o", tmp_path / "o.onnx", "--amount", "0.5", "--allocation", "owl")
+    assert proc.returncode == 0, proc.stderr
+    assert "fc1.weight    50.00%" in proc.stdout and "fc2.weight    50.00%" in proc.stdout
+    notes = [line for line in proc.stderr.splitlines() if "--allocation owl" in line]
+    assert len(notes) == 1 and notes[0].startswith("arrayprune: note: "), proc.stderr
+    for fragment in ("same outlier ratio (0.00%", "5 x their mean", "magnitudes alone", "uniform", "--calibration",
+                     "--owl-m"):
+        assert fragment in notes[0], notes[0]
+    spread = run("prune", EXAMPLE, "-o", tmp_path / "s.onnx", "--amount", "0.5", "--allocation", "owl", "--owl-m", "2")
+    assert spread.returncode == 0 and "uniform" not in spread.stderr
+    assert "fc3.weight    42.03%" in spread.stdout
