@@ -46,6 +46,7 @@ from typing import Any
 import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
+from arrayprune.adapters import provenance
 from arrayprune.adapters.calibration import (
     BATCH_SIZE,
     onnx_input_norms,
@@ -438,8 +439,9 @@ def _write_whole(
     spec: PruneSpec,
     norms: Mapping | None,
     hooks: Hooks,
+    made: Mapping[str, str] | None = None,
 ) -> PruneSummary:
-    """Prune in memory, write `dst` atomically, count the zeros of what was written."""
+    """Prune in memory, write `dst` atomically (with the provenance record `made`), count the zeros written."""
     src, params = storage.src, storage.params
     if spec.method in RECONSTRUCTIONS:  # weights pruned and updated (reconstruct_stage)
         folded = out_params = reconstruct(storage, targets, spec, hooks, lambda t, s: _global_masks(t, s, src, hooks))
@@ -450,7 +452,9 @@ def _write_whole(
         out_params = masked if spec.keep_masks else folded
     else:
         folded = out_params = _prune_folded(params, targets, spec, src, norms, hooks)
-    fmt.save(dst, out_params, out_format, like=storage.wf)
+    wf = storage.wf
+    like = fmt.WeightFile(wf.path, wf.format, wf.params, {**wf.context, "provenance": made}) if made else wf
+    fmt.save(dst, out_params, out_format, like=like)
 
     rows = report_rows(folded, storage=False, roles=storage.roles)  # one count of zeros per tensor
     selected = {t.name for t in targets}
@@ -471,8 +475,9 @@ def _write_streamed(
     spec: PruneSpec,
     norms: Mapping | None,
     hooks: Hooks,
+    made: Mapping[str, str] | None = None,
 ) -> PruneSummary:
-    """Prune tensor by tensor in bounded memory while the checkpoint writes `dst` atomically."""
+    """Prune tensor by tensor in bounded memory while the checkpoint writes `dst` atomically (with `made`)."""
     global_method = spec.method_class()(**method_arguments(spec, stream_seed(spec.seed))) if spec.global_ else None
     if global_method is not None:
         hooks.stage(_threshold_stage(targets) + " (one pass per 16 bits of the keys), then writing")
@@ -488,6 +493,7 @@ def _write_streamed(
                 global_method=global_method,
                 progress=hooks.progress,
                 replaced=replaced,
+                made=made,
             )
         except _FAILURES as exc:
             raise PruneError(f"{'global pruning: ' if spec.global_ else ''}{error_text(exc)}", storage.src) from None
@@ -739,13 +745,14 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     prepared = verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written
     result = PruneResult(src, dst, storage.kind, spec, plan, notes=_notes(spec))
     shared = spec if not spec.allocation else _allocate(spec, storage, targets, src, hooks, result, norms)
+    made = provenance.record(spec)
     if isinstance(storage, StreamedCheckpoint):
-        written = _write_streamed(storage, dst, plan, targets, shared, norms, hooks)
+        written = _write_streamed(storage, dst, plan, targets, shared, norms, hooks, made)
         tied = 0
     else:
         if out_format is None:  # a whole file has one: _open_file chose it
             raise PruneError("no output format for OUT", dst)
-        written = _write_whole(storage, dst, out_format, targets, shared, norms, hooks)
+        written = _write_whole(storage, dst, out_format, targets, shared, norms, hooks, made)
         tied = sum(len(t.tied) for t in targets)
     result.written, result.tied = written, tied
     warning = nearly_empty_warning(spec, written.by_tensor)

@@ -755,6 +755,7 @@ def prune_source(
     global_method: Any = None,
     progress: Progress | None = None,
     replaced: Mapping[str, Callable[[], np.ndarray]] | None = None,
+    made: Mapping[str, str] | None = None,
 ) -> PruneSummary:
     """:func:`prune_stored` from a checkpoint to `dst`, written atomically by the checkpoint.
 
@@ -766,6 +767,8 @@ def prune_source(
         The output file (or folder, for a sharded checkpoint).
     plan, method_for, scores_for, global_method, progress, replaced
         As for :func:`prune_stored`.
+    made : mapping of str to str, optional
+        The provenance record written with the output (:mod:`arrayprune.adapters.provenance`).
 
     Returns
     -------
@@ -790,6 +793,7 @@ def prune_source(
                     progress=progress,
                     replaced=replaced,
                 ),
+                made=made,
             )
     except OSError as exc:  # a full disk, a folder that cannot be written: nothing was written
         raise FormatError(dst, f"cannot write: {exc.strerror or _describe(exc)}") from None

@@ -177,11 +177,15 @@ def _safetensors_views(path: str, header: Header) -> dict[str, np.ndarray]:
 
 
 def save(path: str, params: Mapping, like: WeightFile | None) -> None:
-    """Write a safetensors file with the metadata of `like`; atomically."""
+    """Write a safetensors file with the metadata of `like` (and its provenance record); atomically."""
+    from arrayprune.adapters.provenance import with_record
+
     arrays = _flat_arrays(path, params, "safetensors")
     metadata = None
     if like is not None and like.format == "safetensors":
         metadata = dict(like.context.get("metadata") or {}) or None
+    if like is not None and like.context.get("provenance"):
+        metadata = with_record(metadata, like.context["provenance"])
     use_torch = any(type(v).__module__.split(".")[0] == "torch" for v in arrays.values())
     if use_torch:
         st_save = import_optional("safetensors.torch", path, "writing safetensors files").save

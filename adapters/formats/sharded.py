@@ -60,6 +60,8 @@ import shutil
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from arrayprune.adapters.provenance import KEY, with_record
+
 from . import files
 from .errors import FormatError
 from .files import _open_regular, cache_blobs, read_json, replace_folder, resolve_inside
@@ -86,6 +88,9 @@ INDEX_MAX_BYTES = 64 << 20
 WEIGHT_SUFFIXES = (
     ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf", ".npz", ".data", ".index.json",
 )
+
+#: A Hugging Face folder's model configuration, which receives the provenance record.
+CONFIG = "config.json"
 
 R = TypeVar("R")
 
@@ -281,6 +286,7 @@ class ShardedCheckpoint:
         *,
         tensors: Mapping[str, StoredTensor] | None = None,
         contents: Mapping[str, bytes] | None = None,
+        made: Mapping[str, str] | None = None,
     ) -> R:
         """Write the checkpoint to folder `dst` as a whole: shards filled by ``fill(writers)``, then the rest.
 
@@ -305,15 +311,21 @@ class ShardedCheckpoint:
         contents : mapping of str to bytes, optional
             Other files (the index, ``config.json``) written with these bytes instead of
             copied.
+        made : mapping of str to str, optional
+            A provenance record (:mod:`arrayprune.adapters.provenance`): it joins every
+            shard's metadata and, under its key, the top ``config.json`` (a JSON object)
+            unless `contents` gives that file.
         """
         if tensors is not None and set(tensors) != set(self.tensors):
             raise ValueError("the tensors written must have the names of the checkpoint's tensors")
         tensors = self.tensors if tensors is None else tensors
-        contents = contents or {}
+        contents = dict(contents or {})
         if writes_one_file(dst):
             if tensors is not self.tensors or contents:
                 raise ValueError("new shapes or files are written to a folder, not one .safetensors file")
-            return self._write_one_file(dst, fill)
+            return self._write_one_file(dst, fill, made)
+        if made and CONFIG in self.files and CONFIG not in contents:
+            contents[CONFIG] = self._config_with(made)
         names = self.written()
         with replace_folder(dst) as tmp:
             for folder in self.folders:
@@ -325,7 +337,7 @@ class ShardedCheckpoint:
                     mine = [t for name, t in tensors.items() if self.shard_of[name] == shard]
                     prefix = shard[: shard.rfind("/") + 1]  # a sub-folder's shard stores names without it
                     local = [dataclasses.replace(t, name=t.name[len(prefix) :]) for t in mine] if prefix else mine
-                    writer = TensorWriter(f, self.metadata[shard], local)
+                    writer = TensorWriter(f, with_record(self.metadata[shard], made), local)
                     writers[shard] = _LocalNames(writer, len(prefix)) if prefix else writer
                 result = fill({name: writers[self.shard_of[name]] for name in self.tensors})
                 for shard, f in zip(self.shards, handles, strict=True):
@@ -348,14 +360,22 @@ class ShardedCheckpoint:
                 files._step(f"copy {name}")
         return result
 
-    def _write_one_file(self, dst: str, fill: Callable[[Mapping[str, TensorWriter]], R]) -> R:
+    def _write_one_file(
+        self, dst: str, fill: Callable[[Mapping[str, TensorWriter]], R], made: Mapping[str, str] | None
+    ) -> R:
         """Write every tensor into one safetensors file `dst`, atomically (bounded memory).
 
-        Its metadata is what all shards' metadata have in common.
+        Its metadata is what all shards' metadata have in common, and the record `made`.
         """
         first, *rest = (self.metadata[s] for s in self.shards)
         metadata = {k: v for k, v in first.items() if all(m.get(k) == v for m in rest)}
-        return SafetensorsFile.write_tensors(dst, metadata, self.tensors, fill)
+        return SafetensorsFile.write_tensors(dst, with_record(metadata, made), self.tensors, fill)
+
+    def _config_with(self, made: Mapping[str, str]) -> bytes:
+        """The folder's ``config.json`` with the provenance record under its key, as ``transformers`` writes it."""
+        from arrayprune.adapters.roles.hf_config import config_bytes, read_config
+
+        return config_bytes({**(read_config(self.folder) or {}), KEY: dict(made)})
 
     def written(self) -> list[str]:
         """The names :meth:`write` writes, in order."""
