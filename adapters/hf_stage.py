@@ -89,12 +89,15 @@ def calibrated(
         return given_hessians(storage, targets, spec, stack)
     if not spec.calibration:
         return None
+    from arrayprune.adapters.formats.errors import write_failure
     from arrayprune.adapters.request import PruneError, error_text, optional_module
 
     optional_module("transformers", "transformers", "--calibration on a Hugging Face checkpoint")
-    workdir = stack.enter_context(workdir_beside(dst))
     try:
+        workdir = stack.enter_context(workdir_beside(dst))
         return calibrate_checkpoint(storage, targets, spec, hooks, workdir, _masking)
+    except OSError as exc:  # a full disk beside OUT: the folder of pruned layers goes with `stack`
+        raise write_failure(dst, exc) from None
     except (ValueError, TypeError, RuntimeError, IndexError) as exc:  # the model's own errors too
         raise PruneError(f"--calibration: {error_text(exc)}", storage.src) from None
 

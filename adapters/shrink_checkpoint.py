@@ -46,7 +46,7 @@ from arrayprune.groups import choose_channels, group_scores
 
 from . import provenance
 from .formats import sharded
-from .formats.errors import FormatError
+from .formats.errors import FormatError, write_failure
 from .formats.safetensors_stream import StoredTensor, TensorFiles, TensorWriter
 from .provenance import KEY
 from .roles.hf_config import CONFIG_NAME, config_bytes, read_config
@@ -322,6 +322,8 @@ def run_checkpoint_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> A
         )  # fmt: skip
     except HfGroupsError as exc:
         raise PruneError(f"--shrink: {exc}", src) from None
+    except OSError as exc:  # a full disk: the new folder is gone, OUT as it was
+        raise write_failure(dst, exc) from None
     members = {m.key for g in done.groups.groups for m in g.members}
     sizes = {n: int(np.prod(shape)) for n, shape in _shapes(ckpt, done).items()}
     pruned, whole = Totals(), Totals()

@@ -69,7 +69,7 @@ import numpy as np
 from arrayprune.adapters.formats import safetensors_stream
 from arrayprune.adapters.formats.arrays import to_numpy
 from arrayprune.adapters.formats.direct_writes import BLOCK, at_phase, block_buffer
-from arrayprune.adapters.formats.errors import FormatError, _describe
+from arrayprune.adapters.formats.errors import FormatError, write_failure
 from arrayprune.adapters.formats.safetensors_stream import BackgroundWrites, TensorFiles, TensorWriter, zero_count
 from arrayprune.method_parts import N_OF_M, pattern_of, score_of
 from arrayprune.selection import radix
@@ -796,6 +796,6 @@ def prune_source(
                 made=made,
             )
     except OSError as exc:  # a full disk, a folder that cannot be written: nothing was written
-        raise FormatError(dst, f"cannot write: {exc.strerror or _describe(exc)}") from None
+        raise write_failure(dst, exc) from None
     except MemoryError:
         raise FormatError(dst, "out of memory while pruning") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import warnings
 
@@ -171,3 +172,62 @@ def test_owl_without_calibration_notes_why_it_is_uniform(tmp_path):
     spread = run("prune", EXAMPLE, "-o", tmp_path / "s.onnx", "--amount", "0.5", "--allocation", "owl", "--owl-m", "2")
     assert spread.returncode == 0 and "uniform" not in spread.stderr
     assert "fc3.weight    42.03%" in spread.stdout
+
+
+# --------------------------------------------------------------------------------------
+# A full disk
+# --------------------------------------------------------------------------------------
+
+
+def _full_disk(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _one_line_error(capsys, *fragments):
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("arrayprune: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def _entries(folder):
+    return sorted((str(p.relative_to(folder)), p.read_bytes() if p.is_file() else None) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("step", ["shard", "copy"])
+def test_full_disk_during_hf_shrink_is_one_line(llama, tmp_path, capsys, monkeypatch, step):
+    import shutil
+
+    from arrayprune.adapters.cli import main
+    from arrayprune.adapters.formats import safetensors_stream
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text("old")
+    before, parent = _entries(out), sorted(p.name for p in tmp_path.iterdir())
+    if step == "shard":
+        monkeypatch.setattr(safetensors_stream.TensorWriter, "write", _full_disk)
+    else:
+        monkeypatch.setattr(shutil, "copyfileobj", _full_disk)
+    code = main(["prune", str(llama), "-o", str(out), "--shrink", "--method", "ln_structured", "--amount", "0.5",
+                 "--force"])
+    assert code == 2
+    _one_line_error(capsys, str(out), "No space left on device")
+    assert _entries(out) == before, "OUT intact"
+    assert sorted(p.name for p in tmp_path.iterdir()) == parent, "nothing left behind"
+
+
+def test_full_disk_during_calibrated_sparsegpt_is_one_line(llama, tmp_path, capsys, monkeypatch):
+    from arrayprune.adapters.cli import main
+
+    tokens = tmp_path / "tokens.npz"
+    np.savez(tokens, input_ids=np.random.default_rng(0).integers(0, 64, size=(4, 8)))
+    out = tmp_path / "out"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    monkeypatch.setattr(np, "save", _full_disk)  # the pruned layers wait in a folder beside OUT
+    code = main(["prune", str(llama), "-o", str(out), "--method", "sparsegpt", "--amount", "0.5", "--calibration",
+                 str(tokens)])
+    assert code == 2
+    _one_line_error(capsys, str(out), "No space left on device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "no OUT, nothing left behind"
