@@ -231,3 +231,80 @@ def test_full_disk_during_calibrated_sparsegpt_is_one_line(llama, tmp_path, caps
     assert code == 2
     _one_line_error(capsys, str(out), "No space left on device")
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "no OUT, nothing left behind"
+
+
+# --------------------------------------------------------------------------------------
+# Provenance
+# --------------------------------------------------------------------------------------
+
+
+def st_open(path):
+    import safetensors
+
+    return safetensors.safe_open(str(path), "np")
+
+
+def _record(**more):
+    import arrayprune
+
+    return {"version": arrayprune.__version__, **more}
+
+
+def test_provenance_in_config_survives_transformers(llama, tmp_path):
+    import hashlib
+
+    tr = pytest.importorskip("transformers")
+    tokens = tmp_path / "tokens.npz"
+    np.savez(tokens, input_ids=np.random.default_rng(0).integers(0, 64, size=(4, 8)))
+    out = tmp_path / "out"
+    proc = run("prune", llama, "-o", out, "--method", "sparsegpt", "--amount", "0.5", "--calibration", tokens)
+    assert proc.returncode == 0, proc.stderr
+    want = _record(method="sparsegpt", amount="0.5", calibration_sha256=hashlib.sha256(tokens.read_bytes()).hexdigest())
+    assert json.loads((out / "config.json").read_text())["arrayprune"] == want
+    dense = json.loads((llama / "config.json").read_text())
+    assert {k: v for k, v in json.loads((out / "config.json").read_text()).items() if k != "arrayprune"} == dense
+    for shard in out.glob("*.safetensors"):
+        with st_open(shard) as f:
+            assert json.loads(f.metadata()["arrayprune"]) == want
+    model, info = tr.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert all(not v for v in info.values()), info
+    assert model.config.arrayprune == want
+    model.save_pretrained(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["arrayprune"] == want
+    again = run("prune", llama, "-o", tmp_path / "out2", "--method", "sparsegpt", "--amount", "0.5", "--calibration",
+                tokens)
+    assert again.returncode == 0
+    assert _entries(tmp_path / "out2") == _entries(out), "the same command writes the same bytes"
+
+
+def test_provenance_of_a_shrunk_folder(llama, tmp_path):
+    proc = run("prune", llama, "-o", tmp_path / "heads", "--shrink", "--method", "ln_structured", "--amount", "0.5",
+               "--groups", "heads")
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads((tmp_path / "heads" / "config.json").read_text())
+    assert config["arrayprune"] == _record(method="ln_structured", amount="0.5", shrink="heads")
+    assert config["num_key_value_heads"] == 1
+
+
+def test_provenance_in_onnx_and_safetensors_metadata(tmp_path):
+    import onnx
+
+    out = tmp_path / "o.onnx"
+    assert run("prune", EXAMPLE, "-o", out, "--amount", "0.5", "--global").returncode == 0
+    props = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+    assert json.loads(props["arrayprune"]) == _record(method="l1_unstructured", amount="0.5", **{"global": "true"})
+    first = out.read_bytes()
+    assert run("prune", EXAMPLE, "-o", out, "--amount", "0.5", "--global", "--force").returncode == 0
+    assert out.read_bytes() == first, "no timestamp: the same bytes"
+
+    src = tmp_path / "m.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"fc.weight": torch.arange(16.0).reshape(4, 4)}, str(src), metadata={"format": "pt"})
+    for extra in ([], ["--keep-masks"]):  # streamed, and the in-memory writer
+        dst = tmp_path / f"p{len(extra)}.safetensors"
+        assert run("prune", src, "-o", dst, "--amount", "0.25", *extra).returncode == 0
+        with st_open(dst) as f:
+            meta = f.metadata()
+        assert meta["format"] == "pt"
+        assert json.loads(meta["arrayprune"]) == _record(method="l1_unstructured", amount="0.25")
