@@ -97,8 +97,12 @@ def as_text(made: Mapping[str, str]) -> str:
 
 
 def with_record(metadata: Mapping[str, str] | None, made: Mapping[str, str] | None) -> dict[str, str]:
-    """`metadata` (a file's string metadata) with the record under :data:`KEY`; unchanged without one."""
+    """`metadata` (a file's string metadata) with the record under :data:`KEY`; unchanged without one.
+
+    With the record, the keys are sorted, as the ``safetensors`` package writes them.
+    """
     out = dict(metadata or {})
     if made:
         out[KEY] = as_text(made)
+        out = dict(sorted(out.items()))
     return out
