@@ -169,15 +169,19 @@ class ShardedCheckpoint:
         For a Hugging Face cache snapshot, the cache repository's ``blobs`` folder,
         which the folder's symlinks may lead into (:func:`~.files.cache_blobs`).
     shards : list of str
-        Shard file names, in the order the index first names them.
+        Shard file names, in the order the index first names them, then the safetensors
+        files of sub-folders (``2_Dense/model.safetensors``).
     metadata : dict
         Shard name to its safetensors ``__metadata__``.
     tensors : dict
         Tensor name to :class:`~.safetensors_stream.StoredTensor`, sorted by name.
     shard_of : dict
         Tensor name to its shard's name.
+    folders : list of str
+        The sub-folders (paths relative to :attr:`folder`, ``/``-separated), created in
+        the output.
     files : list of str
-        The other files, copied unchanged.
+        The other files (relative paths), copied unchanged.
     left : list of str
         Files and folders not copied, each with the reason.
     """
