@@ -55,13 +55,13 @@ from arrayprune.adapters.calibration import (
 )
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.arrays import release_pages
-from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile
+from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile, TensorFiles
 from arrayprune.adapters.hf_stage import calibrated
 from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, stream_seed
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
 from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module, spec_from
 from arrayprune.adapters.roles.names import tree_roles
-from arrayprune.adapters.stream_pruning import PruneSummary, Totals, prune_source, streams
+from arrayprune.adapters.stream_pruning import PruneSummary, Totals, global_counts, prune_source, streams
 from arrayprune.adapters.summary import report_rows, totals
 from arrayprune.adapters.trees import lookup
 from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
@@ -197,18 +197,14 @@ class StreamedCheckpoint:
         """The option that tensor-by-tensor pruning cannot honour, as the command line names it, or None."""
         if spec.keep_masks:
             return "--keep-masks"
-        if spec.lamp:
-            return "--lamp"
-        if spec.min_sparsity is not None or spec.max_sparsity is not None:
-            return "--min-sparsity and --max-sparsity"
         if spec.global_ and not streams(spec.method_class()):
             return f"--global with {spec.method}"
         if spec.global_ and (spec.calibration or spec.input_norms):
             return "--global with input norms"
         if spec.verify:
             return "--verify (ONNX only)"
-        if spec.allocation:
-            return "--allocation"
+        if spec.allocation and spec.calibration:  # the layer-by-layer run prunes as it goes
+            return "--allocation with --calibration (give Wanda's norms with --input-norms)"
         return None
 
     def shown(self, plan: list[PlanEntry]) -> list[PlanEntry]:
@@ -347,6 +343,11 @@ def _global_arguments(spec: PruneSpec) -> tuple[type, dict[str, Any]]:
     return spec.method_class(), kwargs
 
 
+def _shaped(spec: PruneSpec) -> bool:
+    """Whether global pruning is bounded per tensor or ranks LAMP scores."""
+    return spec.lamp or spec.min_sparsity is not None or spec.max_sparsity is not None
+
+
 def _threshold_stage(targets: list[PlanEntry]) -> str:
     n = sum(math.prod(t.shape) for t in targets)
     return f"global threshold: ranking {n} entries of {len(targets)} tensors"
@@ -472,9 +473,36 @@ def _write_streamed(
     norms: Mapping | None,
     hooks: Hooks,
 ) -> PruneSummary:
-    """Prune tensor by tensor in bounded memory while the checkpoint writes `dst` atomically."""
+    """Prune tensor by tensor in bounded memory while the checkpoint writes `dst` atomically.
+
+    Global pruning with per-tensor bounds or LAMP scores finds each target's count first
+    (:func:`~arrayprune.adapters.stream_pruning.global_counts`, before anything is
+    written); each target is then pruned alone to its count, ranked as the global
+    ranking ranks it, which writes the masks of the global ranking.
+    """
     global_method = spec.method_class()(**method_arguments(spec, stream_seed(spec.seed))) if spec.global_ else None
-    if global_method is not None:
+    ranked_by = None if norms is None else lambda target, value: scores_for(target, norms, value)
+    if global_method is not None and _shaped(spec):
+        hooks.stage(_threshold_stage(targets) + " (per-tensor counts: one pass per 16 bits of the keys)")
+        try:
+            with TensorFiles() as files:
+                counts = global_counts(
+                    targets,
+                    files,
+                    global_method,
+                    lamp=spec.lamp,
+                    min_sparsity=spec.min_sparsity,
+                    max_sparsity=spec.max_sparsity,
+                )
+        except _FAILURES as exc:
+            raise PruneError(f"global pruning: {error_text(exc)}", storage.src) from None
+        if spec.lamp:
+            ranked_by = lambda target, value: arrayprune.lamp_scores(value)  # noqa: E731
+        spec = dataclasses.replace(
+            spec, global_=False, amount=counts, lamp=False, min_sparsity=None, max_sparsity=None
+        )
+        global_method = None
+    elif global_method is not None:
         hooks.stage(_threshold_stage(targets) + " (one pass per 16 bits of the keys), then writing")
     with contextlib.ExitStack() as stack:
         replaced = calibrated(storage, targets, spec, hooks, dst, stack)  # layer by layer, if asked
@@ -484,7 +512,7 @@ def _write_streamed(
                 dst,
                 plan,
                 method_for=lambda target: method_for(target, spec),
-                scores_for=None if norms is None else lambda target, value: scores_for(target, norms, value),
+                scores_for=ranked_by,
                 global_method=global_method,
                 progress=hooks.progress,
                 replaced=replaced,
@@ -602,7 +630,7 @@ def _notes(spec: PruneSpec) -> list[str]:
 def _dry_run(src: str, spec: PruneSpec, hooks: Hooks) -> PruneResult:
     """The plan, nothing written (safetensors from their headers alone)."""
     spec = spec.checked()
-    storage = open_storage(src, hooks) if not spec.allocation else WholeFile(src, hooks=hooks)
+    storage = open_storage(src, hooks)
     plan = storage.shown(_plan(storage, spec))
     result = PruneResult(src, None, storage.kind, spec, plan, notes=_notes(spec))
     if spec.allocation and not spec.plan_only:

@@ -180,13 +180,7 @@ def _bounded_selection(
     every array takes a prefix of its range, and the global threshold is clipped to
     the bounds exactly.
     """
-    forced = sum(lo for lo, _ in bounds)
-    ceiling = sum(hi for _, hi in bounds)
-    if not forced <= k <= ceiling:
-        raise ValueError(
-            f"cannot prune {k} entries within the per-array sparsity bounds "
-            f"(between {forced} and {ceiling} are possible)"
-        )
+    forced = _check_total(k, bounds)
     keep_low, free = [], []
     for r, e, (lo, hi) in zip(ranked, eligible_masks, bounds, strict=True):
         below_low = smallest_magnitude_keep([r], lo, [e])[0]
@@ -195,6 +189,18 @@ def _bounded_selection(
         free.append(below_low & ~below_high)
     chosen = smallest_magnitude_keep(ranked, k - forced, free)
     return [a & b for a, b in zip(keep_low, chosen, strict=True)]
+
+
+def _check_total(k: int, bounds: list[tuple[int, int]]) -> int:
+    """Refuse a total the bounds cannot hold; the entries they force."""
+    forced = sum(lo for lo, _ in bounds)
+    ceiling = sum(hi for _, hi in bounds)
+    if not forced <= k <= ceiling:
+        raise ValueError(
+            f"cannot prune {k} entries within the per-array sparsity bounds "
+            f"(between {forced} and {ceiling} are possible)"
+        )
+    return forced
 
 
 def lamp_scores(x: Array, eligible_mask: Array | None = None) -> Array:

@@ -34,6 +34,7 @@ __all__ = [
     "DIGIT_BITS",
     "Cut",
     "StreamingCut",
+    "bounded_counts",
     "cut",
     "cut_of_chunks",
     "digit_histogram",
@@ -174,6 +175,82 @@ def cut_of_chunks(
 
 
 _T = TypeVar("_T")
+
+
+def bounded_counts(
+    histograms: Callable[[int, int, int], Iterable[np.ndarray]],
+    bits: int,
+    k: int,
+    bounds: Sequence[tuple[int, int]],
+) -> list[int]:
+    """How many keys each array drops when `k` are dropped in all, each array within its bounds.
+
+    The ranking is one over all arrays (keys ascending, ties by array order, then
+    position), clipped to the bounds: array ``i`` drops its ``lo_i`` smallest keys, then
+    the rest are the smallest of the keys ranked between ``lo_i`` and ``hi_i`` in their
+    own arrays. Every array so drops a prefix of its own order: only the counts are
+    found here, one pass per digit. With ``b_i(x)`` the keys of array ``i`` below `x`
+    and ``G(x) = sum_i clip(b_i(x), lo_i, hi_i)``, the cut key ``T`` has
+    ``G(T) < k <= G(T + 1)``; array ``i`` drops ``clip(b_i(T), lo_i, hi_i)`` keys and,
+    filled in array order (:func:`tie_quotas`), some of those equal to ``T`` its bounds
+    leave it. Bounds ``(0, size)`` give the counts of the plain ranking.
+
+    Parameters
+    ----------
+    histograms : callable
+        ``histograms(prefix, shift, width)``: for each array in order, the counts of
+        :data:`Histogram` over that array's keys alone (an iterable, read once per digit).
+    bits : int
+        Width of the keys.
+    k : int
+        Keys to drop in all.
+    bounds : sequence of (int, int)
+        Per array, the fewest and most keys it drops.
+
+    Returns
+    -------
+    list of int
+        Per array, the keys it drops: its smallest ones, ties by position.
+
+    Raises
+    ------
+    ValueError
+        If the bounds cannot hold `k`, or the histograms do not account for it.
+    """
+    lows = np.array([lo for lo, _ in bounds], dtype=np.int64)
+    highs = np.array([hi for _, hi in bounds], dtype=np.int64)
+    if not int(lows.sum()) <= k <= int(highs.sum()):
+        raise ValueError(f"cannot drop {k} keys within the bounds (between {int(lows.sum())} and {int(highs.sum())})")
+    if k == int(lows.sum()):
+        return [int(lo) for lo in lows]
+    below = np.zeros(lows.size, dtype=np.int64)  # per array, its keys below the prefix
+    equal = below
+    prefix, left = 0, bits
+    while left > 0:
+        width = min(DIGIT_BITS, left)
+        left -= width
+        ranked = np.zeros((1 << width) + 1, dtype=np.int64)  # G at the start of each digit
+        kept = []  # per array: its digits present and the running counts there (sparse)
+        for i, counts in enumerate(histograms(prefix, left, width)):
+            running = np.cumsum(counts, dtype=np.int64)
+            ranked[1:] += np.clip(below[i] + running, lows[i], highs[i])
+            ranked[0] += np.clip(below[i], lows[i], highs[i])
+            present = np.flatnonzero(counts)
+            kept.append((present, running[present], counts[present]))
+        if len(kept) != lows.size or int(ranked[-1]) < k:
+            raise ValueError("the histograms do not account for every key")
+        digit = int(np.searchsorted(ranked, k, side="left")) - 1
+        equal = np.zeros(lows.size, dtype=np.int64)
+        for i, (present, running, counts) in enumerate(kept):
+            j = int(np.searchsorted(present, digit, side="left"))  # digits present below `digit`
+            below[i] += int(running[j - 1]) if j else 0
+            if j < present.size and present[j] == digit:
+                equal[i] = counts[j]
+        prefix = (prefix << width) | digit
+    dropped = np.clip(below, lows, highs)
+    ties = np.clip(below + equal, lows, highs) - dropped
+    quotas = tie_quotas([int(t) for t in ties], k - int(dropped.sum()))
+    return [int(d) + q for d, q in zip(dropped, quotas, strict=True)]
 
 
 def _added(counts: Sequence[np.ndarray], size: int) -> np.ndarray:
