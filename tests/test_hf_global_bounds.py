@@ -19,6 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
+safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from arrayprune.adapters import pipeline, prune_file, stream_pruning  # noqa: E402
 from arrayprune.adapters.cli import main  # noqa: E402
@@ -300,3 +301,40 @@ def test_owl_with_calibration_tokens_on_a_folder_is_one_line(llama, tmp_path, ca
     err = capsys.readouterr().err
     assert err.startswith("arrayprune: error: ") and err.count("\n") == 1 and "--input-norms" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("options", [{"min_sparsity": 0.45, "max_sparsity": 0.6}, {"lamp": True, "max_sparsity": 0.53}])
+def test_bfloat16_folders_equal_the_in_memory_state_dict(tmp_path, options, monkeypatch):
+    torch.manual_seed(1)
+    model = transformers.LlamaForCausalLM(_config()).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layers" in name and p.ndim == 2:
+                p.copy_(torch.round(p / 0.004) * 0.004)  # ties
+        dict(model.named_parameters())[TINY].mul_(0.01)
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    state: dict = {}
+    for name in sorted(os.listdir(tmp_path / "sharded")):
+        if name.endswith(".safetensors"):
+            state.update(safetensors_torch.load_file(str(tmp_path / "sharded" / name)))
+    torch.save(dict(sorted(state.items())), tmp_path / "merged.pt")
+    options = {"amount": 0.5, "global_": True, **options}
+    prune_file(tmp_path / "merged.pt", tmp_path / "ref.pt", **options)
+    want = torch.load(tmp_path / "ref.pt", weights_only=True)
+
+    def whole(*args, **kwargs):
+        raise AssertionError("loaded whole")
+
+    monkeypatch.setattr(pipeline, "WholeFile", whole)
+    prune_file(tmp_path / "sharded", tmp_path / "out", **options)
+    got = {}
+    for name in sorted(os.listdir(tmp_path / "out")):
+        if name.endswith(".safetensors"):
+            got.update(safetensors_torch.load_file(str(tmp_path / "out" / name)))
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name].dtype == torch.bfloat16
+        assert torch.equal(got[name].view(torch.int16), want[name].view(torch.int16)), name
+    if "min_sparsity" in options:
+        assert float((got[TINY] == 0).float().mean()) == pytest.approx(0.6, abs=1e-3)
