@@ -24,6 +24,12 @@ in memory at a time.
   when the bracket misses. The sample changes the time, never the masks. A magnitude
   score ranks the stored entries as they are; another elementwise score is computed
   chunk by chunk, and its magnitudes ranked.
+* **Global pruning with per-tensor bounds or LAMP scores** (``--min-sparsity``,
+  ``--max-sparsity``, ``--lamp``): such a ranking drops from every tensor a prefix of
+  its own order, so :func:`global_counts` finds each tensor's count (one histogram pass
+  per digit, per tensor, clipped to its bounds:
+  :func:`arrayprune.selection.radix.bounded_counts`) and each tensor is then pruned
+  alone to its count (by its LAMP scores, read whole one tensor at a time, for LAMP).
 * **Pruning per tensor by an elementwise score** (``l1_unstructured``, ...): the same,
   one tensor at a time.
 * **N:M pruning** along the last axis (``nm_structured``, the reduction axis of a
