@@ -677,7 +677,9 @@ def global_counts(
     `lamp`) writes the masks of the global ranking. The counts come from one histogram
     pass per 16-bit digit of the keys (:func:`arrayprune.selection.radix.bounded_counts`):
     an elementwise score is keyed chunk by chunk; LAMP scores (float64, four passes)
-    from one target read whole at a time, by :func:`arrayprune.lamp_scores`.
+    from one target read whole at a time, sorted
+    (:func:`arrayprune.global_pruning.sorted_lamp_scores`, the values of
+    :func:`arrayprune.lamp_scores`).
 
     Parameters
     ----------
@@ -706,7 +708,7 @@ def global_counts(
     TypeError
         A dtype that cannot be ranked here.
     """
-    from arrayprune.global_pruning import _bounds, _check_total, lamp_scores
+    from arrayprune.global_pruning import _bounds, _check_total, sorted_lamp_scores
 
     total = sum(e.value.size for e in targets)
     k = method.count(total)
@@ -718,7 +720,7 @@ def global_counts(
 
     def keys_of(entry: Any) -> Iterable[np.ndarray]:
         if lamp:
-            scores = to_numpy(lamp_scores(read_whole(files, entry))).reshape(-1)
+            scores = to_numpy(sorted_lamp_scores(read_whole(files, entry)))  # their order does not count
             yield radix.magnitude_keys(scores, "float64", bits)
             return
         for raw in files.chunks(entry.value):

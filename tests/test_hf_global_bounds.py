@@ -181,7 +181,7 @@ def test_lamp_reads_one_tensor_at_a_time(llama, tmp_path, monkeypatch):
 
     monkeypatch.setattr(stream_pruning, "read_whole", counted)
     monkeypatch.setattr(pipeline.arrayprune, "lamp_scores", released)
-    monkeypatch.setattr("arrayprune.global_pruning.lamp_scores", released)
+    monkeypatch.setattr("arrayprune.global_pruning.sorted_lamp_scores", released)
     prune_file(root / "sharded", tmp_path / "out", amount=0.5, global_=True, lamp=True)
     assert most[0] == 1
 
