@@ -56,7 +56,7 @@ from arrayprune.adapters.calibration import (
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.arrays import release_pages
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile, TensorFiles
-from arrayprune.adapters.hf_stage import calibrated
+from arrayprune.adapters.hf_stage import calibrated, dense_input_norms
 from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, stream_seed
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
 from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module, spec_from
@@ -203,8 +203,8 @@ class StreamedCheckpoint:
             return "--global with input norms"
         if spec.verify:
             return "--verify (ONNX only)"
-        if spec.allocation and spec.calibration:  # the layer-by-layer run prunes as it goes
-            return "--allocation with --calibration (give Wanda's norms with --input-norms)"
+        if spec.allocation and spec.calibration and spec.method in RECONSTRUCTIONS:
+            return f"--allocation with --method {spec.method} --calibration"
         return None
 
     def shown(self, plan: list[PlanEntry]) -> list[PlanEntry]:
@@ -648,9 +648,11 @@ def _allocate(
     norms: Mapping | None = None,
 ) -> PruneSpec:
     """The allocation stage: the request with each target's own amount; the shares into `result`."""
-    from arrayprune.adapters.allocation import allocate
+    from arrayprune.adapters.allocation import OWL, allocate
 
-    if norms is None and spec.method not in RECONSTRUCTIONS:
+    if norms is None and isinstance(storage, StreamedCheckpoint) and spec.calibration:  # tokens: run layer by layer
+        norms = dense_input_norms(storage, targets, spec, hooks) if spec.allocation == OWL else None
+    elif norms is None and spec.method not in RECONSTRUCTIONS:
         norms = input_norms(spec, storage, targets, src, hooks)
     result.allocation = allocate(spec, storage, targets, norms, src, hooks)
     result.notes.extend(result.allocation.notes)

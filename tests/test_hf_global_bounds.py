@@ -293,13 +293,55 @@ def test_allocations_equal_the_in_memory_path(llama, tmp_path, layout, how, monk
     assert dry.allocation.counts == counts
 
 
-def test_owl_with_calibration_tokens_on_a_folder_is_one_line(llama, tmp_path, capsys):
+def test_owl_with_calibration_tokens_ranks_the_dense_models_wanda_scores(llama, tmp_path):
+    """OWL's statistics from the dense model run layer by layer on tokens (as ONNX calibration
+    gives them); then Wanda layer by layer, each weight to its share."""
+    import arrayprune.adapters.torch as prune
+
+    root, _, targets = llama
+    ids = np.random.default_rng(3).integers(0, 128, (16, 12))
+    np.savez(tmp_path / "tokens.npz", input_ids=ids)
+    options = {"method": "wanda", "amount": 0.5, "allocation": "owl"}
+    result = prune_file(root / "sharded", tmp_path / "out", calibration=str(tmp_path / "tokens.npz"), **options)
+    model = transformers.LlamaForCausalLM.from_pretrained(root / "sharded").eval()
+    batches = [{"input_ids": torch.from_numpy(ids[i : i + 8]), "use_cache": False} for i in range(0, len(ids), 8)]
+    names = [e.name.removesuffix(".weight") for e in targets]
+    dense = prune.input_norms(model, batches, modules=names)
+    np.savez(tmp_path / "norms.npz", **{k: v.to(torch.float64).numpy() for k, v in dense.items()})
+    reference = prune_file(
+        root / "merged.npz", tmp_path / "ref.npz", input_norms=str(tmp_path / "norms.npz"), **options
+    )
+    assert result.allocation.counts == reference.allocation.counts
+    assert len(set(result.allocation.counts.values())) > 2
+    got = _tensors(tmp_path / "out")
+    for layer in range(2):  # Wanda layer by layer: each layer's norms from the layers before it pruned
+        chosen = [n for n in names if f".layers.{layer}." in n]
+        norms = prune.input_norms(model, batches, modules=chosen)
+        for name in chosen:
+            weight = model.get_submodule(name).weight
+            scores = weight.detach().abs() * norms[f"{name}.weight"][None, :]
+            keep = torch.ones_like(weight, dtype=torch.bool)
+            keep.scatter_(
+                1, torch.argsort(scores, dim=1, stable=True)[:, : result.allocation.amounts[f"{name}.weight"]], False
+            )
+            with torch.no_grad():
+                weight.mul_(keep)
+            np.testing.assert_array_equal(got[f"{name}.weight"], weight.detach().numpy(), err_msg=name)
+    # its dry run shows the same shares
+    assert prune_file(
+        root / "one", dry_run=True, calibration=str(tmp_path / "tokens.npz"), **options
+    ).allocation.counts == (result.allocation.counts)
+
+
+def test_sparsegpt_allocation_with_calibration_tokens_is_one_line(llama, tmp_path, capsys):
     root, _, _ = llama
     np.savez(tmp_path / "tokens.npz", input_ids=np.zeros((2, 8), dtype=np.int64))
     argv = ["prune", str(root / "sharded"), "-o", str(tmp_path / "out"), "--amount", "0.5", "--allocation", "owl"]
-    assert main([*argv, "--method", "wanda", "--calibration", str(tmp_path / "tokens.npz")]) == 2
+    assert main([*argv, "--method", "sparsegpt", "--calibration", str(tmp_path / "tokens.npz")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("arrayprune: error: ") and err.count("\n") == 1 and "--input-norms" in err
+    assert (
+        err.startswith("arrayprune: error: ") and err.count("\n") == 1 and "--allocation with --method sparsegpt" in err
+    )
     assert not (tmp_path / "out").exists()
 
 
