@@ -220,6 +220,7 @@ def _owl_ratios(
                 value = to_numpy(value.float())
             (score,) = _owl_scores(spec, storage, [dataclasses.replace(t, value=value)], norms, src, hooks)
             ratios.append(arrayprune.outlier_ratio(score, m))
+            files.release_tensor(t.value)
     return ratios
 
 

@@ -721,6 +721,7 @@ def global_counts(
     def keys_of(entry: Any) -> Iterable[np.ndarray]:
         if lamp:
             scores = to_numpy(sorted_lamp_scores(read_whole(files, entry)))  # their order does not count
+            files.release_tensor(entry.value)
             yield radix.magnitude_keys(scores, "float64", bits)
             return
         for raw in files.chunks(entry.value):
