@@ -380,3 +380,18 @@ def test_bfloat16_folders_equal_the_in_memory_state_dict(tmp_path, options, monk
         assert torch.equal(got[name].view(torch.int16), want[name].view(torch.int16)), name
     if "min_sparsity" in options:
         assert float((got[TINY] == 0).float().mean()) == pytest.approx(0.6, abs=1e-3)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc/self/status")
+def test_peak_memory_of_bounds_lamp_and_owl_does_not_grow_with_the_model(tmp_path):
+    from test_sharded_memory import checkpoint, peak
+
+    small, _, small_size = checkpoint(tmp_path / "two", 2)
+    large, _, large_size = checkpoint(tmp_path / "eight", 8)
+    growth = large_size - small_size  # 82 MB
+    for options in (["--global", "--max-sparsity", "0.6"], ["--global", "--lamp"], ["--allocation", "owl"]):
+        a, b = (
+            peak("prune", c, "-o", tmp_path / f"{c.name}-{options[-1]}", "--amount", "0.5", *options)
+            for c in (small, large)
+        )
+        assert b - a < growth / 4, f"{options}: peak grew {b - a} bytes for {growth} more bytes of model"
