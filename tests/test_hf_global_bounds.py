@@ -293,7 +293,8 @@ def test_allocations_equal_the_in_memory_path(llama, tmp_path, layout, how, monk
     assert dry.allocation.counts == counts
 
 
-def test_owl_with_calibration_tokens_ranks_the_dense_models_wanda_scores(llama, tmp_path):
+@pytest.mark.parametrize("layout", ["one", "sharded"])
+def test_owl_with_calibration_tokens_ranks_the_dense_models_wanda_scores(llama, tmp_path, layout):
     """OWL's statistics from the dense model run layer by layer on tokens (as ONNX calibration
     gives them); then Wanda layer by layer, each weight to its share."""
     import arrayprune.adapters.torch as prune
@@ -302,7 +303,7 @@ def test_owl_with_calibration_tokens_ranks_the_dense_models_wanda_scores(llama, 
     ids = np.random.default_rng(3).integers(0, 128, (16, 12))
     np.savez(tmp_path / "tokens.npz", input_ids=ids)
     options = {"method": "wanda", "amount": 0.5, "allocation": "owl"}
-    result = prune_file(root / "sharded", tmp_path / "out", calibration=str(tmp_path / "tokens.npz"), **options)
+    result = prune_file(root / layout, tmp_path / "out", calibration=str(tmp_path / "tokens.npz"), **options)
     model = transformers.LlamaForCausalLM.from_pretrained(root / "sharded").eval()
     batches = [{"input_ids": torch.from_numpy(ids[i : i + 8]), "use_cache": False} for i in range(0, len(ids), 8)]
     names = [e.name.removesuffix(".weight") for e in targets]
