@@ -348,6 +348,11 @@ def _shaped(spec: PruneSpec) -> bool:
     return spec.lamp or spec.min_sparsity is not None or spec.max_sparsity is not None
 
 
+def _lamp_scores(target: PlanEntry, value: Any) -> Any:
+    """What a target pruned alone to its count of a global LAMP ranking is ranked by."""
+    return arrayprune.lamp_scores(value)
+
+
 def _threshold_stage(targets: list[PlanEntry]) -> str:
     n = sum(math.prod(t.shape) for t in targets)
     return f"global threshold: ranking {n} entries of {len(targets)} tensors"
@@ -497,10 +502,8 @@ def _write_streamed(
         except _FAILURES as exc:
             raise PruneError(f"global pruning: {error_text(exc)}", storage.src) from None
         if spec.lamp:
-            ranked_by = lambda target, value: arrayprune.lamp_scores(value)  # noqa: E731
-        spec = dataclasses.replace(
-            spec, global_=False, amount=counts, lamp=False, min_sparsity=None, max_sparsity=None
-        )
+            ranked_by = _lamp_scores
+        spec = dataclasses.replace(spec, global_=False, amount=counts, lamp=False, min_sparsity=None, max_sparsity=None)
         global_method = None
     elif global_method is not None:
         hooks.stage(_threshold_stage(targets) + " (one pass per 16 bits of the keys), then writing")
