@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -348,9 +349,10 @@ def _shaped(spec: PruneSpec) -> bool:
     return spec.lamp or spec.min_sparsity is not None or spec.max_sparsity is not None
 
 
-def _lamp_scores(target: PlanEntry, value: Any) -> Any:
-    """What a target pruned alone to its count of a global LAMP ranking is ranked by."""
-    return arrayprune.lamp_scores(value)
+def _lamp_scores(by_magnitude: set[str], target: PlanEntry, value: Any) -> Any:
+    """What a target pruned alone to its count of a global LAMP ranking is ranked by:
+    its LAMP scores, or None (its magnitudes) where they drop the same entries."""
+    return None if target.name in by_magnitude else arrayprune.lamp_scores(value)
 
 
 def _threshold_stage(targets: list[PlanEntry]) -> str:
@@ -491,7 +493,7 @@ def _write_streamed(
         hooks.stage(_threshold_stage(targets) + " (per-tensor counts: one pass per 16 bits of the keys)")
         try:
             with TensorFiles() as files:
-                counts = global_counts(
+                counts, by_magnitude = global_counts(
                     targets,
                     files,
                     global_method,
@@ -501,8 +503,8 @@ def _write_streamed(
                 )
         except _FAILURES as exc:
             raise PruneError(f"global pruning: {error_text(exc)}", storage.src) from None
-        if spec.lamp:
-            ranked_by = _lamp_scores
+        if spec.lamp:  # LAMP scores where the magnitudes would drop other entries
+            ranked_by = functools.partial(_lamp_scores, by_magnitude)
         spec = dataclasses.replace(spec, global_=False, amount=counts, lamp=False, min_sparsity=None, max_sparsity=None)
         global_method = None
     elif global_method is not None:

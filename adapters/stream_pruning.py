@@ -666,7 +666,7 @@ def global_counts(
     lamp: bool = False,
     min_sparsity: float | None = None,
     max_sparsity: float | None = None,
-) -> dict[str, int]:
+) -> tuple[dict[str, int], set[str]]:
     """Each target's number of pruned entries under one global ranking, with per-tensor
     bounds or LAMP scores: the counts of :func:`arrayprune.global_unstructured` with
     `min_sparsity`, `max_sparsity` and ``normalization="lamp"`` on the targets in order.
@@ -674,12 +674,15 @@ def global_counts(
     Such a ranking drops from every tensor a prefix of its own order (its entries
     ranked by score, ties by position): pruning each target alone to its count
     (:func:`prune_stored` with the count as its amount, ranked by its LAMP scores for
-    `lamp`) writes the masks of the global ranking. The counts come from one histogram
-    pass per 16-bit digit of the keys (:func:`arrayprune.selection.radix.bounded_counts`):
-    an elementwise score is keyed chunk by chunk; LAMP scores (float64, four passes)
-    from one target read whole at a time, sorted
+    `lamp`) writes the masks of the global ranking. The counts of an elementwise score
+    come from one histogram pass per 16-bit digit of its keys, chunk by chunk
+    (:func:`arrayprune.selection.radix.bounded_counts`). LAMP scores come from one
+    target read whole at a time, sorted
     (:func:`arrayprune.global_pruning.sorted_lamp_scores`, the values of
-    :func:`arrayprune.lamp_scores`).
+    :func:`arrayprune.lamp_scores`), usually in two passes
+    (:func:`arrayprune.selection.radix.bounded_counts_of_sorted`; else four digit passes).
+    LAMP scores grow with the magnitudes: where a target's last score dropped is below
+    its first kept, its count drops the same entries by magnitude.
 
     Parameters
     ----------
@@ -699,6 +702,9 @@ def global_counts(
     -------
     dict of str to int
         Target name to its pruned entries.
+    set of str
+        With `lamp`: the targets whose count drops the same entries ranked by magnitude
+        as by LAMP score (empty without `lamp`).
 
     Raises
     ------
@@ -718,11 +724,21 @@ def global_counts(
     bits = radix.key_bits(["float64"]) if lamp else keyed.bits
     scratch = _Scratch()
 
+    def lamp_keys(entry: Any) -> np.ndarray:
+        scores = to_numpy(sorted_lamp_scores(read_whole(files, entry)))
+        files.release_tensor(entry.value)
+        return radix.magnitude_keys(scores, "float64", bits)  # ascending, as the scores
+
+    if lamp:
+        sizes = [e.value.size for e in targets]
+        found = radix.bounded_counts_of_sorted(lambda: map(lamp_keys, targets), sizes, k, bounds)
+        if found is not None:
+            exact = {e.name for e, flag in zip(targets, found[1], strict=True) if flag}
+            return {e.name: c for e, c in zip(targets, found[0], strict=True)}, exact
+
     def keys_of(entry: Any) -> Iterable[np.ndarray]:
         if lamp:
-            scores = to_numpy(sorted_lamp_scores(read_whole(files, entry)))  # their order does not count
-            files.release_tensor(entry.value)
-            yield radix.magnitude_keys(scores, "float64", bits)
+            yield lamp_keys(entry)  # their order does not count
             return
         for raw in files.chunks(entry.value):
             yield keyed.keys(entry, raw, scratch=scratch)
@@ -735,7 +751,7 @@ def global_counts(
             yield counts
 
     counts = radix.bounded_counts(histograms, bits, k, bounds)
-    return {e.name: c for e, c in zip(targets, counts, strict=True)}
+    return {e.name: c for e, c in zip(targets, counts, strict=True)}, set()
 
 
 def _copy(t: Any, files: TensorFiles, sink: BackgroundWrites) -> int:

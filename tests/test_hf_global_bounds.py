@@ -162,28 +162,23 @@ def test_global_bounds_and_lamp_equal_the_in_memory_path(llama, tmp_path, layout
 
 
 def test_lamp_reads_one_tensor_at_a_time(llama, tmp_path, monkeypatch):
+    import gc
+    import weakref
+
     root, _, targets = llama
-    held, most = [0], [0]
+    read, alive = [], []
     real = stream_pruning.read_whole
 
     def counted(files, entry):
+        gc.collect()
+        alive.append(sum(r() is not None for r in read))  # tensors read before, still held
         value = real(files, entry)
-        held[0] += 1
-        most[0] = max(most[0], held[0])
+        read.append(weakref.ref(value))
         return value
 
-    real_lamp = pipeline.arrayprune.lamp_scores
-
-    def released(value, *args):
-        scores = real_lamp(value, *args)
-        held[0] -= 1
-        return scores
-
     monkeypatch.setattr(stream_pruning, "read_whole", counted)
-    monkeypatch.setattr(pipeline.arrayprune, "lamp_scores", released)
-    monkeypatch.setattr("arrayprune.global_pruning.sorted_lamp_scores", released)
     prune_file(root / "sharded", tmp_path / "out", amount=0.5, global_=True, lamp=True)
-    assert most[0] == 1
+    assert len(read) >= 2 * len(targets) and max(alive) == 0
 
 
 def test_bounds_and_lamp_on_one_safetensors_file_are_streamed_and_equal(llama, tmp_path, monkeypatch):
@@ -396,3 +391,29 @@ def test_peak_memory_of_bounds_lamp_and_owl_does_not_grow_with_the_model(tmp_pat
             for c in (small, large)
         )
         assert b - a < growth / 4, f"{options}: peak grew {b - a} bytes for {growth} more bytes of model"
+
+
+@pytest.mark.parametrize("bracket", [True, False])
+def test_lamp_counts_by_either_route_and_ranking(llama, tmp_path, monkeypatch, bracket):
+    """LAMP's counts from the two-pass bracket or the digit passes; tensors ranked by
+    magnitude where that drops the same entries, else by their LAMP scores."""
+    from arrayprune.selection import radix
+
+    root, _, targets = llama
+    options = {"amount": 0.5, "global_": True, "lamp": True, "max_sparsity": 0.53}
+    want = _reference(root, tmp_path, **options)
+    if not bracket:
+        monkeypatch.setattr(radix, "bounded_counts_of_sorted", lambda *args, **kwargs: None)
+    scored = []
+    real = pipeline._lamp_scores
+
+    def recorded(by_magnitude, target, value):
+        scores = real(by_magnitude, target, value)
+        scored.append(scores is not None)
+        return scores
+
+    monkeypatch.setattr(pipeline, "_lamp_scores", recorded)
+    prune_file(root / "sharded", tmp_path / "out", **options)
+    _same_bytes(_tensors(tmp_path / "out"), want)
+    assert len(scored) == len(targets)
+    assert all(scored) if not bracket else any(scored) and not all(scored)  # both rankings, with the bracket

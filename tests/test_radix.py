@@ -249,3 +249,14 @@ def test_bounded_counts_equal_the_in_memory_bounded_ranking(seed):
     assert unbounded == [int(a.size - np.count_nonzero(m)) for a, m in zip(arrays, plain, strict=True)]
     with pytest.raises(ValueError, match="within the bounds"):
         radix.bounded_counts(histograms, bits, sum(hi for _, hi in bounds) + 1, bounds)
+    # the same from each array's keys sorted, in two passes (a sample of 16, 64 keys, or all)
+    ordered = [np.sort(c) for c in keys]
+    sizes = [c.size for c in ordered]
+    for sample in (16, 64, 1 << 20):
+        found = radix.bounded_counts_of_sorted(lambda: iter(ordered), sizes, sum(want), bounds, sample=sample)
+        if found is None:  # the bracket would hold too much: never for these sizes
+            raise AssertionError("no bracket")
+        counts, strict = found
+        assert counts == want
+        for c, k, flag in zip(ordered, counts, strict, strict=True):  # strict: two different keys meet at the cut
+            assert not flag or k in (0, c.size) or c[k - 1] < c[k]
