@@ -288,16 +288,17 @@ def test_allocations_equal_the_in_memory_path(llama, tmp_path, layout, how, monk
     assert dry.allocation.counts == counts
 
 
-@pytest.mark.parametrize("layout", ["one", "sharded"])
-def test_owl_with_calibration_tokens_ranks_the_dense_models_wanda_scores(llama, tmp_path, layout):
+@pytest.mark.parametrize(("layout", "allocation"), [("one", "owl"), ("sharded", "owl"), ("sharded", "scan")])
+def test_allocations_with_calibration_tokens_prune_layer_by_layer(llama, tmp_path, layout, allocation):
     """OWL's statistics from the dense model run layer by layer on tokens (as ONNX calibration
-    gives them); then Wanda layer by layer, each weight to its share."""
+    gives them), or a scan's curves; then Wanda layer by layer, each weight to its share."""
     import arrayprune.adapters.torch as prune
 
     root, _, targets = llama
     ids = np.random.default_rng(3).integers(0, 128, (16, 12))
     np.savez(tmp_path / "tokens.npz", input_ids=ids)
-    options = {"method": "wanda", "amount": 0.5, "allocation": "owl"}
+    scan = str(_scan(tmp_path / "scan.json", targets)) if allocation == "scan" else "owl"
+    options = {"method": "wanda", "amount": 0.5, "allocation": scan}
     result = prune_file(root / layout, tmp_path / "out", calibration=str(tmp_path / "tokens.npz"), **options)
     model = transformers.LlamaForCausalLM.from_pretrained(root / "sharded").eval()
     batches = [{"input_ids": torch.from_numpy(ids[i : i + 8]), "use_cache": False} for i in range(0, len(ids), 8)]
