@@ -281,13 +281,16 @@ def test_verify_on_a_torch_export_with_batch_norm_and_depthwise_conv(tmp_path, c
     assert arrays(checked(out)) == arrays(small)
 
 
-@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
-def test_every_conv_shrinks_through_a_global_mean_pool(tmp_path, capsys, dynamo):
+@pytest.mark.parametrize(
+    "net, dynamo", [("MeanPoolNet", True), ("MeanPoolNet", False), ("PoolNet", True)],
+    ids=["mean-dynamo", "mean-torchscript", "adaptive-pool-dynamo"],
+)  # fmt: skip
+def test_every_conv_shrinks_through_a_global_mean_pool(tmp_path, capsys, net, dynamo):
     torch = pytest.importorskip("torch")
-    from test_onnx_shrink import MeanPoolNet, export
+    import test_onnx_shrink
 
     src = tmp_path / "cnn.onnx"
-    onnx.save(export(MeanPoolNet(), torch.randn(2, 3, 9, 9), dynamo=dynamo), src)
+    onnx.save(test_onnx_shrink.export(getattr(test_onnx_shrink, net)(), torch.randn(2, 3, 9, 9), dynamo=dynamo), src)
     convs = [n.name for n in onnx.load(str(src)).graph.node if n.op_type == "Conv"]
     code, printed, err = cli(capsys, src, "--dry-run", "--shrink", "--method", "ln_structured", "--amount", "0.5")
     assert (code, err) == (0, "")
@@ -304,8 +307,14 @@ def test_every_conv_shrinks_through_a_global_mean_pool(tmp_path, capsys, dynamo)
     assert f"group {convs[0]}: 8 -> 4 channels kept" in printed.splitlines()
     assert f"group {convs[1]}: 12 -> 6 channels kept" in printed.splitlines()
     assert "pass" in printed
-    shapes = {name: shape for name, (shape, _) in arrays(checked(out)).items()}
+    got = checked(out)
+    shapes = {name: shape for name, (shape, _) in arrays(got).items()}
     assert (shapes["c1.weight"], shapes["c2.weight"], shapes["fc.weight"]) == ((4, 3, 3, 3), (6, 4, 3, 3), (5, 6))
+    small, _ = shrink_onnx(onnx.load(str(src)), 0.5)
+    assert arrays(got) == arrays(small)  # the Reshape target too
+    x = np.random.default_rng(5).standard_normal((2, 3, 9, 9)).astype(np.float32)
+    y = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert y.shape == (2, 5)
 
 
 def test_external_data_stays_external(external, tmp_path, capsys):
