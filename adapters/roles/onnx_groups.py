@@ -405,7 +405,9 @@ def _trace(
             target = m.ints(node.input[1]) if len(node.input) > 1 else None
             p = ax % r
             copy = not int(_attr(m.onnx, node, "allowzero", 0))
-            if name not in pooled or target is None or len(target) != p + 1:
+            if target is None:
+                raise _Left(f"the target shape of {m.label(node)} is not a constant held in the model")
+            if name not in pooled or len(target) != p + 1:
                 raise _Left(f"{m.label(node)} mixes the channels with other axes (only [..., C, 1, ...] -> [..., C])")
             if target[-1] == channels:
                 if node.input[1] in m.inits:
