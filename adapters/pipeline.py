@@ -58,7 +58,7 @@ from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.arrays import release_pages
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile, TensorFiles
 from arrayprune.adapters.hf_stage import calibrated, dense_input_norms
-from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, stream_seed
+from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, nm_shortfalls, stream_seed
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
 from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module, spec_from
 from arrayprune.adapters.roles.names import tree_roles
@@ -66,7 +66,7 @@ from arrayprune.adapters.stream_pruning import PruneSummary, Totals, global_coun
 from arrayprune.adapters.summary import report_rows, totals
 from arrayprune.adapters.trees import lookup
 from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
-from arrayprune.method_parts import pattern_of
+from arrayprune.method_parts import N_OF_M, pattern_of
 
 __all__ = [
     "NEARLY_EMPTY",
@@ -632,12 +632,21 @@ def _notes(spec: PruneSpec) -> list[str]:
     return [] if note is None else [note]
 
 
+def nm_warnings(spec: PruneSpec, plan: Sequence[PlanEntry]) -> list[str]:
+    """One warning per tensor an N:M method prunes that cannot hold the pattern (see
+    :func:`~arrayprune.adapters.plan.nm_shortfalls`); none for other methods."""
+    if spec.nm is None or pattern_of(spec.method_class()) is not N_OF_M:
+        return []
+    n, m = spec.nm
+    return [f"cannot hold {n}:{m}: {line}" for line in nm_shortfalls(plan, n, m, reduction=spec.dim is None)]
+
+
 def _dry_run(src: str, spec: PruneSpec, hooks: Hooks) -> PruneResult:
     """The plan, nothing written (safetensors from their headers alone)."""
     spec = spec.checked()
     storage = open_storage(src, hooks)
     plan = storage.shown(_plan(storage, spec))
-    result = PruneResult(src, None, storage.kind, spec, plan, notes=_notes(spec))
+    result = PruneResult(src, None, storage.kind, spec, plan, notes=_notes(spec), warnings=nm_warnings(spec, plan))
     if spec.allocation and not spec.plan_only:
         _allocate(spec, storage, _targets(plan, src), src, hooks, result)
     return result
@@ -772,7 +781,7 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     layerwise = isinstance(storage, StreamedCheckpoint) and spec.calibration  # hf_stage calibrates
     norms = None if spec.method in RECONSTRUCTIONS or layerwise else input_norms(spec, storage, targets, src, hooks)
     prepared = verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written
-    result = PruneResult(src, dst, storage.kind, spec, plan, notes=_notes(spec))
+    result = PruneResult(src, dst, storage.kind, spec, plan, notes=_notes(spec), warnings=nm_warnings(spec, targets))
     shared = spec if not spec.allocation else _allocate(spec, storage, targets, src, hooks, result, norms)
     if isinstance(storage, StreamedCheckpoint):
         written = _write_streamed(storage, dst, plan, targets, shared, norms, hooks)
