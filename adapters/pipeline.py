@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -55,13 +56,13 @@ from arrayprune.adapters.calibration import (
 )
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.arrays import release_pages
-from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile
-from arrayprune.adapters.hf_stage import calibrated
+from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile, TensorFiles
+from arrayprune.adapters.hf_stage import calibrated, dense_input_norms
 from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, nm_shortfalls, stream_seed
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
 from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module, spec_from
 from arrayprune.adapters.roles.names import tree_roles
-from arrayprune.adapters.stream_pruning import PruneSummary, Totals, prune_source, streams
+from arrayprune.adapters.stream_pruning import PruneSummary, Totals, global_counts, prune_source, streams
 from arrayprune.adapters.summary import report_rows, totals
 from arrayprune.adapters.trees import lookup
 from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
@@ -197,18 +198,14 @@ class StreamedCheckpoint:
         """The option that tensor-by-tensor pruning cannot honour, as the command line names it, or None."""
         if spec.keep_masks:
             return "--keep-masks"
-        if spec.lamp:
-            return "--lamp"
-        if spec.min_sparsity is not None or spec.max_sparsity is not None:
-            return "--min-sparsity and --max-sparsity"
         if spec.global_ and not streams(spec.method_class()):
             return f"--global with {spec.method}"
         if spec.global_ and (spec.calibration or spec.input_norms):
             return "--global with input norms"
         if spec.verify:
             return "--verify (ONNX only)"
-        if spec.allocation:
-            return "--allocation"
+        if spec.allocation and spec.calibration and spec.method in RECONSTRUCTIONS:
+            return f"--allocation with --method {spec.method} --calibration"
         return None
 
     def shown(self, plan: list[PlanEntry]) -> list[PlanEntry]:
@@ -347,6 +344,17 @@ def _global_arguments(spec: PruneSpec) -> tuple[type, dict[str, Any]]:
     return spec.method_class(), kwargs
 
 
+def _shaped(spec: PruneSpec) -> bool:
+    """Whether global pruning is bounded per tensor or ranks LAMP scores."""
+    return spec.lamp or spec.min_sparsity is not None or spec.max_sparsity is not None
+
+
+def _lamp_scores(by_magnitude: set[str], target: PlanEntry, value: Any) -> Any:
+    """What a target pruned alone to its count of a global LAMP ranking is ranked by:
+    its LAMP scores, or None (its magnitudes) where they drop the same entries."""
+    return None if target.name in by_magnitude else arrayprune.lamp_scores(value)
+
+
 def _threshold_stage(targets: list[PlanEntry]) -> str:
     n = sum(math.prod(t.shape) for t in targets)
     return f"global threshold: ranking {n} entries of {len(targets)} tensors"
@@ -472,9 +480,34 @@ def _write_streamed(
     norms: Mapping | None,
     hooks: Hooks,
 ) -> PruneSummary:
-    """Prune tensor by tensor in bounded memory while the checkpoint writes `dst` atomically."""
+    """Prune tensor by tensor in bounded memory while the checkpoint writes `dst` atomically.
+
+    Global pruning with per-tensor bounds or LAMP scores finds each target's count first
+    (:func:`~arrayprune.adapters.stream_pruning.global_counts`, before anything is
+    written); each target is then pruned alone to its count, ranked as the global
+    ranking ranks it, which writes the masks of the global ranking.
+    """
     global_method = spec.method_class()(**method_arguments(spec, stream_seed(spec.seed))) if spec.global_ else None
-    if global_method is not None:
+    ranked_by = None if norms is None else lambda target, value: scores_for(target, norms, value)
+    if global_method is not None and _shaped(spec):
+        hooks.stage(_threshold_stage(targets) + " (per-tensor counts: one pass per 16 bits of the keys)")
+        try:
+            with TensorFiles() as files:
+                counts, by_magnitude = global_counts(
+                    targets,
+                    files,
+                    global_method,
+                    lamp=spec.lamp,
+                    min_sparsity=spec.min_sparsity,
+                    max_sparsity=spec.max_sparsity,
+                )
+        except _FAILURES as exc:
+            raise PruneError(f"global pruning: {error_text(exc)}", storage.src) from None
+        if spec.lamp:  # LAMP scores where the magnitudes would drop other entries
+            ranked_by = functools.partial(_lamp_scores, by_magnitude)
+        spec = dataclasses.replace(spec, global_=False, amount=counts, lamp=False, min_sparsity=None, max_sparsity=None)
+        global_method = None
+    elif global_method is not None:
         hooks.stage(_threshold_stage(targets) + " (one pass per 16 bits of the keys), then writing")
     with contextlib.ExitStack() as stack:
         replaced = calibrated(storage, targets, spec, hooks, dst, stack)  # layer by layer, if asked
@@ -484,7 +517,7 @@ def _write_streamed(
                 dst,
                 plan,
                 method_for=lambda target: method_for(target, spec),
-                scores_for=None if norms is None else lambda target, value: scores_for(target, norms, value),
+                scores_for=ranked_by,
                 global_method=global_method,
                 progress=hooks.progress,
                 replaced=replaced,
@@ -611,7 +644,7 @@ def nm_warnings(spec: PruneSpec, plan: Sequence[PlanEntry]) -> list[str]:
 def _dry_run(src: str, spec: PruneSpec, hooks: Hooks) -> PruneResult:
     """The plan, nothing written (safetensors from their headers alone)."""
     spec = spec.checked()
-    storage = open_storage(src, hooks) if not spec.allocation else WholeFile(src, hooks=hooks)
+    storage = open_storage(src, hooks)
     plan = storage.shown(_plan(storage, spec))
     result = PruneResult(src, None, storage.kind, spec, plan, notes=_notes(spec), warnings=nm_warnings(spec, plan))
     if spec.allocation and not spec.plan_only:
@@ -629,9 +662,11 @@ def _allocate(
     norms: Mapping | None = None,
 ) -> PruneSpec:
     """The allocation stage: the request with each target's own amount; the shares into `result`."""
-    from arrayprune.adapters.allocation import allocate
+    from arrayprune.adapters.allocation import OWL, allocate
 
-    if norms is None and spec.method not in RECONSTRUCTIONS:
+    if norms is None and isinstance(storage, StreamedCheckpoint) and spec.calibration:  # tokens: run layer by layer
+        norms = dense_input_norms(storage, targets, spec, hooks) if spec.allocation == OWL else None
+    elif norms is None and spec.method not in RECONSTRUCTIONS:
         norms = input_norms(spec, storage, targets, src, hooks)
     result.allocation = allocate(spec, storage, targets, norms, src, hooks)
     result.notes.extend(result.allocation.notes)
