@@ -194,21 +194,48 @@ def _owl_scores(spec: Any, storage: Any, targets: list[Any], norms: Mapping | No
     return scores
 
 
-def _owl_uniform_note(spec: Any, scores: list[Any], calibrated: bool) -> str | None:
+def _owl_uniform_note(m: float, ratios: list[float], calibrated: bool) -> str | None:
     """The note when OWL finds the same outlier ratio in every weight (its allocation is then uniform)."""
-    m = arrayprune.allocation.OWL_M if spec.owl_m is None else spec.owl_m
-    ratios = {arrayprune.outlier_ratio(x, m) for x in scores}
-    if len(ratios) != 1:
+    if len(set(ratios)) != 1:
         return None
-    ratio = next(iter(ratios))
     what = "Wanda's scores" if calibrated else "magnitudes alone (no --calibration or --input-norms)"
     return (
-        f"--allocation owl: every weight has the same outlier ratio ({100 * ratio:.2f}% of its scores above "
+        f"--allocation owl: every weight has the same outlier ratio ({100 * ratios[0]:.2f}% of its scores above "
         f"{m:g} x their mean) on {what}, so every weight gets the same sparsity (uniform): "
         + "to spread it, give "
         + ("--calibration (or --input-norms) for Wanda's scores, or " if not calibrated else "")
         + "a smaller --owl-m (more entries count as outliers)"
     )
+
+
+def _owl_ratios(
+    spec: Any, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any, m: float
+) -> list[float]:
+    """Each target's outlier ratio among OWL's scores (:func:`_owl_scores`), one target
+    read at a time (a streamed checkpoint's whole, as the in-memory path reads it)."""
+    if not getattr(storage, "streamed", False):
+        return [arrayprune.outlier_ratio(s, m) for s in _owl_scores(spec, storage, targets, norms, src, hooks)]
+    if norms is None and spec.method in RECONSTRUCTIONS:
+        from arrayprune.adapters.pipeline import input_norms
+
+        norms = input_norms(spec, storage, targets, src, hooks)
+    from arrayprune.adapters.formats.arrays import to_numpy
+    from arrayprune.adapters.formats.safetensors_stream import TensorFiles
+    from arrayprune.adapters.stream_pruning import read_whole
+
+    ratios = []
+    with TensorFiles() as files:
+        for t in targets:
+            try:
+                value = read_whole(files, t)
+            except TypeError as exc:
+                raise PruneError(f"--allocation owl: {error_text(exc)}", src) from None
+            if not isinstance(value, np.ndarray):  # bfloat16: as float32
+                value = to_numpy(value.float())
+            (score,) = _owl_scores(spec, storage, [dataclasses.replace(t, value=value)], norms, src, hooks)
+            ratios.append(arrayprune.outlier_ratio(score, m))
+            files.release_tensor(t.value)
+    return ratios
 
 
 def _scan_curves(spec: Any, targets: list[Any]) -> tuple[list[list[float]], Any, list[str]]:
@@ -271,12 +298,14 @@ def allocate(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None,
     try:
         if spec.allocation == OWL:
             hooks.stage(f"allocation: OWL over {len(targets)} weights")
-            scores = _owl_scores(spec, storage, targets, norms, src, hooks)
-            owl = {"m": spec.owl_m, "lam": spec.owl_lambda}
-            counts = arrayprune.owl_allocation(
-                scores, spec.amount, **{k: v for k, v in owl.items() if v is not None}, **bounds
-            )
-            uniform = _owl_uniform_note(spec, scores, norms is not None or spec.method in RECONSTRUCTIONS)
+            m = arrayprune.allocation.OWL_M if spec.owl_m is None else spec.owl_m
+            if not (math.isfinite(m) and m >= 0):
+                raise ValueError(f"m and lam must be finite and >= 0, got m={m}, lam={spec.owl_lambda}")
+            ratios = _owl_ratios(spec, storage, targets, norms, src, hooks, m)
+            lam = {} if spec.owl_lambda is None else {"lam": spec.owl_lambda}
+            counts = arrayprune.allocation.owl_counts(ratios, sizes, spec.amount, **lam, **bounds)
+            calibrated = norms is not None or (spec.method in RECONSTRUCTIONS and bool(spec.calibration))
+            uniform = _owl_uniform_note(m, ratios, calibrated)
             notes.extend([uniform] if uniform else [])
         else:
             curves, scan, notes = _scan_curves(spec, targets)

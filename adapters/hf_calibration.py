@@ -268,6 +268,8 @@ def calibrate_checkpoint(
     hooks: Any,
     workdir: str,
     method_for: Callable[[Any, Any, Mapping, Any], tuple[Any, Any]],
+    *,
+    recorded: dict[str, np.ndarray] | None = None,
 ) -> dict[str, Callable[[], np.ndarray]]:
     """Prune the targets of a Hugging Face checkpoint layer by layer; their pruned entries, set aside.
 
@@ -288,6 +290,10 @@ def calibrate_checkpoint(
     method_for : callable
         ``method_for(entry, spec, norms, value)``: the pipeline's mask method of an entry
         and the importance scores it ranks `value` by (Wanda's).
+    recorded : dict, optional
+        Prune nothing: every target's input norms (float64, of the dense model's
+        activations) go into it, by name, and nothing is set aside (a method ranking
+        by Wanda's scores).
 
     Returns
     -------
@@ -353,8 +359,11 @@ def calibrate_checkpoint(
                     for module_name, entry in chosen.items():
                         module = layer.get_submodule(module_name)
                         vector = norms[f"layer.{module_name}.weight"].to(torch.float64).numpy()
+                        if recorded is not None:
+                            recorded[entry.name] = vector
+                            continue
                         _mask_in_place(module, entry, spec, vector, method_for)
-                for module_name, entry in chosen.items():
+                for module_name, entry in chosen.items() if recorded is None else ():
                     path = os.path.join(workdir, f"{len(out)}.npy")
                     np.save(path, _stored(layer.get_submodule(module_name).weight.detach(), entry.value.code))
                     out[entry.name] = _reader(path)

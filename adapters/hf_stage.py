@@ -22,7 +22,7 @@ import numpy as np
 
 from arrayprune.adapters.hf_calibration import calibrate_checkpoint, hf_folder, workdir_beside
 
-__all__ = ["calibrated", "calibration_needed", "given_hessians", "input_refusal"]
+__all__ = ["calibrated", "calibration_needed", "dense_input_norms", "given_hessians", "input_refusal"]
 
 
 def input_refusal(spec: Any, src: str, kind: str) -> str | None:
@@ -100,6 +100,30 @@ def calibrated(
         raise write_failure(dst, exc) from None
     except (ValueError, TypeError, RuntimeError, IndexError) as exc:  # the model's own errors too
         raise PruneError(f"--calibration: {error_text(exc)}", storage.src) from None
+
+
+def dense_input_norms(storage: Any, targets: list[Any], spec: Any, hooks: Any) -> dict[str, np.ndarray]:
+    """Every target's input norms from the dense model run layer by layer on ``calibration``'s tokens.
+
+    What ``--allocation owl`` ranks outliers by (Wanda's scores, as ONNX calibration
+    gives them): one layer's weights and activations in memory at a time, nothing pruned
+    or set aside.
+
+    Raises
+    ------
+    PruneError
+        As :func:`calibrated`.
+    """
+    from arrayprune.adapters.request import PruneError, error_text, optional_module
+
+    optional_module("transformers", "transformers", "--calibration on a Hugging Face checkpoint")
+    norms: dict[str, np.ndarray] = {}
+    hooks.stage("allocation: input norms of the dense model")
+    try:
+        calibrate_checkpoint(storage, targets, spec, hooks, "", _masking, recorded=norms)
+    except (ValueError, TypeError, RuntimeError, IndexError) as exc:  # the model's own errors too
+        raise PruneError(f"--calibration: {error_text(exc)}", storage.src) from None
+    return norms
 
 
 def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextlib.ExitStack) -> dict[str, Callable]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -56,17 +57,17 @@ from arrayprune.adapters.calibration import (
 )
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.arrays import release_pages
-from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile
-from arrayprune.adapters.hf_stage import calibrated
-from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, stream_seed
+from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile, TensorFiles
+from arrayprune.adapters.hf_stage import calibrated, dense_input_norms
+from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, nm_shortfalls, stream_seed
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
 from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module, spec_from
 from arrayprune.adapters.roles.names import tree_roles
-from arrayprune.adapters.stream_pruning import PruneSummary, Totals, prune_source, streams
+from arrayprune.adapters.stream_pruning import PruneSummary, Totals, global_counts, prune_source, streams
 from arrayprune.adapters.summary import report_rows, totals
 from arrayprune.adapters.trees import lookup
 from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
-from arrayprune.method_parts import pattern_of
+from arrayprune.method_parts import N_OF_M, pattern_of
 
 __all__ = [
     "NEARLY_EMPTY",
@@ -198,18 +199,14 @@ class StreamedCheckpoint:
         """The option that tensor-by-tensor pruning cannot honour, as the command line names it, or None."""
         if spec.keep_masks:
             return "--keep-masks"
-        if spec.lamp:
-            return "--lamp"
-        if spec.min_sparsity is not None or spec.max_sparsity is not None:
-            return "--min-sparsity and --max-sparsity"
         if spec.global_ and not streams(spec.method_class()):
             return f"--global with {spec.method}"
         if spec.global_ and (spec.calibration or spec.input_norms):
             return "--global with input norms"
         if spec.verify:
             return "--verify (ONNX only)"
-        if spec.allocation:
-            return "--allocation"
+        if spec.allocation and spec.calibration and spec.method in RECONSTRUCTIONS:
+            return f"--allocation with --method {spec.method} --calibration"
         return None
 
     def shown(self, plan: list[PlanEntry]) -> list[PlanEntry]:
@@ -348,6 +345,17 @@ def _global_arguments(spec: PruneSpec) -> tuple[type, dict[str, Any]]:
     return spec.method_class(), kwargs
 
 
+def _shaped(spec: PruneSpec) -> bool:
+    """Whether global pruning is bounded per tensor or ranks LAMP scores."""
+    return spec.lamp or spec.min_sparsity is not None or spec.max_sparsity is not None
+
+
+def _lamp_scores(by_magnitude: set[str], target: PlanEntry, value: Any) -> Any:
+    """What a target pruned alone to its count of a global LAMP ranking is ranked by:
+    its LAMP scores, or None (its magnitudes) where they drop the same entries."""
+    return None if target.name in by_magnitude else arrayprune.lamp_scores(value)
+
+
 def _threshold_stage(targets: list[PlanEntry]) -> str:
     n = sum(math.prod(t.shape) for t in targets)
     return f"global threshold: ranking {n} entries of {len(targets)} tensors"
@@ -477,9 +485,35 @@ def _write_streamed(
     hooks: Hooks,
     made: Mapping[str, str] | None = None,
 ) -> PruneSummary:
-    """Prune tensor by tensor in bounded memory while the checkpoint writes `dst` atomically (with `made`)."""
+    """Prune tensor by tensor in bounded memory while the checkpoint writes `dst` atomically,
+    with the provenance record `made`.
+
+    Global pruning with per-tensor bounds or LAMP scores finds each target's count first
+    (:func:`~arrayprune.adapters.stream_pruning.global_counts`, before anything is
+    written); each target is then pruned alone to its count, ranked as the global
+    ranking ranks it, which writes the masks of the global ranking.
+    """
     global_method = spec.method_class()(**method_arguments(spec, stream_seed(spec.seed))) if spec.global_ else None
-    if global_method is not None:
+    ranked_by = None if norms is None else lambda target, value: scores_for(target, norms, value)
+    if global_method is not None and _shaped(spec):
+        hooks.stage(_threshold_stage(targets) + " (per-tensor counts: one pass per 16 bits of the keys)")
+        try:
+            with TensorFiles() as files:
+                counts, by_magnitude = global_counts(
+                    targets,
+                    files,
+                    global_method,
+                    lamp=spec.lamp,
+                    min_sparsity=spec.min_sparsity,
+                    max_sparsity=spec.max_sparsity,
+                )
+        except _FAILURES as exc:
+            raise PruneError(f"global pruning: {error_text(exc)}", storage.src) from None
+        if spec.lamp:  # LAMP scores where the magnitudes would drop other entries
+            ranked_by = functools.partial(_lamp_scores, by_magnitude)
+        spec = dataclasses.replace(spec, global_=False, amount=counts, lamp=False, min_sparsity=None, max_sparsity=None)
+        global_method = None
+    elif global_method is not None:
         hooks.stage(_threshold_stage(targets) + " (one pass per 16 bits of the keys), then writing")
     with contextlib.ExitStack() as stack:
         replaced = calibrated(storage, targets, spec, hooks, dst, stack)  # layer by layer, if asked
@@ -489,7 +523,7 @@ def _write_streamed(
                 dst,
                 plan,
                 method_for=lambda target: method_for(target, spec),
-                scores_for=None if norms is None else lambda target, value: scores_for(target, norms, value),
+                scores_for=ranked_by,
                 global_method=global_method,
                 progress=hooks.progress,
                 replaced=replaced,
@@ -605,12 +639,21 @@ def _notes(spec: PruneSpec) -> list[str]:
     return [] if note is None else [note]
 
 
+def nm_warnings(spec: PruneSpec, plan: Sequence[PlanEntry]) -> list[str]:
+    """One warning per tensor an N:M method prunes that cannot hold the pattern (see
+    :func:`~arrayprune.adapters.plan.nm_shortfalls`); none for other methods."""
+    if spec.nm is None or pattern_of(spec.method_class()) is not N_OF_M:
+        return []
+    n, m = spec.nm
+    return [f"cannot hold {n}:{m}: {line}" for line in nm_shortfalls(plan, n, m, reduction=spec.dim is None)]
+
+
 def _dry_run(src: str, spec: PruneSpec, hooks: Hooks) -> PruneResult:
     """The plan, nothing written (safetensors from their headers alone)."""
     spec = spec.checked()
-    storage = open_storage(src, hooks) if not spec.allocation else WholeFile(src, hooks=hooks)
+    storage = open_storage(src, hooks)
     plan = storage.shown(_plan(storage, spec))
-    result = PruneResult(src, None, storage.kind, spec, plan, notes=_notes(spec))
+    result = PruneResult(src, None, storage.kind, spec, plan, notes=_notes(spec), warnings=nm_warnings(spec, plan))
     if spec.allocation and not spec.plan_only:
         _allocate(spec, storage, _targets(plan, src), src, hooks, result)
     return result
@@ -626,9 +669,11 @@ def _allocate(
     norms: Mapping | None = None,
 ) -> PruneSpec:
     """The allocation stage: the request with each target's own amount; the shares into `result`."""
-    from arrayprune.adapters.allocation import allocate
+    from arrayprune.adapters.allocation import OWL, allocate
 
-    if norms is None and spec.method not in RECONSTRUCTIONS:
+    if norms is None and isinstance(storage, StreamedCheckpoint) and spec.calibration:  # tokens: run layer by layer
+        norms = dense_input_norms(storage, targets, spec, hooks) if spec.allocation == OWL else None
+    elif norms is None and spec.method not in RECONSTRUCTIONS:
         norms = input_norms(spec, storage, targets, src, hooks)
     result.allocation = allocate(spec, storage, targets, norms, src, hooks)
     result.notes.extend(result.allocation.notes)
@@ -743,7 +788,7 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     layerwise = isinstance(storage, StreamedCheckpoint) and spec.calibration  # hf_stage calibrates
     norms = None if spec.method in RECONSTRUCTIONS or layerwise else input_norms(spec, storage, targets, src, hooks)
     prepared = verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written
-    result = PruneResult(src, dst, storage.kind, spec, plan, notes=_notes(spec))
+    result = PruneResult(src, dst, storage.kind, spec, plan, notes=_notes(spec), warnings=nm_warnings(spec, targets))
     shared = spec if not spec.allocation else _allocate(spec, storage, targets, src, hooks, result, norms)
     made = provenance.record(spec)
     if isinstance(storage, StreamedCheckpoint):

@@ -37,7 +37,9 @@ from arrayprune.adapters.roles.names import dtype_name, is_float, tree_roles
 from arrayprune.method_parts import pattern_of
 from arrayprune.registry import constructor_parameters
 
-__all__ = ["PlanEntry", "alias_key", "file_roles", "format_plan", "make_plan", "nodes_text", "stream_seed"]
+__all__ = [
+    "PlanEntry", "alias_key", "file_roles", "format_plan", "make_plan", "nm_shortfalls", "nodes_text", "stream_seed"
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -268,6 +270,52 @@ def format_plan(plan: list[PlanEntry], *, amount: bool = True) -> str:
     else:
         lines.append(f"{len(chosen)} of {len(plan)} tensors selected ({n} entries); no --amount: roles and axes only")
     return "\n".join(lines)
+
+
+def nm_shortfalls(plan: Iterable[PlanEntry], n: int, m: int, *, reduction: bool = True) -> list[str]:
+    """Why each tensor the plan prunes with ``n`` of every ``m`` cannot hold the pattern.
+
+    N:M groups run along each tensor's ``dim``; an axis whose length is not a multiple
+    of `m` ends in a shorter group, which keeps up to ``m - n`` entries (a depthwise
+    convolution's one input channel per group: nothing pruned).
+
+    Parameters
+    ----------
+    plan : iterable of PlanEntry
+        The plan (entries left alone, or without a ``dim``, are skipped).
+    n, m : int
+        ``n`` zeros in every ``m`` consecutive entries.
+    reduction : bool, default True
+        Whether ``dim`` is each weight's reduction axis (no ``--dim`` given), for the words.
+
+    Returns
+    -------
+    list of str
+        One line per tensor that cannot hold the pattern, in plan order: its name, why,
+        and the fraction of it that ends zero (a dense tensor's).
+
+    Examples
+    --------
+    >>> from arrayprune.adapters.roles import Role
+    >>> e = PlanEntry(("c1.weight",), "c1.weight", (8, 3, 3, 3), "float32", Role("weight"), True, dim=1)
+    >>> nm_shortfalls([e], 2, 4)
+    ['c1.weight: reduction axis (dim 1) of length 3 is not a multiple of 4: 2:4 leaves it 33.33% zero, not 50%']
+    """
+    out = []
+    for e in plan:
+        if not e.prune or e.dim is None or not e.shape:
+            continue
+        length = e.shape[e.dim]
+        if length % m == 0:
+            continue
+        zeros = (length // m) * n + max(0, length % m - (m - n))
+        axis = f"{'reduction axis' if reduction else 'axis'} (dim {e.dim}) of length {length}"
+        depthwise = "depthwise: " if length == 1 and len(e.shape) > 2 else ""
+        out.append(
+            f"{e.name}: {depthwise}{axis} is not a multiple of {m}: "
+            f"{n}:{m} leaves it {100 * zeros / length:.2f}% zero, not {100 * n / m:g}%"
+        )
+    return out
 
 
 def stream_seed(seed: int | None, name: str = "") -> int | None:

@@ -77,11 +77,15 @@ class Curve:
         Its shape.
     errors : tuple of float
         The error at each sparsity of the scan.
+    nodes : tuple of str
+        The graph nodes reading the weight, in graph order (empty without a graph):
+        what pictures call it.
     """
 
     name: str
     shape: tuple[int, ...]
     errors: tuple[float, ...]
+    nodes: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
@@ -105,7 +109,8 @@ class ScanResult:
     sparsities : tuple of float
         The sparsities scanned, ascending.
     curves : list of Curve
-        One per weight, in the model's order.
+        One per weight, in the model's order (of an ONNX graph: the order of the first
+        node reading each weight).
     outputs : list of str
         The outputs compared.
     samples : int
@@ -146,7 +151,11 @@ class ScanResult:
             "sparsities": list(self.sparsities),
             "outputs": list(self.outputs),
             "samples": self.samples,
-            "curves": [{"name": c.name, "shape": list(c.shape), "errors": list(c.errors)} for c in self.curves],
+            "curves": [
+                {"name": c.name, "shape": list(c.shape), "errors": list(c.errors)}
+                | ({"nodes": list(c.nodes)} if c.nodes else {})
+                for c in self.curves
+            ],
         }
 
     @classmethod
@@ -172,7 +181,7 @@ class ScanResult:
                     raise ValueError(f"curve {c['name']!r} has {len(errors)} errors for {len(sparsities)} sparsities")
                 if not all(math.isfinite(e) and e >= 0 for e in errors):
                     raise ValueError(f"curve {c['name']!r} has errors that are negative or not finite")
-                curves.append(Curve(str(c["name"]), shape, errors))
+                curves.append(Curve(str(c["name"]), shape, errors, tuple(str(n) for n in c.get("nodes", ()))))
             return cls(
                 method=str(data["method"]),
                 sparsities=sparsities,
@@ -445,6 +454,9 @@ def scan_onnx(
     sparsities = check_sparsities(sparsities)
     targets = _targets(wf.params, file_roles(wf), method, include, exclude, min_size)
     model = wf.context["model"]
+    position = {node.name: i for i, node in reversed(list(enumerate(model.graph.node))) if node.name}
+    unread = len(model.graph.node)  # weights read in no named node of the main graph: last, in file order
+    targets.sort(key=lambda t: min((position.get(n, unread) for n in t.role.nodes), default=unread))
     names = [t.name for t in targets]
     norms = onnx_input_norms(wf, calibration, names, batch_size=calibration_batch) if _calibrated(method) else None
     rebuilt = {}
@@ -467,7 +479,7 @@ def scan_onnx(
             else:
                 pruned = _masked(target, method, s, norms)
             errors.append(trials.error({target.name: pruned}))
-        curves.append(Curve(target.name, target.shape, tuple(errors)))
+        curves.append(Curve(target.name, target.shape, tuple(errors), target.role.nodes))
     return ScanResult(method, sparsities, curves, trials.outputs, samples, wf.path)
 
 

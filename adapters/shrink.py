@@ -183,7 +183,8 @@ def shrink_onnx(
     (onnx.ModelProto, ShrinkReport)
         The new model (every initializer outside the groups, every node, name, input,
         output and attribute unchanged, but for the ``group`` of depthwise
-        convolutions; member initializers sliced under their own names; the shapes of
+        convolutions and the channel count in ``Reshape`` target shapes; member
+        initializers sliced under their own names; the shapes of
         the activations in the groups, where ``value_info`` states them, updated) and
         what was done.
 
@@ -244,6 +245,8 @@ def shrink_onnx(
             for a in graph.node[idx].attribute:
                 if a.name == "group":
                     a.i = new_channels[og.group.name]
+        for shape_name, index in og.shapes:
+            _set_shape_entry(onnx, graph, shape_name, index, new_channels[og.group.name])
     before = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     after = sum(int(np.prod(t.dims)) for t in graph.initializer)
     report = ShrinkReport(
@@ -253,6 +256,20 @@ def shrink_onnx(
         after,
     )
     return out, report
+
+
+def _set_shape_entry(onnx: Any, graph: Any, name: str, index: int, n: int) -> None:
+    """Set entry `index` of the integer constant `name` (an initializer or a ``Constant``
+    output, a ``Reshape`` target shape) to `n`."""
+    tensors = [t for t in graph.initializer if t.name == name]
+    tensors += [
+        a.t for node in graph.node if node.op_type == "Constant" and node.output[:1] == [name]
+        for a in node.attribute if a.name == "value"
+    ]  # fmt: skip
+    for t in tensors:
+        value = onnx.numpy_helper.to_array(t).copy()
+        value.reshape(-1)[index] = n
+        t.CopyFrom(onnx.numpy_helper.from_array(value, t.name))
 
 
 def _set_dim(v: Any, axis: int, n: int) -> None:

@@ -284,6 +284,7 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
 
     numpy_helper = optional_module("onnx.numpy_helper", "onnx", "--shrink")
     members = {m.key for g in found.groups for m in g.group.members}
+    members |= {name for g in found.groups for name, _ in g.shapes}  # Reshape targets follow the channels
     params = dict(wf.params)
     params.update((t.name, numpy_helper.to_array(t)) for t in small.graph.initializer if t.name in members)
     context = {**wf.context, "model": small, "provenance": provenance.record(spec)}

@@ -24,6 +24,12 @@ in memory at a time.
   when the bracket misses. The sample changes the time, never the masks. A magnitude
   score ranks the stored entries as they are; another elementwise score is computed
   chunk by chunk, and its magnitudes ranked.
+* **Global pruning with per-tensor bounds or LAMP scores** (``--min-sparsity``,
+  ``--max-sparsity``, ``--lamp``): such a ranking drops from every tensor a prefix of
+  its own order, so :func:`global_counts` finds each tensor's count (one histogram pass
+  per digit, per tensor, clipped to its bounds:
+  :func:`arrayprune.selection.radix.bounded_counts`) and each tensor is then pruned
+  alone to its count (by its LAMP scores, read whole one tensor at a time, for LAMP).
 * **Pruning per tensor by an elementwise score** (``l1_unstructured``, ...): the same,
   one tensor at a time.
 * **N:M pruning** along the last axis (``nm_structured``, the reduction axis of a
@@ -74,7 +80,7 @@ from arrayprune.adapters.formats.safetensors_stream import BackgroundWrites, Ten
 from arrayprune.method_parts import N_OF_M, pattern_of, score_of
 from arrayprune.selection import radix
 
-__all__ = ["MAGNITUDE_DTYPES", "PruneSummary", "Totals", "fold", "prune_source", "prune_stored"]
+__all__ = ["MAGNITUDE_DTYPES", "PruneSummary", "Totals", "fold", "global_counts", "prune_source", "prune_stored"]
 
 #: The safetensors dtypes whose magnitudes are ranked here, and their names for the keys.
 MAGNITUDE_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
@@ -287,13 +293,22 @@ class _Cut:
     score is computed chunk by chunk (``method.entry_scores``) and its magnitudes ranked.
     """
 
-    def __init__(self, targets: Sequence[Any], files: TensorFiles, method: Any, *, release: bool, threads: int = 1):
+    def __init__(
+        self,
+        targets: Sequence[Any],
+        files: TensorFiles,
+        method: Any,
+        *,
+        release: bool,
+        threads: int = 1,
+        find: bool = True,
+    ):
         self.names = {e.name: _magnitude_name(e) for e in targets}
         self.method = None if score_of(method).magnitude else method
         self.score_names = self.names if self.method is None else {e.name: self._score_dtype(e) for e in targets}
         self.bits = radix.key_bits(self.score_names.values())
         total = sum(e.value.size for e in targets)
-        k = method.count(total)
+        k = method.count(total) if find else 0  # not `find`: the keys alone (:meth:`keys`)
         self.stream = None
         self.key = 0
         self.buffers = _BUFFERS
@@ -544,8 +559,7 @@ def _prune_in_core(entry: Any, files: TensorFiles, sink: BackgroundWrites, metho
     from arrayprune.adapters import mapping as mp
 
     t = entry.value
-    _magnitude_name(entry)
-    value = files.load(t) if t.code == "BF16" else files.raw(t).reshape(t.shape)
+    value = read_whole(files, entry)
     if scores_for is None:
         mask = to_numpy(method.keep_mask(value)).reshape(-1)  # the mapping adapter's mask, as booleans
         if mask.dtype == np.bool_:
@@ -635,6 +649,109 @@ class _CutsAhead:
     def close(self) -> None:
         """Drop the cut ahead (if not begun) or wait for it (reads only, no writes)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def read_whole(files: TensorFiles, entry: Any) -> Any:
+    """A target read whole, as the in-memory path reads it (bfloat16 as a PyTorch tensor)."""
+    t = entry.value
+    _magnitude_name(entry)
+    return files.load(t) if t.code == "BF16" else files.raw(t).reshape(t.shape)
+
+
+def global_counts(
+    targets: Sequence[Any],
+    files: TensorFiles,
+    method: Any,
+    *,
+    lamp: bool = False,
+    min_sparsity: float | None = None,
+    max_sparsity: float | None = None,
+) -> tuple[dict[str, int], set[str]]:
+    """Each target's number of pruned entries under one global ranking, with per-tensor
+    bounds or LAMP scores: the counts of :func:`arrayprune.global_unstructured` with
+    `min_sparsity`, `max_sparsity` and ``normalization="lamp"`` on the targets in order.
+
+    Such a ranking drops from every tensor a prefix of its own order (its entries
+    ranked by score, ties by position): pruning each target alone to its count
+    (:func:`prune_stored` with the count as its amount, ranked by its LAMP scores for
+    `lamp`) writes the masks of the global ranking. The counts of an elementwise score
+    come from one histogram pass per 16-bit digit of its keys, chunk by chunk
+    (:func:`arrayprune.selection.radix.bounded_counts`). LAMP scores come from one
+    target read whole at a time, sorted
+    (:func:`arrayprune.global_pruning.sorted_lamp_scores`, the values of
+    :func:`arrayprune.lamp_scores`), usually in two passes
+    (:func:`arrayprune.selection.radix.bounded_counts_of_sorted`; else four digit passes).
+    LAMP scores grow with the magnitudes: where a target's last score dropped is below
+    its first kept, its count drops the same entries by magnitude.
+
+    Parameters
+    ----------
+    targets : sequence of PlanEntry
+        The selected tensors, in plan order (the order of ties).
+    files : TensorFiles
+        Reads them.
+    method : UnstructuredPruningMethod
+        The global method (its amount counts entries over all targets); its score is
+        elementwise (:func:`streams`).
+    lamp : bool, default False
+        Rank by LAMP scores (a magnitude method).
+    min_sparsity, max_sparsity : float, optional
+        Bounds on every target's sparsity.
+
+    Returns
+    -------
+    dict of str to int
+        Target name to its pruned entries.
+    set of str
+        With `lamp`: the targets whose count drops the same entries ranked by magnitude
+        as by LAMP score (empty without `lamp`).
+
+    Raises
+    ------
+    ValueError
+        Bounds that cannot hold the amount, or a tensor holding NaN with `lamp` (the
+        messages of :func:`arrayprune.global_unstructured`).
+    TypeError
+        A dtype that cannot be ranked here.
+    """
+    from arrayprune.global_pruning import _bounds, _check_total, sorted_lamp_scores
+
+    total = sum(e.value.size for e in targets)
+    k = method.count(total)
+    bounds = _bounds(None, [e.value for e in targets], [None] * len(targets), min_sparsity, max_sparsity)
+    _check_total(k, bounds)
+    keyed = _Cut(targets, files, method, release=True, find=False)
+    bits = radix.key_bits(["float64"]) if lamp else keyed.bits
+    scratch = _Scratch()
+
+    def lamp_keys(entry: Any) -> np.ndarray:
+        scores = to_numpy(sorted_lamp_scores(read_whole(files, entry)))
+        files.release_tensor(entry.value)
+        return radix.magnitude_keys(scores, "float64", bits)  # ascending, as the scores
+
+    if lamp:
+        sizes = [e.value.size for e in targets]
+        found = radix.bounded_counts_of_sorted(lambda: map(lamp_keys, targets), sizes, k, bounds)
+        if found is not None:
+            exact = {e.name for e, flag in zip(targets, found[1], strict=True) if flag}
+            return {e.name: c for e, c in zip(targets, found[0], strict=True)}, exact
+
+    def keys_of(entry: Any) -> Iterable[np.ndarray]:
+        if lamp:
+            yield lamp_keys(entry)  # their order does not count
+            return
+        for raw in files.chunks(entry.value):
+            yield keyed.keys(entry, raw, scratch=scratch)
+
+    def histograms(prefix: int, shift: int, width: int) -> Iterable[np.ndarray]:
+        for entry in targets:
+            counts = np.zeros(1 << width, dtype=np.int64)
+            for keys in keys_of(entry):
+                counts += radix.digit_histogram(keys, prefix, shift, width)
+            yield counts
+
+    counts = radix.bounded_counts(histograms, bits, k, bounds)
+    return {e.name: c for e, c in zip(targets, counts, strict=True)}, set()
 
 
 def _copy(t: Any, files: TensorFiles, sink: BackgroundWrites) -> int:

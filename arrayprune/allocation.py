@@ -40,6 +40,7 @@ __all__ = [
     "counts_near",
     "outlier_ratio",
     "owl_allocation",
+    "owl_counts",
     "predicted_error",
 ]
 
@@ -420,6 +421,48 @@ def owl_allocation(
     scores = list(scores)
     sizes = [math.prod(int(s) for s in x.shape) for x in scores]
     ratios = [outlier_ratio(x, m) for x in scores]
+    return owl_counts(
+        ratios, sizes, amount, lam=lam, min_sparsity=min_sparsity, max_sparsity=max_sparsity, steps=steps
+    )
+
+
+def owl_counts(
+    ratios: Sequence[float],
+    sizes: Sequence[int],
+    amount: int | float,
+    *,
+    lam: float = OWL_LAMBDA,
+    min_sparsity: float | Sequence[float] | None = None,
+    max_sparsity: float | Sequence[float] | None = None,
+    steps: Sequence[int] | None = None,
+) -> list[int]:
+    """:func:`owl_allocation` from each array's outlier ratio (:func:`outlier_ratio`) and size.
+
+    For arrays read one at a time (a checkpoint streamed tensor by tensor): the
+    counts depend on the scores only through their ratios.
+
+    Parameters
+    ----------
+    ratios : sequence of float
+        Each array's outlier ratio.
+    sizes : sequence of int
+        Entries of each array.
+    amount, lam, min_sparsity, max_sparsity, steps
+        As for :func:`owl_allocation`.
+
+    Returns
+    -------
+    list of int
+        Entries to prune from each array.
+
+    Raises
+    ------
+    ValueError
+        If `lam` is negative, or the bounds cannot hold the total.
+    """
+    if not (math.isfinite(lam) and lam >= 0):
+        raise ValueError(f"lam must be finite and >= 0, got {lam}")
+    ratios = [float(r) for r in ratios]
     low, high = min(ratios, default=0.0), max(ratios, default=0.0)
     scaled = [0.0 if high == low else (r - low) / (high - low) * 2 * lam for r in ratios]
     _, _, total = _checked(sizes, steps, amount)

@@ -16,7 +16,7 @@ from .method_parts import score_of
 from .methods import UnstructuredPruningMethod, combine_masks
 from .selection import smallest_magnitude_keep
 
-__all__ = ["global_unstructured", "lamp_scores"]
+__all__ = ["global_unstructured", "lamp_scores", "sorted_lamp_scores"]
 
 Array = Any
 
@@ -180,13 +180,7 @@ def _bounded_selection(
     every array takes a prefix of its range, and the global threshold is clipped to
     the bounds exactly.
     """
-    forced = sum(lo for lo, _ in bounds)
-    ceiling = sum(hi for _, hi in bounds)
-    if not forced <= k <= ceiling:
-        raise ValueError(
-            f"cannot prune {k} entries within the per-array sparsity bounds "
-            f"(between {forced} and {ceiling} are possible)"
-        )
+    forced = _check_total(k, bounds)
     keep_low, free = [], []
     for r, e, (lo, hi) in zip(ranked, eligible_masks, bounds, strict=True):
         below_low = smallest_magnitude_keep([r], lo, [e])[0]
@@ -195,6 +189,18 @@ def _bounded_selection(
         free.append(below_low & ~below_high)
     chosen = smallest_magnitude_keep(ranked, k - forced, free)
     return [a & b for a, b in zip(keep_low, chosen, strict=True)]
+
+
+def _check_total(k: int, bounds: list[tuple[int, int]]) -> int:
+    """Refuse a total the bounds cannot hold; the entries they force."""
+    forced = sum(lo for lo, _ in bounds)
+    ceiling = sum(hi for _, hi in bounds)
+    if not forced <= k <= ceiling:
+        raise ValueError(
+            f"cannot prune {k} entries within the per-array sparsity bounds "
+            f"(between {forced} and {ceiling} are possible)"
+        )
+    return forced
 
 
 def lamp_scores(x: Array, eligible_mask: Array | None = None) -> Array:
@@ -226,16 +232,55 @@ def lamp_scores(x: Array, eligible_mask: Array | None = None) -> Array:
     xp = namespace(x)
     if size(x) == 0:  # nothing to rank (and Dask cannot flatten every empty array)
         return xp.zeros(x.shape, dtype=widest_float(xp, apc.device(x)), device=apc.device(x))
-    a = xp.abs(xp.astype(xp.reshape(x, (-1,)), widest_float(xp, apc.device(x))))
-    if not is_traced(a) and bool(xp.any(xp.isnan(a))):
-        raise ValueError("LAMP scores are undefined for arrays holding NaN")
+    a = _magnitudes(x)
     if eligible_mask is not None:
         a = xp.where(xp.reshape(eligible_mask, (-1,)), a, xp.asarray(0.0, dtype=a.dtype, device=apc.device(x)))
     order = xp.argsort(a, stable=True)
-    squared = xp.take(a, order) ** 2
-    suffix = xp.flip(xp.cumulative_sum(xp.flip(squared)))
-    ratio = xp.where(suffix > 0, squared / xp.where(suffix > 0, suffix, 1.0), 0.0)
+    ratio = _ascending_ratios(xp, xp.take(a, order))
     return xp.reshape(xp.take(ratio, xp.argsort(order)), x.shape)
+
+
+def _magnitudes(x: Array) -> Array:
+    """``|x|`` flat, in the widest float; ValueError for NaN (LAMP's input)."""
+    xp = namespace(x)
+    a = xp.abs(xp.astype(xp.reshape(x, (-1,)), widest_float(xp, apc.device(x))))
+    if not is_traced(a) and bool(xp.any(xp.isnan(a))):
+        raise ValueError("LAMP scores are undefined for arrays holding NaN")
+    return a
+
+
+def _ascending_ratios(xp: Any, ascending: Array) -> Array:
+    """LAMP's ratios of magnitudes sorted ascending: each square over the sum of the squares from it on."""
+    squared = ascending**2
+    suffix = xp.flip(xp.cumulative_sum(xp.flip(squared)))
+    return xp.where(suffix > 0, squared / xp.where(suffix > 0, suffix, 1.0), 0.0)
+
+
+def sorted_lamp_scores(x: Array) -> Array:
+    """The LAMP scores of `x` (:func:`lamp_scores`, every entry eligible), ascending.
+
+    The same values, bit for bit, without the positions (one sort instead of two
+    argsorts): what counting them needs.
+
+    Parameters
+    ----------
+    x : array
+        Weights.
+
+    Returns
+    -------
+    array
+        1-D, ascending (float64 where the library has it).
+
+    Raises
+    ------
+    ValueError
+        If `x` holds NaN.
+    """
+    xp = namespace(x)
+    if size(x) == 0:
+        return xp.zeros((0,), dtype=widest_float(xp, apc.device(x)), device=apc.device(x))
+    return _ascending_ratios(xp, xp.sort(_magnitudes(x)))
 
 
 def _concatenated(method: Any, scores: list[Array], masks: list[Array]) -> list[Array]:

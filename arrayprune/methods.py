@@ -60,7 +60,7 @@ from ._masks import (
     ones_mask,
     size,
 )
-from ._namespace import namespace
+from ._namespace import check_known_shape, namespace
 from ._tracing import DATA_DEPENDENT
 from .norms import channel_norms
 from .rng import check_random_source, uniform_like, uniform_many
@@ -632,6 +632,7 @@ class StructuredPruningMethod(AmountPruningMethod):
         return channel_keep_to_mask(mask, self.keep_channels(t, dim, k, remaining), dim)
 
     def units(self, t: Array, mask: Array | None = None) -> tuple[int, int]:
+        check_known_shape(t)
         dim = _amount.normalize_dim(t.shape, self.dim)
         n = t.shape[dim]
         return n, 0 if mask is None else n - count_true(remaining_channels(mask, dim))

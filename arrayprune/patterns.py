@@ -21,7 +21,7 @@ import array_api_extra as xpx
 from . import amount as _amount
 from . import method_parts as _parts
 from ._masks import apply_keep, check_same_shape, count_true, eligible, known_count, mask_or_ones
-from ._namespace import namespace
+from ._namespace import check_known_shape, namespace
 from ._tracing import is_traced
 from .methods import AmountPruningMethod, BasePruningMethod
 from .selection import smallest_magnitude_keep
@@ -321,6 +321,7 @@ class BlockUnstructured(AmountPruningMethod):
         return apply_keep(mask_or_ones(t, default_mask), keep, owned=False)  # may be a broadcast view
 
     def units(self, t: Array, mask: Array | None = None) -> tuple[int, int]:
+        check_known_shape(t)
         block, grid = self._grid(tuple(t.shape))
         n = math.prod(grid)
         if mask is None or n == 0:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._masks import check_same_shape
+from ._namespace import check_known_shape
 from .functional import mask_for
 from .methods import AmountPruningMethod, L1Unstructured
 
@@ -185,9 +186,11 @@ def units_to_prune(x: Array, sparsity: float, mask: Array | None, pruning_method
     TypeError
         If the method prunes no amount of units, or `sparsity` is not a number.
     ValueError
-        If `sparsity` is outside ``[0, 1]``.
+        If `sparsity` is outside ``[0, 1]``, or `x` is a Dask array of unknown chunk
+        sizes (call its ``compute_chunk_sizes()`` first).
     """
     target = _check_fraction("sparsity", sparsity)
+    check_known_shape(x)  # a Dask array of unknown chunk sizes has no count of units
     if isinstance(pruning_method, AmountPruningMethod):
         units, pruned = pruning_method.units(x, mask)
         return max(0, round(target * units) - pruned)

@@ -126,3 +126,50 @@ def test_block_larger_than_the_tensor_is_the_whole_tensor(tmp_path):
     expected = w[:4, :6].copy()
     expected[:, :3] = 0
     np.testing.assert_array_equal(load(out)["b.weight"], expected)
+
+
+def test_nm_names_every_tensor_that_cannot_hold_the_pattern(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    onnx = pytest.importorskip("onnx")
+    from onnx import numpy_helper
+    from test_onnx_shrink import export
+
+    from arrayprune.adapters.cli import main
+
+    class Net(torch.nn.Module):
+        """A 3-input-channel stem, a depthwise conv, a pointwise conv and a classifier."""
+
+        def __init__(self):
+            super().__init__()
+            self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.dw = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+            self.c2 = torch.nn.Conv2d(8, 16, 1)
+            self.fc = torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            h = torch.relu(self.c2(torch.relu(self.dw(torch.relu(self.c1(x))))))
+            return self.fc(h.mean(dim=(2, 3)))
+
+    src, out = tmp_path / "cnn.onnx", tmp_path / "out.onnx"
+    onnx.save(export(Net(), torch.randn(1, 3, 8, 8)), src)
+    expected = [
+        "arrayprune: warning: cannot hold 2:4: c1.weight: reduction axis (dim 1) of length 3 is not a multiple "
+        "of 4: 2:4 leaves it 33.33% zero, not 50%",
+        "arrayprune: warning: cannot hold 2:4: dw.weight: depthwise: reduction axis (dim 1) of length 1 is not a "
+        "multiple of 4: 2:4 leaves it 0.00% zero, not 50%",
+    ]
+    capsys.readouterr()
+    assert main(["prune", str(src), "--method", "nm_structured", "--dry-run"]) == 0
+    printed, err = capsys.readouterr()
+    assert err.splitlines() == expected
+    assert "c1.weight  /c1/Conv  weight  8x3x3x3" in printed
+
+    assert main(["prune", str(src), "-o", str(out), "--method", "nm_structured"]) == 0
+    printed, err = capsys.readouterr()
+    assert err.splitlines() == expected
+    assert printed.splitlines()[0].startswith(
+        f"pruned 4 tensors of {src} (nm_structured, 2:4; 2 of them cannot hold it, see the warnings): "
+    )
+    written = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
+    sparsity = {k: float(np.mean(written[k] == 0)) for k in ("c1.weight", "dw.weight", "c2.weight", "fc.weight")}
+    assert sparsity == {"c1.weight": 1 / 3, "dw.weight": 0.0, "c2.weight": 0.5, "fc.weight": 0.5}

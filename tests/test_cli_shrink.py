@@ -140,7 +140,7 @@ def test_dry_run_lists_groups_and_producers_left(model, tmp_path, capsys):
         f"channel groups of {model} (onnx), ln_structured, amount 0.25; nothing is written (--dry-run)",
         "group mm1 (64 -> 48 channels, MatMul 'mm1'): W1[1], b1[0]*, W2[0]",
         "left mm2 (32 channels, MatMul 'mm2'): residual Add: Add 'residual' also reads 'x'",
-        "left y (4 channels, MatMul 'head'): 'y' is a graph output",
+        "left head (4 channels, MatMul 'head'): 'y' is a graph output",
     ]
     code, printed, err = cli(capsys, model, "--dry-run", "--shrink", "--method", "random_structured")
     assert (code, err) == (0, "")
@@ -279,6 +279,42 @@ def test_verify_on_a_torch_export_with_batch_norm_and_depthwise_conv(tmp_path, c
     assert "pass" in printed
     small, _ = shrink_onnx(onnx.load(str(src)), 0.5)
     assert arrays(checked(out)) == arrays(small)
+
+
+@pytest.mark.parametrize(
+    "net, dynamo", [("MeanPoolNet", True), ("MeanPoolNet", False), ("PoolNet", True)],
+    ids=["mean-dynamo", "mean-torchscript", "adaptive-pool-dynamo"],
+)  # fmt: skip
+def test_every_conv_shrinks_through_a_global_mean_pool(tmp_path, capsys, net, dynamo):
+    torch = pytest.importorskip("torch")
+    import test_onnx_shrink
+
+    src = tmp_path / "cnn.onnx"
+    onnx.save(test_onnx_shrink.export(getattr(test_onnx_shrink, net)(), torch.randn(2, 3, 9, 9), dynamo=dynamo), src)
+    convs = [n.name for n in onnx.load(str(src)).graph.node if n.op_type == "Conv"]
+    code, printed, err = cli(capsys, src, "--dry-run", "--shrink", "--method", "ln_structured", "--amount", "0.5")
+    assert (code, err) == (0, "")
+    lines = printed.splitlines()
+    (gemm,) = [n.name for n in onnx.load(str(src)).graph.node if n.op_type == "Gemm"]
+    assert [line.split(" (")[0] for line in lines[1:]] == [f"group {convs[0]}", f"group {convs[1]}", f"left {gemm}"]
+    assert lines[2].endswith("c2.weight[0], c2.bias[0]*, fc.weight[1]")
+    out = tmp_path / "small.onnx"
+    code, printed, err = cli(
+        capsys, src, "-o", out, "--method", "ln_structured", "--amount", "0.5", "--shrink", "--verify",
+        "--verify-tol", "1e-5,1e-5",
+    )  # fmt: skip
+    assert (code, err) == (0, ""), printed
+    assert f"group {convs[0]}: 8 -> 4 channels kept" in printed.splitlines()
+    assert f"group {convs[1]}: 12 -> 6 channels kept" in printed.splitlines()
+    assert "pass" in printed
+    got = checked(out)
+    shapes = {name: shape for name, (shape, _) in arrays(got).items()}
+    assert (shapes["c1.weight"], shapes["c2.weight"], shapes["fc.weight"]) == ((4, 3, 3, 3), (6, 4, 3, 3), (5, 6))
+    small, _ = shrink_onnx(onnx.load(str(src)), 0.5)
+    assert arrays(got) == arrays(small)  # the Reshape target too
+    x = np.random.default_rng(5).standard_normal((2, 3, 9, 9)).astype(np.float32)
+    y = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert y.shape == (2, 5)
 
 
 def test_external_data_stays_external(external, tmp_path, capsys):

@@ -22,6 +22,7 @@ from test_selection import make_data  # noqa: E402
 
 import arrayprune as ap  # noqa: E402
 from arrayprune import _blocks  # noqa: E402
+from arrayprune.schedules import units_to_prune  # noqa: E402
 from arrayprune.selection import lazy  # noqa: E402
 from conftest import reference_keep  # noqa: E402
 
@@ -303,3 +304,28 @@ def test_above_2_to_the_22_entries():
     again = ap.l1_unstructured(dx, 0.5, default_mask=_lazy(first, 1 << 21))
     _equal(again, ap.l1_unstructured(x, 0.5, default_mask=first))
     _equal(ap.random_unstructured(dx, 0.3, seed=2), ap.random_unstructured(x, 0.3, seed=2))
+
+
+@pytest.mark.parametrize(
+    "method, kwargs",
+    [(ap.BlockUnstructured, {"block_shape": (2, 2)}), (ap.LnStructured, {"n": 2, "dim": 0}), (ap.L1Unstructured, {})],
+    ids=["blocks", "channels", "entries"],
+)
+def test_unknown_chunk_sizes_say_compute_chunk_sizes(method, kwargs):
+    """Rows kept by a boolean index have NaN chunk lengths: a clear error, and the advised fix works."""
+    x = np.random.default_rng(3).standard_normal((20, 8)).astype(np.float32)
+    dx = _lazy(x, (5, 4))
+    rows = dx[dx[:, 0] > 0]
+    assert np.isnan(rows.shape[0])
+    message = r"cannot prune an array of shape \(nan, 8\): unknown chunk sizes; call `\.compute_chunk_sizes\(\)`"
+    with pytest.raises(ValueError, match=message):
+        ap.prune_to_sparsity(rows, 0.5, pruning_method=method, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        units_to_prune(rows, 0.5, None, method, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        method(0, **kwargs).units(rows)
+    rows.compute_chunk_sizes()
+    _equal(
+        ap.prune_to_sparsity(rows, 0.5, pruning_method=method, **kwargs),
+        ap.prune_to_sparsity(x[x[:, 0] > 0], 0.5, pruning_method=method, **kwargs),
+    )

@@ -82,6 +82,18 @@ def test_lamp_scores_hand_computed():
     np.testing.assert_allclose(ap.lamp_scores(np.array([1.0, -2.0, 2.0, 3.0])), [1 / 18, 4 / 17, 4 / 13, 1.0])
 
 
+def test_sorted_lamp_scores_are_lamp_scores_sorted_bit_for_bit(backend):
+    from arrayprune.global_pruning import sorted_lamp_scores
+
+    rng = np.random.default_rng(5)
+    a = (rng.integers(-30, 31, (40, 25)) * 0.37 + rng.standard_normal((40, 25)) * (rng.random((40, 25)) < 0.5))
+    x = backend.asarray(a.astype(np.float32))
+    want = np.sort(to_numpy(ap.lamp_scores(x)).reshape(-1))
+    got = to_numpy(sorted_lamp_scores(x))
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    assert sorted_lamp_scores(backend.asarray(np.zeros((0, 3), np.float32))).shape == (0,)
+
+
 def test_lamp_global_is_exact_and_protects_small_layers(backend):
     arrays = _arrays(2, [500, 40, 800], [1.0, 0.01, 0.5])
     masks = ap.global_unstructured(

@@ -90,8 +90,14 @@ def check(model: onnx.ModelProto, x: np.ndarray, amount, expected_drop: int, **k
 
     new = {t.name: t for t in small.graph.initializer}
     assert list(new) == [t.name for t in model.graph.initializer]
+    shapes = {name: (i, len(report.kept[g.group.name])) for g in report.groups.groups for name, i in g.shapes}
     for t in model.graph.initializer:
-        if t.name in slices:
+        if t.name in shapes:  # a Reshape target: the channel count follows
+            i, n = shapes[t.name]
+            want = numpy_helper.to_array(t).copy()
+            want[i] = n
+            np.testing.assert_array_equal(numpy_helper.to_array(new[t.name]), want)
+        elif t.name in slices:
             got = numpy_helper.to_array(new[t.name])
             assert got.dtype == slices[t.name].dtype
             np.testing.assert_array_equal(got, slices[t.name])
@@ -305,3 +311,60 @@ def test_flatten_without_a_global_pool_is_left():
     found = onnx_groups(export(Flat(), torch.randn(1, 3, 5, 5)))
     assert found.groups == []
     assert any("mixes the channels with other axes" in lf.reason for lf in found.left)
+
+
+class MeanPoolNet(torch.nn.Module):
+    """Conv -> ReLU -> Conv -> ReLU -> global mean pool (``x.mean((2, 3))``) -> Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 12, 3)
+        self.fc = torch.nn.Linear(12, 5)
+
+    def forward(self, x):
+        h = torch.relu(self.c2(torch.relu(self.c1(x))))
+        return self.fc(h.mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize(
+    "net, dynamo, after_pool",
+    [(MeanPoolNet, True, "Gemm"), (MeanPoolNet, False, "Gemm"), (PoolNet, True, "Reshape")],
+    ids=["mean-dynamo", "mean-torchscript", "adaptive-pool-dynamo"],
+)
+def test_reduce_mean_into_the_classifier(net, dynamo, after_pool):
+    model = export(net(), torch.randn(2, 3, 9, 9), dynamo=dynamo)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops[ops.index("ReduceMean") + 1] == after_pool
+    found = onnx_groups(model)
+    # every conv is shrunk, the last through ReduceMean (and Reshape) into the classifier
+    assert [g.group.channels for g in found.groups] == [8, 12]
+    assert [g.group.name for g in found.groups] == [n.name for n in model.graph.node if n.op_type == "Conv"]
+    assert [lf.reason for lf in found.left] == ["'y' is a graph output"]
+    (fc,) = [t.name for t in model.graph.initializer if t.name.startswith("fc.weight")]
+    last = found.groups[1].group
+    assert [(m.key, m.axis, m.weight) for m in last.members][2] == (fc, 1, True)
+    if after_pool == "Reshape":  # [2, 12, 1, 1] -> [2, 12]: the target shape follows the channels
+        (shape,) = found.groups[1].shapes
+        assert shape[1] == 1
+    x = np.random.default_rng(4).standard_normal((2, 3, 9, 9)).astype(np.float32)
+    before, after = 216 + 8 + 864 + 12 + 60 + 5, 108 + 4 + 216 + 6 + 30 + 5
+    small, report = check(model, x, 0.5, expected_drop=before - after)
+    init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    w2, wf = init[last.members[0].key], init[fc]
+    norms = np.sqrt((w2.reshape(12, -1).astype(np.float64) ** 2).sum(1) + (wf.astype(np.float64) ** 2).sum(0))
+    np.testing.assert_array_equal(report.kept[last.name], np.sort(np.argsort(norms, kind="stable")[6:]))
+    assert run(small, x).shape == (2, 5)
+
+
+def test_reduce_over_the_channel_axis_is_left():
+    class ChannelMean(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.fc = torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.c(x)).mean(dim=(1, 2)))
+
+    found = onnx_groups(export(ChannelMean(), torch.randn(1, 3, 5, 5), dynamo=True))
+    assert found.groups == []
+    assert found.left[0].reason == "ReduceMean 'node_mean' reduces the channel axis"

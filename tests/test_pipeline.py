@@ -122,10 +122,24 @@ def test_wanda_with_calibration(tmp_path, capsys, options):
     _same(tmp_path, capsys, EXAMPLE, ".onnx", calibration=str(calib), **options)
 
 
-@pytest.mark.parametrize("suffix", [".onnx", ".npz"])
+def _source(tmp_path, suffix):
+    if suffix == ".onnx":
+        return EXAMPLE
+    if suffix == "":
+        return write_checkpoint(tmp_path / "in", llama_tensors(layers=2, seed=5), 3)
+    return _state_dict_file(tmp_path, suffix)
+
+
+@pytest.mark.parametrize("suffix", [".onnx", ".npz", ".safetensors", ""])  # "": sharded
 def test_allocation(tmp_path, capsys, suffix):
-    src = EXAMPLE if suffix == ".onnx" else _state_dict_file(tmp_path, suffix)
-    _same(tmp_path, capsys, src, suffix, amount=0.7, allocation="owl", max_sparsity=0.9)
+    _same(tmp_path, capsys, _source(tmp_path, suffix), suffix, amount=0.7, allocation="owl", max_sparsity=0.9)
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ""])  # streamed: per-tensor counts, then tensor by tensor
+@pytest.mark.parametrize("options", [{"min_sparsity": 0.3, "max_sparsity": 0.7}, {"lamp": True}])
+def test_bounds_and_lamp_streamed(tmp_path, capsys, suffix, options):
+    pytest.importorskip("torch")
+    _same(tmp_path, capsys, _source(tmp_path, suffix), suffix, amount=0.5, global_=True, **options)
 
 
 def test_one_safetensors_file_from_a_sharded_checkpoint_and_the_alias(tmp_path, capsys):

@@ -219,3 +219,44 @@ def test_cut_counted_in_threads_raises_a_parts_error():
 
     with pytest.raises(OSError, match="Input/output"):
         radix.cut_of_chunks(lambda: [], 31, 5, 20, split=split)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bounded_counts_equal_the_in_memory_bounded_ranking(seed):
+    import arrayprune as ap
+
+    rng = np.random.default_rng(seed)
+    scales = rng.choice([0.01, 1.0, 30.0], 4)  # ties within and between arrays
+    arrays = [(rng.integers(-20, 21, n) * s).astype(np.float32) for n, s in zip((50, 80, 33, 64), scales, strict=True)]
+    low, high = float(rng.uniform(0, 0.4)), float(rng.uniform(0.6, 1.0))
+    amount = float(rng.uniform(low + 0.01, high - 0.01))
+    masks = ap.global_unstructured(arrays, ap.L1Unstructured, amount=amount, min_sparsity=low, max_sparsity=high)
+    want = [int(a.size - np.count_nonzero(m)) for a, m in zip(arrays, masks, strict=True)]
+    bits = radix.key_bits(["float32"])
+    keys = [radix.magnitude_keys(a, "float32", bits) for a in arrays]
+
+    def histograms(prefix, shift, width):
+        for chunks in keys:  # each array in two chunks
+            yield sum(radix.digit_histogram(c, prefix, shift, width) for c in np.array_split(chunks, 2))
+
+    bounds = [(int(np.ceil(low * a.size - 1e-9)), int(np.floor(high * a.size + 1e-9))) for a in arrays]
+    got = radix.bounded_counts(histograms, bits, sum(want), bounds)
+    assert got == want
+    for a, m, k in zip(arrays, masks, got, strict=True):  # and each array drops its k smallest, ties by position
+        np.testing.assert_array_equal(np.asarray(m), smallest_magnitude_keep([a], k)[0])
+    unbounded = radix.bounded_counts(histograms, bits, sum(want), [(0, a.size) for a in arrays])
+    plain = ap.global_unstructured(arrays, ap.L1Unstructured, amount=sum(want))
+    assert unbounded == [int(a.size - np.count_nonzero(m)) for a, m in zip(arrays, plain, strict=True)]
+    with pytest.raises(ValueError, match="within the bounds"):
+        radix.bounded_counts(histograms, bits, sum(hi for _, hi in bounds) + 1, bounds)
+    # the same from each array's keys sorted, in two passes (a sample of 16, 64 keys, or all)
+    ordered = [np.sort(c) for c in keys]
+    sizes = [c.size for c in ordered]
+    for sample in (16, 64, 1 << 20):
+        found = radix.bounded_counts_of_sorted(lambda: iter(ordered), sizes, sum(want), bounds, sample=sample)
+        if found is None:  # the bracket would hold too much: never for these sizes
+            raise AssertionError("no bracket")
+        counts, strict = found
+        assert counts == want
+        for c, k, flag in zip(ordered, counts, strict, strict=True):  # strict: two different keys meet at the cut
+            assert not flag or k in (0, c.size) or c[k - 1] < c[k]

@@ -446,8 +446,6 @@ def test_hostile_indexes_are_refused_before_writing(tmp_path, capsys, case, frag
 @pytest.mark.parametrize(
     ("options", "fragment"),
     [
-        (["--amount", "0.5", "--global", "--lamp"], "--lamp is not supported for sharded checkpoints"),
-        (["--amount", "0.5", "--global", "--max-sparsity", "0.9"], "--min-sparsity and --max-sparsity"),
         (["--amount", "0.5", "--keep-masks"], "--keep-masks is not supported"),
         (["--amount", "0.5", "--global", "--method", "random_unstructured"], "--global with random_unstructured"),
         (["--amount", "2.5"], "--amount"),

@@ -113,7 +113,7 @@ def test_global_shrink_onnx(amount):
     w = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     small, report = shrink_onnx(model, amount, global_=True)
     k1, k2 = reference(w, amount)
-    assert report.kept == {"m1": k1.tolist(), "m2": k2.tolist()}
+    assert report.kept == {"mm1": k1.tolist(), "mm2": k2.tolist()}  # named after the nodes
     assert (6 - len(k1)) + (10 - len(k2)) == round(amount * 16)
     out = {t.name: numpy_helper.to_array(t) for t in small.graph.initializer}
     np.testing.assert_array_equal(out["W1"], w["W1"][:, k1])
@@ -154,7 +154,7 @@ def test_global_shrink_cli(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert (code, err) == (0, ""), out
     k1, k2 = reference({t.name: numpy_helper.to_array(t) for t in two_group_mlp().graph.initializer}, 0.5)
-    assert f"group m1: 6 -> {len(k1)} channels kept" in out and f"group m2: 10 -> {len(k2)} channels kept" in out
+    assert f"group mm1: 6 -> {len(k1)} channels kept" in out and f"group mm2: 10 -> {len(k2)} channels kept" in out
     assert "pass" in out
     code = main(["prune", str(src), "-o", str(tmp_path / "x.onnx"), "--shrink", "--global", "--method",
                  "ln_structured", "--amount", "15"])  # fmt: skip

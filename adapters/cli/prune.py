@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 
 from arrayprune.adapters.formats.sharded import INDEX_SUFFIX
-from arrayprune.adapters.pipeline import Hooks, PruneResult, run
+from arrayprune.adapters.pipeline import Hooks, PruneResult, nm_warnings, run
 from arrayprune.adapters.plan import format_plan
 from arrayprune.adapters.request import PruneSpec
 
@@ -66,6 +66,8 @@ def _print_pruned(result: PruneResult) -> None:
     """What was pruned (zeros, entries) and the whole output (zeros, entries, tensors)."""
     spec, pruned, whole = result.spec, result.written.pruned, result.written.whole
     detail = f"amount {spec.amount}" if spec.amount is not None else f"{spec.nm[0]}:{spec.nm[1]}"
+    partial = len(nm_warnings(spec, result.targets))
+    detail += f"; {partial} of them cannot hold it, see the warnings" if partial else ""
     how = f"{spec.method}{', global' if spec.global_ else ''}, {detail}"
     how += f", allocation {spec.allocation}" if spec.allocation else ""
     names = f"{len(result.targets)} tensors" + (f" (and {result.tied} tied names)" if result.tied else "")

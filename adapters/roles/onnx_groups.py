@@ -32,7 +32,12 @@ Followed
   goes on through its output;
 * ``GlobalAveragePool``, ``GlobalMaxPool``, ``GlobalLpPool`` on the channel axis 1
   (``[N, C, ...] -> [N, C, 1, ...]``), then ``Flatten`` at axis 1 (``[N, C]``: the
-  channels on the last axis), as a CNN's classifier reads them.
+  channels on the last axis), as a CNN's classifier reads them;
+* ``ReduceMean``, ``ReduceMax``, ``ReduceMin``, ``ReduceSum``, ``ReduceL1``, ``ReduceL2``
+  whose axes (attribute or constant input) leave the channel axis out (``keepdims=0``
+  moves it), as ``x.mean((2, 3))`` exports; then ``Flatten`` as above, or ``Reshape``
+  of ``[..., C, 1, ...]`` to ``[..., C]`` (its constant target shape follows the channel
+  count, or is ``[0, ..., -1]``).
 
 Closed by
 ---------
@@ -43,21 +48,22 @@ Left
 ----
 Everything else leaves the producer's channels as they are, with the reason: a
 residual ``Add`` (or any element-wise operator) of an activation from outside the group,
-``Concat``, ``Reshape``, ``Transpose``, ``Flatten`` (but after a global pool), a norm over the channels, ``Shape``,
-a graph output, a grouped (not depthwise) ``Conv``, a depthwise ``Conv`` with a channel
-multiplier, a value read inside a subgraph, a member initializer read elsewhere too,
+``Concat``, ``Reshape`` and ``Flatten`` (but after a global pool or reduction), ``Transpose``,
+a norm over the channels, ``Shape``, a graph output, a grouped (not depthwise) ``Conv``,
+a depthwise ``Conv`` with a channel multiplier, a value read inside a subgraph, a member initializer read elsewhere too,
 a per-channel constant that is a ``Constant`` node, an axis that cannot be known.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from arrayprune.amount import compute_nparams_toprune
 from arrayprune.groups import ChannelGroup, Member
 
-from .onnx_graph import _attr, _build, _node_label, _onnx, onnx_roles
+from .onnx_graph import _attr, _build, _constant, _node_label, _onnx, onnx_roles
 
 __all__ = ["OnnxGroup", "LeftGroup", "OnnxGroups", "onnx_groups"]
 
@@ -68,6 +74,8 @@ _UNARY = {
 _BINARY = {"Add", "Sub", "Mul", "Div"}
 #: Pools over every axis after the channels: ``[N, C, ...] -> [N, C, 1, ...]``.
 _GLOBAL_POOLS = {"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"}
+#: Reductions of each channel on its own when their axes leave the channel axis out.
+_REDUCE = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceL1", "ReduceL2"}
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,7 @@ class OnnxGroup:
     group : ChannelGroup
         The members (initializer names and axes; weights score, biases, per-channel
         constants and norm statistics do not) and the channel count. Its name is the
-        producer's output value.
+        producer's node name (its output value where the node has no name of its own).
     producer : str
         The producing operator (``"MatMul '/0/l1/MatMul'"``).
     consumers : tuple of str
@@ -90,6 +98,10 @@ class OnnxGroup:
     depthwise : tuple of int
         Indices (in ``graph.node``) of depthwise convolutions whose ``group`` attribute
         is the channel count.
+    shapes : tuple of (str, int)
+        Integer constants (initializers or ``Constant`` outputs) that a ``Reshape``
+        reads as its target shape, with the index of the entry that is the channel
+        count (to follow it).
     """
 
     group: ChannelGroup
@@ -97,6 +109,7 @@ class OnnxGroup:
     consumers: tuple[str, ...]
     values: tuple[tuple[str, int], ...]
     depthwise: tuple[int, ...] = ()
+    shapes: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,7 +119,7 @@ class LeftGroup:
     Attributes
     ----------
     name : str
-        The producer's output value.
+        The producer's node name (its output value where the node has no name of its own).
     producer : str
         The producing operator.
     weight : str
@@ -174,6 +187,7 @@ class _Model:
         self.constants = {n.output[0]: n for n in self.nodes if n.op_type == "Constant" and n.output}
         self.outputs = {v.name for v in g.output}
         main = _build(onnx, g, "", None)
+        self.main = main
         self.consumers = main.consumers
         self.in_subgraph: set[str] = set()
         for sub in main.subgraphs:
@@ -210,6 +224,10 @@ class _Model:
                 if a.name in ("value_floats", "value_ints"):
                     return (len(a.floats) or len(a.ints),)
         return None
+
+    def ints(self, name: str) -> list[int] | None:
+        """The value of an integer constant (axes, a shape), None if `name` is not one."""
+        return _constant(self.onnx, self.main, name)
 
     def init_dims(self, name: str) -> tuple[int, ...]:
         """Shape of the initializer `name`."""
@@ -280,14 +298,18 @@ def _producer(m: _Model, node: Any) -> _Producer | _Refused | None:
     return (w, channels, members, out_axis)
 
 
-def _trace(m: _Model, start: str, axis: int, channels: int, members: list[Member]) -> tuple[list[str], dict, list]:
-    """Follow `start` forward; return (consumers, values -> axis, depthwise node indices)."""
+def _trace(
+    m: _Model, start: str, axis: int, channels: int, members: list[Member]
+) -> tuple[list[str], dict, list, list]:
+    """Follow `start` forward; return (consumers, values -> axis, depthwise node indices,
+    Reshape target shapes to follow)."""
     values = {start: axis}
     queue = [start]
     done: set[int] = set()
     pending: dict[int, Any] = {}
     consumers: list[str] = []
     depthwise: list[int] = []
+    shapes: list[tuple[str, int]] = []
     pooled: set[str] = set()  # values whose axes after the channel axis all have size 1
 
     def add_value(name: str, ax: int) -> None:
@@ -355,6 +377,48 @@ def _trace(m: _Model, start: str, axis: int, channels: int, members: list[Member
             done.add(idx)
             pooled.add(node.output[0])
             add_value(node.output[0], ax)
+        elif op in _REDUCE and i == 0:
+            r = rank(name)
+            p = ax % r
+            axes = _attr(m.onnx, node, "axes")
+            if axes is None and len(node.input) > 1 and node.input[1]:
+                axes = m.ints(node.input[1])
+                if axes is None:
+                    raise _Left(f"the axes of {m.label(node)} are not a constant")
+            if not axes:
+                if int(_attr(m.onnx, node, "noop_with_empty_axes", 0)):
+                    raise _Left(f"{m.label(node)} reduces no axis")
+                raise _Left(f"{m.label(node)} reduces every axis, the channels too")
+            reduced = {int(a) % r for a in axes}
+            if p in reduced:
+                raise _Left(f"{m.label(node)} reduces the channel axis")
+            if int(_attr(m.onnx, node, "keepdims", 1)):
+                out_ax = ax
+            else:
+                out_ax = p - sum(a < p for a in reduced) - (r - len(reduced))
+            if name in pooled or set(range(p + 1, r)) <= reduced:
+                pooled.add(node.output[0])
+            done.add(idx)
+            add_value(node.output[0], out_ax)
+        elif op == "Reshape" and i == 0:
+            r = rank(name)
+            target = m.ints(node.input[1]) if len(node.input) > 1 else None
+            p = ax % r
+            copy = not int(_attr(m.onnx, node, "allowzero", 0))
+            if target is None:
+                raise _Left(f"the target shape of {m.label(node)} is not a constant held in the model")
+            if name not in pooled or len(target) != p + 1:
+                raise _Left(f"{m.label(node)} mixes the channels with other axes (only [..., C, 1, ...] -> [..., C])")
+            if target[-1] == channels:
+                if node.input[1] in m.inits:
+                    m.own(node.input[1], "Reshape shape")
+                elif m.uses(node.input[1]) != 1:
+                    raise _Left(f"Reshape shape {node.input[1]!r} is also read elsewhere")
+                shapes.append((node.input[1], len(target) - 1))
+            elif not (target[-1] == -1 and copy and all(d == 0 for d in target[:-1])):
+                raise _Left(f"{m.label(node)} to {target} does not keep {channels} channels on the last axis")
+            done.add(idx)
+            add_value(node.output[0], -1)
         elif op == "Flatten" and i == 0:
             r = rank(name)
             axis = int(_attr(m.onnx, node, "axis", 1))
@@ -458,7 +522,7 @@ def _trace(m: _Model, start: str, axis: int, channels: int, members: list[Member
             raise _Left(f"{m.label(node)} also reads {other[0]!r}, from outside the group")
     if not consumers:
         raise _Left("no layer reads the channels")
-    return consumers, values, depthwise
+    return consumers, values, depthwise, shapes
 
 
 def onnx_groups(model: Any) -> OnnxGroups:
@@ -487,20 +551,25 @@ def onnx_groups(model: Any) -> OnnxGroups:
         raise TypeError(f"expected an onnx.ModelProto, got {type(model).__name__}")
     m = _Model(onnx, model)
     out = OnnxGroups()
+    names = Counter(n.name for n in m.nodes)
     for node in m.nodes:
         found = _producer(m, node)
         if found is None:
             continue
-        name = node.output[0]
+        value = node.output[0]
+        name = node.name if node.name and names[node.name] == 1 else value
         if len(found) == 3:
             out.left.append(LeftGroup(name, m.label(node), *found))
             continue
         w, channels, members, axis = found
         try:
-            consumers, values, depthwise = _trace(m, name, axis, channels, members)
+            consumers, values, depthwise, shapes = _trace(m, value, axis, channels, members)
         except _Left as exc:
             out.left.append(LeftGroup(name, m.label(node), w, channels, str(exc)))
             continue
         group = ChannelGroup(members, channels, name=name)
-        out.groups.append(OnnxGroup(group, m.label(node), tuple(consumers), tuple(values.items()), tuple(depthwise)))
+        found_values = tuple(values.items())
+        out.groups.append(
+            OnnxGroup(group, m.label(node), tuple(consumers), found_values, tuple(depthwise), tuple(shapes))
+        )
     return out

@@ -34,6 +34,8 @@ __all__ = [
     "DIGIT_BITS",
     "Cut",
     "StreamingCut",
+    "bounded_counts",
+    "bounded_counts_of_sorted",
     "cut",
     "cut_of_chunks",
     "digit_histogram",
@@ -174,6 +176,211 @@ def cut_of_chunks(
 
 
 _T = TypeVar("_T")
+
+#: Keys of sorted arrays one bracketing pass may hold (:func:`bounded_counts_of_sorted`).
+_SORTED_BRACKET = 1 << 24
+
+
+def bounded_counts_of_sorted(
+    arrays: Callable[[], Iterable[np.ndarray]],
+    sizes: Sequence[int],
+    k: int,
+    bounds: Sequence[tuple[int, int]],
+    sample: int = 1 << 20,
+) -> tuple[list[int], list[bool]] | None:
+    """:func:`bounded_counts` over arrays of keys each given sorted, in two passes.
+
+    The first pass keeps every ``s``-th key of each array (about `sample` in all), whose
+    ranks are known exactly: they bound every array's count below any key, and so give
+    keys ``low`` and ``high`` between which the cut lies. The second pass keeps each
+    array's keys between them and its count below ``low``, from which the cut is exact.
+
+    Parameters
+    ----------
+    arrays : callable
+        Returns a new iterable over the arrays' keys (unsigned, 1-D, ascending), one
+        array at a time, in order, each time it is called (twice).
+    sizes : sequence of int
+        Keys of each array.
+    k, bounds
+        As for :func:`bounded_counts`.
+    sample : int, default 2**20
+        Keys kept by the first pass.
+
+    Returns
+    -------
+    (list of int, list of bool) or None
+        Per array, the keys it drops; and whether its last key dropped is smaller than
+        its first key kept (the cut falls between two different keys of it, or drops
+        none or all). None when the bracket would hold more than 16 Mi keys (use
+        :func:`bounded_counts`).
+
+    Raises
+    ------
+    ValueError
+        If the bounds cannot hold `k`.
+    """
+    lows = np.array([lo for lo, _ in bounds], dtype=np.int64)
+    highs = np.array([hi for _, hi in bounds], dtype=np.int64)
+    if not int(lows.sum()) <= k <= int(highs.sum()):
+        raise ValueError(f"cannot drop {k} keys within the bounds (between {int(lows.sum())} and {int(highs.sum())})")
+    if k == int(lows.sum()):
+        return [int(lo) for lo in lows], [True] * lows.size
+    n_all = np.array(sizes, dtype=np.int64)
+    if n_all.size != lows.size:
+        raise ValueError("one size and one bound per array are needed")
+    s_all = np.maximum(1, -(-int(n_all.sum()) // sample)) * np.ones(n_all.size, dtype=np.int64)  # every s-th key
+    kept = [keys[s - 1 :: s].copy() for keys, s in zip(arrays(), s_all.tolist(), strict=True)]
+    kept_sizes = np.array([c.size for c in kept], dtype=np.int64)
+
+    def ranks(x: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per array, bounds on its count of keys below `x`, from the kept keys' ranks."""
+        m = np.array([np.searchsorted(c, c.dtype.type(x), side="left") for c in kept], dtype=np.int64)
+        return np.minimum(m * s_all, n_all), np.where(m < kept_sizes, (m + 1) * s_all - 1, n_all)
+
+    def limits(x: int) -> tuple[int, int]:
+        """Bounds on G(x)."""
+        least, most = ranks(x)
+        return int(np.clip(least, lows, highs).sum()), int(np.clip(most, lows, highs).sum())
+
+    pooled = np.unique(np.concatenate(kept)) if kept else np.zeros(0, np.uint64)
+    a, b = 0, pooled.size  # the largest kept key with G(x) surely < k: low
+    while a < b:
+        mid = (a + b) // 2
+        if limits(int(pooled[mid]))[1] < k:
+            a = mid + 1
+        else:
+            b = mid
+    low = int(pooled[a - 1]) if a else 0
+    a, b = 0, pooled.size  # the smallest kept key with G(x) surely >= k: high
+    while a < b:
+        mid = (a + b) // 2
+        if limits(int(pooled[mid]))[0] >= k:
+            b = mid
+        else:
+            a = mid + 1
+    if a == pooled.size:
+        return None
+    high = int(pooled[a])
+    if int((ranks(high)[1] - ranks(low)[0]).sum()) > _SORTED_BRACKET:  # keys held by the second pass, at most
+        return None
+    below = np.zeros(lows.size, dtype=np.int64)
+    inside: list[np.ndarray] = []
+    for i, keys in enumerate(arrays()):
+        utype = keys.dtype.type
+        start = np.searchsorted(keys, utype(low), side="left")
+        stop = np.searchsorted(keys, utype(high), side="left")
+        below[i] = start
+        inside.append(keys[start:stop].copy())
+
+    def counts_below(x: int) -> np.ndarray:
+        return below + np.array([np.searchsorted(c, c.dtype.type(x), side="left") for c in inside], np.int64)
+
+    present = np.unique(np.concatenate(inside)) if inside else np.zeros(0, np.uint64)
+    if present.size == 0 or int(np.clip(counts_below(int(present[0])), lows, highs).sum()) >= k:
+        return None  # the cut is not inside (kept keys bound it: not reached)
+    a, b = 0, present.size  # T: the largest present key with G(T) < k
+    while a < b:
+        mid = (a + b) // 2
+        if int(np.clip(counts_below(int(present[mid])), lows, highs).sum()) < k:
+            a = mid + 1
+        else:
+            b = mid
+    key = int(present[a - 1])
+    at = counts_below(key)
+    after = below + np.array([np.searchsorted(c, c.dtype.type(key), side="right") for c in inside], np.int64)
+    dropped = np.clip(at, lows, highs)
+    if int(np.clip(after, lows, highs).sum()) < k:
+        return None
+    ties = np.clip(after, lows, highs) - dropped
+    quotas = tie_quotas([int(t) for t in ties], k - int(dropped.sum()))
+    counts = [int(d) + q for d, q in zip(dropped, quotas, strict=True)]
+    strict = []
+    for i, c in enumerate(counts):
+        start, stop, n = int(below[i]), int(below[i]) + inside[i].size, sizes[i]
+        if c in (0, n) or c == start or c == stop:  # nothing, everything, or at the bracket's edge
+            strict.append(True)
+        elif start < c < stop:
+            strict.append(bool(inside[i][c - 1 - start] < inside[i][c - start]))
+        else:
+            strict.append(False)
+    return counts, strict
+
+
+def bounded_counts(
+    histograms: Callable[[int, int, int], Iterable[np.ndarray]],
+    bits: int,
+    k: int,
+    bounds: Sequence[tuple[int, int]],
+) -> list[int]:
+    """How many keys each array drops when `k` are dropped in all, each array within its bounds.
+
+    The ranking is one over all arrays (keys ascending, ties by array order, then
+    position), clipped to the bounds: array ``i`` drops its ``lo_i`` smallest keys, then
+    the rest are the smallest of the keys ranked between ``lo_i`` and ``hi_i`` in their
+    own arrays. Every array so drops a prefix of its own order: only the counts are
+    found here, one pass per digit. With ``b_i(x)`` the keys of array ``i`` below `x`
+    and ``G(x) = sum_i clip(b_i(x), lo_i, hi_i)``, the cut key ``T`` has
+    ``G(T) < k <= G(T + 1)``; array ``i`` drops ``clip(b_i(T), lo_i, hi_i)`` keys and,
+    filled in array order (:func:`tie_quotas`), some of those equal to ``T`` its bounds
+    leave it. Bounds ``(0, size)`` give the counts of the plain ranking.
+
+    Parameters
+    ----------
+    histograms : callable
+        ``histograms(prefix, shift, width)``: for each array in order, the counts of
+        :data:`Histogram` over that array's keys alone (an iterable, read once per digit).
+    bits : int
+        Width of the keys.
+    k : int
+        Keys to drop in all.
+    bounds : sequence of (int, int)
+        Per array, the fewest and most keys it drops.
+
+    Returns
+    -------
+    list of int
+        Per array, the keys it drops: its smallest ones, ties by position.
+
+    Raises
+    ------
+    ValueError
+        If the bounds cannot hold `k`, or the histograms do not account for it.
+    """
+    lows = np.array([lo for lo, _ in bounds], dtype=np.int64)
+    highs = np.array([hi for _, hi in bounds], dtype=np.int64)
+    if not int(lows.sum()) <= k <= int(highs.sum()):
+        raise ValueError(f"cannot drop {k} keys within the bounds (between {int(lows.sum())} and {int(highs.sum())})")
+    if k == int(lows.sum()):
+        return [int(lo) for lo in lows]
+    below = np.zeros(lows.size, dtype=np.int64)  # per array, its keys below the prefix
+    equal = below
+    prefix, left = 0, bits
+    while left > 0:
+        width = min(DIGIT_BITS, left)
+        left -= width
+        ranked = np.zeros((1 << width) + 1, dtype=np.int64)  # G at the start of each digit
+        kept = []  # per array: its digits present and the running counts there (sparse)
+        for i, counts in enumerate(histograms(prefix, left, width)):
+            running = np.cumsum(counts, dtype=np.int64)
+            ranked[1:] += np.clip(below[i] + running, lows[i], highs[i])
+            ranked[0] += np.clip(below[i], lows[i], highs[i])
+            present = np.flatnonzero(counts)
+            kept.append((present, running[present], counts[present]))
+        if len(kept) != lows.size or int(ranked[-1]) < k:
+            raise ValueError("the histograms do not account for every key")
+        digit = int(np.searchsorted(ranked, k, side="left")) - 1
+        equal = np.zeros(lows.size, dtype=np.int64)
+        for i, (present, running, counts) in enumerate(kept):
+            j = int(np.searchsorted(present, digit, side="left"))  # digits present below `digit`
+            below[i] += int(running[j - 1]) if j else 0
+            if j < present.size and present[j] == digit:
+                equal[i] = counts[j]
+        prefix = (prefix << width) | digit
+    dropped = np.clip(below, lows, highs)
+    ties = np.clip(below + equal, lows, highs) - dropped
+    quotas = tie_quotas([int(t) for t in ties], k - int(dropped.sum()))
+    return [int(d) + q for d, q in zip(dropped, quotas, strict=True)]
 
 
 def _added(counts: Sequence[np.ndarray], size: int) -> np.ndarray:
