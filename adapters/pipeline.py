@@ -57,6 +57,7 @@ from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.arrays import release_pages
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile
 from arrayprune.adapters.hf_stage import calibrated
+from arrayprune.adapters.outputs import check_not_input, check_output_name
 from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, nm_shortfalls, stream_seed
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
 from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module, spec_from
@@ -713,8 +714,11 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
         For files that cannot be read or written.
     """
     src, dst = os.fspath(src), None if dst is None else os.fspath(dst)
+    check_output_name(dst)
     if not os.path.exists(src):
         raise PruneError("no such file", src)
+    if dst is not None and not spec.dry_run:
+        check_not_input(src, dst)
     if refused := input_refusal(spec, src):
         raise PruneError(refused, src)
     if spec.shrink:  # a stage of its own, in place of plan and prune: channel groups, sliced away
