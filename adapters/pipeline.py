@@ -66,6 +66,7 @@ from arrayprune.adapters.stream_pruning import PruneSummary, Totals, prune_sourc
 from arrayprune.adapters.summary import report_rows, totals
 from arrayprune.adapters.trees import lookup
 from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
+from arrayprune.amount import normalize_dim
 from arrayprune.method_parts import N_OF_M, pattern_of
 
 __all__ = [
@@ -242,7 +243,8 @@ def open_storage(src: str, hooks: Hooks = Hooks()) -> WholeFile | StreamedCheckp
 
 
 def _plan(storage: Any, spec: PruneSpec) -> list[PlanEntry]:
-    return make_plan(
+    """The plan of the request; a ``--dim`` out of range for a selected weight is refused."""
+    plan = make_plan(
         storage.params,
         storage.roles,
         method=spec.mask_method,
@@ -251,6 +253,13 @@ def _plan(storage: Any, spec: PruneSpec) -> list[PlanEntry]:
         min_size=spec.min_size,
         dim=spec.dim,
     )
+    for e in plan:
+        if e.prune and e.dim is not None and e.shape:
+            try:
+                normalize_dim(e.shape, e.dim)
+            except (IndexError, TypeError) as exc:  # the method's own refusal, before any stage uses the axis
+                raise PruneError(f"tensor {e.name!r}: {error_text(exc)}", storage.src) from None
+    return plan
 
 
 def _targets(plan: list[PlanEntry], src: str) -> list[PlanEntry]:
@@ -659,7 +668,9 @@ def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> StreamedCheckpo
     """Open a sharded checkpoint for pruning into `dst`, after the checks nothing is written without."""
     if dst is None:
         raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
-    storage = StreamedCheckpoint(sharded.open_checkpoint(src), src)
+    storage = StreamedCheckpoint(sharded.open_checkpoint(src), src)  # IN first: a folder that is no checkpoint
+    if fmt.format_from_suffix(dst) not in (None, "safetensors"):
+        raise PruneError("a sharded checkpoint is written to a folder or to one .safetensors file", dst)
     sharded.check_destination(dst, storage.source, spec.force)
     if mp.is_pruned(storage.params):
         raise PruneError("tensors pruned before (name_orig + name_mask) are not pruned further here", src)
@@ -732,8 +743,6 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
             raise PruneError(
                 f"{refused} is not supported for sharded checkpoints, which are pruned tensor by tensor", src
             )
-        if dst is not None and fmt.format_from_suffix(dst) not in (None, "safetensors"):
-            raise PruneError("a sharded checkpoint is written to a folder or to one .safetensors file", dst)
         if spec.dry_run:
             return _dry_run(src, spec, hooks)
         spec = spec.checked()

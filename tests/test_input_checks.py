@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 
 from arrayprune.adapters.scan import Curve, ScanResult
@@ -82,3 +83,72 @@ def test_a_scan_with_nodes_still_reads(tmp_path):
     scan = ScanResult.load(path)
     assert scan.curve("fc1.weight").nodes == ("MatMul_0",)
     assert scan.curve("fc2.weight").shape == (32, 8) and scan.samples == 4
+
+
+@pytest.fixture
+def weights(tmp_path):
+    rng = np.random.default_rng(0)
+    params = {"fc.weight": rng.standard_normal((8, 16)).astype(np.float32), "fc.bias": np.ones(8, np.float32)}
+    np.savez(tmp_path / "w.npz", **params)
+    from safetensors.numpy import save_file
+
+    save_file(params, str(tmp_path / "w.safetensors"))
+    return params
+
+
+@pytest.mark.parametrize("dim", ["5", "3", "-7", "2", "-3"])
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+def test_nm_dim_out_of_range_is_refused(weights, tmp_path, dim, suffix):
+    src, out = tmp_path / f"w{suffix}", tmp_path / f"out{suffix}"
+    for extra in ([], ["--dry-run"]):
+        proc = run(
+            "prune",
+            src,
+            *(["-o", out] if not extra else extra),
+            "--method",
+            "nm_structured",
+            "--nm",
+            "2:4",
+            "--dim",
+            dim,
+        )
+        assert_error(proc, src, "'fc.weight'", f"Invalid index {dim} for tensor of size (8, 16)")
+        assert not out.exists()
+    proc = run("prune", src, "-o", out, "--method", "nm_structured", "--nm", "2:4", "--dim", "-1")
+    assert proc.returncode == 0, proc.stderr
+    from arrayprune.adapters import formats
+
+    kept = formats.to_numpy(formats.load(str(out)).params["fc.weight"]) != 0
+    assert (kept.reshape(8, 4, 4).sum(-1) == 2).all()
+
+
+def test_a_folder_named_like_a_file_is_blamed_as_the_input(tmp_path):
+    (tmp_path / "in.npz").mkdir()
+    for extra in ([], ["--dry-run"]):
+        line = assert_error(run("prune", "in.npz", "-o", "out.npz", "--amount", "0.5", *extra, cwd=tmp_path))
+        assert line.startswith("arrayprune: error: in.npz: is a directory without"), line
+    assert sorted(os.listdir(tmp_path)) == ["in.npz"]
+
+
+@pytest.mark.parametrize(
+    "norm, found", [(np.inf, "1 infinite of 16"), (np.nan, "1 NaN of 16"), (-1.0, "1 negative of 16")]
+)
+def test_input_norms_that_are_not_finite_are_refused_naming_the_tensor(weights, tmp_path, norm, found):
+    norms = np.ones(16)
+    norms[3] = norm
+    np.savez(tmp_path / "norms.npz", **{"fc.weight": norms})
+    out = tmp_path / "out.npz"
+    proc = run(
+        "prune",
+        tmp_path / "w.npz",
+        "-o",
+        out,
+        "--method",
+        "wanda",
+        "--amount",
+        "0.5",
+        "--input-norms",
+        tmp_path / "norms.npz",
+    )
+    assert_error(proc, "'fc.weight'", "non-negative numbers, all finite", found)
+    assert not out.exists()
