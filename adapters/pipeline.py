@@ -56,11 +56,19 @@ from arrayprune.adapters.calibration import (
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.arrays import release_pages
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile
-from arrayprune.adapters.hf_stage import calibrated
+from arrayprune.adapters.hf_stage import calibrated, calibration_problems
 from arrayprune.adapters.outputs import check_not_input, check_output_name
 from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, nm_shortfalls, stream_seed
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
-from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module, spec_from
+from arrayprune.adapters.request import (
+    PruneError,
+    PruneSpec,
+    error_text,
+    method_arguments,
+    optional_module,
+    raise_problems,
+    spec_from,
+)
 from arrayprune.adapters.roles.names import tree_roles
 from arrayprune.adapters.stream_pruning import PruneSummary, Totals, prune_source, streams
 from arrayprune.adapters.summary import report_rows, totals
@@ -669,11 +677,23 @@ def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> StreamedCheckpo
     if dst is None:
         raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
     storage = StreamedCheckpoint(sharded.open_checkpoint(src), src)  # IN first: a folder that is no checkpoint
+    problems: list[Exception] = []  # every one the headers, config.json and the tokens tell, before a framework
     if fmt.format_from_suffix(dst) not in (None, "safetensors"):
-        raise PruneError("a sharded checkpoint is written to a folder or to one .safetensors file", dst)
-    sharded.check_destination(dst, storage.source, spec.force)
+        problems.append(PruneError("a sharded checkpoint is written to a folder or to one .safetensors file", dst))
+    else:
+        try:
+            sharded.check_destination(dst, storage.source, spec.force)
+        except fmt.FormatError as exc:
+            problems.append(exc)
     if mp.is_pruned(storage.params):
-        raise PruneError("tensors pruned before (name_orig + name_mask) are not pruned further here", src)
+        problems.append(PruneError("tensors pruned before (name_orig + name_mask) are not pruned further here", src))
+    else:
+        try:
+            _targets(_plan(storage, spec), src)
+        except PruneError as exc:
+            problems.append(exc)
+    problems.extend(calibration_problems(spec, src))
+    raise_problems(problems)
     return storage
 
 
