@@ -104,11 +104,11 @@ def token_problems(arrays: Mapping[str, np.ndarray], vocab_size: int | None) -> 
         Empty if the arrays are token ids (and an attention mask) the model takes.
     """
     problems = []
-    if TOKENS_KEY not in arrays:
-        problems.append(
+    if TOKENS_KEY not in arrays:  # what it holds instead is named here (a misspelt key)
+        return [
             f"a Hugging Face model is calibrated on token ids: the file needs {TOKENS_KEY!r} ([batch, seq] integers), "
             f"it holds {', '.join(sorted(arrays))}"
-        )
+        ]
     extra = sorted(set(arrays) - {TOKENS_KEY, "attention_mask"})
     if extra:
         problems.append(
@@ -117,9 +117,7 @@ def token_problems(arrays: Mapping[str, np.ndarray], vocab_size: int | None) -> 
             else f"unexpected arrays {', '.join(map(repr, extra))} in the calibration file "
             "(only input_ids and attention_mask)"
         )
-    ids = arrays.get(TOKENS_KEY)
-    if ids is None:
-        return problems
+    ids = arrays[TOKENS_KEY]
     if ids.ndim != 2 or ids.dtype.kind not in "iu" or ids.shape[1] == 0:
         problems.append(f"{TOKENS_KEY!r} must be [batch, seq] integers, got {ids.dtype} of shape {list(ids.shape)}")
         return problems
