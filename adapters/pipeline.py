@@ -770,7 +770,14 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     elif spec.dry_run:
         return _dry_run(src, spec, hooks)
     else:
-        dst = _check_output(src, dst, spec)
+        problems: list[Exception] = []  # OUT and the tokens of a Hugging Face file, told together
+        try:
+            dst = _check_output(src, dst, spec)
+        except PruneError as exc:
+            problems.append(exc)
+        if spec.calibration and dst is not None and fmt.detect_format(src) == "safetensors":
+            problems.extend(calibration_problems(spec, src))
+        raise_problems(problems)
         spec = spec.checked()
         storage, out_format = _open_file(src, dst, spec, hooks)
 

@@ -109,3 +109,20 @@ def test_calibration_checks_fail_fast_without_importing_torch(llama, tmp_path, c
         assert proc.stderr == f"arrayprune: error: {tokens}: No such file or directory\n"
     else:
         assert proc.stderr.splitlines()[0] == "arrayprune: error: 3 problems:", proc.stderr
+
+
+def test_a_single_safetensors_file_of_a_folder_reports_its_problems_together(llama, tmp_path):
+    model = transformers.LlamaForCausalLM.from_pretrained(llama)
+    folder = tmp_path / "single"
+    model.save_pretrained(folder)
+    src = folder / "model.safetensors"
+    assert src.exists()
+    _, tokens = mistakes(tmp_path)
+    out = tmp_path / "out.safetensors"
+    out.write_text("mine")
+    proc = run("prune", src, "-o", out, "--method", "sparsegpt", "--amount", "0.5", "--calibration", tokens)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and lines[0] == "arrayprune: error: 3 problems:", proc.stderr
+    assert f"{out}: exists; use --force" in lines[1]
+    assert "unexpected array 'attention_masc'" in lines[2] and "token ids must be in [0, 128)" in lines[3]
+    assert out.read_text() == "mine"
