@@ -25,7 +25,7 @@ def ck(tmp_path):
 
 
 @pytest.mark.parametrize("out", ["", "   "])
-@pytest.mark.parametrize("extra", [[], ["--force"], ["--method", "sparsegpt"]])
+@pytest.mark.parametrize("extra", [[], ["--force"], ["--shrink"], ["--method", "sparsegpt", "--calibration", "t.npz"]])
 def test_an_empty_output_is_refused_and_the_working_folder_kept(ck, tmp_path, monkeypatch, capsys, out, extra):
     work = tmp_path / "w"
     work.mkdir()
