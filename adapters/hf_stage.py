@@ -20,9 +20,57 @@ from typing import Any
 
 import numpy as np
 
-from arrayprune.adapters.hf_calibration import calibrate_checkpoint, hf_folder, workdir_beside
+from arrayprune.adapters.hf_calibration import calibrate_checkpoint, hf_folder, token_problems, workdir_beside
 
-__all__ = ["calibrated", "dense_input_norms", "given_hessians", "input_refusal"]
+__all__ = ["calibrated", "calibration_problems", "dense_input_norms", "given_hessians", "input_refusal"]
+
+#: Largest ``config.json`` read.
+CONFIG_MAX_BYTES = 16 << 20
+
+
+def calibration_problems(spec: Any, src: str) -> list[Exception]:
+    """Every problem ``config.json`` and the calibration file's tokens can tell, before a
+    framework is imported: a config that cannot be read, a calibration file that cannot,
+    a missing or unexpected array, token ids beyond ``vocab_size``, a bad attention mask.
+
+    Parameters
+    ----------
+    spec : PruneSpec
+        The request (``spec.calibration`` the token ids).
+    src : str
+        The Hugging Face folder (or its index).
+
+    Returns
+    -------
+    list of Exception
+        One :class:`~arrayprune.adapters.request.PruneError` or
+        :class:`~arrayprune.adapters.formats.FormatError` per problem, each one line.
+    """
+    from arrayprune.adapters.calibration import read_calibration
+    from arrayprune.adapters.formats import FormatError
+    from arrayprune.adapters.formats.files import read_json
+    from arrayprune.adapters.request import PruneError, error_text
+
+    folder = hf_folder(os.fspath(src))
+    if not spec.calibration or folder is None:
+        return []
+    problems: list[Exception] = []
+    vocab_size = None
+    try:
+        config = read_json(os.path.join(folder, "config.json"), CONFIG_MAX_BYTES, "config", "not a valid config.json")
+    except FormatError as exc:
+        problems.append(exc)
+    else:
+        value = config.get("vocab_size") if isinstance(config, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            vocab_size = value
+    try:
+        arrays = read_calibration(spec.calibration)
+    except FormatError as exc:
+        return [*problems, exc]
+    except ValueError as exc:
+        return [*problems, PruneError(error_text(exc), spec.calibration)]
+    return [*problems, *(PruneError(p, spec.calibration) for p in token_problems(arrays, vocab_size))]
 
 
 def input_refusal(spec: Any, src: str, kind: str) -> str | None:
