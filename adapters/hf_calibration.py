@@ -232,6 +232,8 @@ def _targets_by_layer(targets: list[Any], prefix: str, count: int, layers: Any) 
     """For each layer, its targets: module name inside the layer -> plan entry (checked)."""
     from torch import nn
 
+    from arrayprune.adapters.torch.calibration import is_transposed_linear
+
     per_layer: list[dict[str, Any]] = [{} for _ in range(count)]
     for entry in targets:
         head, _, rest = entry.name.partition(prefix + ".") if prefix else ("", "", entry.name)
@@ -243,10 +245,10 @@ def _targets_by_layer(targets: list[Any], prefix: str, count: int, layers: Any) 
                 "only those are pruned (leave it with --exclude)"
             )
         module = dict(layers[int(index)].named_modules()).get(module_name)
-        if not isinstance(module, nn.Linear):
+        if not isinstance(module, nn.Linear) and not is_transposed_linear(module):
             raise ValueError(
                 f"{entry.name!r} is the weight of a {type(module).__name__}: calibrated layer by layer, "
-                "the Linear layers are pruned (leave it with --exclude)"
+                "the Linear (and GPT-2's Conv1D) layers are pruned (leave it with --exclude)"
             )
         per_layer[int(index)][module_name] = entry
     return per_layer

@@ -294,7 +294,7 @@ def test_one_layer_holds_values_at_a_time(llama, tmp_path, monkeypatch):
         return model, config
 
     def checking_replay(layer, inputs):
-        (model,) = built
+        model = built[-1]  # the plan builds one too, to find the layers
         holding = [i for i, lay in enumerate(model.model.layers) if any(not p.is_meta for p in lay.parameters())]
         seen.append(holding)
         assert model.lm_head.weight.is_meta
@@ -307,7 +307,7 @@ def test_one_layer_holds_values_at_a_time(llama, tmp_path, monkeypatch):
 
 
 def test_bert_encoder_layers_equal_the_torch_path(tmp_path):
-    """``encoder.layer`` of a BertModel (with an attention mask); the pooler, outside the layers, is refused."""
+    """``encoder.layer`` of a BertModel (with an attention mask); the pooler, outside the layers, left with a note."""
     config = transformers.BertConfig(
         hidden_size=32,
         num_attention_heads=4,
@@ -324,18 +324,15 @@ def test_bert_encoder_layers_equal_the_torch_path(tmp_path):
     mask[:, 7:] = 0  # padded ends
     np.savez(tmp_path / "tokens.npz", input_ids=ids, attention_mask=mask)
 
-    with pytest.raises(PruneError, match=r"'pooler.dense.weight' is not a weight of the model's layers"):
-        prune_file(
-            tmp_path / "bert", tmp_path / "out", method="sparsegpt", amount=0.5, calibration=tmp_path / "tokens.npz"
-        )
-    prune_file(
-        tmp_path / "bert",
-        tmp_path / "out",
-        method="sparsegpt",
-        amount=0.5,
-        calibration=tmp_path / "tokens.npz",
-        exclude="pooler*",
+    note = "left 1 weight outside the model's layers unchanged (pooler.dense.weight)"
+    dry = run("prune", tmp_path / "bert", "--dry-run", "--method", "sparsegpt", "--amount", "0.5",
+              "--calibration", tmp_path / "tokens.npz")  # fmt: skip
+    assert dry.returncode == 0 and note in dry.stdout + dry.stderr, dry.stderr
+    assert "outside the model's layers" in next(line for line in dry.stdout.splitlines() if "pooler.dense.w" in line)
+    result = prune_file(
+        tmp_path / "bert", tmp_path / "out", method="sparsegpt", amount=0.5, calibration=tmp_path / "tokens.npz"
     )
+    assert any(n.startswith(note) for n in result.notes) and "pooler.dense.weight" not in result.written.by_tensor
     got = _tensors(tmp_path / "out")
 
     model = transformers.BertModel.from_pretrained(tmp_path / "bert").eval()
@@ -344,10 +341,89 @@ def test_bert_encoder_layers_equal_the_torch_path(tmp_path):
         {"input_ids": torch.from_numpy(ids[i : i + ROWS]), "attention_mask": torch.from_numpy(mask[i : i + ROWS])}
         for i in range(0, len(ids), ROWS)
     ]
-    prune.sparsegpt(model, batches, 0.5, modules=names)
-    assert len(names) == 12
+    prune.sparsegpt(model, batches, 0.5)  # the default: the layers of encoder.layer, not the pooler
+    assert len(names) == 12 and not prune.is_pruned(model.pooler.dense)
     for name in names:
         want = model.get_submodule(name).weight.detach().numpy()
         np.testing.assert_allclose(got[f"{name}.weight"], want, rtol=1e-5, atol=1e-6, err_msg=name)
         assert int((got[f"{name}.weight"] == 0).sum()) == want.size // 2
     assert got["pooler.dense.weight"].tobytes() == _tensors(tmp_path / "bert")["pooler.dense.weight"].tobytes()
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    """The folder of a random-init GPT-2 (``Conv1D`` weights stored ``[in, out]``) and calibration tokens."""
+    root = tmp_path_factory.mktemp("gpt2")
+    config = transformers.GPT2Config(n_embd=32, n_head=4, n_layer=2, vocab_size=VOCAB, n_positions=32)
+    torch.manual_seed(3)
+    transformers.GPT2LMHeadModel(config).eval().save_pretrained(root / "gpt2")
+    ids = np.random.default_rng(4).integers(0, VOCAB, (16, 12))
+    np.savez(root / "tokens.npz", input_ids=ids)
+    return root / "gpt2", root / "tokens.npz", ids
+
+
+def _gpt2_batches(ids):
+    return [{"input_ids": torch.from_numpy(ids[i : i + ROWS]), "use_cache": False} for i in range(0, len(ids), ROWS)]
+
+
+def _conv1d_names(model):
+    return [n for n, m in model.named_modules() if type(m).__name__ == "Conv1D"]
+
+
+def test_gpt2_sparsegpt_equals_the_torch_default(gpt2, tmp_path):
+    """GPT-2's Conv1D weights are calibrated: the command's weights equal ``prune.sparsegpt``'s (stored layout)."""
+    folder, tokens, ids = gpt2
+    result = prune_file(folder, tmp_path / "out", method="sparsegpt", amount=0.5, calibration=tokens)
+    got, dense = _tensors(tmp_path / "out"), _tensors(folder)
+    model = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    prune.sparsegpt(model, _gpt2_batches(ids), 0.5)  # the default: the Conv1D layers of transformer.h
+    names = _conv1d_names(model)
+    assert len(names) == 8 and set(result.written.by_tensor) == {f"{n}.weight" for n in names}
+    for name in names:
+        want = model.get_submodule(name).weight.detach().numpy()  # [in, out], as stored
+        np.testing.assert_allclose(got[f"{name}.weight"], want, rtol=1e-5, atol=1e-6, err_msg=name)
+        assert np.array_equal(got[f"{name}.weight"] == 0, want == 0), name
+        assert int((want == 0).sum()) == want.size // 2, name
+        assert not np.array_equal(want, dense[f"{name}.weight"] * (want != 0)), f"{name}: kept weights not updated"
+    for name in dense.keys() - {f"{n}.weight" for n in names}:
+        assert got[name].tobytes() == dense[name].tobytes(), name
+
+
+def test_gpt2_wanda_equals_the_torch_path(gpt2, tmp_path):
+    folder, tokens, ids = gpt2
+    prune_file(folder, tmp_path / "out", method="wanda", amount=0.5, calibration=tokens)
+    got = _tensors(tmp_path / "out")
+    model = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    names = _conv1d_names(model)
+    # the command runs layer by layer on the pruned layers' outputs: so does the torch side, block by block
+    for block in range(2):
+        inside = [n for n in names if n.startswith(f"transformer.h.{block}.")]
+        scores = prune.wanda_importance(model, _gpt2_batches(ids), modules=inside)
+        for module, score in scores.items():
+            prune.wanda(module, "weight", 0.5, dim=1, importance_scores=score)  # outputs: axis 1 of [in, out]
+            prune.remove(module, "weight")
+    for name in names:
+        want = model.get_submodule(name).weight.detach().numpy()
+        np.testing.assert_array_equal(got[f"{name}.weight"], want, err_msg=name)
+        assert ((want == 0).sum(axis=0) == want.shape[0] // 2).all(), name  # each output loses half its inputs
+
+
+def test_torch_default_leaves_lm_head_as_the_command_does(llama, tmp_path):
+    """``prune.sparsegpt(model, batches, 0.5)`` on a Llama prunes the decoder layers' Linears, not lm_head."""
+    folder, tokens, ids, _ = llama
+    model = transformers.LlamaForCausalLM.from_pretrained(folder).eval()
+    head = model.lm_head.weight.detach().clone()
+    batches = [{"input_ids": torch.from_numpy(ids[i : i + ROWS]), "use_cache": False} for i in range(0, len(ids), ROWS)]
+    prune.sparsegpt(model, batches, 0.5)
+    assert not prune.is_pruned(model.lm_head) and torch.equal(model.lm_head.weight, head)
+    pruned = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and prune.is_pruned(m)}
+    assert pruned == {f"{n}.weight" for n in _layer_linears(model)} and len(pruned) == 14
+    for name in pruned:
+        weight = model.get_submodule(name[: -len(".weight")]).weight
+        assert int((weight == 0).sum()) == weight.numel() // 2, name
+    result = prune_file(folder, tmp_path / "out", method="sparsegpt", amount=0.5, calibration=tokens)
+    assert set(result.written.by_tensor) == pruned  # the command and the torch default: the same weights
+    got = _tensors(tmp_path / "out")
+    for name in pruned:
+        weight = model.get_submodule(name[: -len(".weight")]).weight.detach().numpy()
+        np.testing.assert_allclose(got[name], weight, rtol=1e-5, atol=1e-6, err_msg=name)
