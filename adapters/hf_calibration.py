@@ -347,7 +347,10 @@ def calibrate_checkpoint(
                 names = [f"layer.{m}" for m in chosen]
                 if reconstructing:
                     kwargs = {"n": spec.nm[0], "m": spec.nm[1]} if spec.nm is not None else {"amount": spec.amount}
-                    reconstruction.sparsegpt(replay, steps, modules=names, sequential=not spec.one_pass, **kwargs)
+                    try:
+                        reconstruction.sparsegpt(replay, steps, modules=names, sequential=not spec.one_pass, **kwargs)
+                    except ValueError as exc:  # named by the checkpoint's names, not the replay's
+                        raise ValueError(str(exc).replace("'layer.", f"'{prefix}.{index}.")) from None
                     for module_name in chosen:
                         prune.remove(layer.get_submodule(module_name), "weight")
                 else:

@@ -140,7 +140,7 @@ def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextli
     """``--hessians``: each target pruned by SparseGPT with its Hessian from the file, when written.
 
     Every Hessian is checked (present, ``K x K`` for the weight's reduction axis,
-    finite) before anything is written; each weight is read and reconstructed when the
+    finite, not all zero) before anything is written; each weight is read and reconstructed when the
     writer reaches it, so one weight is in memory at a time.
 
     Raises
@@ -171,6 +171,10 @@ def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextli
                 f"the Hessian of {entry.name!r} must be finite floats of shape [{k}, {k}] (its {k} input features), "
                 f"got {h.dtype} {list(h.shape)}",
                 spec.hessians,
+            )
+        if not h.any():
+            raise PruneError(
+                f"the Hessian of {entry.name!r} is all zero: it says nothing about which weights matter", spec.hessians
             )
     files = stack.enter_context(TensorFiles())
     options = {"n": spec.nm[0], "m": spec.nm[1]} if spec.nm is not None else {"amount": spec.amount}

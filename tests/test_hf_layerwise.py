@@ -223,6 +223,9 @@ def _hf_copy(folder, tmp_path, drop_config=False):
         ("hessian_missing", ["no Hessian for 'model.layers.0.mlp.down_proj.weight'"]),
         ("hessians_with_wanda", ["--hessians gives the Hessians of sparsegpt"]),
         ("hessians_on_onnx", ["--hessians applies to safetensors"]),
+        ("hessian_all_zero", ["the Hessian of 'model.layers.1.mlp.up_proj.weight' is all zero"]),
+        ("zero_attention_mask", ["'model.layers.0.self_attn.o_proj'", "the Hessian is all zero"]),
+        ("overflowing_embeddings", ["'model.layers.0.self_attn.q_proj'", "the Hessian is all zero"]),
     ],
 )
 def test_bad_inputs_are_one_line_and_write_nothing(llama, tmp_path, case, fragments):
@@ -242,6 +245,15 @@ def test_bad_inputs_are_one_line_and_write_nothing(llama, tmp_path, case, fragme
         config = json.loads((src / "config.json").read_text())
         config["architectures"] = ["MyOwnForCausalLM"]
         (src / "config.json").write_text(json.dumps(config))
+    elif case == "zero_attention_mask":  # every position masked: o_proj's inputs are all 0
+        np.savez(tmp_path / "bad.npz", input_ids=ids, attention_mask=np.zeros_like(ids))
+        args[-1] = tmp_path / "bad.npz"
+    elif case == "overflowing_embeddings":  # the first norm overflows: q/k/v see zeros
+        model = transformers.LlamaForCausalLM.from_pretrained(folder)
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(1e38)
+        src = tmp_path / "big"
+        model.save_pretrained(src)
     elif case.startswith("hessian"):
         dense = _tensors(folder)
         hessians = {n: np.eye(v.shape[1]) for n, v in dense.items() if ".layers." in n and n.endswith("proj.weight")}
@@ -249,6 +261,8 @@ def test_bad_inputs_are_one_line_and_write_nothing(llama, tmp_path, case, fragme
             hessians["model.layers.0.self_attn.q_proj.weight"] = np.eye(3)
         elif case == "hessian_missing":
             del hessians["model.layers.0.mlp.down_proj.weight"]
+        elif case == "hessian_all_zero":
+            hessians["model.layers.1.mlp.up_proj.weight"] *= 0
         np.savez(tmp_path / "h.npz", **hessians)
         args = ["--method", "wanda" if case == "hessians_with_wanda" else "sparsegpt", "--amount", "0.5"]
         args += ["--hessians", tmp_path / "h.npz"]
@@ -427,3 +441,25 @@ def test_torch_default_leaves_lm_head_as_the_command_does(llama, tmp_path):
     for name in pruned:
         weight = model.get_submodule(name[: -len(".weight")]).weight.detach().numpy()
         np.testing.assert_allclose(got[name], weight, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_dead_inputs_of_a_given_hessian_count_toward_the_amount(llama, tmp_path):
+    """A Hessian with dead inputs (zero rows and columns): exactly half of each weight is pruned, no more."""
+    folder, _, _, _ = llama
+    dense = _tensors(folder)
+    names = [n for n in dense if ".layers." in n and n.endswith("proj.weight")]
+    rng = np.random.default_rng(5)
+    hessians = {}
+    for name in names:
+        k = dense[name].shape[1]
+        x = rng.standard_normal((4 * k, k))
+        x[:, : 3 * k // 4] = 0  # three quarters of the inputs never fire: more dead entries than the amount
+        hessians[name] = x.T @ x / len(x)
+    np.savez(tmp_path / "h.npz", **hessians)
+    result = prune_file(folder, tmp_path / "out", method="sparsegpt", amount=0.5, hessians=tmp_path / "h.npz")
+    got = _tensors(tmp_path / "out")
+    for name in names:
+        size = dense[name].size
+        assert int((got[name] == 0).sum()) == size // 2 == result.written.by_tensor[name][0], name
+        k = dense[name].shape[1]
+        np.testing.assert_array_equal(got[name][:, 3 * k // 4 :], dense[name][:, 3 * k // 4 :], err_msg=name)
