@@ -211,8 +211,9 @@ def sparsegpt(
         errs, keep_columns = [], []
         for j in range(stop - start):
             if nm is not None:
-                if j % nm.m == 0:
-                    group = nm.compute_mask(block[:, j : j + nm.m] ** 2 / d[j : j + nm.m] ** 2, None)
+                if j % nm.m == 0:  # dead inputs score 0: pruned first
+                    scores = block[:, j : j + nm.m] ** 2 / d[j : j + nm.m] ** 2
+                    group = nm.compute_mask(xp.where(dead[None, start + j : start + j + nm.m], zero, scores), None)
                 keep_j = group[:, j % nm.m]
                 keep_columns.append(keep_j)
             else:

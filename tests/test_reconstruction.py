@@ -456,3 +456,12 @@ def test_unfold_patches_errors(args, kwargs, error, message):
 def test_docstring_examples():
     result = doctest.testmod(reconstruction)
     assert result.failed == 0 and result.attempted >= 10
+
+
+def test_nm_prunes_dead_inputs_first_and_no_more_than_n():
+    w, x, h = layer(rows=3, k=8, seed=4, dead=(1, 2, 6))
+    new, keep = ap.sparsegpt(w, h, n=1, m=4)
+    # group 0 has two dead inputs: the first (by column) is pruned, the other keeps its value
+    np.testing.assert_array_equal(keep, np.array([[1, 0, 1, 1, 1, 1, 0, 1]] * 3, dtype=bool))
+    assert int((new == 0).sum()) == 6
+    np.testing.assert_array_equal(new[:, 2], w[:, 2])
