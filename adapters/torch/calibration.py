@@ -58,14 +58,17 @@ def block_layers(model: nn.Module, layers: dict[str, nn.Module]) -> dict[str, nn
     them, so the output embeddings (``lm_head``), a pooler or classifier heads are left.
     Any other model: `layers` as given.
     """
-    count = getattr(getattr(model, "config", None), "num_hidden_layers", None)
-    if not isinstance(count, int):
+    from arrayprune.adapters.hf_calibration import _layer_list
+
+    config = getattr(model, "config", None)
+    if not isinstance(getattr(config, "num_hidden_layers", None), int):
         return layers
-    for prefix, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module) == count:
-            inside = prefix + "." if prefix else ""
-            return {name: layer for name, layer in layers.items() if name.startswith(inside)}
-    return layers
+    try:
+        prefix, _ = _layer_list(model, config)
+    except ValueError:  # no list of that many layers: nothing to tell inside from outside
+        return layers
+    inside = prefix + "." if prefix else ""
+    return {name: layer for name, layer in layers.items() if name.startswith(inside)}
 
 
 def _chosen(model: nn.Module, modules: Iterable[Any] | None) -> dict[str, nn.Module]:
