@@ -189,9 +189,9 @@ def sparsegpt(
     u_diag = xp.linalg.diagonal(u)
     nm = None if pattern is None else NMStructured(*pattern, dim=-1)
 
-    dead_columns = [bool(dead[j]) for j in range(k)] if bool(xp.any(dead)) else [False] * k
-    dead_left = min(total, rows * sum(dead_columns))  # dead entries pruned (first, by position)
-    live_total, live_k = total - dead_left, k - sum(dead_columns)
+    dead_k = int(xp.sum(xp.astype(dead, xp.int32)))
+    dead_left = min(total, rows * dead_k)  # dead entries pruned (first, by position)
+    live_total, live_k = total - dead_left, k - dead_k
     live_before = 0
     done, keeps, rest = [], [], w
     for start in range(0, k, block_size):
@@ -200,7 +200,7 @@ def sparsegpt(
         u_block = u[start:stop, start:stop]
         d = u_diag[start:stop]
         if nm is None:
-            live_block = (stop - start) - sum(dead_columns[start:stop])
+            live_block = (stop - start) - (int(xp.sum(xp.astype(dead[start:stop], xp.int32))) if dead_k else 0)
             count = _block_share(live_total, live_k, live_before + live_block) - _block_share(
                 live_total, live_k, live_before
             )
