@@ -260,6 +260,8 @@ def _targets_by_layer(targets: list[Any], prefix: str, count: int, layers: Any) 
     """For each layer, its targets: module name inside the layer -> plan entry (checked)."""
     from torch import nn
 
+    from arrayprune.adapters.torch.calibration import is_transposed_linear
+
     per_layer: list[dict[str, Any]] = [{} for _ in range(count)]
     for entry in targets:
         head, _, rest = entry.name.partition(prefix + ".") if prefix else ("", "", entry.name)
@@ -271,10 +273,10 @@ def _targets_by_layer(targets: list[Any], prefix: str, count: int, layers: Any) 
                 "only those are pruned (leave it with --exclude)"
             )
         module = dict(layers[int(index)].named_modules()).get(module_name)
-        if not isinstance(module, nn.Linear):
+        if not isinstance(module, nn.Linear) and not is_transposed_linear(module):
             raise ValueError(
                 f"{entry.name!r} is the weight of a {type(module).__name__}: calibrated layer by layer, "
-                "the Linear layers are pruned (leave it with --exclude)"
+                "the Linear (and GPT-2's Conv1D) layers are pruned (leave it with --exclude)"
             )
         per_layer[int(index)][module_name] = entry
     return per_layer
@@ -379,7 +381,10 @@ def calibrate_checkpoint(
                 names = [f"layer.{m}" for m in chosen]
                 if reconstructing:
                     kwargs = {"n": spec.nm[0], "m": spec.nm[1]} if spec.nm is not None else {"amount": spec.amount}
-                    reconstruction.sparsegpt(replay, steps, modules=names, sequential=not spec.one_pass, **kwargs)
+                    try:
+                        reconstruction.sparsegpt(replay, steps, modules=names, sequential=not spec.one_pass, **kwargs)
+                    except ValueError as exc:  # named by the checkpoint's names, not the replay's
+                        raise ValueError(str(exc).replace("'layer.", f"'{prefix}.{index}.")) from None
                     for module_name in chosen:
                         prune.remove(layer.get_submodule(module_name), "weight")
                 else:

@@ -57,7 +57,13 @@ from arrayprune.adapters.calibration import (
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.arrays import release_pages
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile, TensorFiles
-from arrayprune.adapters.hf_stage import calibrated, calibration_problems, dense_input_norms
+from arrayprune.adapters.hf_stage import (
+    calibrated,
+    calibration_problems,
+    dense_input_norms,
+    leave_outside_layers,
+    outside_note,
+)
 from arrayprune.adapters.outputs import check_not_input, check_output_name
 from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, nm_shortfalls, stream_seed
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
@@ -264,6 +270,8 @@ def _plan(storage: Any, spec: PruneSpec) -> list[PlanEntry]:
                 normalize_dim(e.shape, e.dim)
             except (IndexError, TypeError) as exc:  # the method's own refusal, before any stage uses the axis
                 raise PruneError(f"tensor {e.name!r}: {error_text(exc)}", storage.src) from None
+    if isinstance(storage, StreamedCheckpoint):  # calibrated layer by layer: what it reaches
+        plan = leave_outside_layers(storage, spec, plan)
     return plan
 
 
@@ -645,9 +653,9 @@ def nearly_empty_warning(spec: PruneSpec, counts: Mapping[str, tuple[int, int]])
     )
 
 
-def _notes(spec: PruneSpec) -> list[str]:
-    note = count_note(spec)
-    return [] if note is None else [note]
+def _notes(spec: PruneSpec, plan: Sequence[PlanEntry] = ()) -> list[str]:
+    notes = [count_note(spec), outside_note(list(plan))]
+    return [note for note in notes if note is not None]
 
 
 def nm_warnings(spec: PruneSpec, plan: Sequence[PlanEntry]) -> list[str]:
@@ -664,7 +672,8 @@ def _dry_run(src: str, spec: PruneSpec, hooks: Hooks) -> PruneResult:
     spec = spec.checked()
     storage = open_storage(src, hooks)
     plan = storage.shown(_plan(storage, spec))
-    result = PruneResult(src, None, storage.kind, spec, plan, notes=_notes(spec), warnings=nm_warnings(spec, plan))
+    notes, warnings = _notes(spec, plan), nm_warnings(spec, plan)
+    result = PruneResult(src, None, storage.kind, spec, plan, notes=notes, warnings=warnings)
     if spec.allocation and not spec.plan_only:
         _allocate(spec, storage, _targets(plan, src), src, hooks, result)
     return result
@@ -821,7 +830,8 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     layerwise = isinstance(storage, StreamedCheckpoint) and spec.calibration  # hf_stage calibrates
     norms = None if spec.method in RECONSTRUCTIONS or layerwise else input_norms(spec, storage, targets, src, hooks)
     prepared = verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written
-    result = PruneResult(src, dst, storage.kind, spec, plan, notes=_notes(spec), warnings=nm_warnings(spec, targets))
+    notes, warnings = _notes(spec, plan), nm_warnings(spec, targets)
+    result = PruneResult(src, dst, storage.kind, spec, plan, notes=notes, warnings=warnings)
     shared = spec if not spec.allocation else _allocate(spec, storage, targets, src, hooks, result, norms)
     if isinstance(storage, StreamedCheckpoint):
         written = _write_streamed(storage, dst, plan, targets, shared, norms, hooks)

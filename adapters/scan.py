@@ -616,10 +616,13 @@ def scan_arrays(
         errors = []
         for s in sparsities:
             if _reconstructs(method):
-                new, _ = arrayprune.sparsegpt(
-                    np.asarray(target.value), np.asarray(given_hessians[target.name]), s,
-                    reduction_axis=target.role.reduction_axis,
-                )
+                try:
+                    new, _ = arrayprune.sparsegpt(
+                        np.asarray(target.value), np.asarray(given_hessians[target.name]), s,
+                        reduction_axis=target.role.reduction_axis,
+                    )
+                except ValueError as exc:  # a degenerate Hessian: named
+                    raise ValueError(f"{target.name!r}: {exc}") from None
                 pruned = np.asarray(new)
             else:
                 pruned = _masked(target, method, s, input_norms)
