@@ -80,12 +80,22 @@ def read_input_norms(path: str) -> dict[str, np.ndarray]:
     Raises
     ------
     ValueError
-        If an entry is not a 1-D real vector of non-negative values.
+        If an entry is not a 1-D real vector of finite, non-negative values.
     """
     norms = _read_npz(path)
     for name, v in norms.items():
-        if v.ndim != 1 or v.dtype.kind not in "fiu" or not np.all(v >= 0):
-            raise ValueError(f"input norms {name!r}: expected a 1-D vector of non-negative numbers")
+        if v.ndim != 1 or v.dtype.kind not in "fiu":
+            raise ValueError(f"input norms {name!r}: expected a 1-D vector of non-negative numbers, all finite")
+        bad = {
+            "NaN": int(np.count_nonzero(np.isnan(v))) if v.dtype.kind == "f" else 0,
+            "infinite": int(np.count_nonzero(np.isinf(v))) if v.dtype.kind == "f" else 0,
+            "negative": int(np.count_nonzero(v < 0)),
+        }
+        if any(bad.values()):
+            found = ", ".join(f"{n} {what}" for what, n in bad.items() if n)
+            raise ValueError(
+                f"input norms {name!r}: expected a 1-D vector of non-negative numbers, all finite; {found} of {v.size}"
+            )
     return {name: v.astype(np.float64) for name, v in norms.items()}
 
 

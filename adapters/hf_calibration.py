@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BATCH_ROWS", "TOKENS_KEY", "calibrate_checkpoint", "hf_folder", "read_tokens"]
+__all__ = ["BATCH_ROWS", "TOKENS_KEY", "calibrate_checkpoint", "hf_folder", "read_tokens", "token_problems"]
 
 #: The key of the token ids in the calibration file: ``[batch, seq]`` integers.
 TOKENS_KEY = "input_ids"
@@ -78,29 +78,57 @@ def read_tokens(path: str, vocab_size: int) -> dict[str, np.ndarray]:
     from arrayprune.adapters.calibration import read_calibration
 
     arrays = read_calibration(path)
-    if TOKENS_KEY not in arrays:
-        raise ValueError(
-            f"a Hugging Face model is calibrated on token ids: the file needs {TOKENS_KEY!r} ([batch, seq] integers), "
-            f"it holds {', '.join(sorted(arrays))}"
-        )
-    extra = sorted(set(arrays) - {TOKENS_KEY, "attention_mask"})
-    if extra:
-        raise ValueError(f"unexpected array {extra[0]!r} in the calibration file (only input_ids and attention_mask)")
+    problems = token_problems(arrays, vocab_size)
+    if problems:
+        raise ValueError(problems[0])
     ids = arrays[TOKENS_KEY]
-    if ids.ndim != 2 or ids.dtype.kind not in "iu" or ids.shape[1] == 0:
-        raise ValueError(f"{TOKENS_KEY!r} must be [batch, seq] integers, got {ids.dtype} of shape {list(ids.shape)}")
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab_size:
-        raise ValueError(
-            f"token ids must be in [0, {vocab_size}) (the model's vocab_size); {TOKENS_KEY!r} holds {low}..{high}"
-        )
     out = {TOKENS_KEY: ids.astype(np.int64)}
     if "attention_mask" in arrays:
-        mask = arrays["attention_mask"]
-        if mask.shape != ids.shape or not np.isin(mask, (0, 1)).all():
-            raise ValueError(f"'attention_mask' must be 0 and 1 of the shape of {TOKENS_KEY!r} {list(ids.shape)}")
-        out["attention_mask"] = mask.astype(np.int64)
+        out["attention_mask"] = arrays["attention_mask"].astype(np.int64)
     return out
+
+
+def token_problems(arrays: Mapping[str, np.ndarray], vocab_size: int | None) -> list[str]:
+    """Every problem of calibration `arrays` as token ids of a model, one line each.
+
+    Parameters
+    ----------
+    arrays : mapping of str to ndarray
+        The arrays of the calibration file (:func:`~arrayprune.adapters.calibration.read_calibration`).
+    vocab_size : int or None
+        The model's vocabulary size (``config.json``); None: the range is not checked.
+
+    Returns
+    -------
+    list of str
+        Empty if the arrays are token ids (and an attention mask) the model takes.
+    """
+    problems = []
+    if TOKENS_KEY not in arrays:  # what it holds instead is named here (a misspelt key)
+        return [
+            f"a Hugging Face model is calibrated on token ids: the file needs {TOKENS_KEY!r} ([batch, seq] integers), "
+            f"it holds {', '.join(sorted(arrays))}"
+        ]
+    extra = sorted(set(arrays) - {TOKENS_KEY, "attention_mask"})
+    if extra:
+        problems.append(
+            f"unexpected array {extra[0]!r} in the calibration file (only input_ids and attention_mask)"
+            if len(extra) == 1
+            else f"unexpected arrays {', '.join(map(repr, extra))} in the calibration file "
+            "(only input_ids and attention_mask)"
+        )
+    ids = arrays[TOKENS_KEY]
+    if ids.ndim != 2 or ids.dtype.kind not in "iu" or ids.shape[1] == 0:
+        problems.append(f"{TOKENS_KEY!r} must be [batch, seq] integers, got {ids.dtype} of shape {list(ids.shape)}")
+        return problems
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or (vocab_size is not None and high >= vocab_size):
+        bound = f"[0, {vocab_size}) (the model's vocab_size)" if vocab_size is not None else "non-negative"
+        problems.append(f"token ids must be in {bound}; {TOKENS_KEY!r} holds {low}..{high}")
+    mask = arrays.get("attention_mask")
+    if mask is not None and (mask.shape != ids.shape or not np.isin(mask, (0, 1)).all()):
+        problems.append(f"'attention_mask' must be 0 and 1 of the shape of {TOKENS_KEY!r} {list(ids.shape)}")
+    return problems
 
 
 class _Stop(Exception):
@@ -232,6 +260,8 @@ def _targets_by_layer(targets: list[Any], prefix: str, count: int, layers: Any) 
     """For each layer, its targets: module name inside the layer -> plan entry (checked)."""
     from torch import nn
 
+    from arrayprune.adapters.torch.calibration import is_transposed_linear
+
     per_layer: list[dict[str, Any]] = [{} for _ in range(count)]
     for entry in targets:
         head, _, rest = entry.name.partition(prefix + ".") if prefix else ("", "", entry.name)
@@ -243,10 +273,10 @@ def _targets_by_layer(targets: list[Any], prefix: str, count: int, layers: Any) 
                 "only those are pruned (leave it with --exclude)"
             )
         module = dict(layers[int(index)].named_modules()).get(module_name)
-        if not isinstance(module, nn.Linear):
+        if not isinstance(module, nn.Linear) and not is_transposed_linear(module):
             raise ValueError(
                 f"{entry.name!r} is the weight of a {type(module).__name__}: calibrated layer by layer, "
-                "the Linear layers are pruned (leave it with --exclude)"
+                "the Linear (and GPT-2's Conv1D) layers are pruned (leave it with --exclude)"
             )
         per_layer[int(index)][module_name] = entry
     return per_layer
@@ -351,7 +381,10 @@ def calibrate_checkpoint(
                 names = [f"layer.{m}" for m in chosen]
                 if reconstructing:
                     kwargs = {"n": spec.nm[0], "m": spec.nm[1]} if spec.nm is not None else {"amount": spec.amount}
-                    reconstruction.sparsegpt(replay, steps, modules=names, sequential=not spec.one_pass, **kwargs)
+                    try:
+                        reconstruction.sparsegpt(replay, steps, modules=names, sequential=not spec.one_pass, **kwargs)
+                    except ValueError as exc:  # named by the checkpoint's names, not the replay's
+                        raise ValueError(str(exc).replace("'layer.", f"'{prefix}.{index}.")) from None
                     for module_name in chosen:
                         prune.remove(layer.get_submodule(module_name), "weight")
                 else:

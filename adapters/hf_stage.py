@@ -20,9 +20,69 @@ from typing import Any
 
 import numpy as np
 
-from arrayprune.adapters.hf_calibration import calibrate_checkpoint, hf_folder, workdir_beside
+from arrayprune.adapters.hf_calibration import calibrate_checkpoint, hf_folder, token_problems, workdir_beside
 
-__all__ = ["calibrated", "calibration_needed", "dense_input_norms", "given_hessians", "input_refusal"]
+__all__ = [
+    "calibrated",
+    "calibration_needed",
+    "calibration_problems",
+    "dense_input_norms",
+    "given_hessians",
+    "input_refusal",
+    "leave_outside_layers",
+    "outside_note",
+]
+
+#: Largest ``config.json`` read.
+CONFIG_MAX_BYTES = 16 << 20
+
+
+def calibration_problems(spec: Any, src: str) -> list[Exception]:
+    """Every problem ``config.json`` and the calibration file's tokens can tell, before a
+    framework is imported: a config that cannot be read, a calibration file that cannot,
+    a missing or unexpected array, token ids beyond ``vocab_size``, a bad attention mask.
+
+    Parameters
+    ----------
+    spec : PruneSpec
+        The request (``spec.calibration`` the token ids).
+    src : str
+        The Hugging Face folder (or its index).
+
+    Returns
+    -------
+    list of Exception
+        One :class:`~arrayprune.adapters.request.PruneError` or
+        :class:`~arrayprune.adapters.formats.FormatError` per problem, each one line.
+    """
+    from arrayprune.adapters.calibration import read_calibration
+    from arrayprune.adapters.formats import FormatError
+    from arrayprune.adapters.formats.files import read_json
+    from arrayprune.adapters.request import PruneError, error_text
+
+    folder = hf_folder(os.fspath(src))
+    if not spec.calibration or folder is None:
+        return []
+    problems: list[Exception] = []
+    vocab_size = None
+    try:
+        config = read_json(os.path.join(folder, "config.json"), CONFIG_MAX_BYTES, "config", "not a valid config.json")
+    except FormatError as exc:
+        problems.append(exc)
+    else:
+        value = config.get("vocab_size") if isinstance(config, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            vocab_size = value
+    try:
+        arrays = read_calibration(spec.calibration)
+    except FormatError as exc:
+        return [*problems, exc]
+    except ValueError as exc:
+        return [*problems, PruneError(error_text(exc), spec.calibration)]
+    return [*problems, *(PruneError(p, spec.calibration) for p in token_problems(arrays, vocab_size))]
+
+#: The reason of a weight left because layer-by-layer calibration does not reach it.
+OUTSIDE = "outside the model's layers: calibrated layer by layer, only the weights inside them are pruned"
 
 
 def input_refusal(spec: Any, src: str, kind: str) -> str | None:
@@ -58,6 +118,55 @@ def _reconstructs(spec: Any) -> bool:
     from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS
 
     return spec.method in RECONSTRUCTIONS
+
+
+def leave_outside_layers(storage: Any, spec: Any, plan: list[Any]) -> list[Any]:
+    """`plan` with the weights outside the model's decoder (or encoder) layers left, when calibrated on tokens.
+
+    `storage` is a safetensors checkpoint (one file or sharded).
+
+    Layer by layer, calibration reaches the weights inside the repeated layers only; the
+    others the plan selects (``lm_head``, a pooler, classifier heads) are left with the
+    reason :data:`OUTSIDE` and copied unchanged, as llmcompressor leaves ``lm_head``. Any
+    other request: `plan` as it is.
+
+    Raises
+    ------
+    PruneError
+        Missing transformers, or a ``config.json`` transformers cannot build: one line.
+    """
+    import dataclasses
+
+    from arrayprune.adapters.hf_calibration import _layer_list, _skeleton
+    from arrayprune.adapters.request import PruneError, error_text
+
+    if not spec.calibration or spec.hessians:
+        return plan
+    if not any(entry.prune for entry in plan) or hf_folder(os.fspath(storage.src)) is None:
+        return plan
+    try:
+        prefix, layers = _layer_list(*_skeleton(hf_folder(os.fspath(storage.src))))
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise PruneError(f"--calibration: {error_text(exc)}", storage.src) from None
+    inside = {f"{prefix}.{index}." if prefix else f"{index}." for index in range(len(layers))}
+    return [
+        dataclasses.replace(entry, prune=False, reason=OUTSIDE)
+        if entry.prune and not any(entry.name.startswith(p) for p in inside)
+        else entry
+        for entry in plan
+    ]
+
+
+def outside_note(plan: list[Any]) -> str | None:
+    """The note naming the weights :func:`leave_outside_layers` left; None if it left none."""
+    left = [entry.name for entry in plan if entry.reason == OUTSIDE]
+    if not left:
+        return None
+    shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+    return (
+        f"left {len(left)} weight{'s' if len(left) > 1 else ''} outside the model's layers unchanged ({shown}): "
+        "calibration layer by layer does not reach them"
+    )
 
 
 def _masking(target: Any, spec: Any, norms: Mapping, value: Any) -> tuple[Any, Any]:
@@ -130,7 +239,7 @@ def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextli
     """``--hessians``: each target pruned by SparseGPT with its Hessian from the file, when written.
 
     Every Hessian is checked (present, ``K x K`` for the weight's reduction axis,
-    finite) before anything is written; each weight is read and reconstructed when the
+    finite, not all zero) before anything is written; each weight is read and reconstructed when the
     writer reaches it, so one weight is in memory at a time.
 
     Raises
@@ -161,6 +270,10 @@ def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextli
                 f"the Hessian of {entry.name!r} must be finite floats of shape [{k}, {k}] (its {k} input features), "
                 f"got {h.dtype} {list(h.shape)}",
                 spec.hessians,
+            )
+        if not h.any():
+            raise PruneError(
+                f"the Hessian of {entry.name!r} is all zero: it says nothing about which weights matter", spec.hessians
             )
     files = stack.enter_context(TensorFiles())
     options = {"n": spec.nm[0], "m": spec.nm[1]} if spec.nm is not None else {"amount": spec.amount}

@@ -58,15 +58,31 @@ from arrayprune.adapters.calibration import (
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.arrays import release_pages
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile, TensorFiles
-from arrayprune.adapters.hf_stage import calibrated, dense_input_norms
+from arrayprune.adapters.hf_stage import (
+    calibrated,
+    calibration_problems,
+    dense_input_norms,
+    leave_outside_layers,
+    outside_note,
+)
+from arrayprune.adapters.outputs import check_not_input, check_output_name
 from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, nm_shortfalls, stream_seed
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
-from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module, spec_from
+from arrayprune.adapters.request import (
+    PruneError,
+    PruneSpec,
+    error_text,
+    method_arguments,
+    optional_module,
+    raise_problems,
+    spec_from,
+)
 from arrayprune.adapters.roles.names import tree_roles
 from arrayprune.adapters.stream_pruning import PruneSummary, Totals, global_counts, prune_source, streams
 from arrayprune.adapters.summary import report_rows, totals
 from arrayprune.adapters.trees import lookup
 from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
+from arrayprune.amount import normalize_dim
 from arrayprune.method_parts import N_OF_M, pattern_of
 
 __all__ = [
@@ -239,7 +255,8 @@ def open_storage(src: str, hooks: Hooks = Hooks()) -> WholeFile | StreamedCheckp
 
 
 def _plan(storage: Any, spec: PruneSpec) -> list[PlanEntry]:
-    return make_plan(
+    """The plan of the request; a ``--dim`` out of range for a selected weight is refused."""
+    plan = make_plan(
         storage.params,
         storage.roles,
         method=spec.mask_method,
@@ -248,6 +265,15 @@ def _plan(storage: Any, spec: PruneSpec) -> list[PlanEntry]:
         min_size=spec.min_size,
         dim=spec.dim,
     )
+    for e in plan:
+        if e.prune and e.dim is not None and e.shape:
+            try:
+                normalize_dim(e.shape, e.dim)
+            except (IndexError, TypeError) as exc:  # the method's own refusal, before any stage uses the axis
+                raise PruneError(f"tensor {e.name!r}: {error_text(exc)}", storage.src) from None
+    if isinstance(storage, StreamedCheckpoint):  # calibrated layer by layer: what it reaches
+        plan = leave_outside_layers(storage, spec, plan)
+    return plan
 
 
 def _targets(plan: list[PlanEntry], src: str) -> list[PlanEntry]:
@@ -634,9 +660,9 @@ def nearly_empty_warning(spec: PruneSpec, counts: Mapping[str, tuple[int, int]])
     )
 
 
-def _notes(spec: PruneSpec) -> list[str]:
-    note = count_note(spec)
-    return [] if note is None else [note]
+def _notes(spec: PruneSpec, plan: Sequence[PlanEntry] = ()) -> list[str]:
+    notes = [count_note(spec), outside_note(list(plan))]
+    return [note for note in notes if note is not None]
 
 
 def nm_warnings(spec: PruneSpec, plan: Sequence[PlanEntry]) -> list[str]:
@@ -653,7 +679,8 @@ def _dry_run(src: str, spec: PruneSpec, hooks: Hooks) -> PruneResult:
     spec = spec.checked()
     storage = open_storage(src, hooks)
     plan = storage.shown(_plan(storage, spec))
-    result = PruneResult(src, None, storage.kind, spec, plan, notes=_notes(spec), warnings=nm_warnings(spec, plan))
+    notes, warnings = _notes(spec, plan), nm_warnings(spec, plan)
+    result = PruneResult(src, None, storage.kind, spec, plan, notes=notes, warnings=warnings)
     if spec.allocation and not spec.plan_only:
         _allocate(spec, storage, _targets(plan, src), src, hooks, result)
     return result
@@ -700,10 +727,24 @@ def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> StreamedCheckpo
     """Open a sharded checkpoint for pruning into `dst`, after the checks nothing is written without."""
     if dst is None:
         raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
-    storage = StreamedCheckpoint(sharded.open_checkpoint(src), src)
-    sharded.check_destination(dst, storage.source, spec.force)
+    storage = StreamedCheckpoint(sharded.open_checkpoint(src), src)  # IN first: a folder that is no checkpoint
+    problems: list[Exception] = []  # every one the headers, config.json and the tokens tell, before a framework
+    if fmt.format_from_suffix(dst) not in (None, "safetensors"):
+        problems.append(PruneError("a sharded checkpoint is written to a folder or to one .safetensors file", dst))
+    else:
+        try:
+            sharded.check_destination(dst, storage.source, spec.force)
+        except fmt.FormatError as exc:
+            problems.append(exc)
     if mp.is_pruned(storage.params):
-        raise PruneError("tensors pruned before (name_orig + name_mask) are not pruned further here", src)
+        problems.append(PruneError("tensors pruned before (name_orig + name_mask) are not pruned further here", src))
+    else:
+        try:
+            _targets(_plan(storage, spec), src)
+        except PruneError as exc:
+            problems.append(exc)
+    problems.extend(calibration_problems(spec, src))
+    raise_problems(problems)
     return storage
 
 
@@ -755,8 +796,11 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
         For files that cannot be read or written.
     """
     src, dst = os.fspath(src), None if dst is None else os.fspath(dst)
+    check_output_name(dst)
     if not os.path.exists(src):
         raise PruneError("no such file", src)
+    if dst is not None and not spec.dry_run:
+        check_not_input(src, dst)
     if refused := input_refusal(spec, src):
         raise PruneError(refused, src)
     if spec.shrink:  # a stage of its own, in place of plan and prune: channel groups, sliced away
@@ -770,8 +814,6 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
             raise PruneError(
                 f"{refused} is not supported for sharded checkpoints, which are pruned tensor by tensor", src
             )
-        if dst is not None and fmt.format_from_suffix(dst) not in (None, "safetensors"):
-            raise PruneError("a sharded checkpoint is written to a folder or to one .safetensors file", dst)
         if spec.dry_run:
             return _dry_run(src, spec, hooks)
         spec = spec.checked()
@@ -779,7 +821,14 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     elif spec.dry_run:
         return _dry_run(src, spec, hooks)
     else:
-        dst = _check_output(src, dst, spec)
+        problems: list[Exception] = []  # OUT and the tokens of a Hugging Face file, told together
+        try:
+            dst = _check_output(src, dst, spec)
+        except PruneError as exc:
+            problems.append(exc)
+        if spec.calibration and dst is not None and fmt.detect_format(src) == "safetensors":
+            problems.extend(calibration_problems(spec, src))
+        raise_problems(problems)
         spec = spec.checked()
         storage, out_format = _open_file(src, dst, spec, hooks)
 
@@ -788,7 +837,8 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     layerwise = isinstance(storage, StreamedCheckpoint) and spec.calibration  # hf_stage calibrates
     norms = None if spec.method in RECONSTRUCTIONS or layerwise else input_norms(spec, storage, targets, src, hooks)
     prepared = verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written
-    result = PruneResult(src, dst, storage.kind, spec, plan, notes=_notes(spec), warnings=nm_warnings(spec, targets))
+    notes, warnings = _notes(spec, plan), nm_warnings(spec, targets)
+    result = PruneResult(src, dst, storage.kind, spec, plan, notes=notes, warnings=warnings)
     shared = spec if not spec.allocation else _allocate(spec, storage, targets, src, hooks, result, norms)
     made = provenance.record(spec)
     if isinstance(storage, StreamedCheckpoint):

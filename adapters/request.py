@@ -41,6 +41,7 @@ __all__ = [
     "PARAMETER_FLAGS",
     "scored_methods",
     "PruneError",
+    "PruneProblems",
     "PruneSpec",
     "method_arguments",
     "method_options",
@@ -64,6 +65,29 @@ class PruneError(ValueError):
         self.file = None if file is None else os.fspath(file)
         self.problem = problem
         super().__init__(f"{self.file}: {problem}" if self.file else problem)
+
+
+class PruneProblems(PruneError):
+    """Several problems found at once, before anything is run: one error, reported as a
+    first line saying how many, then one line per problem.
+
+    Parameters
+    ----------
+    problems : list of Exception
+        The problems (each a one-line :class:`PruneError` or ``FormatError``).
+    """
+
+    def __init__(self, problems: list[Exception]):
+        self.problems = list(problems)
+        super().__init__(f"{len(self.problems)} problems:\n" + "\n".join(str(p) for p in self.problems))
+
+
+def raise_problems(problems: list[Exception]) -> None:
+    """Raise nothing for no problem, the problem itself for one, :class:`PruneProblems` for several."""
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise PruneProblems(problems)
 
 
 def error_text(exc: BaseException) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,7 @@ import numpy as np
 
 import arrayprune
 from arrayprune.adapters import formats as fmt
+from arrayprune.adapters.formats.files import read_json
 from arrayprune.adapters.plan import PlanEntry, file_roles, make_plan
 from arrayprune.adapters.request import PruneSpec
 from arrayprune.adapters.roles.names import tree_roles
@@ -63,6 +65,8 @@ MIN_SPARSITIES = 5
 
 _FORMAT = "arrayprune scan"
 _VERSION = 1
+#: Largest scan file read.
+_MAX_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -169,30 +173,34 @@ class ScanResult:
         """
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
             raise ValueError("not a scan written by arrayprune scan (no 'format': 'arrayprune scan')")
-        if data.get("version") != _VERSION:
-            raise ValueError(f"scan version {data.get('version')!r} is not supported (expected {_VERSION})")
-        try:
-            sparsities = check_sparsities(data["sparsities"], least=1)
-            curves = []
-            for c in data["curves"]:
-                errors = tuple(float(e) for e in c["errors"])
-                shape = tuple(int(s) for s in c["shape"])
-                if len(errors) != len(sparsities):
-                    raise ValueError(f"curve {c['name']!r} has {len(errors)} errors for {len(sparsities)} sparsities")
-                if not all(math.isfinite(e) and e >= 0 for e in errors):
-                    raise ValueError(f"curve {c['name']!r} has errors that are negative or not finite")
-                curves.append(Curve(str(c["name"]), shape, errors, tuple(str(n) for n in c.get("nodes", ()))))
-            return cls(
-                method=str(data["method"]),
-                sparsities=sparsities,
-                curves=curves,
-                outputs=[str(o) for o in data.get("outputs", [])],
-                samples=int(data.get("samples", 0)),
-                model=str(data.get("model", "")),
-                metric=str(data.get("metric", METRIC)),
-            )
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"malformed scan: {type(exc).__name__} {exc}") from None
+        if data.get("version") != _VERSION or isinstance(data.get("version"), bool):
+            raise ValueError(f"scan version {_shown(data.get('version'))} is not supported (expected {_VERSION})")
+        for key in ("method", "sparsities", "curves"):
+            if key not in data:
+                raise ValueError(f"malformed scan: no {key!r}")
+        sparsities = check_sparsities(_list(data["sparsities"], "'sparsities'", _number), least=1)
+        curves = []
+        for i, c in enumerate(_list(data["curves"], "'curves'")):
+            if not isinstance(c, dict) or not {"name", "shape", "errors"} <= c.keys():
+                raise ValueError(f"malformed scan: curve {i} is not an object with 'name', 'shape' and 'errors'")
+            name = _text(c["name"], f"curve {i}: 'name'")
+            errors = tuple(_list(c["errors"], f"curve {name!r}: 'errors'", _number))
+            shape = tuple(_list(c["shape"], f"curve {name!r}: 'shape'", _count))
+            nodes = tuple(_list(c.get("nodes", []), f"curve {name!r}: 'nodes'", _text))
+            if len(errors) != len(sparsities):
+                raise ValueError(f"curve {name!r} has {len(errors)} errors for {len(sparsities)} sparsities")
+            if not all(e >= 0 for e in errors):
+                raise ValueError(f"curve {name!r} has errors that are negative or not finite")
+            curves.append(Curve(name, shape, errors, nodes))
+        return cls(
+            method=_text(data["method"], "'method'"),
+            sparsities=sparsities,
+            curves=curves,
+            outputs=_list(data.get("outputs", []), "'outputs'", _text),
+            samples=_count(data.get("samples", 0), "'samples'"),
+            model=_text(data.get("model", ""), "'model'"),
+            metric=_text(data.get("metric", METRIC), "'metric'"),
+        )
 
     def save(self, path: Any) -> None:
         """Write the scan as JSON, atomically (a temporary file renamed into place)."""
@@ -209,11 +217,52 @@ class ScanResult:
             If the file is not JSON, or not a scan (one line, naming the problem).
         """
         try:
-            with open(path, "rb") as f:
-                data = json.loads(f.read(64 << 20))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot read the scan: {' '.join(str(exc).split())}") from None
+            data = read_json(os.fspath(path), _MAX_BYTES, "a scan", "not a valid scan")
+        except fmt.FormatError as exc:  # not a regular file (a FIFO waits forever), too large, not JSON
+            raise ValueError(f"cannot read the scan: {exc.problem}") from None
         return cls.from_dict(data)
+
+
+def _shown(value: Any) -> str:
+    """`value` for a message: short, whatever it holds."""
+    text = repr(value) if isinstance(value, (str, bool)) or value is None else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _number(value: Any, what: str) -> float:
+    """A finite JSON number (not a boolean) as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"malformed scan: {what} must be numbers, got {_shown(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ValueError(f"malformed scan: {what} must be finite numbers, got one out of range")
+    return number
+
+
+def _count(value: Any, what: str) -> int:
+    """A whole JSON number of at most 2**63 - 1 (not a boolean, not 16.5)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        shown = f"{value:g}" if isinstance(value, float) else _shown(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            shown = "a number out of range"
+        raise ValueError(f"malformed scan: {what} must be whole numbers from 0 to 2**63 - 1, got {shown}")
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"malformed scan: {what} must be a string, got {_shown(value)}")
+    return value
+
+
+def _list(value: Any, what: str, item: Callable[[Any, str], Any] | None = None) -> list[Any]:
+    """A JSON list, each item checked by `item` (given `what` for its message)."""
+    if not isinstance(value, list):
+        raise ValueError(f"malformed scan: {what} must be a list, got {_shown(value)}")
+    return value if item is None else [item(v, what) for v in value]
 
 
 def check_sparsities(values: Iterable[Any], least: int = MIN_SPARSITIES) -> tuple[float, ...]:
@@ -567,10 +616,13 @@ def scan_arrays(
         errors = []
         for s in sparsities:
             if _reconstructs(method):
-                new, _ = arrayprune.sparsegpt(
-                    np.asarray(target.value), np.asarray(given_hessians[target.name]), s,
-                    reduction_axis=target.role.reduction_axis,
-                )
+                try:
+                    new, _ = arrayprune.sparsegpt(
+                        np.asarray(target.value), np.asarray(given_hessians[target.name]), s,
+                        reduction_axis=target.role.reduction_axis,
+                    )
+                except ValueError as exc:  # a degenerate Hessian: named
+                    raise ValueError(f"{target.name!r}: {exc}") from None
                 pruned = np.asarray(new)
             else:
                 pruned = _masked(target, method, s, input_norms)

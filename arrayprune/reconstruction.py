@@ -93,7 +93,8 @@ def sparsegpt(
     ValueError
         For a bad amount or pattern (both or neither given), a weight of fewer than two
         dimensions or with non-finite entries, a Hessian that is not ``K x K``, not
-        finite, has a negative diagonal or is not positive definite after damping.
+        finite, all zero, has a negative diagonal or is not positive definite after
+        damping.
     IndexError
         If `reduction_axis` is out of range.
 
@@ -101,8 +102,8 @@ def sparsegpt(
     -----
     The algorithm, in float64 where the library has it on the weight's device (float32
     otherwise): the rows of ``W`` are the outputs, its ``K`` columns the inputs. Inputs
-    with ``H_jj == 0`` (dead: they never fire) get ``H_jj = 1`` and their column of ``W``
-    is zeroed; ``d = damp * mean(diag(H))`` (the mean of the Hessian as given, so that
+    with ``H_jj == 0`` (dead: they never fire) get ``H_jj = 1`` (see below for their
+    entries); ``d = damp * mean(diag(H))`` (the mean of the Hessian as given, so that
     scaling ``H`` scales ``d``) is added to the diagonal; ``U`` is the upper Cholesky
     factor of ``H^-1`` (``U^T U = H^-1``). Columns are processed in blocks of
     `block_size`; the entries of a block with the smallest scores
@@ -120,8 +121,12 @@ def sparsegpt(
     (counted from column 0; a shorter last group keeps at most ``m - n``) drops, in every
     row, the `n` smallest scores taken when the group is reached, ties by column.
 
-    The entries of dead inputs are zero in the result; they rank first (score 0) and are
-    pruned first, but with a smaller amount some stay in the keep mask.
+    Inputs whose Hessian diagonal is 0 (dead: always 0 on the calibration data) cost
+    nothing to prune and spread no error: their entries are pruned first (by position,
+    column block by column block), and count toward ``T``; the rest of ``T`` is shared
+    over the blocks' live columns as above. No more than ``T`` entries are pruned: with
+    more dead entries than ``T``, the dead entries not pruned keep their values. A
+    Hessian that is all zero (no input ever fired) is refused.
 
     For a grouped convolution, call :func:`sparsegpt` once per group: the output slice
     ``weight[g * out/groups:(g + 1) * out/groups]`` with the Hessian of group ``g``.
@@ -174,12 +179,20 @@ def sparsegpt(
     h = xp.astype(h, wide)
     diag = xp.linalg.diagonal(h)
     dead = diag == 0
-    w = xp.where(dead[None, :], zero, w)
+    if bool(xp.all(dead)):
+        raise ValueError(
+            "the Hessian is all zero: every input of the layer was 0 on the calibration data, "
+            "so it says nothing about which weights matter"
+        )
     h = h + xp.eye(k, dtype=wide, device=device) * (xp.astype(dead, wide) + float(damp) * xp.mean(diag))
     u = _upper_inverse_factor(xp, h)
     u_diag = xp.linalg.diagonal(u)
     nm = None if pattern is None else NMStructured(*pattern, dim=-1)
 
+    dead_k = int(xp.sum(xp.astype(dead, xp.int32)))
+    dead_left = min(total, rows * dead_k)  # dead entries pruned (first, by position)
+    live_total, live_k = total - dead_left, k - dead_k
+    live_before = 0
     done, keeps, rest = [], [], w
     for start in range(0, k, block_size):
         stop = min(start + block_size, k)
@@ -187,13 +200,20 @@ def sparsegpt(
         u_block = u[start:stop, start:stop]
         d = u_diag[start:stop]
         if nm is None:
-            count = _block_share(total, k, stop) - _block_share(total, k, start)
-            keep = smallest_magnitude_keep([block**2 / d**2], count)[0]
+            live_block = (stop - start) - (int(xp.sum(xp.astype(dead[start:stop], xp.int32))) if dead_k else 0)
+            count = _block_share(live_total, live_k, live_before + live_block) - _block_share(
+                live_total, live_k, live_before
+            )
+            live_before += live_block
+            dead_here = min(dead_left, rows * (stop - start - live_block))
+            keep = _block_keep(xp, block**2 / d**2, dead[start:stop], count, dead_here)
+            dead_left -= dead_here
         errs, keep_columns = [], []
         for j in range(stop - start):
             if nm is not None:
-                if j % nm.m == 0:
-                    group = nm.compute_mask(block[:, j : j + nm.m] ** 2 / d[j : j + nm.m] ** 2, None)
+                if j % nm.m == 0:  # dead inputs score 0: pruned first
+                    scores = block[:, j : j + nm.m] ** 2 / d[j : j + nm.m] ** 2
+                    group = nm.compute_mask(xp.where(dead[None, start + j : start + j + nm.m], zero, scores), None)
                 keep_j = group[:, j % nm.m]
                 keep_columns.append(keep_j)
             else:
@@ -259,7 +279,20 @@ def check_sparsegpt_options(
 
 def _block_share(total: int, k: int, column: int) -> int:
     """``floor(total * column / k + 1/2)``: entries pruned in columns ``[0, column)``."""
-    return (2 * total * column + k) // (2 * k)
+    return (2 * total * column + k) // (2 * k) if k else 0
+
+
+def _block_keep(xp: Any, scores: Array, dead: Array, live_count: int, dead_count: int) -> Array:
+    """The keep mask of a block: `dead_count` (at most all) entries of its dead columns,
+    first in row-major order, and the `live_count` smallest `scores` of its live columns."""
+    if not bool(xp.any(dead)):
+        return smallest_magnitude_keep([scores], live_count)[0]
+    inf = xp.asarray(math.inf, dtype=scores.dtype, device=apc.device(scores))
+    live_keep = smallest_magnitude_keep([xp.where(dead[None, :], inf, scores)], live_count)[0]
+    dead_entries = xp.astype(xp.broadcast_to(dead[None, :], scores.shape), scores.dtype)
+    ones = xp.ones(scores.shape, dtype=scores.dtype, device=apc.device(scores))
+    dead_keep = smallest_magnitude_keep([ones - dead_entries], dead_count)[0]
+    return live_keep & dead_keep
 
 
 def _check_pattern(amount: Any, n: Any, m: Any) -> tuple[int, int] | None:

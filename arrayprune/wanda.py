@@ -166,7 +166,8 @@ def wanda_scores(
     ----------
     weight : array
         A layer weight, such as ``[out, in]`` (PyTorch ``Linear``), ``[K, N]`` (ONNX
-        ``MatMul``) or ``[out, in/groups, kH, kW]`` (convolution).
+        ``MatMul``) or ``[out, in/groups, kH, kW]`` (convolution). Booleans count as 0
+        and 1 (as every magnitude method ranks them).
     input_norms : array
         One value per input feature of the layer: the L2 norm of that feature over the
         calibration data (``sqrt`` of its sum of squares), 1-D, of length
@@ -222,6 +223,8 @@ def wanda_scores(
             f"expected ({groups * per_group},) for axis {axis} of a weight of shape {tuple(weight.shape)}"
             + (f" in {groups} groups" if groups > 1 else "")
         )
+    if xp.isdtype(weight.dtype, "bool"):  # ranked as 0 and 1, as by every magnitude method
+        weight = xp.astype(weight, widest_float(xp, device))
     magnitude = xp.abs(weight)
     if not xp.isdtype(magnitude.dtype, "real floating"):
         magnitude = xp.astype(magnitude, widest_float(xp, device))

@@ -304,3 +304,32 @@ def _message_of(src, calib):
         assert "finite" in str(exc), exc
         return f"{src}: --method sparsegpt: {' '.join(str(exc).split())}"
     raise AssertionError("non-finite calibration samples were accepted")
+
+
+def test_all_zero_calibration_samples_are_refused_naming_the_layer(tmp_path, capsys):
+    src = _mlp(tmp_path)
+    zeros = _calibration(tmp_path, x=np.zeros((40, 12), np.float32))
+    message = (
+        f"{src}: --method sparsegpt: 'W1': the Hessian is all zero: every input of the layer was 0 on the "
+        "calibration data, so it says nothing about which weights matter"
+    )
+    _refused(tmp_path, capsys, src, {"amount": 0.5, "calibration": str(zeros)}, message)
+
+
+@pytest.mark.parametrize("dead", [4, 10])  # fewer, then more dead entries of W1 than its amount
+def test_dead_inputs_count_toward_the_amount(tmp_path, capsys, dead):
+    """Inputs that never fire are pruned first, within the amount: each weight loses exactly round(0.5 * size)."""
+    src = _mlp(tmp_path)
+    x = _rand((40, 12), 9)
+    x[:, :dead] = 0
+    params, _, result = _command_and_prune_file(
+        tmp_path, capsys, src, method="sparsegpt", amount=0.5, calibration=str(_calibration(tmp_path, x=x))
+    )
+    for name in NAMES:
+        assert int((params[name] == 0).sum()) == params[name].size // 2 == result.written.by_tensor[name][0], name
+    w1 = formats.load(str(src)).params["W1"]  # [12, 16]: inputs along axis 0
+    if dead == 4:
+        assert not params["W1"][:dead].any()  # every dead entry pruned, and 32 live ones
+    else:
+        assert int((params["W1"][:dead] == 0).sum()) == 96  # only the amount: the other dead entries kept
+        np.testing.assert_array_equal(params["W1"][dead:], w1[dead:])

@@ -223,6 +223,9 @@ def _hf_copy(folder, tmp_path, drop_config=False):
         ("hessian_missing", ["no Hessian for 'model.layers.0.mlp.down_proj.weight'"]),
         ("hessians_with_wanda", ["--hessians gives the Hessians of sparsegpt"]),
         ("hessians_on_onnx", ["--hessians applies to safetensors"]),
+        ("hessian_all_zero", ["the Hessian of 'model.layers.1.mlp.up_proj.weight' is all zero"]),
+        ("zero_attention_mask", ["'model.layers.0.self_attn.o_proj'", "the Hessian is all zero"]),
+        ("overflowing_embeddings", ["'model.layers.0.self_attn.q_proj'", "the Hessian is all zero"]),
     ],
 )
 def test_bad_inputs_are_one_line_and_write_nothing(llama, tmp_path, case, fragments):
@@ -242,6 +245,15 @@ def test_bad_inputs_are_one_line_and_write_nothing(llama, tmp_path, case, fragme
         config = json.loads((src / "config.json").read_text())
         config["architectures"] = ["MyOwnForCausalLM"]
         (src / "config.json").write_text(json.dumps(config))
+    elif case == "zero_attention_mask":  # every position masked: o_proj's inputs are all 0
+        np.savez(tmp_path / "bad.npz", input_ids=ids, attention_mask=np.zeros_like(ids))
+        args[-1] = tmp_path / "bad.npz"
+    elif case == "overflowing_embeddings":  # the first norm overflows: q/k/v see zeros
+        model = transformers.LlamaForCausalLM.from_pretrained(folder)
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(1e38)
+        src = tmp_path / "big"
+        model.save_pretrained(src)
     elif case.startswith("hessian"):
         dense = _tensors(folder)
         hessians = {n: np.eye(v.shape[1]) for n, v in dense.items() if ".layers." in n and n.endswith("proj.weight")}
@@ -249,6 +261,8 @@ def test_bad_inputs_are_one_line_and_write_nothing(llama, tmp_path, case, fragme
             hessians["model.layers.0.self_attn.q_proj.weight"] = np.eye(3)
         elif case == "hessian_missing":
             del hessians["model.layers.0.mlp.down_proj.weight"]
+        elif case == "hessian_all_zero":
+            hessians["model.layers.1.mlp.up_proj.weight"] *= 0
         np.savez(tmp_path / "h.npz", **hessians)
         args = ["--method", "wanda" if case == "hessians_with_wanda" else "sparsegpt", "--amount", "0.5"]
         args += ["--hessians", tmp_path / "h.npz"]
@@ -294,7 +308,7 @@ def test_one_layer_holds_values_at_a_time(llama, tmp_path, monkeypatch):
         return model, config
 
     def checking_replay(layer, inputs):
-        (model,) = built
+        model = built[-1]  # the plan builds one too, to find the layers
         holding = [i for i, lay in enumerate(model.model.layers) if any(not p.is_meta for p in lay.parameters())]
         seen.append(holding)
         assert model.lm_head.weight.is_meta
@@ -307,7 +321,7 @@ def test_one_layer_holds_values_at_a_time(llama, tmp_path, monkeypatch):
 
 
 def test_bert_encoder_layers_equal_the_torch_path(tmp_path):
-    """``encoder.layer`` of a BertModel (with an attention mask); the pooler, outside the layers, is refused."""
+    """``encoder.layer`` of a BertModel (with an attention mask); the pooler, outside the layers, left with a note."""
     config = transformers.BertConfig(
         hidden_size=32,
         num_attention_heads=4,
@@ -324,18 +338,15 @@ def test_bert_encoder_layers_equal_the_torch_path(tmp_path):
     mask[:, 7:] = 0  # padded ends
     np.savez(tmp_path / "tokens.npz", input_ids=ids, attention_mask=mask)
 
-    with pytest.raises(PruneError, match=r"'pooler.dense.weight' is not a weight of the model's layers"):
-        prune_file(
-            tmp_path / "bert", tmp_path / "out", method="sparsegpt", amount=0.5, calibration=tmp_path / "tokens.npz"
-        )
-    prune_file(
-        tmp_path / "bert",
-        tmp_path / "out",
-        method="sparsegpt",
-        amount=0.5,
-        calibration=tmp_path / "tokens.npz",
-        exclude="pooler*",
+    note = "left 1 weight outside the model's layers unchanged (pooler.dense.weight)"
+    dry = run("prune", tmp_path / "bert", "--dry-run", "--method", "sparsegpt", "--amount", "0.5",
+              "--calibration", tmp_path / "tokens.npz")  # fmt: skip
+    assert dry.returncode == 0 and note in dry.stdout + dry.stderr, dry.stderr
+    assert "outside the model's layers" in next(line for line in dry.stdout.splitlines() if "pooler.dense.w" in line)
+    result = prune_file(
+        tmp_path / "bert", tmp_path / "out", method="sparsegpt", amount=0.5, calibration=tmp_path / "tokens.npz"
     )
+    assert any(n.startswith(note) for n in result.notes) and "pooler.dense.weight" not in result.written.by_tensor
     got = _tensors(tmp_path / "out")
 
     model = transformers.BertModel.from_pretrained(tmp_path / "bert").eval()
@@ -344,10 +355,115 @@ def test_bert_encoder_layers_equal_the_torch_path(tmp_path):
         {"input_ids": torch.from_numpy(ids[i : i + ROWS]), "attention_mask": torch.from_numpy(mask[i : i + ROWS])}
         for i in range(0, len(ids), ROWS)
     ]
-    prune.sparsegpt(model, batches, 0.5, modules=names)
-    assert len(names) == 12
+    prune.sparsegpt(model, batches, 0.5)  # the default: the layers of encoder.layer, not the pooler
+    assert len(names) == 12 and not prune.is_pruned(model.pooler.dense)
     for name in names:
         want = model.get_submodule(name).weight.detach().numpy()
         np.testing.assert_allclose(got[f"{name}.weight"], want, rtol=1e-5, atol=1e-6, err_msg=name)
         assert int((got[f"{name}.weight"] == 0).sum()) == want.size // 2
     assert got["pooler.dense.weight"].tobytes() == _tensors(tmp_path / "bert")["pooler.dense.weight"].tobytes()
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    """The folder of a random-init GPT-2 (``Conv1D`` weights stored ``[in, out]``) and calibration tokens."""
+    root = tmp_path_factory.mktemp("gpt2")
+    config = transformers.GPT2Config(n_embd=32, n_head=4, n_layer=2, vocab_size=VOCAB, n_positions=32)
+    torch.manual_seed(3)
+    transformers.GPT2LMHeadModel(config).eval().save_pretrained(root / "gpt2")
+    ids = np.random.default_rng(4).integers(0, VOCAB, (16, 12))
+    np.savez(root / "tokens.npz", input_ids=ids)
+    return root / "gpt2", root / "tokens.npz", ids
+
+
+def _gpt2_batches(ids):
+    return [{"input_ids": torch.from_numpy(ids[i : i + ROWS]), "use_cache": False} for i in range(0, len(ids), ROWS)]
+
+
+def _conv1d_names(model):
+    return [n for n, m in model.named_modules() if type(m).__name__ == "Conv1D"]
+
+
+def test_gpt2_sparsegpt_equals_the_torch_default(gpt2, tmp_path):
+    """GPT-2's Conv1D weights are calibrated: the command's weights equal ``prune.sparsegpt``'s (stored layout)."""
+    folder, tokens, ids = gpt2
+    proc = run("prune", folder, "-o", tmp_path / "out", "--method", "sparsegpt", "--amount", "0.5",
+               "--calibration", tokens)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "pruned 8 tensors" in proc.stdout and "12288 of 24576 entries zero (50.00%)" in proc.stdout
+    got, dense = _tensors(tmp_path / "out"), _tensors(folder)
+    model = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    prune.sparsegpt(model, _gpt2_batches(ids), 0.5)  # the default: the Conv1D layers of transformer.h
+    names = _conv1d_names(model)
+    assert len(names) == 8 and all(prune.is_pruned(model.get_submodule(n)) for n in names)
+    assert not prune.is_pruned(model.lm_head)
+    for name in names:
+        want = model.get_submodule(name).weight.detach().numpy()  # [in, out], as stored
+        np.testing.assert_allclose(got[f"{name}.weight"], want, rtol=1e-5, atol=1e-6, err_msg=name)
+        assert np.array_equal(got[f"{name}.weight"] == 0, want == 0), name
+        assert int((want == 0).sum()) == want.size // 2, name
+        assert not np.array_equal(want, dense[f"{name}.weight"] * (want != 0)), f"{name}: kept weights not updated"
+    for name in dense.keys() - {f"{n}.weight" for n in names}:
+        assert got[name].tobytes() == dense[name].tobytes(), name
+
+
+def test_gpt2_wanda_equals_the_torch_path(gpt2, tmp_path):
+    folder, tokens, ids = gpt2
+    prune_file(folder, tmp_path / "out", method="wanda", amount=0.5, calibration=tokens)
+    got = _tensors(tmp_path / "out")
+    model = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    names = _conv1d_names(model)
+    # the command runs layer by layer on the pruned layers' outputs: so does the torch side, block by block
+    for block in range(2):
+        inside = [n for n in names if n.startswith(f"transformer.h.{block}.")]
+        scores = prune.wanda_importance(model, _gpt2_batches(ids), modules=inside)
+        for module, score in scores.items():
+            prune.wanda(module, "weight", 0.5, dim=1, importance_scores=score)  # outputs: axis 1 of [in, out]
+            prune.remove(module, "weight")
+    for name in names:
+        want = model.get_submodule(name).weight.detach().numpy()
+        np.testing.assert_array_equal(got[f"{name}.weight"], want, err_msg=name)
+        assert ((want == 0).sum(axis=0) == want.shape[0] // 2).all(), name  # each output loses half its inputs
+
+
+def test_torch_default_leaves_lm_head_as_the_command_does(llama, tmp_path):
+    """``prune.sparsegpt(model, batches, 0.5)`` on a Llama prunes the decoder layers' Linears, not lm_head."""
+    folder, tokens, ids, _ = llama
+    model = transformers.LlamaForCausalLM.from_pretrained(folder).eval()
+    head = model.lm_head.weight.detach().clone()
+    batches = [{"input_ids": torch.from_numpy(ids[i : i + ROWS]), "use_cache": False} for i in range(0, len(ids), ROWS)]
+    prune.sparsegpt(model, batches, 0.5)
+    assert not prune.is_pruned(model.lm_head) and torch.equal(model.lm_head.weight, head)
+    pruned = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and prune.is_pruned(m)}
+    assert pruned == {f"{n}.weight" for n in _layer_linears(model)} and len(pruned) == 14
+    for name in pruned:
+        weight = model.get_submodule(name[: -len(".weight")]).weight
+        assert int((weight == 0).sum()) == weight.numel() // 2, name
+    result = prune_file(folder, tmp_path / "out", method="sparsegpt", amount=0.5, calibration=tokens)
+    assert set(result.written.by_tensor) == pruned  # the command and the torch default: the same weights
+    got = _tensors(tmp_path / "out")
+    for name in pruned:
+        weight = model.get_submodule(name[: -len(".weight")]).weight.detach().numpy()
+        np.testing.assert_allclose(got[name], weight, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_dead_inputs_of_a_given_hessian_count_toward_the_amount(llama, tmp_path):
+    """A Hessian with dead inputs (zero rows and columns): exactly half of each weight is pruned, no more."""
+    folder, _, _, _ = llama
+    dense = _tensors(folder)
+    names = [n for n in dense if ".layers." in n and n.endswith("proj.weight")]
+    rng = np.random.default_rng(5)
+    hessians = {}
+    for name in names:
+        k = dense[name].shape[1]
+        x = rng.standard_normal((4 * k, k))
+        x[:, : 3 * k // 4] = 0  # three quarters of the inputs never fire: more dead entries than the amount
+        hessians[name] = x.T @ x / len(x)
+    np.savez(tmp_path / "h.npz", **hessians)
+    result = prune_file(folder, tmp_path / "out", method="sparsegpt", amount=0.5, hessians=tmp_path / "h.npz")
+    got = _tensors(tmp_path / "out")
+    for name in names:
+        size = dense[name].size
+        assert int((got[name] == 0).sum()) == size // 2 == result.written.by_tensor[name][0], name
+        k = dense[name].shape[1]
+        np.testing.assert_array_equal(got[name][:, 3 * k // 4 :], dense[name][:, 3 * k // 4 :], err_msg=name)

@@ -260,13 +260,40 @@ def test_dead_inputs():
     w, x, h = layer(seed=9, dead=(3, 10))
     assert h[3, 3] == 0 and h[10, 10] == 0
     new, keep = ap.sparsegpt(w, h, 0.5, block_size=16)
-    ref, ref_keep = reference_sparsegpt(w, h, exact_block_counts(w.size // 2, 48, 16), block_size=16)
+    # the 32 dead entries (block 0) are pruned first; the other 352 are shared over the 46 live columns
+    live = [math.floor(Fraction(352 * c, 46) + Fraction(1, 2)) for c in (0, 14, 30, 46)]
+    counts = [32 + live[1] - live[0], live[2] - live[1], live[3] - live[2]]
+    ref, ref_keep = reference_sparsegpt(w, h, counts, block_size=16)
     np.testing.assert_array_equal(keep, ref_keep)
     np.testing.assert_allclose(new, ref, rtol=1e-9, atol=1e-12)
+    assert int((~keep).sum()) == w.size // 2
     assert not np.any(new[:, [3, 10]]) and not np.any(keep[:, [3, 10]])  # score 0: pruned first
-    few, few_keep = ap.sparsegpt(w, h, 5)  # fewer than the 32 dead entries: zeroed, yet 27 kept
-    assert int((~few_keep).sum()) == 5 and not np.any(few[:, [3, 10]])
-    assert int(few_keep[:, [3, 10]].sum()) == 27
+
+
+def test_dead_inputs_never_more_than_the_amount():
+    w, x, h = layer(seed=9, dead=(3, 10))
+    few, few_keep = ap.sparsegpt(w, h, 5)  # fewer than the 32 dead entries: 5 pruned, 5 zeros
+    assert int((~few_keep).sum()) == 5 and int((few == 0).sum()) == 5
+    pruned = np.zeros_like(few_keep)
+    pruned[[0, 0, 1, 1, 2], [3, 10, 3, 10, 3]] = True  # the first dead entries, row-major
+    np.testing.assert_array_equal(few_keep, ~pruned)
+    live = np.ones(48, dtype=bool)
+    live[[3, 10]] = False
+    np.testing.assert_array_equal(few[:, live], w[:, live])  # a dead entry pruned spreads no error
+    np.testing.assert_array_equal(few[few_keep], w[few_keep])  # dead entries kept keep their values
+
+
+def test_mostly_dead_inputs_count_exactly():
+    w, x, h = layer(rows=4, k=16, seed=3, dead=tuple(range(1, 16)))  # one live input
+    new, keep = ap.sparsegpt(w, h, 0.5, block_size=4)
+    assert int((~keep).sum()) == 32 and int((new == 0).sum()) == 32
+    np.testing.assert_array_equal(new[:, 0], w[:, 0])
+
+
+def test_all_zero_hessian_is_refused():
+    w = np.ones((3, 4))
+    with pytest.raises(ValueError, match="the Hessian is all zero"):
+        ap.sparsegpt(w, np.zeros((4, 4)), 0.5)
 
 
 def test_scale_invariant_in_the_hessian():
@@ -429,3 +456,12 @@ def test_unfold_patches_errors(args, kwargs, error, message):
 def test_docstring_examples():
     result = doctest.testmod(reconstruction)
     assert result.failed == 0 and result.attempted >= 10
+
+
+def test_nm_prunes_dead_inputs_first_and_no_more_than_n():
+    w, x, h = layer(rows=3, k=8, seed=4, dead=(1, 2, 6))
+    new, keep = ap.sparsegpt(w, h, n=1, m=4)
+    # group 0 has two dead inputs: the first (by column) is pruned, the other keeps its value
+    np.testing.assert_array_equal(keep, np.array([[1, 0, 1, 1, 1, 1, 0, 1]] * 3, dtype=bool))
+    assert int((new == 0).sum()) == 6
+    np.testing.assert_array_equal(new[:, 2], w[:, 2])

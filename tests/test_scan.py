@@ -118,6 +118,9 @@ def test_scan_arrays_with_a_numpy_forward_matches_onnx(two):
         scan_arrays(params, forward, method="wanda", sparsities=SPARSITIES)
     with pytest.raises(ValueError, match="at least 5"):
         scan_arrays(params, forward, sparsities=(0.1, 0.5))
+    zero = {name: np.zeros((w.shape[1], w.shape[1])) for name, w in params.items()}
+    with pytest.raises(ValueError, match=r"^'fc1.weight': the Hessian is all zero"):
+        scan_arrays(params, forward, method="sparsegpt", hessians=zero, sparsities=SPARSITIES)
 
 
 def test_cli_scan_writes_the_curves_and_allocation_follows_them(two, tmp_path):

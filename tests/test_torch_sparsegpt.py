@@ -390,7 +390,7 @@ class _Bomb(nn.Module):
         ({"damp": -0.1}, ValueError, "damp must be a finite non-negative number, got -0.1"),
         ({"modules": ["nope"]}, ValueError, "'nope' is not a submodule of the model"),
         ({"modules": [nn.Linear(12, 16)]}, ValueError, "Linear is not a submodule of the model"),
-        ({"modules": ["1"]}, TypeError, "'1' is a ReLU: sparsegpt prunes Linear, Conv1d and Conv2d layers"),
+        ({"modules": ["1"]}, TypeError, "'1' is a ReLU: sparsegpt prunes Linear, Conv1d, Conv2d and"),
     ],
 )
 def test_bad_input_raises_before_any_change(kwargs, error, message):
@@ -560,7 +560,7 @@ def test_per_layer_amounts_prune_only_their_layers_and_agree_with_modules():
         ({0: 0.5}, {}, TypeError, "the keys of amount must be modules or qualified names of the model's layers"),
         ({"nope": 0.5}, {}, ValueError, "'nope' is not a submodule of the model"),
         ({nn.Linear(12, 16): 0.5}, {}, ValueError, "Linear is not a submodule of the model"),
-        ({"1": 0.5}, {}, TypeError, "'1' is a ReLU: sparsegpt prunes Linear, Conv1d and Conv2d layers"),
+        ({"1": 0.5}, {}, TypeError, "'1' is a ReLU: sparsegpt prunes Linear, Conv1d, Conv2d and"),
         ({"0": 0.5}, {"n": 2, "m": 4}, ValueError, "give either amount or n and m, not both"),
         ({"0": 0.5}, {"modules": ["0", "2"]}, ValueError, "'2' is in modules but has no amount"),
         ({"0": 0.5, "2": 0.5}, {"modules": ["0"]}, ValueError, "amount gives '2' an amount, but it is not in modules"),
@@ -580,3 +580,28 @@ def test_a_layer_given_twice_in_the_mapping_is_refused():
     with pytest.raises(ValueError, match=r"amount gives '0' twice \(as a module and by its name\)"):
         prune.sparsegpt(net, _batches(), {net[0]: 0.5, "0": 0.25})
     _unchanged(net, snap)
+
+
+def test_degenerate_statistics_are_refused_naming_the_layer_and_change_nothing():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    before = [p.detach().clone() for p in net.parameters()]
+    with pytest.raises(ValueError, match=r"^'0': the Hessian is all zero: every input of the layer was 0"):
+        prune.sparsegpt(net, [torch.zeros(10, 6)], 0.5)
+    x = torch.randn(10, 6)
+    x[3, 2] = float("inf")
+    with pytest.raises(ValueError, match=r"^'0': the Hessian has NaN or infinite entries"):
+        prune.sparsegpt(net, [x], 0.5)
+    assert all(torch.equal(p, b) for p, b in zip(net.parameters(), before, strict=True))
+    assert not any(prune.is_pruned(m) for m in net)
+
+
+def test_dead_inputs_count_toward_each_layers_amount():
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    x = torch.randn(20, 6)
+    x[:, :4] = 0  # 32 dead entries of the first layer's 48: more than its 24
+    dense = net[0].weight.detach().clone()
+    prune.sparsegpt(net, [x], 0.5)
+    assert int((net[0].weight == 0).sum()) == 24 and int((net[2].weight == 0).sum()) == 12
+    assert torch.equal(net[0].weight[:, 4:], dense[:, 4:])  # the live inputs: nothing pruned, nothing spread

@@ -191,3 +191,11 @@ def test_subnormals_rank_by_value_on_every_backend(backend, xp):
     w = np.array([[3 * tiny, 0.0, tiny, -2 * tiny], [5 * tiny, -tiny, 0.0, 4 * tiny]], dtype=np.float32)
     got = to_numpy(ap.wanda(backend.asarray(w), 2, dim=0))
     np.testing.assert_array_equal(got, [[True, False, False, True], [True, False, False, True]])
+
+
+def test_bool_weights_score_as_zero_and_one_like_the_magnitude_methods(backend, xp):
+    """A boolean weight ranks as 0 and 1, as ``L1Unstructured`` and ``Wanda`` rank it, on every backend."""
+    w = np.array([[True, False, True], [False, True, True]])
+    got = to_numpy(ap.wanda_scores(backend.asarray(w), backend.asarray(np.array([2.0, 3.0, 0.5])), 1))
+    np.testing.assert_array_equal(got, [[2.0, 0.0, 0.5], [0.0, 3.0, 0.5]])
+    assert got.dtype.kind == "f"

@@ -51,7 +51,7 @@ import sys
 from collections.abc import Sequence
 
 from arrayprune.adapters import formats as fmt
-from arrayprune.adapters.request import PruneError
+from arrayprune.adapters.request import PruneError, PruneProblems
 
 from .errors import CliError, _error
 from .options import build_parser
@@ -89,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 return run_scan(args)
             return run_report(args)
+    except PruneProblems as exc:  # several, found at once: how many, then one per line
+        _error(f"{len(exc.problems)} problems:", *map(str, exc.problems))
     except PruneError as exc:  # CliError too
         _error(str(exc))
     except fmt.FormatError as exc:

@@ -32,7 +32,9 @@ def _warn(message: str, kind: str = "warning") -> None:
     sys.stderr.flush()
 
 
-def _error(message: str) -> None:
+def _error(message: str, *more: str) -> None:
+    """``arrayprune: error: message`` on stderr; each of `more` (further problems) on a line of its own."""
     sys.stdout.flush()
     sys.stderr.write(f"{PROG}: error: {' '.join(message.split())}\n")
+    sys.stderr.write("".join(f"  {' '.join(line.split())}\n" for line in more))
     sys.stderr.flush()

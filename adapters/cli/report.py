@@ -32,7 +32,7 @@ def run_report(args: argparse.Namespace) -> int:
         raise CliError("no such file", path)
     plot = getattr(args, "plot", None)
     if plot is not None:
-        _check_plot(plot)
+        _check_plot(path, plot)
     storage = open_storage(path, Hooks(stage=_stage))  # safetensors: headers only
     kind = storage.kind
     if isinstance(storage, StreamedCheckpoint):
@@ -93,8 +93,12 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_plot(plot: str) -> None:
+def _check_plot(path: str, plot: str) -> None:
     """Refuse a ``--plot`` that cannot be written, or without matplotlib, before anything is read."""
+    from arrayprune.adapters.outputs import check_not_input, check_output_name
+
+    check_output_name(plot, "--plot")
+    check_not_input(path, plot, "--plot", in_place=False)
     if os.path.isdir(plot):
         raise CliError("--plot: is a directory", plot)
     if not os.path.isdir(os.path.dirname(os.path.abspath(plot))):

@@ -74,9 +74,13 @@ def add_scan_parser(
     return s
 
 
-def _check_output(path: str | None, force: bool, flag: str) -> None:
+def _check_output(src: str, path: str | None, force: bool, flag: str) -> None:
+    from arrayprune.adapters.outputs import check_not_input, check_output_name
+
     if path is None:
         return
+    check_output_name(path, flag)
+    check_not_input(src, path, flag, in_place=False)
     if os.path.isdir(path):
         raise CliError(f"{flag}: is a directory", path)
     if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
@@ -94,8 +98,8 @@ def run_scan(args: argparse.Namespace) -> int:
     src = args.input
     if not os.path.exists(src):
         raise CliError("no such file", src)
-    _check_output(args.output, args.force, "-o")
-    _check_output(args.plot, args.force, "--plot")
+    _check_output(src, args.output, args.force, "-o")
+    _check_output(src, args.plot, args.force, "--plot")
     if args.plot is not None and os.path.abspath(args.plot) == os.path.abspath(args.output):
         raise CliError("--plot and -o name the same file", args.plot)
     kind = "sharded safetensors" if os.path.isdir(src) else fmt.detect_format(src)

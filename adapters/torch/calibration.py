@@ -36,11 +36,46 @@ __all__ = ["input_norms", "save_input_norms", "wanda_importance"]
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
+def is_transposed_linear(module: nn.Module) -> bool:
+    """Whether `module` is Hugging Face's ``Conv1D`` (GPT-2): a Linear whose weight is stored ``[in, out]``.
+
+    Its forward is ``x @ weight + bias``; transformers is not imported to tell.
+    """
+    weight = getattr(module, "weight", None)
+    return (
+        type(module).__name__ == "Conv1D"
+        and hasattr(module, "nf")
+        and isinstance(weight, torch.Tensor)
+        and weight.ndim == 2
+    )
+
+
+def block_layers(model: nn.Module, layers: dict[str, nn.Module]) -> dict[str, nn.Module]:
+    """The entries of `layers` inside the repeated blocks of a transformers model.
+
+    A model whose ``config`` gives ``num_hidden_layers`` has a ``ModuleList`` of that many
+    decoder (or encoder) layers; layer-by-layer calibration reaches only the layers inside
+    them, so the output embeddings (``lm_head``), a pooler or classifier heads are left.
+    Any other model: `layers` as given.
+    """
+    from arrayprune.adapters.hf_calibration import _layer_list
+
+    config = getattr(model, "config", None)
+    if not isinstance(getattr(config, "num_hidden_layers", None), int):
+        return layers
+    try:
+        prefix, _ = _layer_list(model, config)
+    except ValueError:  # no list of that many layers: nothing to tell inside from outside
+        return layers
+    inside = prefix + "." if prefix else ""
+    return {name: layer for name, layer in layers.items() if name.startswith(inside)}
+
+
 def _chosen(model: nn.Module, modules: Iterable[Any] | None) -> dict[str, nn.Module]:
     """Qualified name -> layer, for the layers to calibrate (every Linear and Conv by default)."""
     named = dict(model.named_modules())
     if modules is None:
-        return {name: m for name, m in named.items() if isinstance(m, _LAYERS)}
+        return {name: m for name, m in named.items() if isinstance(m, _LAYERS) or is_transposed_linear(m)}
     by_module = {id(m): name for name, m in named.items()}
     chosen = {}
     for item in modules:
@@ -49,7 +84,7 @@ def _chosen(model: nn.Module, modules: Iterable[Any] | None) -> dict[str, nn.Mod
             name = name[: -len(".weight")]  # a weight name: its layer
         if name is None or name not in named:
             raise ValueError(f"{item!r} is not a submodule of the model")
-        if not isinstance(named[name], _LAYERS):
+        if not isinstance(named[name], _LAYERS) and not is_transposed_linear(named[name]):
             raise TypeError(f"{name!r} is a {type(named[name]).__name__}: Wanda calibrates Linear and Conv layers")
         chosen[name] = named[name]
     return chosen
@@ -57,7 +92,7 @@ def _chosen(model: nn.Module, modules: Iterable[Any] | None) -> dict[str, nn.Mod
 
 def _feature_axis(module: nn.Linear | nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> int:
     """Axis of the input features of `x`, as `module` reads it."""
-    if isinstance(module, nn.Linear):
+    if isinstance(module, nn.Linear) or is_transposed_linear(module):
         return x.ndim - 1
     spatial = len(module.kernel_size)
     return 0 if x.ndim == spatial + 1 else 1  # an unbatched input has no batch axis
@@ -184,7 +219,8 @@ def _layer_scores(module: nn.Linear | nn.Conv1d | nn.Conv2d, norms: torch.Tensor
     """Wanda scores of a layer's weight ``[out, in/groups, ...]``: |W| times its input norms."""
     weight = module.weight.detach()
     groups = getattr(module, "groups", 1)
-    return arrayprune.wanda_scores(weight, norms.to(weight.device), reduction_axis=1, groups=groups)
+    axis = 0 if is_transposed_linear(module) else 1
+    return arrayprune.wanda_scores(weight, norms.to(weight.device), reduction_axis=axis, groups=groups)
 
 
 def wanda_importance(

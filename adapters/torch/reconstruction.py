@@ -32,7 +32,7 @@ from arrayprune.reconstruction import _check_pattern, _positive_int
 
 from ._apply import apply_method, pruning_hooks, transaction
 from ._methods import CLASSES
-from .calibration import _run
+from .calibration import _run, block_layers, is_transposed_linear
 
 __all__ = ["sparsegpt"]
 
@@ -68,8 +68,11 @@ def _layer_name(named: dict[str, nn.Module], by_module: dict[int, str], item: An
         shown = repr(item) if isinstance(item, str) else type(item).__name__
         raise ValueError(f"{shown} is not a submodule of the model")
     layer = named[name]
-    if not isinstance(layer, _LAYERS):
-        raise TypeError(f"{name!r} is a {type(layer).__name__}: sparsegpt prunes Linear, Conv1d and Conv2d layers")
+    if not isinstance(layer, _LAYERS) and not is_transposed_linear(layer):
+        raise TypeError(
+            f"{name!r} is a {type(layer).__name__}: sparsegpt prunes Linear, Conv1d, Conv2d and "
+            "transformers' Conv1D layers"
+        )
     return name
 
 
@@ -77,7 +80,8 @@ def _chosen(model: nn.Module, modules: Iterable[Any] | None) -> dict[str, Layer]
     """Qualified name -> layer to prune, in model order, checked (nothing is changed)."""
     named = dict(model.named_modules())
     if modules is None:
-        chosen = {name: m for name, m in named.items() if isinstance(m, _LAYERS)}
+        found = {name: m for name, m in named.items() if isinstance(m, _LAYERS) or is_transposed_linear(m)}
+        chosen = cast(dict[str, Layer], block_layers(model, found))
     else:
         if isinstance(modules, (nn.Module, str)) or not isinstance(modules, Iterable):
             raise TypeError(f"modules must be an iterable of modules or qualified names, got {type(modules).__name__}")
@@ -156,14 +160,14 @@ def _counts(layer: Layer, amount: Any, name: str | None = None) -> list[int] | N
 
 def _accumulators(layer: Layer) -> list[arrayprune.HessianAccumulator]:
     """One Hessian accumulator per group of `layer` (one for a Linear)."""
-    k = math.prod(layer.weight.shape[1:])
+    k = layer.weight.shape[0] if is_transposed_linear(layer) else math.prod(layer.weight.shape[1:])
     return [arrayprune.HessianAccumulator(k) for _ in range(getattr(layer, "groups", 1))]
 
 
 def _feed(layer: Layer, accs: list[arrayprune.HessianAccumulator], x: torch.Tensor) -> None:
     """Add `layer`'s input `x` to its accumulators: rows of its matrix product, per group."""
     x = x.detach()
-    if isinstance(layer, nn.Linear):
+    if isinstance(layer, nn.Linear) or is_transposed_linear(layer):
         accs[0].update(x)
         return
     spatial = len(layer.kernel_size)
@@ -185,6 +189,7 @@ def _input_of(args: tuple, kwargs: dict) -> torch.Tensor:
 
 
 def _reconstruct(
+    name: str,
     layer: Layer,
     accs: list[arrayprune.HessianAccumulator],
     counts: list[int] | None,
@@ -199,16 +204,19 @@ def _reconstruct(
     news, keeps = [], []
     for g, acc in enumerate(accs):
         amount = None if counts is None else counts[g]
-        new, keep = arrayprune.sparsegpt(
-            weight[g * rows : (g + 1) * rows],
-            acc.hessian(),
-            amount,
-            n=n,
-            m=m,
-            block_size=block_size,
-            damp=damp,
-            reduction_axis=1,
-        )
+        try:
+            new, keep = arrayprune.sparsegpt(
+                weight[g * rows : (g + 1) * rows],
+                acc.hessian(),
+                amount,
+                n=n,
+                m=m,
+                block_size=block_size,
+                damp=damp,
+                reduction_axis=0 if is_transposed_linear(layer) else 1,
+            )
+        except ValueError as exc:  # degenerate statistics: the message names the layer
+            raise ValueError(f"{name!r}: {exc}") from None
         news.append(new)
         keeps.append(keep)
     if len(accs) == 1:
@@ -285,8 +293,13 @@ def sparsegpt(
         output row along the input axis (for a convolution, along ``in/groups x k``
         flattened in C order, as :func:`arrayprune.sparsegpt` does).
     modules : iterable of modules or qualified names, optional
-        The layers to prune, each a ``Linear``, ``Conv1d`` or ``Conv2d`` of `model`;
-        the keys of a mapping `amount`, else every such layer of `model`, if omitted.
+        The layers to prune, each a ``Linear``, ``Conv1d``, ``Conv2d`` or transformers'
+        ``Conv1D`` (GPT-2's, weight stored ``[in, out]``) of `model`; the keys of a
+        mapping `amount`, else every such layer of `model`, if omitted. For a
+        transformers model (its ``config`` gives ``num_hidden_layers``) the default is
+        the layers inside its repeated decoder (or encoder) layers, as the command line
+        prunes: ``lm_head``, a pooler and classifier heads are left (give them in
+        `modules` to prune them too).
         A layer whose weight is already pruned is refused (ValueError), whether given
         or found: make that pruning permanent with :func:`remove` first (its zeros are
         then pruned first), or leave it out.
@@ -409,7 +422,7 @@ def sparsegpt(
                     layer = layers[name]
                     accs = _accumulators(layer)
                     _run_capturing(model, batches, {layer: _Capture(accs, calls)}, stop=True)
-                    new, keep = _reconstruct(layer, accs, counts[name], pattern, block_size, damp)
+                    new, keep = _reconstruct(name, layer, accs, counts[name], pattern, block_size, damp)
                     del accs
                     write(name, new, keep)
             else:
@@ -419,7 +432,7 @@ def sparsegpt(
                 reached = {name for name, accs in all_accs.items() if accs[0].rows}
                 _check_reached(layers, reached, "the calibration batches")
                 computed = {
-                    name: _reconstruct(layers[name], accs, counts[name], pattern, block_size, damp)
+                    name: _reconstruct(name, layers[name], accs, counts[name], pattern, block_size, damp)
                     for name, accs in all_accs.items()
                 }
                 del all_accs
