@@ -253,8 +253,14 @@ def open_storage(src: str, hooks: Hooks = Hooks()) -> WholeFile | StreamedCheckp
 # --------------------------------------------------------------------------------------
 
 
-def _plan(storage: Any, spec: PruneSpec) -> list[PlanEntry]:
-    """The plan of the request; a ``--dim`` out of range for a selected weight is refused."""
+def _plan(storage: Any, spec: PruneSpec, *, reach: bool = True) -> list[PlanEntry]:
+    """The plan of the request; a ``--dim`` out of range for a selected weight is refused.
+
+    With `reach` (the default), weights that layer-by-layer calibration cannot reach are
+    left (:func:`~arrayprune.adapters.hf_stage.leave_outside_layers`, which builds the
+    model's skeleton with transformers); without, the plan needs no framework, for the
+    checks made before one is imported.
+    """
     plan = make_plan(
         storage.params,
         storage.roles,
@@ -270,7 +276,7 @@ def _plan(storage: Any, spec: PruneSpec) -> list[PlanEntry]:
                 normalize_dim(e.shape, e.dim)
             except (IndexError, TypeError) as exc:  # the method's own refusal, before any stage uses the axis
                 raise PruneError(f"tensor {e.name!r}: {error_text(exc)}", storage.src) from None
-    if isinstance(storage, StreamedCheckpoint):  # calibrated layer by layer: what it reaches
+    if reach and isinstance(storage, StreamedCheckpoint):  # calibrated layer by layer: what it reaches
         plan = leave_outside_layers(storage, spec, plan)
     return plan
 
@@ -733,7 +739,7 @@ def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> StreamedCheckpo
         problems.append(PruneError("tensors pruned before (name_orig + name_mask) are not pruned further here", src))
     else:
         try:
-            _targets(_plan(storage, spec), src)
+            _targets(_plan(storage, spec, reach=False), src)
         except PruneError as exc:
             problems.append(exc)
     problems.extend(calibration_problems(spec, src))
