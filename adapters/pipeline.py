@@ -673,8 +673,9 @@ def _check_output(src: str, dst: str | None, spec: PruneSpec) -> str:
     return dst
 
 
-def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> StreamedCheckpoint:
-    """Open a sharded checkpoint for pruning into `dst`, after the checks nothing is written without."""
+def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> tuple[StreamedCheckpoint, PruneSpec]:
+    """Open a sharded checkpoint for pruning into `dst`, after the checks nothing is written
+    without; the storage and the checked request (an option refused is told with OUT's problems)."""
     if dst is None:
         raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
     storage = StreamedCheckpoint(sharded.open_checkpoint(src), src)  # IN first: a folder that is no checkpoint
@@ -686,6 +687,10 @@ def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> StreamedCheckpo
             sharded.check_destination(dst, storage.source, spec.force)
         except fmt.FormatError as exc:
             problems.append(exc)
+    try:
+        spec = spec.checked()
+    except PruneError as exc:  # no plan without a valid request; the tokens need none
+        raise_problems([*problems, exc, *calibration_problems(spec, src)])
     if mp.is_pruned(storage.params):
         problems.append(PruneError("tensors pruned before (name_orig + name_mask) are not pruned further here", src))
     else:
@@ -698,7 +703,7 @@ def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> StreamedCheckpo
         problems.extend(option_file_problems(spec, plan, calibration=False))
     problems.extend(calibration_problems(spec, src))
     raise_problems(problems)
-    return storage
+    return storage, spec
 
 
 def _problem_of(check: Callable[[], Any]) -> list[Exception]:
@@ -852,8 +857,8 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
             )
         if spec.dry_run:
             return _dry_run(src, spec, hooks)
-        spec = spec.checked()
-        storage: WholeFile | StreamedCheckpoint = _open_sharded(src, dst, spec)
+        storage: WholeFile | StreamedCheckpoint
+        storage, spec = _open_sharded(src, dst, spec)
     elif spec.dry_run:
         return _dry_run(src, spec, hooks)
     else:

@@ -203,3 +203,18 @@ def test_sharded_input_norms_missing_a_weight_are_reported_with_out(llama, tmp_p
     assert rc == 2 and lines[0] == "arrayprune: error: 2 problems:", stderr
     assert "no input norms for 'model.layers.0.mlp.down_proj.weight' and 12 more (selected for pruning)" in lines[2]
     assert not modules & set(HEAVY)
+
+
+def test_an_option_that_does_not_apply_is_reported_with_out_and_the_tokens(llama, tmp_path):
+    (tmp_path / "out").mkdir()
+    np.savez(tmp_path / "tokens.npz", input_ids=np.array([[1, 2, VOCAB + 5]]))
+    rc, stderr, seconds, modules = _command(
+        "prune", llama, "-o", tmp_path / "out", "--method", "sparsegpt", "--amount", "0.5", "--dim", "0",
+        "--calibration", tmp_path / "tokens.npz",
+    )  # fmt: skip
+    lines = stderr.splitlines()
+    assert rc == 2 and lines[0] == "arrayprune: error: 3 problems:", stderr
+    assert "out: exists; use --force" in lines[1]
+    assert "--dim does not apply to sparsegpt" in lines[2]
+    assert f"token ids must be in [0, {VOCAB})" in lines[3] and f"{VOCAB + 5}" in lines[3]
+    assert not modules & set(HEAVY) and seconds < 2.0
