@@ -254,8 +254,14 @@ def open_storage(src: str, hooks: Hooks = Hooks()) -> WholeFile | StreamedCheckp
 # --------------------------------------------------------------------------------------
 
 
-def _plan(storage: Any, spec: PruneSpec) -> list[PlanEntry]:
-    """The plan of the request; a ``--dim`` out of range for a selected weight is refused."""
+def _plan(storage: Any, spec: PruneSpec, *, reach: bool = True) -> list[PlanEntry]:
+    """The plan of the request; a ``--dim`` out of range for a selected weight is refused.
+
+    With `reach` (the default), weights that layer-by-layer calibration cannot reach are
+    left (:func:`~arrayprune.adapters.hf_stage.leave_outside_layers`, which builds the
+    model's skeleton with transformers); without, the plan needs no framework, for the
+    checks made before one is imported.
+    """
     plan = make_plan(
         storage.params,
         storage.roles,
@@ -271,7 +277,7 @@ def _plan(storage: Any, spec: PruneSpec) -> list[PlanEntry]:
                 normalize_dim(e.shape, e.dim)
             except (IndexError, TypeError) as exc:  # the method's own refusal, before any stage uses the axis
                 raise PruneError(f"tensor {e.name!r}: {error_text(exc)}", storage.src) from None
-    if isinstance(storage, StreamedCheckpoint):  # calibrated layer by layer: what it reaches
+    if reach and isinstance(storage, StreamedCheckpoint):  # calibrated layer by layer: what it reaches
         plan = leave_outside_layers(storage, spec, plan)
     return plan
 
@@ -723,8 +729,9 @@ def _check_output(src: str, dst: str | None, spec: PruneSpec) -> str:
     return dst
 
 
-def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> StreamedCheckpoint:
-    """Open a sharded checkpoint for pruning into `dst`, after the checks nothing is written without."""
+def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> tuple[StreamedCheckpoint, PruneSpec]:
+    """Open a sharded checkpoint for pruning into `dst`, after the checks nothing is written
+    without; the storage and the checked request (an option refused is told with OUT's problems)."""
     if dst is None:
         raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
     storage = StreamedCheckpoint(sharded.open_checkpoint(src), src)  # IN first: a folder that is no checkpoint
@@ -736,16 +743,106 @@ def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> StreamedCheckpo
             sharded.check_destination(dst, storage.source, spec.force)
         except fmt.FormatError as exc:
             problems.append(exc)
+    try:
+        spec = spec.checked()
+    except PruneError as exc:  # no plan without a valid request; the tokens need none
+        raise_problems([*problems, exc, *calibration_problems(spec, src)])
     if mp.is_pruned(storage.params):
         problems.append(PruneError("tensors pruned before (name_orig + name_mask) are not pruned further here", src))
     else:
+        plan: list[PlanEntry] = []
         try:
-            _targets(_plan(storage, spec), src)
+            plan = _plan(storage, spec, reach=False)
+            _targets(plan, src)
         except PruneError as exc:
             problems.append(exc)
+        problems.extend(option_file_problems(spec, plan, calibration=False))
     problems.extend(calibration_problems(spec, src))
     raise_problems(problems)
-    return storage
+    return storage, spec
+
+
+def _problem_of(check: Callable[[], Any]) -> list[Exception]:
+    """The one-line error `check` raises, as a list (empty if it raises none)."""
+    try:
+        check()
+    except (PruneError, fmt.FormatError) as exc:
+        return [exc]
+    return []
+
+
+def option_file_problems(
+    spec: PruneSpec, plan: Sequence[PlanEntry] = (), *, calibration: bool = True
+) -> list[Exception]:
+    """Every problem of the files the options name that can be told before the model is
+    loaded: each must be a regular file; input norms are read (small: one vector per
+    weight) and must be finite, non-negative, and name every weight of `plan` pruned; a
+    scan (``allocation``) is read and checked. No framework is imported.
+
+    Parameters
+    ----------
+    spec : PruneSpec
+        The checked request.
+    plan : sequence of PlanEntry, optional
+        The plan, where it is known before loading (headers): the weights input norms
+        must cover.
+    calibration : bool, default True
+        Whether to check ``spec.calibration`` too (a Hugging Face folder's tokens are
+        checked by :func:`~arrayprune.adapters.hf_stage.calibration_problems`).
+
+    Returns
+    -------
+    list of Exception
+        One-line :class:`PruneError` or :class:`~arrayprune.adapters.formats.FormatError`
+        per problem, in the order of the options.
+    """
+    from arrayprune.adapters.formats.files import _require_regular
+
+    problems: list[Exception] = []
+    given = (spec.calibration if calibration else None, spec.hessians, spec.verify_data, spec.allocation_check_data)
+    for path in given:
+        if path:
+            problems += _problem_of(functools.partial(_require_regular, path))
+    if spec.input_norms:
+        try:
+            norms = read_input_norms(spec.input_norms)
+        except fmt.FormatError as exc:
+            problems.append(exc)
+        except ValueError as exc:
+            problems.append(PruneError(error_text(exc), spec.input_norms))
+        else:
+            missing = [e.name for e in plan if e.prune and e.name not in norms]
+            if missing:
+                more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+                problems.append(
+                    PruneError(f"no input norms for {missing[0]!r}{more} (selected for pruning)", spec.input_norms)
+                )
+    if spec.allocation and spec.allocation != "owl":
+        from arrayprune.adapters.scan import ScanResult
+
+        try:
+            ScanResult.load(spec.allocation)
+        except ValueError as exc:
+            problems.append(PruneError(error_text(exc), spec.allocation))
+    return problems
+
+
+def _whole_file_problems(src: str, spec: PruneSpec, *, calibration: bool = True) -> list[Exception]:
+    """What a single file's headers and the option files tell before the file is loaded:
+    a safetensors file's plan (an ``--include`` matching nothing, a ``--dim`` out of
+    range) from its header; the option files (:func:`option_file_problems`; `calibration`:
+    whether to check ``spec.calibration`` there)."""
+    plan: list[PlanEntry] = []
+    problems: list[Exception] = []
+    try:
+        if fmt.detect_format(src) == "safetensors":
+            source = SafetensorsFile(src)
+            if not mp.is_pruned(source.tensors):
+                plan = _plan(StreamedCheckpoint(source, src), spec, reach=False)
+                _targets(plan, src)
+    except (PruneError, fmt.FormatError) as exc:
+        problems.append(exc)
+    return problems + option_file_problems(spec, plan, calibration=calibration)
 
 
 def _open_file(src: str, dst: str, spec: PruneSpec, hooks: Hooks) -> tuple[WholeFile | StreamedCheckpoint, str]:
@@ -816,20 +913,22 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
             )
         if spec.dry_run:
             return _dry_run(src, spec, hooks)
-        spec = spec.checked()
-        storage: WholeFile | StreamedCheckpoint = _open_sharded(src, dst, spec)
+        storage: WholeFile | StreamedCheckpoint
+        storage, spec = _open_sharded(src, dst, spec)
     elif spec.dry_run:
         return _dry_run(src, spec, hooks)
     else:
-        problems: list[Exception] = []  # OUT and the tokens of a Hugging Face file, told together
-        try:
-            dst = _check_output(src, dst, spec)
-        except PruneError as exc:
-            problems.append(exc)
-        if spec.calibration and dst is not None and fmt.detect_format(src) == "safetensors":
+        problems = _problem_of(lambda: _check_output(src, dst, spec))
+        hf_tokens = bool(spec.calibration) and fmt.detect_format(src) == "safetensors"
+        if hf_tokens:  # the tokens of a Hugging Face file, told with OUT
             problems.extend(calibration_problems(spec, src))
-        raise_problems(problems)
-        spec = spec.checked()
+        try:
+            spec = spec.checked()
+        except PruneError as exc:
+            raise_problems([*problems, exc])
+        raise_problems(problems + _whole_file_problems(src, spec, calibration=not hf_tokens))
+        if dst is None:  # _check_output refused it
+            raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
         storage, out_format = _open_file(src, dst, spec, hooks)
 
     plan = _plan(storage, spec)
