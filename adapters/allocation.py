@@ -194,6 +194,20 @@ def _owl_scores(spec: Any, storage: Any, targets: list[Any], norms: Mapping | No
     return scores
 
 
+def _owl_uniform_note(m: float, ratios: list[float], calibrated: bool) -> str | None:
+    """The note when OWL finds the same outlier ratio in every weight (its allocation is then uniform)."""
+    if len(set(ratios)) != 1:
+        return None
+    what = "Wanda's scores" if calibrated else "magnitudes alone (no --calibration or --input-norms)"
+    return (
+        f"--allocation owl: every weight has the same outlier ratio ({100 * ratios[0]:.2f}% of its scores above "
+        f"{m:g} x their mean) on {what}, so every weight gets the same sparsity (uniform): "
+        + "to spread it, give "
+        + ("--calibration (or --input-norms) for Wanda's scores, or " if not calibrated else "")
+        + "a smaller --owl-m (more entries count as outliers)"
+    )
+
+
 def _owl_ratios(
     spec: Any, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any, m: float
 ) -> list[float]:
@@ -290,6 +304,9 @@ def allocate(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None,
             ratios = _owl_ratios(spec, storage, targets, norms, src, hooks, m)
             lam = {} if spec.owl_lambda is None else {"lam": spec.owl_lambda}
             counts = arrayprune.allocation.owl_counts(ratios, sizes, spec.amount, **lam, **bounds)
+            calibrated = norms is not None or (spec.method in RECONSTRUCTIONS and bool(spec.calibration))
+            uniform = _owl_uniform_note(m, ratios, calibrated)
+            notes.extend([uniform] if uniform else [])
         else:
             curves, scan, notes = _scan_curves(spec, targets)
             sparsities = scan.sparsities

@@ -24,6 +24,7 @@ from arrayprune.adapters.hf_calibration import calibrate_checkpoint, hf_folder, 
 
 __all__ = [
     "calibrated",
+    "calibration_needed",
     "calibration_problems",
     "dense_input_norms",
     "given_hessians",
@@ -95,6 +96,21 @@ def input_refusal(spec: Any, src: str, kind: str) -> str | None:
             + ("" if _reconstructs(spec) else " (or use --input-norms)")
         )
     return None
+
+
+def calibration_needed(method: str, src: str) -> str:
+    """Why `method` cannot run on the safetensors input `src` without calibration, and how to give it."""
+    if hf_folder(os.fspath(src)) is not None:
+        return (
+            f"--method {method} needs calibration data on this Hugging Face folder: give --calibration tokens.npz "
+            "(token ids, input_ids [batch, seq]; the model runs through transformers layer by layer), "
+            "or --hessians hessians.npz (weight name -> K x K)"
+        )
+    return (
+        f"--method {method} needs calibration data on this safetensors input: give --hessians hessians.npz "
+        "(weight name -> K x K), or --calibration tokens.npz with a Hugging Face folder (config.json beside "
+        "the weights) as IN"
+    )
 
 
 def _reconstructs(spec: Any) -> bool:
@@ -182,12 +198,15 @@ def calibrated(
         return given_hessians(storage, targets, spec, stack)
     if not spec.calibration:
         return None
+    from arrayprune.adapters.formats.errors import write_failure
     from arrayprune.adapters.request import PruneError, error_text, optional_module
 
     optional_module("transformers", "transformers", "--calibration on a Hugging Face checkpoint")
-    workdir = stack.enter_context(workdir_beside(dst))
     try:
+        workdir = stack.enter_context(workdir_beside(dst))
         return calibrate_checkpoint(storage, targets, spec, hooks, workdir, _masking)
+    except OSError as exc:  # a full disk beside OUT: the folder of pruned layers goes with `stack`
+        raise write_failure(dst, exc) from None
     except (ValueError, TypeError, RuntimeError, IndexError) as exc:  # the model's own errors too
         raise PruneError(f"--calibration: {error_text(exc)}", storage.src) from None
 

@@ -47,6 +47,7 @@ from typing import Any
 import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
+from arrayprune.adapters import provenance
 from arrayprune.adapters.calibration import (
     BATCH_SIZE,
     onnx_input_norms,
@@ -478,8 +479,9 @@ def _write_whole(
     spec: PruneSpec,
     norms: Mapping | None,
     hooks: Hooks,
+    made: Mapping[str, str] | None = None,
 ) -> PruneSummary:
-    """Prune in memory, write `dst` atomically, count the zeros of what was written."""
+    """Prune in memory, write `dst` atomically (with the provenance record `made`), count the zeros written."""
     src, params = storage.src, storage.params
     if spec.method in RECONSTRUCTIONS:  # weights pruned and updated (reconstruct_stage)
         folded = out_params = reconstruct(storage, targets, spec, hooks, lambda t, s: _global_masks(t, s, src, hooks))
@@ -490,7 +492,9 @@ def _write_whole(
         out_params = masked if spec.keep_masks else folded
     else:
         folded = out_params = _prune_folded(params, targets, spec, src, norms, hooks)
-    fmt.save(dst, out_params, out_format, like=storage.wf)
+    wf = storage.wf
+    like = fmt.WeightFile(wf.path, wf.format, wf.params, {**wf.context, "provenance": made}) if made else wf
+    fmt.save(dst, out_params, out_format, like=like)
 
     rows = report_rows(folded, storage=False, roles=storage.roles)  # one count of zeros per tensor
     selected = {t.name for t in targets}
@@ -511,8 +515,10 @@ def _write_streamed(
     spec: PruneSpec,
     norms: Mapping | None,
     hooks: Hooks,
+    made: Mapping[str, str] | None = None,
 ) -> PruneSummary:
-    """Prune tensor by tensor in bounded memory while the checkpoint writes `dst` atomically.
+    """Prune tensor by tensor in bounded memory while the checkpoint writes `dst` atomically,
+    with the provenance record `made`.
 
     Global pruning with per-tensor bounds or LAMP scores finds each target's count first
     (:func:`~arrayprune.adapters.stream_pruning.global_counts`, before anything is
@@ -553,6 +559,7 @@ def _write_streamed(
                 global_method=global_method,
                 progress=hooks.progress,
                 replaced=replaced,
+                made=made,
             )
         except _FAILURES as exc:
             raise PruneError(f"{'global pruning: ' if spec.global_ else ''}{error_text(exc)}", storage.src) from None
@@ -932,13 +939,14 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     notes, warnings = _notes(spec, plan), nm_warnings(spec, targets)
     result = PruneResult(src, dst, storage.kind, spec, plan, notes=notes, warnings=warnings)
     shared = spec if not spec.allocation else _allocate(spec, storage, targets, src, hooks, result, norms)
+    made = provenance.record(spec)
     if isinstance(storage, StreamedCheckpoint):
-        written = _write_streamed(storage, dst, plan, targets, shared, norms, hooks)
+        written = _write_streamed(storage, dst, plan, targets, shared, norms, hooks, made)
         tied = 0
     else:
         if out_format is None:  # a whole file has one: _open_file chose it
             raise PruneError("no output format for OUT", dst)
-        written = _write_whole(storage, dst, out_format, targets, shared, norms, hooks)
+        written = _write_whole(storage, dst, out_format, targets, shared, norms, hooks, made)
         tied = sum(len(t.tied) for t in targets)
     result.written, result.tied = written, tied
     warning = nearly_empty_warning(spec, written.by_tensor)

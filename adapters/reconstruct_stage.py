@@ -147,6 +147,8 @@ def input_refusal(spec: Any, src: str) -> str | None:
         return hf_stage.input_refusal(spec, src, kind)
     if kind in method.formats or (kind in ("sharded", "safetensors") and spec.calibration):
         return hf_stage.input_refusal(spec, src, kind)  # tokens through a Hugging Face model, layer by layer
+    if kind in ("sharded", "safetensors"):  # no --calibration, no --hessians: say how to give them here
+        return hf_stage.calibration_needed(spec.method, src)
     need = " or ".join(f.upper() if f == "onnx" else f for f in method.formats)
     what = "sharded checkpoints" if kind == "sharded" else f"{kind} files"
     return (

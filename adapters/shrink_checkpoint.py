@@ -44,9 +44,11 @@ import numpy as np
 from arrayprune import amount as _amount
 from arrayprune.groups import choose_channels, group_scores
 
+from . import provenance
 from .formats import sharded
-from .formats.errors import FormatError
+from .formats.errors import FormatError, write_failure
 from .formats.safetensors_stream import StoredTensor, TensorFiles, TensorWriter
+from .provenance import KEY
 from .roles.hf_config import CONFIG_NAME, config_bytes, read_config
 from .roles.hf_groups import HfGroup, HfGroups, HfGroupsError, hf_groups
 from .shrink import _check_method, _per_group_methods
@@ -192,6 +194,7 @@ def shrink_checkpoint(
     groups: str = "channels",
     force: bool = False,
     stage: Any = None,
+    made: Mapping[str, str] | None = None,
     **method_args: Any,
 ) -> CheckpointShrink:
     """Shrink a Hugging Face checkpoint folder into folder `dst`, tensor by tensor.
@@ -214,6 +217,9 @@ def shrink_checkpoint(
         Replace an existing `dst`.
     stage : callable, optional
         ``stage(text)``: announcements.
+    made : mapping of str to str, optional
+        A provenance record (:mod:`arrayprune.adapters.provenance`) for ``config.json``
+        and the shards' metadata.
     **method_args
         Constructor arguments of a method given by name.
 
@@ -240,7 +246,7 @@ def shrink_checkpoint(
     methods = _per_group_methods([g.group for g in found.groups], method, dict(method_args))
     updates = found.config_updates(kept_count)
     removed = sum(ckpt.tensors[n].nbytes - t.nbytes for n, t in tensors.items())
-    contents = {CONFIG_NAME: config_bytes({**config, **updates})}
+    contents = {CONFIG_NAME: config_bytes({**config, **updates, **({KEY: dict(made)} if made else {})})}
     if ckpt.index:
         contents[os.path.basename(ckpt.index)] = _index_bytes(ckpt, removed)
     members = {m.key for g in found.groups for m in g.members}
@@ -261,7 +267,7 @@ def shrink_checkpoint(
                         writers[name].write(name, chunk)
         return kept
 
-    kept = ckpt.write(dst, fill, tensors=tensors, contents=contents)
+    kept = ckpt.write(dst, fill, tensors=tensors, contents=contents, made=made)
     return CheckpointShrink(
         found,
         kept,
@@ -312,10 +318,12 @@ def run_checkpoint_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> A
     try:
         done = shrink_checkpoint(
             src, dst, spec.amount, spec.method, groups=spec.groups or "channels", force=spec.force,
-            stage=hooks.stage, **args,
+            stage=hooks.stage, made=provenance.record(spec), **args,
         )  # fmt: skip
     except HfGroupsError as exc:
         raise PruneError(f"--shrink: {exc}", src) from None
+    except OSError as exc:  # a full disk: the new folder is gone, OUT as it was
+        raise write_failure(dst, exc) from None
     members = {m.key for g in done.groups.groups for m in g.members}
     sizes = {n: int(np.prod(shape)) for n, shape in _shapes(ckpt, done).items()}
     pruned, whole = Totals(), Totals()
@@ -326,7 +334,7 @@ def run_checkpoint_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> A
     written = PruneSummary(pruned=pruned, whole=whole, files=done.files, left=done.left)
     shrunk = ShrinkResult(done.groups, spec.amount, done.kept, done.params_before, done.params_after)
     sizes_before = {**done.groups.sizes, "head_dim": done.groups.sizes.get("head_dim")}
-    changes = ", ".join(f"{k} {sizes_before.get(k, v)} -> {v}" for k, v in done.config.items())
+    changes = ", ".join(f"{k} {sizes_before[k]} -> {v}" for k, v in done.config.items() if sizes_before.get(k, v) != v)
     notes = [*_notes(spec), f"{CONFIG_NAME} rewritten: {changes}"]
     return PruneResult(
         src, dst, kind, spec, [], written, shards=len(ckpt.shards), copied=len(ckpt.files) - 1, notes=notes,

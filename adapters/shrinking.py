@@ -33,6 +33,7 @@ import numpy as np
 
 from arrayprune import amount as _amount
 from arrayprune.adapters import formats as fmt
+from arrayprune.adapters import provenance
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.onnx import _PROTOBUF_LIMIT, inline_tensor, iter_initializers
 from arrayprune.adapters.formats.weightfile import WeightFile
@@ -286,7 +287,8 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
     members |= {name for g in found.groups for name, _ in g.shapes}  # Reshape targets follow the channels
     params = dict(wf.params)
     params.update((t.name, numpy_helper.to_array(t)) for t in small.graph.initializer if t.name in members)
-    fmt.save(dst, params, "onnx", like=WeightFile(src, "onnx", params, {**wf.context, "model": small}))
+    context = {**wf.context, "model": small, "provenance": provenance.record(spec)}
+    fmt.save(dst, params, "onnx", like=WeightFile(src, "onnx", params, context))
 
     shrunk = ShrinkResult(found, spec.amount, report.kept, report.params_before, report.params_after)
     if dst is None:  # dry runs returned above

@@ -75,7 +75,7 @@ import numpy as np
 from arrayprune.adapters.formats import safetensors_stream
 from arrayprune.adapters.formats.arrays import to_numpy
 from arrayprune.adapters.formats.direct_writes import BLOCK, at_phase, block_buffer
-from arrayprune.adapters.formats.errors import FormatError, _describe
+from arrayprune.adapters.formats.errors import FormatError, write_failure
 from arrayprune.adapters.formats.safetensors_stream import BackgroundWrites, TensorFiles, TensorWriter, zero_count
 from arrayprune.method_parts import N_OF_M, pattern_of, score_of
 from arrayprune.selection import radix
@@ -872,6 +872,7 @@ def prune_source(
     global_method: Any = None,
     progress: Progress | None = None,
     replaced: Mapping[str, Callable[[], np.ndarray]] | None = None,
+    made: Mapping[str, str] | None = None,
 ) -> PruneSummary:
     """:func:`prune_stored` from a checkpoint to `dst`, written atomically by the checkpoint.
 
@@ -883,6 +884,8 @@ def prune_source(
         The output file (or folder, for a sharded checkpoint).
     plan, method_for, scores_for, global_method, progress, replaced
         As for :func:`prune_stored`.
+    made : mapping of str to str, optional
+        The provenance record written with the output (:mod:`arrayprune.adapters.provenance`).
 
     Returns
     -------
@@ -907,8 +910,9 @@ def prune_source(
                     progress=progress,
                     replaced=replaced,
                 ),
+                made=made,
             )
     except OSError as exc:  # a full disk, a folder that cannot be written: nothing was written
-        raise FormatError(dst, f"cannot write: {exc.strerror or _describe(exc)}") from None
+        raise write_failure(dst, exc) from None
     except MemoryError:
         raise FormatError(dst, "out of memory while pruning") from None

@@ -26,6 +26,7 @@ torch = pytest.importorskip("torch")
 tr = pytest.importorskip("transformers")
 st = pytest.importorskip("safetensors.numpy")
 
+import arrayprune  # noqa: E402
 from arrayprune.adapters.cli import main  # noqa: E402
 from arrayprune.adapters.shrink_checkpoint import shrink_checkpoint  # noqa: E402
 from cli_helpers import assert_error, run  # noqa: E402
@@ -158,6 +159,9 @@ def test_llama_mlp_channels_sharded(llama, tmp_path, capsys):
     check_outside(dense, small, members)
     cfg = config(out)
     assert cfg["intermediate_size"] == 36
+    assert cfg.pop("arrayprune") == {
+        "amount": "0.25", "method": "ln_structured", "shrink": "channels", "version": arrayprune.__version__
+    }  # fmt: skip
     assert {k: v for k, v in cfg.items() if k != "intermediate_size"} == {
         k: v for k, v in config(llama).items() if k != "intermediate_size"
     }

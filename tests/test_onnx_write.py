@@ -24,10 +24,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters.cli import main
 from arrayprune.adapters.formats import files as fmt_files
 from arrayprune.adapters.formats import protowire
+from arrayprune.adapters.provenance import as_text
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -387,7 +389,11 @@ def test_command_line_prune_writes_the_previous_writers_bytes(tmp_path, capsys):
     capsys.readouterr()
     wf, written = fmt.load(src), fmt.load(out)
     assert any(np.count_nonzero(np.asarray(v) == 0) for v in written.params.values()), "something was pruned"
-    assert out.read_bytes() == reference_model(wf, dict(written.params)).SerializeToString()
+    reference = reference_model(wf, dict(written.params))
+    entry = reference.metadata_props.add()  # the provenance record, last
+    entry.key, entry.value = "arrayprune", as_text({"amount": "0.5", "method": "l1_unstructured",
+                                                    "version": arrayprune.__version__})
+    assert out.read_bytes() == reference.SerializeToString()
 
 
 def test_the_loaded_model_is_left_as_it_was(tmp_path, monkeypatch):

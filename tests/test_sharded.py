@@ -24,6 +24,8 @@ from arrayprune.adapters.cli import main
 from arrayprune.adapters.formats import FormatError, files, safetensors_stream, sharded
 from arrayprune.adapters.formats.safetensors_stream import TensorWriter, header_bytes, stored_tensors
 from arrayprune.adapters.plan import make_plan, stream_seed
+from arrayprune.adapters.provenance import as_text
+from arrayprune.adapters.roles.hf_config import config_bytes
 from arrayprune.adapters.roles.names import tree_roles
 
 safetensors = pytest.importorskip("safetensors")
@@ -120,6 +122,19 @@ def in_memory(tensors, amount, *, method="l1_unstructured", global_=True, seed=N
     return {n: torch.as_tensor(v) for n, v in folded.items()}, targets
 
 
+def made(amount="0.5", method="l1_unstructured", **more):
+    """The provenance record a run writes (``global_=True`` adds ``"global": "true"``)."""
+    extra = {("global" if k == "global_" else k): ("true" if v is True else v) for k, v in more.items()}
+    return {"amount": str(amount), "method": method, "version": arrayprune.__version__, **extra}
+
+
+def with_made(name, data, record):
+    """What OUT holds for a file of IN copied to it: ``config.json`` with the provenance record."""
+    if name != "config.json":
+        return data
+    return config_bytes({**json.loads(data), "arrayprune": record})
+
+
 def header(path):
     data = Path(path).read_bytes()
     n = int.from_bytes(data[:8], "little")
@@ -155,13 +170,15 @@ def test_global_round_trip_equals_in_memory(tmp_path, dtype, ties):
 
     names = sorted(p.name for p in src.iterdir())
     assert sorted(p.name for p in out.iterdir()) == names, "same shard names, index and other files"
+    record = made(amount, global_=True)
     for name in [*OTHER_FILES, "model.safetensors.index.json"]:
-        assert (out / name).read_bytes() == (src / name).read_bytes(), name
+        assert (out / name).read_bytes() == with_made(name, (src / name).read_bytes(), record), name
     got, got_shards = load_folder(out)
     _, in_shards = load_folder(src)
     assert {k: sorted(v) for k, v in got_shards.items()} == {k: sorted(v) for k, v in in_shards.items()}
-    for shard in in_shards:  # metadata and layout (tensor order, offsets) as the input's
+    for shard in in_shards:  # metadata and layout (tensor order, offsets) as the input's, and the record
         (h_in, _), (h_out, _) = header(src / shard), header(out / shard)
+        h_in["__metadata__"] = {**h_in["__metadata__"], "arrayprune": as_text(record)}
         assert list(h_out) == list(h_in) and h_out == h_in
 
     want, targets = in_memory(tensors, amount)
@@ -260,6 +277,7 @@ def test_single_file_streamed_equals_in_memory_file(tmp_path, dtype):
 
     want, _ = in_memory(tensors, 0.5)
     reference = tmp_path / "reference.safetensors"  # the in-memory path's writer
+    meta = {**meta, "arrayprune": as_text(made(global_=True))}
     reference.write_bytes(save_torch({n: want.get(n, t) for n, t in tensors.items()}, metadata=meta))
     (h_out, data_out), (h_ref, data_ref) = header(out), header(reference)
     assert h_out == h_ref and list(h_out)[1:] == list(h_ref)[1:], "same metadata, tensors and layout"
@@ -341,7 +359,8 @@ def test_force(tmp_path, capsys):
     before = {p.name: p.read_bytes() for p in src.iterdir()}
     assert cli("prune", src, "-o", src, "--amount", "0.5", "--force") == 0  # in place, atomically per file
     after = {p.name: p.read_bytes() for p in src.iterdir()}
-    assert set(after) == set(before) and after["config.json"] == before["config.json"]
+    assert set(after) == set(before)
+    assert after["config.json"] == with_made("config.json", before["config.json"], made())
     assert after["model-00001-of-00002.safetensors"] != before["model-00001-of-00002.safetensors"]
 
 
@@ -486,14 +505,16 @@ def test_other_files_copied_and_left(tmp_path, capsys):
     (src / ".gitattributes").write_text("*.safetensors filter=lfs")
     (src / "pytorch_model.bin").write_bytes(b"unpruned weights")
     (src / "original").mkdir()
+    (src / "original" / "consolidated.00.pth").write_bytes(b"unpruned weights")
     (tmp_path / "secret.txt").write_text("outside")
     os.symlink(tmp_path / "secret.txt", src / "notes.txt")
     assert cli("prune", src, "-o", tmp_path / "out", "--amount", "0.5") == 0
     said = capsys.readouterr().out
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert written == sorted([*OTHER_FILES, "model.safetensors.index.json", "model-00001-of-00002.safetensors",
-                              "model-00002-of-00002.safetensors"])
-    for fragment in (".gitattributes (hidden)", "original/ (a folder)", "pytorch_model.bin (weights",
+                              "model-00002-of-00002.safetensors", "original"])
+    assert list((tmp_path / "out" / "original").iterdir()) == []
+    for fragment in (".gitattributes (hidden)", "original/consolidated.00.pth (weights", "pytorch_model.bin (weights",
                      "notes.txt (a symlink leading outside"):
         assert fragment in said
 
@@ -566,4 +587,4 @@ def test_minilm_split_into_shards(tmp_path):
         assert torch.equal(bits(got[name]), bits(want.get(name, t))), name
         assert torch.equal(bits(one[name]), bits(got[name])), name
     for name, data in other.items():
-        assert (tmp_path / "out" / name).read_bytes() == data
+        assert (tmp_path / "out" / name).read_bytes() == with_made(name, data, made(global_=True))

@@ -15,10 +15,22 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_sharded import OTHER_FILES, bits, cli, in_memory, llama_tensors, one_line_error, write_checkpoint
+from test_sharded import (
+    OTHER_FILES,
+    bits,
+    cli,
+    header,
+    in_memory,
+    llama_tensors,
+    made,
+    one_line_error,
+    with_made,
+    write_checkpoint,
+)
 
 from arrayprune.adapters.formats import FormatError, sharded
 from arrayprune.adapters.formats.safetensors import HEADER_MAX_BYTES, read_header
+from arrayprune.adapters.provenance import as_text
 
 pytest.importorskip("safetensors")
 torch = pytest.importorskip("torch")
@@ -240,7 +252,7 @@ def test_one_file_folder_and_folders_that_are_neither(tmp_path, capsys):
     assert "wrote 5 files" in said and ".gitattributes (hidden)" in said
     assert sorted(folder_bytes(tmp_path / "out")) == sorted([*OTHER_FILES, "model.safetensors"])
     for name, data in OTHER_FILES.items():
-        assert (tmp_path / "out" / name).read_bytes() == data
+        assert (tmp_path / "out" / name).read_bytes() == with_made(name, data, made()), name
     assert cli("prune", folder / "model.safetensors", "-o", tmp_path / "one.safetensors", "--amount", "0.5") == 0
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == (tmp_path / "one.safetensors").read_bytes()
     capsys.readouterr()
@@ -277,7 +289,8 @@ sys.exit(main(sys.argv[3:]))
 """
 
 SHARDS3 = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
-STEPS = [*(f"shard {s}" for s in SHARDS3), *(f"copy {n}" for n in sorted(OTHER_FILES)),
+STEPS = [*(f"shard {s}" for s in SHARDS3),  # config.json written with the provenance record, the rest copied
+         *(f"{'write' if n == 'config.json' else 'copy'} {n}" for n in sorted(OTHER_FILES)),
          "copy model.safetensors.index.json", "complete", "switched", "removed"]
 
 
@@ -427,8 +440,16 @@ def test_sharded_into_one_safetensors_file(tmp_path, capsys, dtype):
     assert sorted(got) == sorted(tensors)
     for name, t in tensors.items():
         assert torch.equal(bits(got[name]), bits(want.get(name, t))), name
-    expected = save_torch({n: want.get(n, t).contiguous() for n, t in tensors.items()}, metadata={"format": "pt"})
-    assert merged.read_bytes() == expected, "what safetensors writes for the same tensors, byte for byte"
+    metadata = {"format": "pt", "arrayprune": as_text(made(global_=True))}
+    reference = tmp_path / "in" / "reference.safetensors"
+    reference.write_bytes(save_torch({n: want.get(n, t).contiguous() for n, t in tensors.items()}, metadata=metadata))
+    # safetensors orders two metadata keys at random (a Rust HashMap); we sort them: all else byte for byte
+    (h_got, data_got), (h_want, data_want) = header(merged), header(reference)
+    assert list(h_got) == list(h_want) and h_got == h_want, "what safetensors writes for the same tensors"
+    assert list(h_got["__metadata__"]) == sorted(metadata) and data_got == data_want
+    assert merged.stat().st_size == reference.stat().st_size
+    reference.unlink()
+    expected = merged.read_bytes()
     assert cli("prune", whole, "-o", tmp_path / "one.safetensors", "--amount", "0.5", "--global") == 0
     assert merged.read_bytes() == (tmp_path / "one.safetensors").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "merged.safetensors", "one.safetensors",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from arrayprune.adapters.formats.sharded import INDEX_SUFFIX
 from arrayprune.adapters.pipeline import Hooks, PruneResult, nm_warnings, run
 from arrayprune.adapters.plan import format_plan
 from arrayprune.adapters.request import PruneSpec
@@ -101,16 +102,23 @@ def _print_shrink(result: PruneResult) -> None:
         print(f"left as they are: the channels of {n} producer{'s' if n > 1 else ''} (--dry-run --shrink says why)")
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 shard``, ``2 shards``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _print_files(result: PruneResult) -> None:
     """What a sharded checkpoint's output holds."""
     written = result.written
     if written.files == [result.dst]:
         print(f"wrote one safetensors file holding the tensors of {result.shards} shards; other files not copied")
         return
-    print(
-        f"wrote {len(written.files)} files to {result.dst}: {result.shards} shards, {result.copied} other files"
-        " copied, the index last"
-    )
+    indexed = any(f.endswith(INDEX_SUFFIX) for f in written.files)  # a folder of one safetensors file has none
+    parts = [_count(result.shards, "shard" if indexed else "weights file")]
+    if result.copied:
+        parts.append(f"{_count(result.copied, 'other file')} copied")
+    last = ", the index last" if indexed else ""
+    print(f"wrote {_count(len(written.files), 'file')} to {result.dst}: {', '.join(parts)}{last}")
     if written.left:
         print(f"not copied: {'; '.join(written.left)}")
 

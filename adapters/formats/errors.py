@@ -34,6 +34,12 @@ class FormatError(Exception):
 
 
 
+def write_failure(path: Any, exc: OSError) -> FormatError:
+    """The one-line error of a write to `path` that failed with `exc` (a full disk, a folder
+    that cannot be written): ``PATH: cannot write: No space left on device``."""
+    return FormatError(path, f"cannot write: {exc.strerror or _describe(exc)}")
+
+
 def _one_line(text: str) -> str:
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(text))
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]

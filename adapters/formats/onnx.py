@@ -286,7 +286,8 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
     model = like.context["model"]  # read only: the output is built beside it
     external: dict[str, np.ndarray] = like.context.get("external", {})
     flat = _flat_arrays(path, params, "onnx")
-    skeleton = Skeleton(model)
+    made = like.context.get("provenance")
+    skeleton = Skeleton(model, made)
     tensors = [*model.graph.initializer, *skeleton.subgraph_initializers()]
     by_name = {t.name for t in tensors}
     unknown = [k for k in flat if k not in by_name]
@@ -307,7 +308,7 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
         buffers = _inline_buffers(onnx, numpy_helper, skeleton, tensors, values, main)
     created: str | None = None
     if buffers is None:  # external data: each large tensor's bytes go to the data file
-        skeleton = Skeleton(model)  # afresh: the inline attempt filled the subgraphs' tensors
+        skeleton = Skeleton(model, made)  # afresh: the inline attempt filled the subgraphs' tensors
         tensors[main:] = skeleton.subgraph_initializers()
         protos, moved = _external_protos(onnx, numpy_helper, tensors, values, main)
         data_path = _write_data(folder, base, moved, old_data)  # complete and synced before any model refers to it

@@ -16,7 +16,7 @@ Field numbers (``onnx.proto``): ``ModelProto.graph`` 7, ``GraphProto.initializer
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from . import files, protowire
@@ -96,6 +96,17 @@ def external_locations(model: Any) -> set[str]:
     return found
 
 
+def _set_metadata(model: Any, made: Mapping[str, str]) -> None:
+    """Put the provenance record into `model`'s ``metadata_props`` (a copy's), replacing one there."""
+    from arrayprune.adapters.provenance import KEY, as_text
+
+    kept = [(p.key, p.value) for p in model.metadata_props if p.key != KEY]
+    del model.metadata_props[:]
+    for key, value in [*kept, (KEY, as_text(made))]:
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+
+
 class Skeleton:
     """An ONNX model without its main graph's initializers, as pieces to write around them.
 
@@ -105,9 +116,12 @@ class Skeleton:
         The model; never changed. Everything but its main graph's initializers is
         copied (small), so the subgraphs' initializers (:meth:`subgraph_initializers`)
         may be changed here without touching `model`.
+    made : mapping of str to str, optional
+        A provenance record (:mod:`arrayprune.adapters.provenance`), written into the
+        copy's ``metadata_props`` under its key (an entry of that key replaced).
     """
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, made: Mapping[str, str] | None = None):
         self._whole: Any = None
         if protowire.has_unknown_fields(model) or protowire.has_unknown_fields(model.graph):
             # only a whole copy keeps those fields: the initializers follow in a second record
@@ -121,6 +135,8 @@ class Skeleton:
             graph_head, graph_tail = protowire.split(model.graph, GRAPH_INITIALIZER)
             self._graph = graph_head  # the nodes, and in them the subgraphs
             self._parts = (model_head, graph_head, graph_tail, model_tail)
+        if made:
+            _set_metadata(self._whole if self._whole is not None else model_tail, made)
 
     def subgraph_initializers(self) -> list[Any]:
         """The initializers of the subgraphs, in :func:`graph_initializers` order (copies:

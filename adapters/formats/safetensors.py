@@ -177,11 +177,15 @@ def _safetensors_views(path: str, header: Header) -> dict[str, np.ndarray]:
 
 
 def save(path: str, params: Mapping, like: WeightFile | None) -> None:
-    """Write a safetensors file with the metadata of `like`; atomically."""
+    """Write a safetensors file with the metadata of `like` (and its provenance record); atomically."""
+    from arrayprune.adapters.provenance import with_record
+
     arrays = _flat_arrays(path, params, "safetensors")
     metadata = None
     if like is not None and like.format == "safetensors":
         metadata = dict(like.context.get("metadata") or {}) or None
+    if like is not None and like.context.get("provenance"):
+        metadata = with_record(metadata, like.context["provenance"])
     use_torch = any(type(v).__module__.split(".")[0] == "torch" for v in arrays.values())
     if use_torch:
         st_save = import_optional("safetensors.torch", path, "writing safetensors files").save
@@ -190,7 +194,25 @@ def save(path: str, params: Mapping, like: WeightFile | None) -> None:
     else:
         np_save = import_optional("safetensors.numpy", path, "writing safetensors files").save
         data = np_save({k: np.ascontiguousarray(to_numpy(v)) for k, v in arrays.items()}, metadata=metadata)
+    data = _metadata_sorted(data) if metadata and len(metadata) > 1 else data
     files.atomic_write(path, lambda f: f.write(data))
+
+
+def _metadata_sorted(data: bytes) -> bytes:
+    """`data` (a safetensors file) with its metadata keys sorted: the ``safetensors`` package
+    orders them at random (a hash map), and the same command must write the same bytes.
+
+    The header keeps its length (the same entries, reordered); `data` is returned as it is
+    if its header is not the compact JSON that package writes."""
+    n = int.from_bytes(data[:8], "little")
+    text = data[8 : 8 + n]
+    header = json.loads(text, object_pairs_hook=dict)
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    new = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    new += b" " * (n - len(new))
+    if len(new) != n or json.loads(new) != json.loads(text):
+        return data
+    return data[:8] + new + data[8 + n :]
 
 
 def _unshared(tensors: dict[str, Any]) -> dict[str, Any]:

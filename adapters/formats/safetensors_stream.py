@@ -453,13 +453,18 @@ class SafetensorsFile:
         self.path = path
         self.metadata, self.tensors = stored_tensors(path)
 
-    def write(self, dst: str, fill: Callable[[Mapping[str, TensorWriter]], R]) -> R:
+    def write(
+        self, dst: str, fill: Callable[[Mapping[str, TensorWriter]], R], *, made: Mapping[str, str] | None = None
+    ) -> R:
         """Write `dst` atomically: the same tensors, filled in by ``fill(writers)``.
 
         ``fill`` receives each tensor name's :class:`TensorWriter` and must write every
-        tensor whole; its result is returned.
+        tensor whole; its result is returned. `made`, a provenance record
+        (:mod:`arrayprune.adapters.provenance`), joins the metadata.
         """
-        return self.write_tensors(dst, self.metadata, self.tensors, fill)
+        from arrayprune.adapters.provenance import with_record
+
+        return self.write_tensors(dst, with_record(self.metadata, made), self.tensors, fill)
 
     @staticmethod
     def write_tensors(

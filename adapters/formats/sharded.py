@@ -35,10 +35,15 @@ folder may lead into the ``blobs`` folder of its own cache repository
 (:func:`~.files.cache_blobs`), nowhere else out of the folder. The output is regular
 files; the blobs are only read.
 
-Other files: the regular files at the top of the folder are copied unchanged, except
-hidden ones (``.name``), weight files the index does not list (``*.safetensors``,
-``*.bin``, ``*.pt``, ... : they would carry the unpruned weights) and symlinks leading
-out of the folder; sub-folders are not copied. :attr:`ShardedCheckpoint.left` says what
+Sub-folders (a sentence-transformers model's ``1_Pooling/``, ``2_Dense/``) are walked:
+each ``*.safetensors`` file in one is a shard of its own, not in the index, whose tensors
+are named ``FOLDER/NAME`` (``2_Dense/linear.weight``) in :attr:`ShardedCheckpoint.tensors`
+and written back under their own names.
+
+Other files: the regular files of the folder and its sub-folders are copied unchanged,
+except hidden ones (``.name``), weight files the index does not list (``*.bin``,
+``*.pt``, ``*.onnx``, ... : they would carry the unpruned weights), symlinks leading out
+of the folder and anything but regular files. :attr:`ShardedCheckpoint.left` says what
 was left and why.
 
 :func:`prune_checkpoint` prunes a sharded checkpoint or a single safetensors file in
@@ -49,10 +54,13 @@ prunes with :mod:`arrayprune.adapters.stream_pruning`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+
+from arrayprune.adapters.provenance import KEY, with_record
 
 from . import files
 from .errors import FormatError
@@ -80,6 +88,9 @@ INDEX_MAX_BYTES = 64 << 20
 WEIGHT_SUFFIXES = (
     ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf", ".npz", ".data", ".index.json",
 )
+
+#: A Hugging Face folder's model configuration, which receives the provenance record.
+CONFIG = "config.json"
 
 R = TypeVar("R")
 
@@ -158,15 +169,19 @@ class ShardedCheckpoint:
         For a Hugging Face cache snapshot, the cache repository's ``blobs`` folder,
         which the folder's symlinks may lead into (:func:`~.files.cache_blobs`).
     shards : list of str
-        Shard file names, in the order the index first names them.
+        Shard file names, in the order the index first names them, then the safetensors
+        files of sub-folders (``2_Dense/model.safetensors``).
     metadata : dict
         Shard name to its safetensors ``__metadata__``.
     tensors : dict
         Tensor name to :class:`~.safetensors_stream.StoredTensor`, sorted by name.
     shard_of : dict
         Tensor name to its shard's name.
+    folders : list of str
+        The sub-folders (paths relative to :attr:`folder`, ``/``-separated), created in
+        the output.
     files : list of str
-        The other files, copied unchanged.
+        The other files (relative paths), copied unchanged.
     left : list of str
         Files and folders not copied, each with the reason.
     """
@@ -207,9 +222,16 @@ class ShardedCheckpoint:
         for name, shard in weight_map.items():
             if name not in found[shard]:
                 raise FormatError(self.index, f"tensor {name!r} is listed in {shard}, which does not hold it")
+        self.folders, self.files, self.left, nested = self._other_files()
+        for shard in nested:  # a sub-folder's weights: a shard of their own, named FOLDER/NAME
+            folder = shard.rsplit("/", 1)[0] + "/"
+            self.metadata[shard], tensors = stored_tensors(os.path.join(self.folder, *shard.split("/")))
+            for name, t in tensors.items():
+                holders[folder + name] = [shard]
+                found.setdefault(shard, {})[folder + name] = dataclasses.replace(t, name=folder + name)
+            self.shards.append(shard)
         self.shard_of = {name: where[0] for name, where in holders.items()}
         self.tensors = {name: found[self.shard_of[name]][name] for name in sorted(holders)}
-        self.files, self.left = self._other_files()
 
     def _shard_path(self, shard: str) -> str:
         where = self.index or self.folder
@@ -224,24 +246,42 @@ class ShardedCheckpoint:
             raise FormatError(where, f"shard {shard!r}: {_WHERE.get(str(problem), problem)}")
         return real
 
-    def _other_files(self) -> tuple[list[str], list[str]]:
+    def _other_files(self) -> tuple[list[str], list[str], list[str], list[str]]:
+        """The sub-folders, the files copied, those left (with why) and the safetensors
+        files of sub-folders (their own shards), as paths relative to the folder."""
         ours = {*self.shards, os.path.basename(self.index)}  # "" when there is no index
-        files, left = [], []
-        for name in sorted(os.listdir(self.folder)):
-            if name in ours:
-                continue
-            path = os.path.join(self.folder, name)
-            if name.startswith("."):
-                left.append(f"{name} (hidden)")
-            elif os.path.isdir(path):
-                left.append(f"{name}/ (a folder)")
-            elif name.lower().endswith(WEIGHT_SUFFIXES):
-                left.append(f"{name} (weights the index does not list)")
-            elif (problem := resolve_inside(self.folder, name, blobs=self.blobs)[1]) is not None:
-                left.append(f"{name} ({_WHERE.get(problem, problem)})")
-            else:
-                files.append(name)
-        return files, left
+        folders: list[str] = []
+        files: list[str] = []
+        left: list[str] = []
+        nested: list[str] = []
+        pending = [""]
+        while pending:
+            here = pending.pop(0)
+            for name in sorted(os.listdir(os.path.join(self.folder, here) if here else self.folder)):
+                rel = here + name
+                if rel in ours:
+                    continue
+                path = os.path.join(self.folder, *rel.split("/"))
+                problem = resolve_inside(self.folder, rel, blobs=self.blobs)[1]
+                if name.startswith("."):
+                    left.append(f"{rel} (hidden)")
+                elif problem in ("symlink", "outside", "absolute", "missing"):
+                    left.append(f"{rel} ({_WHERE.get(problem, problem)})")
+                elif os.path.isdir(path):
+                    if os.path.islink(path):
+                        left.append(f"{rel}/ (a symlink to a folder)")
+                    else:
+                        folders.append(rel)
+                        pending.append(rel + "/")
+                elif here and name.lower().endswith(".safetensors") and problem is None:
+                    nested.append(rel)
+                elif name.lower().endswith(WEIGHT_SUFFIXES):
+                    left.append(f"{rel} (weights the index does not list)")
+                elif problem is not None:
+                    left.append(f"{rel} ({_WHERE.get(problem, problem)})")
+                else:
+                    files.append(rel)
+        return folders, files, left, nested
 
     def write(
         self,
@@ -250,6 +290,7 @@ class ShardedCheckpoint:
         *,
         tensors: Mapping[str, StoredTensor] | None = None,
         contents: Mapping[str, bytes] | None = None,
+        made: Mapping[str, str] | None = None,
     ) -> R:
         """Write the checkpoint to folder `dst` as a whole: shards filled by ``fill(writers)``, then the rest.
 
@@ -274,23 +315,34 @@ class ShardedCheckpoint:
         contents : mapping of str to bytes, optional
             Other files (the index, ``config.json``) written with these bytes instead of
             copied.
+        made : mapping of str to str, optional
+            A provenance record (:mod:`arrayprune.adapters.provenance`): it joins every
+            shard's metadata and, under its key, the top ``config.json`` (a JSON object)
+            unless `contents` gives that file.
         """
         if tensors is not None and set(tensors) != set(self.tensors):
             raise ValueError("the tensors written must have the names of the checkpoint's tensors")
         tensors = self.tensors if tensors is None else tensors
-        contents = contents or {}
+        contents = dict(contents or {})
         if writes_one_file(dst):
             if tensors is not self.tensors or contents:
                 raise ValueError("new shapes or files are written to a folder, not one .safetensors file")
-            return self._write_one_file(dst, fill)
+            return self._write_one_file(dst, fill, made)
+        if made and CONFIG in self.files and CONFIG not in contents:
+            contents[CONFIG] = self._config_with(made)
         names = self.written()
         with replace_folder(dst) as tmp:
+            for folder in self.folders:
+                os.mkdir(os.path.join(tmp, *folder.split("/")))
             with contextlib.ExitStack() as stack:
-                handles = [stack.enter_context(open(os.path.join(tmp, n), "xb")) for n in self.shards]
-                writers = {}
+                handles = [stack.enter_context(open(os.path.join(tmp, *n.split("/")), "xb")) for n in self.shards]
+                writers: dict[str, Any] = {}
                 for shard, f in zip(self.shards, handles, strict=True):
                     mine = [t for name, t in tensors.items() if self.shard_of[name] == shard]
-                    writers[shard] = TensorWriter(f, self.metadata[shard], mine)
+                    prefix = shard[: shard.rfind("/") + 1]  # a sub-folder's shard stores names without it
+                    local = [dataclasses.replace(t, name=t.name[len(prefix) :]) for t in mine] if prefix else mine
+                    writer = TensorWriter(f, with_record(self.metadata[shard], made), local)
+                    writers[shard] = _LocalNames(writer, len(prefix)) if prefix else writer
                 result = fill({name: writers[self.shard_of[name]] for name in self.tensors})
                 for shard, f in zip(self.shards, handles, strict=True):
                     writers[shard].finish()
@@ -298,31 +350,56 @@ class ShardedCheckpoint:
                     files._step(f"shard {shard}")
             for name in names[len(self.shards) :]:
                 if name in contents:
-                    with open(os.path.join(tmp, name), "xb") as f:
+                    with open(os.path.join(tmp, *name.split("/")), "xb") as f:
                         f.write(contents[name])
                         f.flush()
                         os.fsync(f.fileno())
                     files._step(f"write {name}")
                     continue
-                with _open_regular(os.path.join(self.folder, name)) as src, open(os.path.join(tmp, name), "xb") as f:
+                source, target = os.path.join(self.folder, *name.split("/")), os.path.join(tmp, *name.split("/"))
+                with _open_regular(source) as src, open(target, "xb") as f:
                     shutil.copyfileobj(src, f, 1 << 20)
                     f.flush()
                     os.fsync(f.fileno())
                 files._step(f"copy {name}")
         return result
 
-    def _write_one_file(self, dst: str, fill: Callable[[Mapping[str, TensorWriter]], R]) -> R:
+    def _write_one_file(
+        self, dst: str, fill: Callable[[Mapping[str, TensorWriter]], R], made: Mapping[str, str] | None
+    ) -> R:
         """Write every tensor into one safetensors file `dst`, atomically (bounded memory).
 
-        Its metadata is what all shards' metadata have in common.
+        Its metadata is what all shards' metadata have in common, and the record `made`.
         """
         first, *rest = (self.metadata[s] for s in self.shards)
         metadata = {k: v for k, v in first.items() if all(m.get(k) == v for m in rest)}
-        return SafetensorsFile.write_tensors(dst, metadata, self.tensors, fill)
+        return SafetensorsFile.write_tensors(dst, with_record(metadata, made), self.tensors, fill)
+
+    def _config_with(self, made: Mapping[str, str]) -> bytes:
+        """The folder's ``config.json`` with the provenance record under its key, as ``transformers`` writes it."""
+        from arrayprune.adapters.roles.hf_config import config_bytes, read_config
+
+        return config_bytes({**(read_config(self.folder) or {}), KEY: dict(made)})
 
     def written(self) -> list[str]:
         """The names :meth:`write` writes, in order."""
         return [*self.shards, *self.files, *([os.path.basename(self.index)] if self.index else [])]
+
+
+class _LocalNames:
+    """The writer of a sub-folder's shard, taking the checkpoint's ``FOLDER/NAME`` names."""
+
+    def __init__(self, writer: TensorWriter, cut: int):
+        self._writer, self._cut = writer, cut
+
+    def write(self, name: str, data: Any) -> None:
+        self._writer.write(name[self._cut :], data)
+
+    def phase(self, name: str, done: int) -> int | None:
+        return self._writer.phase(name[self._cut :], done)
+
+    def finish(self) -> None:
+        self._writer.finish()
 
 
 def writes_one_file(dst: Any) -> bool:
