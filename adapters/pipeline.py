@@ -560,6 +560,7 @@ def _write_streamed(
                 progress=hooks.progress,
                 replaced=replaced,
                 made=made,
+                replace=spec.force,
             )
         except _FAILURES as exc:
             raise PruneError(f"{'global pruning: ' if spec.global_ else ''}{error_text(exc)}", storage.src) from None

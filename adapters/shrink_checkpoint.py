@@ -267,7 +267,7 @@ def shrink_checkpoint(
                         writers[name].write(name, chunk)
         return kept
 
-    kept = ckpt.write(dst, fill, tensors=tensors, contents=contents, made=made)
+    kept = ckpt.write(dst, fill, tensors=tensors, contents=contents, made=made, replace=force)
     return CheckpointShrink(
         found,
         kept,

@@ -873,6 +873,7 @@ def prune_source(
     progress: Progress | None = None,
     replaced: Mapping[str, Callable[[], np.ndarray]] | None = None,
     made: Mapping[str, str] | None = None,
+    replace: bool = True,
 ) -> PruneSummary:
     """:func:`prune_stored` from a checkpoint to `dst`, written atomically by the checkpoint.
 
@@ -886,6 +887,10 @@ def prune_source(
         As for :func:`prune_stored`.
     made : mapping of str to str, optional
         The provenance record written with the output (:mod:`arrayprune.adapters.provenance`).
+    replace : bool, default True
+        Whether an existing output folder may be replaced (``--force``); without, a folder
+        that another run switched in meanwhile fails this write. A single file is renamed
+        into place.
 
     Returns
     -------
@@ -911,6 +916,7 @@ def prune_source(
                     replaced=replaced,
                 ),
                 made=made,
+                **({} if isinstance(source, safetensors_stream.SafetensorsFile) else {"replace": replace}),
             )
     except OSError as exc:  # a full disk, a folder that cannot be written: nothing was written
         raise write_failure(dst, exc) from None

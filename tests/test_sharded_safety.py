@@ -28,7 +28,7 @@ from test_sharded import (
     write_checkpoint,
 )
 
-from arrayprune.adapters.formats import FormatError, sharded
+from arrayprune.adapters.formats import FormatError, files, sharded
 from arrayprune.adapters.formats.safetensors import HEADER_MAX_BYTES, read_header
 from arrayprune.adapters.provenance import as_text
 
@@ -418,6 +418,30 @@ def test_concurrent_writers_leave_one_whole_checkpoint(tmp_path):
                 assert sorted(codes) == [0, 2], codes  # the second to finish finds OUT there
                 assert folder_bytes(out) == refs["0.2" if codes[0] == 0 else "0.7"]
             shutil.rmtree(out)
+
+
+def test_a_folder_switched_in_after_the_check_is_not_replaced_without_force(tmp_path, monkeypatch):
+    """The race of the test above, made certain: OUT passed the check (absent), then another
+    run switched its folder in before this one wrote. Without --force nothing is replaced."""
+    src = write_checkpoint(tmp_path / "in", llama_tensors(layers=2, hidden=32, inter=48), 2)
+    theirs = tmp_path / "theirs"
+    assert cli("prune", src, "-o", theirs, "--amount", "0.7") == 0
+    out = tmp_path / "out"
+    check = sharded.check_destination
+
+    def then_another_run_switches_in(dst, source, force):
+        check(dst, source, force)
+        shutil.copytree(theirs, dst)
+
+    monkeypatch.setattr(sharded, "check_destination", then_another_run_switches_in)
+    assert cli("prune", src, "-o", out, "--amount", "0.2") == 2
+    assert folder_bytes(out) == folder_bytes(theirs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out", "theirs"]  # no hidden folder left
+    shutil.rmtree(out)
+    monkeypatch.setattr(sharded, "check_destination", check)
+    with pytest.raises(FormatError, match="created by another process"):
+        with files.replace_folder(theirs, replace=False):
+            pass
 
 
 # --------------------------------------------------------------------------------------

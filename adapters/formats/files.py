@@ -612,7 +612,7 @@ def _rename_new(tmp: str, dst: str) -> None:
 
 
 @contextlib.contextmanager
-def replace_folder(dst: Any) -> Iterator[str]:
+def replace_folder(dst: Any, *, replace: bool = True) -> Iterator[str]:
     """Write folder `dst` as a whole: fill a hidden sibling, then switch it in one step.
 
     The block receives a new empty folder ``.NAME.PID.XXXXXXXX.tmp`` beside `dst` and
@@ -633,6 +633,11 @@ def replace_folder(dst: Any) -> Iterator[str]:
     ----------
     dst : str or os.PathLike
         The destination folder (its parent must exist).
+    replace : bool, default True
+        Whether an existing `dst` may be replaced. False (an output written without
+        ``--force``): a folder at `dst`, there already or appearing while this one is
+        written (a second run that passed the same check), is left as it is and this
+        write fails.
 
     Yields
     ------
@@ -642,8 +647,8 @@ def replace_folder(dst: Any) -> Iterator[str]:
     Raises
     ------
     FormatError
-        If the parent cannot be written, `dst` is not a folder, or a folder appeared at
-        a new `dst` while this one was written.
+        If the parent cannot be written, `dst` is not a folder, or a folder is at `dst`
+        that may not be replaced (not `replace`, or it appeared while this one was written).
     """
     dst = os.path.abspath(os.fspath(dst))
     if os.path.islink(dst):
@@ -651,6 +656,8 @@ def replace_folder(dst: Any) -> Iterator[str]:
     parent, base = os.path.dirname(dst), os.path.basename(dst)
     _clean_stale(parent, base, dst)
     existed = os.path.isdir(dst)  # else: a folder that appears meanwhile is not replaced
+    if existed and not replace:
+        raise FormatError(dst, "was created by another process while this one wrote it; left as it is")
     with cleanup_on_signals():
         try:
             tmp = tempfile.mkdtemp(dir=parent, prefix=f".{base}.{os.getpid()}.", suffix=".tmp")

@@ -291,6 +291,7 @@ class ShardedCheckpoint:
         tensors: Mapping[str, StoredTensor] | None = None,
         contents: Mapping[str, bytes] | None = None,
         made: Mapping[str, str] | None = None,
+        replace: bool = True,
     ) -> R:
         """Write the checkpoint to folder `dst` as a whole: shards filled by ``fill(writers)``, then the rest.
 
@@ -319,6 +320,10 @@ class ShardedCheckpoint:
             A provenance record (:mod:`arrayprune.adapters.provenance`): it joins every
             shard's metadata and, under its key, the top ``config.json`` (a JSON object)
             unless `contents` gives that file.
+        replace : bool, default True
+            Whether an existing folder `dst` may be replaced (``--force``); without, a
+            folder there, or one another run switches in meanwhile, fails the write
+            (:func:`~.files.replace_folder`).
         """
         if tensors is not None and set(tensors) != set(self.tensors):
             raise ValueError("the tensors written must have the names of the checkpoint's tensors")
@@ -331,7 +336,7 @@ class ShardedCheckpoint:
         if made and CONFIG in self.files and CONFIG not in contents:
             contents[CONFIG] = self._config_with(made)
         names = self.written()
-        with replace_folder(dst) as tmp:
+        with replace_folder(dst, replace=replace) as tmp:
             for folder in self.folders:
                 os.mkdir(os.path.join(tmp, *folder.split("/")))
             with contextlib.ExitStack() as stack:
