@@ -32,6 +32,12 @@ libraries against each other inside one test, e.g. under Hypothesis).
 Marks: ``@pytest.mark.skip_backend("jax", reason=...)`` and
 ``@pytest.mark.xfail_backend("array_api_strict", reason=...)`` skip or xfail a test for
 the named backends (names as in :class:`Backend` values).
+
+Selection: ``python -m pytest`` runs the fast loop; ``python -m pytest --runslow`` runs
+everything (CI does). Slow are the tests marked ``@pytest.mark.slow`` (end-to-end runs of
+a second or more on two cores) and every JAX case (:data:`SLOW_BACKENDS`: the same code
+paths as array-api-strict and NumPy, at a JAX dispatch cost of milliseconds a call). An
+explicit ``-m`` expression selects as written.
 """
 
 from __future__ import annotations
@@ -211,6 +217,15 @@ def xp(backend: BackendInfo) -> Any:
     return backend.xp
 
 
+#: Backends whose cases are slow: run with ``--runslow`` (the JAX grids take a quarter of
+#: the suite's time and check paths that array-api-strict and NumPy check too).
+SLOW_BACKENDS = frozenset({"jax"})
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="run the slow tests too (the whole suite, as CI does)")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "skip_backend(*names, reason=''): skip these backends")
     config.addinivalue_line("markers", "xfail_backend(*names, reason=''): xfail these backends")
@@ -222,6 +237,8 @@ def pytest_collection_modifyitems(config, items):
         if callspec is None or "backend" not in callspec.params:
             continue
         name = str(callspec.params["backend"])
+        if name in SLOW_BACKENDS:
+            item.add_marker(pytest.mark.slow)
         for mark in item.iter_markers("skip_backend"):
             if name in mark.args:
                 item.add_marker(pytest.mark.skip(reason=mark.kwargs.get("reason", f"not on {name}")))
@@ -230,6 +247,12 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(
                     pytest.mark.xfail(strict=mark.kwargs.get("strict", True), reason=mark.kwargs.get("reason", ""))
                 )
+    if config.getoption("--runslow") or config.getoption("markexpr"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
 
 
 # --------------------------------------------------------------------------------------

@@ -234,6 +234,7 @@ def test_allocation_check_data_with_calibration_measures_on_the_check_samples(mo
     assert gpt.allocation.samples == 32
 
 
+@pytest.mark.slow
 def test_allocation_check_data_refusals(model, tmp_path):
     from cli_helpers import assert_error
 
@@ -256,6 +257,7 @@ def test_allocation_check_data_refusals(model, tmp_path):
     assert not out.exists() and not (tmp_path / "p.npz").exists()
 
 
+@pytest.mark.slow
 def test_owl_m_and_lambda_flags(model, tmp_path):
     from cli_helpers import assert_error
 

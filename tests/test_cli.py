@@ -75,6 +75,7 @@ def test_layerwise_prune_counts_per_tensor(model, tmp_path):
     assert int((got["fc1.bias"] == 0).sum()) == 0
 
 
+@pytest.mark.slow
 def test_keep_masks_writes_the_convention_and_iterates(model, tmp_path):
     original = fmt.load(model).params
     first = tmp_path / "masks.npz"
@@ -115,6 +116,7 @@ def test_keep_masks_to_onnx_is_refused(model, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_structured_pruning_of_a_torch_state_dict(tmp_path):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
@@ -154,6 +156,7 @@ def test_structured_pruning_of_a_torch_state_dict(tmp_path):
     assert_error(bad, src, "0.bias", "multidimensional")
 
 
+@pytest.mark.slow
 def test_selection_include_exclude_min_size(tmp_path):
     src = tmp_path / "w.npz"
     arrays = {
@@ -181,6 +184,7 @@ def test_selection_include_exclude_min_size(tmp_path):
     assert_error(none, src, "no tensor selected")
 
 
+@pytest.mark.slow
 def test_random_unstructured_seeded_runs_repeat(model, tmp_path):
     outs = []
     for i, seed in enumerate((7, 7, 8)):
@@ -201,6 +205,7 @@ def test_random_unstructured_seeded_runs_repeat(model, tmp_path):
     assert sum(int((g[k] == 0).sum()) for k in WEIGHTS) == round(0.4 * 84480)
 
 
+@pytest.mark.slow
 def test_verify_reports_the_output_difference(model, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     same = run("prune", model, "-o", tmp_path / "same.onnx", "--amount", "0", "--verify")
@@ -224,6 +229,7 @@ def test_verify_reports_the_output_difference(model, tmp_path):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_existing_output_and_input_as_output_are_refused(model, tmp_path):
     out = tmp_path / "out.onnx"
     out.write_bytes(b"keep me")
@@ -264,6 +270,7 @@ def test_bad_options_are_one_line_errors(model, tmp_path, args, fragments):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_missing_and_unreadable_inputs(tmp_path):
     assert_error(
         run("prune", tmp_path / "nope.onnx", "-o", tmp_path / "o.onnx", "--amount", "0.5"), "nope.onnx", "no such file"
@@ -293,6 +300,7 @@ def _damaged_files(tmp_path):
     return list(files)
 
 
+@pytest.mark.slow
 def test_corrupt_and_truncated_files_are_refused(tmp_path, capsys):
     from arrayprune.adapters.cli import main
 
@@ -309,6 +317,7 @@ def test_corrupt_and_truncated_files_are_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("where", ["../secret.bin", "absolute"])
+@pytest.mark.slow
 def test_onnx_external_data_outside_the_folder_is_refused(tmp_path, where):
     import onnx
 
@@ -346,6 +355,7 @@ def test_onnx_external_data_outside_the_folder_is_refused(tmp_path, where):
     assert len(list(tmp_path.glob("ok.onnx.*.data"))) == 1
 
 
+@pytest.mark.slow
 def test_pickle_that_would_run_code_is_refused_without_running(tmp_path):
     torch = pytest.importorskip("torch")
     marker = tmp_path / "marker"
@@ -375,6 +385,7 @@ class _Evil:
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_report_json_values_are_exact(model, tmp_path):
     out = tmp_path / "p.safetensors"
     assert run("prune", model, "-o", out, "--amount", "0.25").returncode == 0

@@ -39,6 +39,7 @@ def model(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_shared_reference_bomb_is_refused_quickly(tmp_path):
     node = {"w": rand((4, 4))}
     for _ in range(40):  # 2**40 paths through 41 dicts
@@ -52,6 +53,7 @@ def test_shared_reference_bomb_is_refused_quickly(tmp_path):
     assert not (tmp_path / "out.pt").exists()
 
 
+@pytest.mark.slow
 def test_a_dict_that_contains_itself_is_refused(tmp_path):
     loop = {"w": rand((4, 4))}
     loop["self"] = loop
@@ -62,6 +64,7 @@ def test_a_dict_that_contains_itself_is_refused(tmp_path):
     assert not (tmp_path / "out.pt").exists()
 
 
+@pytest.mark.slow
 def test_nesting_5000_deep_is_refused(tmp_path):
     deep = {"w": rand((4, 4))}
     for _ in range(5000):
@@ -77,6 +80,7 @@ def test_nesting_5000_deep_is_refused(tmp_path):
     assert not (tmp_path / "out.pt").exists()
 
 
+@pytest.mark.slow
 def test_a_legitimately_shared_sub_dict_is_walked(tmp_path):
     """A DAG (one dict under two keys) is not a cycle: it is pruned under both names."""
     sd = {"w": rand((8, 8)), "b": rand((8,), 1)}
@@ -108,6 +112,7 @@ def tied(tmp_path):
     return src, sd
 
 
+@pytest.mark.slow
 def test_tied_weights_are_pruned_once_and_stay_tied(tied, tmp_path):
     src, sd = tied
     out = tmp_path / "out.pt"
@@ -124,6 +129,7 @@ def test_tied_weights_are_pruned_once_and_stay_tied(tied, tmp_path):
     assert f"{(32 * 16 + 16 * 16) // 2} of {32 * 16 + 16 * 16} entries zero (50.00%)" in proc.stdout
 
 
+@pytest.mark.slow
 def test_tied_weights_with_masks_share_the_mask(tied, tmp_path):
     src, sd = tied
     out = tmp_path / "out.pt"
@@ -135,6 +141,7 @@ def test_tied_weights_with_masks_share_the_mask(tied, tmp_path):
     torch.testing.assert_close(got["lm_head.weight_mask"], want, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_excluding_one_name_of_a_tied_tensor_leaves_both(tied, tmp_path):
     src, sd = tied
     out = tmp_path / "out.pt"
@@ -145,6 +152,7 @@ def test_excluding_one_name_of_a_tied_tensor_leaves_both(tied, tmp_path):
     assert int((got["fc.weight"] == 0).sum()) == 128
 
 
+@pytest.mark.slow
 def test_report_counts_a_tied_tensor_once(tied):
     src, _ = tied
     rep = json.loads(run("report", src, "--json").stdout)
@@ -159,6 +167,7 @@ def test_report_counts_a_tied_tensor_once(tied):
 
 
 @pytest.mark.parametrize("extra", [["--global"], []])
+@pytest.mark.slow
 def test_any_integer_is_a_seed(model, tmp_path, extra):
     zeros = {}
     for seed in ("-1", "18446744073709551617", "0", "-1"):
@@ -237,6 +246,7 @@ def _with_label_output(src, dst):
     onnx.save(m, dst)
 
 
+@pytest.mark.slow
 def test_verify_exit_status_follows_the_tolerance(model, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     src = tmp_path / "labelled.onnx"
@@ -275,6 +285,7 @@ def test_verify_exit_status_follows_the_tolerance(model, tmp_path):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_report_shows_integer_tensors_and_what_totals_cover(tmp_path):
     src = tmp_path / "mixed.npz"
     w = np.arange(1, 13, dtype=np.float32).reshape(3, 4)
@@ -296,6 +307,7 @@ def test_report_shows_integer_tensors_and_what_totals_cover(tmp_path):
     assert "no: int64, not floating point" in text and "no: not a layer weight (1-D)" in text
 
 
+@pytest.mark.slow
 def test_meta_tensors_are_refused_naming_the_device(tmp_path):
     src = tmp_path / "meta.pt"
     torch.save({"w": torch.empty(4, 4, device="meta")}, src)
@@ -313,6 +325,7 @@ def test_missing_onnxruntime_names_the_extra(model, tmp_path):
     assert_error(proc, "onnxruntime", 'pip install "arrayprune[onnx]"')
 
 
+@pytest.mark.slow
 def test_tied_weights_into_safetensors_are_written_under_both_names(tied, tmp_path):
     """safetensors cannot share data between names: each name gets its own copy."""
     from safetensors.numpy import load_file

@@ -39,6 +39,7 @@ def load(path: Path) -> dict[str, np.ndarray]:
         return {k: f[k] for k in f.files}
 
 
+@pytest.mark.slow
 def test_nm_structured_writes_the_pattern(weights, tmp_path):
     out = tmp_path / "nm.npz"
     proc = run("prune", weights, "-o", out, "--method", "nm_structured", "--nm", "2:4")
@@ -71,6 +72,7 @@ def test_block_unstructured_matches_the_core(weights, tmp_path):
         np.testing.assert_array_equal(got[name], expected)
 
 
+@pytest.mark.slow
 def test_global_bounds_and_lamp_match_the_core(weights, tmp_path):
     src = load(weights)
     names = ["big.weight", "tiny.weight"]
@@ -108,6 +110,7 @@ def test_bad_pattern_options_are_one_line_errors(weights, tmp_path, args, messag
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_block_larger_than_the_tensor_is_the_whole_tensor(tmp_path):
     src = tmp_path / "w.npz"
     w = np.arange(1, 257, dtype=np.float32).reshape(16, 16)

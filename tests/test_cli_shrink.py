@@ -285,6 +285,7 @@ def test_verify_on_a_torch_export_with_batch_norm_and_depthwise_conv(tmp_path, c
     "net, dynamo", [("MeanPoolNet", True), ("MeanPoolNet", False), ("PoolNet", True)],
     ids=["mean-dynamo", "mean-torchscript", "adaptive-pool-dynamo"],
 )  # fmt: skip
+@pytest.mark.slow
 def test_every_conv_shrinks_through_a_global_mean_pool(tmp_path, capsys, net, dynamo):
     torch = pytest.importorskip("torch")
     import test_onnx_shrink

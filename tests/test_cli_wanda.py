@@ -62,6 +62,7 @@ def test_wanda_on_matmul_weights_prunes_each_output_column(digits, tmp_path):
             np.testing.assert_array_equal(arr, before[name])
 
 
+@pytest.mark.slow
 def test_wanda_scores_feed_two_four_and_global(digits, tmp_path):
     path, calib, names, weights, norms = digits
     out = tmp_path / "nm.onnx"
@@ -120,6 +121,7 @@ def _safetensors_model(tmp_path):
     return path, tensors, norms
 
 
+@pytest.mark.slow
 def test_input_norms_on_safetensors(tmp_path):
     st = pytest.importorskip("safetensors.numpy")
     path, tensors, norms = _safetensors_model(tmp_path)
@@ -144,6 +146,7 @@ def test_input_norms_on_safetensors(tmp_path):
         np.testing.assert_array_equal(after[name], tensors[name] * keep)
 
 
+@pytest.mark.slow
 def test_errors_are_one_line(digits, tmp_path):
     path, calib, *_ = digits
     out = tmp_path / "o.onnx"
@@ -249,6 +252,7 @@ def _gather_model(path):
 
 
 @pytest.mark.parametrize("method", [["--method", "wanda", "--amount", "0.5"], ["--method", "nm_structured"]])
+@pytest.mark.slow
 def test_calibration_values_are_checked_in_one_line(tmp_path, method):
     out = tmp_path / "w.onnx"
     x = np.ones((4, 64), np.float32)
@@ -267,6 +271,7 @@ def test_calibration_values_are_checked_in_one_line(tmp_path, method):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_out_of_range_token_ids_are_one_line(tmp_path):
     model = tmp_path / "gather.onnx"
     _gather_model(model)

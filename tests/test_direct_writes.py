@@ -132,6 +132,7 @@ from arrayprune.adapters.formats import safetensors_stream  # noqa: E402
     ids=["global", "per-tensor", "2:4"],
 )
 @pytest.mark.parametrize("shards", [1, 3])
+@pytest.mark.slow
 def test_a_prune_written_directly_equals_one_written_through_the_cache(tmp_path, monkeypatch, dtype, args, shards):
     tensors = llama_tensors(dtype=dtype, seed=5, hidden=48, inter=80)
     src = write_checkpoint(tmp_path / "in", tensors, shards)

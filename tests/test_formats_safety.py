@@ -359,6 +359,7 @@ WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_onnx_writer_killed_at_random_moments(tmp_path):
     wf = _source(tmp_path / "src", k=16384)  # 8 MiB of external data per write
     out = tmp_path / "m.onnx"
@@ -604,6 +605,7 @@ def _run_limited(path, **env):
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS and /proc are Linux's")
+@pytest.mark.slow
 def test_npz_bomb_beyond_memory_is_refused_quickly(bomb):
     assert bomb.stat().st_size < 16 * 2**20
     result, seconds, peak = _run_limited(bomb)
@@ -613,6 +615,7 @@ def test_npz_bomb_beyond_memory_is_refused_quickly(bomb):
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS and /proc are Linux's")
+@pytest.mark.slow
 def test_npz_legitimate_large_member_loads_under_the_same_limits(tmp_path):
     w = np.random.default_rng(0).standard_normal(12_500_000).astype(np.float32)  # 50 MB, barely compressible
     path = tmp_path / "big.npz"
@@ -623,6 +626,7 @@ def test_npz_legitimate_large_member_loads_under_the_same_limits(tmp_path):
     assert float(result.split()[1]) == pytest.approx(float(w.astype(np.float64).sum()), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_npz_implausibly_compressed_member_is_refused(tmp_path, monkeypatch):
     path = _zeros_npz(tmp_path / "z.npz", 300 * 2**20, level=6)  # 1029:1
     monkeypatch.setattr(fmt, "MEMORY_LIMIT", 2**40)  # memory is not the reason

@@ -50,6 +50,7 @@ def test_bounds_hold_and_total_is_exact(seed, sizes, amount, low, high):
         assert _is_prefix_of_own_order(a, m)
 
 
+@pytest.mark.slow
 def test_bounds_protect_a_small_layer_and_match_across_backends():
     arrays = _arrays(0, [400, 30, 600], [1.0, 0.01, 1.0])
     plain = ap.global_unstructured(arrays, ap.L1Unstructured, amount=0.5)

@@ -29,6 +29,7 @@ def _sentence_model(folder):
         return st.SentenceTransformer(str(folder), device="cpu")
 
 
+@pytest.mark.slow
 def test_pruned_sentence_transformers_folder_loads_and_matches_the_tensors(tmp_path, capsys):
     folder = _minilm_folder(tmp_path)
     assert (folder / "1_Pooling" / "config.json").is_file()
@@ -55,6 +56,7 @@ def test_pruned_sentence_transformers_folder_loads_and_matches_the_tensors(tmp_p
     np.testing.assert_array_equal(by_folder, by_tensors)
 
 
+@pytest.mark.slow
 def test_dense_sub_folder_weights_are_pruned(tmp_path, capsys):
     from sentence_transformers.models import Dense
 
@@ -86,6 +88,7 @@ def test_dense_sub_folder_weights_are_pruned(tmp_path, capsys):
     assert loaded.encode(SENTENCES, convert_to_numpy=True).shape == (len(SENTENCES), 64)
 
 
+@pytest.mark.slow
 def test_sub_folder_links_and_weights_are_not_copied(tmp_path, capsys):
     import os
 
@@ -112,6 +115,7 @@ def test_sub_folder_links_and_weights_are_not_copied(tmp_path, capsys):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sparsegpt_without_calibration_on_a_hf_folder_says_how_to_give_it(tmp_path):
     folder = _minilm_folder(tmp_path)
     line = assert_error(
@@ -160,6 +164,7 @@ def test_shrink_note_lists_only_what_changes(llama, tmp_path):
     assert json.loads((tmp_path / "heads" / "config.json").read_text())["head_dim"] == 8
 
 
+@pytest.mark.slow
 def test_owl_without_calibration_notes_why_it_is_uniform(tmp_path):
     proc = run("prune", EXAMPLE, "-o", tmp_path / "o.onnx", "--amount", "0.5", "--allocation", "owl")
     assert proc.returncode == 0, proc.stderr
@@ -250,6 +255,7 @@ def _record(**more):
     return {"version": arrayprune.__version__, **more}
 
 
+@pytest.mark.slow
 def test_provenance_in_config_survives_transformers(llama, tmp_path):
     import hashlib
 
@@ -286,6 +292,7 @@ def test_provenance_of_a_shrunk_folder(llama, tmp_path):
     assert config["num_key_value_heads"] == 1
 
 
+@pytest.mark.slow
 def test_provenance_in_onnx_and_safetensors_metadata(tmp_path):
     import onnx
 

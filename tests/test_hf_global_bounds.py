@@ -161,6 +161,7 @@ def test_global_bounds_and_lamp_equal_the_in_memory_path(llama, tmp_path, layout
     assert sorted(os.listdir(tmp_path / "out")) == sorted(os.listdir(root / layout))
 
 
+@pytest.mark.slow
 def test_lamp_reads_one_tensor_at_a_time(llama, tmp_path, monkeypatch):
     import gc
     import weakref
@@ -380,6 +381,7 @@ def test_bfloat16_folders_equal_the_in_memory_state_dict(tmp_path, options, monk
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc/self/status")
+@pytest.mark.slow
 def test_peak_memory_of_bounds_lamp_and_owl_does_not_grow_with_the_model(tmp_path):
     from test_sharded_memory import checkpoint, peak
 

@@ -163,6 +163,7 @@ def test_one_pass_differs_from_sequential_in_the_second_layer_only(llama, tmp_pa
     assert not np.allclose(seq["model.layers.1.mlp.down_proj.weight"], one["model.layers.1.mlp.down_proj.weight"])
 
 
+@pytest.mark.slow
 def test_the_command_writes_what_prune_file_writes(llama, tmp_path):
     folder, tokens, _, _ = llama
     prune_file(folder, tmp_path / "a", method="sparsegpt", nm=(2, 4), calibration=tokens)
@@ -172,6 +173,7 @@ def test_the_command_writes_what_prune_file_writes(llama, tmp_path):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
 
+@pytest.mark.slow
 def test_hessians_file_equals_the_core(llama, tmp_path):
     folder, _, _, _ = llama
     dense = _tensors(folder)
@@ -228,6 +230,7 @@ def _hf_copy(folder, tmp_path, drop_config=False):
         ("overflowing_embeddings", ["'model.layers.0.self_attn.q_proj'", "the Hessian is all zero"]),
     ],
 )
+@pytest.mark.slow
 def test_bad_inputs_are_one_line_and_write_nothing(llama, tmp_path, case, fragments):
     folder, tokens, ids, _ = llama
     args = ["--method", "sparsegpt", "--amount", "0.5", "--calibration", tokens]
@@ -320,6 +323,7 @@ def test_one_layer_holds_values_at_a_time(llama, tmp_path, monkeypatch):
     assert seen == [[0], [1]]
 
 
+@pytest.mark.slow
 def test_bert_encoder_layers_equal_the_torch_path(tmp_path):
     """``encoder.layer`` of a BertModel (with an attention mask); the pooler, outside the layers, left with a note."""
     config = transformers.BertConfig(
@@ -384,6 +388,7 @@ def _conv1d_names(model):
     return [n for n, m in model.named_modules() if type(m).__name__ == "Conv1D"]
 
 
+@pytest.mark.slow
 def test_gpt2_sparsegpt_equals_the_torch_default(gpt2, tmp_path):
     """GPT-2's Conv1D weights are calibrated: the command's weights equal ``prune.sparsegpt``'s (stored layout)."""
     folder, tokens, ids = gpt2

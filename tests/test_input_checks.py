@@ -61,6 +61,7 @@ def test_a_tampered_scan_is_refused_in_one_line(tmp_path, edit, fragments):
         assert fragment in message, (fragment, message)
 
 
+@pytest.mark.slow
 def test_a_scan_nested_100000_deep_is_one_line_from_the_command(tmp_path):
     path = tmp_path / "scan.json"
     deep = json.dumps(scan_dict())[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
@@ -98,6 +99,7 @@ def weights(tmp_path):
 
 @pytest.mark.parametrize("dim", ["5", "3", "-7", "2", "-3"])
 @pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+@pytest.mark.slow
 def test_nm_dim_out_of_range_is_refused(weights, tmp_path, dim, suffix):
     src, out = tmp_path / f"w{suffix}", tmp_path / f"out{suffix}"
     for extra in ([], ["--dry-run"]):

@@ -110,6 +110,7 @@ def skip_structured_on_1d(name: str, shape: tuple[int, ...]) -> None:
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.slow
 def test_methods_with_an_amount(name, shape):
     skip_structured_on_1d(name, shape)
     kwargs, same_on_numpy = METHODS[name]
@@ -135,6 +136,7 @@ def test_int_amount_on_top_of_a_default_mask(name, mask_dtype):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("nm", [(2, 4), (1, 3), (3, 5)], ids=str)
+@pytest.mark.slow
 def test_nm_structured(nm, shape):
     n, m = nm
 
@@ -145,6 +147,7 @@ def test_nm_structured(nm, shape):
 
 
 @pytest.mark.parametrize("dim", [0, 1])
+@pytest.mark.slow
 def test_wanda(dim):
     shape = (6, 8)
     rng = np.random.default_rng(2)
@@ -181,6 +184,7 @@ def test_random_methods_with_a_key():
         assert_same(jax.jit(f)(x), f(x))
 
 
+@pytest.mark.slow
 def test_container_of_several_methods():
     """Three rounds, each on what the earlier ones left, inside one jitted function."""
     x = data("nan", (8, 12))
@@ -267,6 +271,7 @@ def global_data(kind: str) -> list[np.ndarray]:
     ],
     ids=["float", "int", "bounds", "random"],
 )
+@pytest.mark.slow
 def test_global_unstructured(options):
     options = dict(options)
     method = options.pop("pruning_method", ap.L1Unstructured)
@@ -294,6 +299,7 @@ def test_global_unstructured_over_a_mapping_with_masks_and_scores():
     jit_matches_eager(call, a, b, c, *masks)
 
 
+@pytest.mark.slow
 def test_global_unstructured_with_lamp():
     arrays = global_data("ties")
     masks = [earlier_mask(a.shape) for a in arrays]
@@ -313,6 +319,7 @@ def test_global_unstructured_with_lamp():
     "method, kwargs",
     [(ap.L1Unstructured, {}), (ap.LnStructured, {"n": 1, "dim": 1}), (ap.BlockUnstructured, {"block_shape": (3, 2)})],
 )
+@pytest.mark.slow
 def test_schedules_without_earlier_pruning(method, kwargs):
     schedule = ap.PolynomialDecay(0.1, 0.8, begin_step=0, end_step=10)
     x = data("nan", (6, 8))
@@ -366,6 +373,7 @@ SUBNORMAL_IDS = ["l1", "l1-mask", "nm", "nm-mask", "global", "eligible", "kth"]
 
 @pytest.mark.parametrize("dtype", SUBNORMAL_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("call", SUBNORMAL_CALLS, ids=SUBNORMAL_IDS)
+@pytest.mark.slow
 def test_subnormals_rank_as_on_numpy(call, dtype):
     """Eager and jitted JAX masks on subnormals equal NumPy's (bit patterns on the host)."""
     jit_matches_eager(call, data("subnormal", (6, 8), dtype=dtype), earlier_mask((6, 8)))
@@ -381,6 +389,7 @@ def test_subnormals_in_bfloat16():
 
 
 @pytest.mark.parametrize("kind", ["ties", "nan", "subnormal"])
+@pytest.mark.slow
 def test_bracket_path_matches_the_traced_exact_path(kind, monkeypatch):
     """Eager JAX on large inputs takes the sample bracket; jit the exact path: same masks."""
     monkeypatch.setattr(bracket, "SMALL_SIZE", 64)

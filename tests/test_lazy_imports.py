@@ -28,6 +28,7 @@ def imported(*args):
     return out["rc"], set(out["modules"])
 
 
+@pytest.mark.slow
 def test_help_imports_no_framework():
     for args in (["prune", "--help"], ["--help"], ["report", "--help"]):
         rc, modules = imported(*args)
@@ -35,6 +36,7 @@ def test_help_imports_no_framework():
         assert not modules & set(HEAVY), (args, sorted(modules & set(HEAVY)))
 
 
+@pytest.mark.slow
 def test_pruning_an_onnx_file_imports_no_framework(tmp_path):
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper

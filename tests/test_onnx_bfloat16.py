@@ -149,6 +149,7 @@ def test_float16_still_round_trips(tmp_path):
     assert np.array_equal(numpy_helper.to_array(out["H"]).view(np.uint16), h.view(np.uint16))
 
 
+@pytest.mark.slow
 def test_command_line_prunes_a_bfloat16_weight(tmp_path):
     w, b = _bits((8, 16), 5), _bits((1, 16), 6)
     onnx.save_model(_model(w, b), str(tmp_path / "m.onnx"))

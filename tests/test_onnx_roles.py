@@ -103,6 +103,7 @@ def test_sklearn_mlp_weights_biases_and_the_rest(sklearn_mlp):
     assert roles["classes"].why == "ArrayFeatureExtractor input"
 
 
+@pytest.mark.slow
 def test_sklearn_mlp_prune_leaves_the_biases_and_runs_nm_along_k(sklearn_mlp, tmp_path):
     clf, model, path, x = sklearn_mlp
     weights = {n for c in clf.coefs_ for n in _find(model, c.astype(np.float32))}
@@ -187,6 +188,7 @@ _EXPECTED = {  # parameter -> (kind, output axis, reduction axis), in the parame
 
 
 @pytest.mark.parametrize("exporter", ["legacy", "legacy-unfolded", "dynamo"])
+@pytest.mark.slow
 def test_torch_export_roles_match_the_modules_parameters(exporter):
     torch = pytest.importorskip("torch")
     net, args = _torch_net()
@@ -667,6 +669,7 @@ def test_roles_of_the_example_model():
     }
 
 
+@pytest.mark.slow
 def test_torch_export_pruned_by_the_command_line(tmp_path):
     """2:4 along each weight's reduction axis; global L1 on the weights only, exact count."""
     torch = pytest.importorskip("torch")

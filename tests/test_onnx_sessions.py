@@ -111,6 +111,7 @@ def encoder(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_verify_of_a_torch_transformer_encoder_export(encoder, tmp_path):
     from cli_helpers import run
 
@@ -143,6 +144,7 @@ def test_verify_of_a_torch_transformer_encoder_export(encoder, tmp_path):
     assert f"max abs output difference {check.difference:.6g}," in proc.stdout
 
 
+@pytest.mark.slow
 def test_verify_failures_are_one_line_before_anything_is_written(tmp_path):
     from cli_helpers import assert_error, run
 

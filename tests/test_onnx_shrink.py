@@ -331,6 +331,7 @@ class MeanPoolNet(torch.nn.Module):
     [(MeanPoolNet, True, "Gemm"), (MeanPoolNet, False, "Gemm"), (PoolNet, True, "Reshape")],
     ids=["mean-dynamo", "mean-torchscript", "adaptive-pool-dynamo"],
 )
+@pytest.mark.slow
 def test_reduce_mean_into_the_classifier(net, dynamo, after_pool):
     model = export(net(), torch.randn(2, 3, 9, 9), dynamo=dynamo)
     ops = [n.op_type for n in model.graph.node]

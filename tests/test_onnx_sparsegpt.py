@@ -373,6 +373,7 @@ def _accuracy(path, x, y):
     return float(np.mean(np.asarray(session.run(None, {"X": x})[0]).reshape(-1) == y))
 
 
+@pytest.mark.slow
 def test_digits_accuracy_against_magnitude_and_wanda(tmp_path):
     """SparseGPT (sequential) against magnitude and Wanda on the digits MLP, 512 calibration images.
 

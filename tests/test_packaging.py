@@ -55,6 +55,7 @@ def wheel(tmp_path_factory) -> Path:
     return found
 
 
+@pytest.mark.slow
 def test_wheel_holds_every_module_at_its_import_path(wheel):
     with zipfile.ZipFile(wheel) as zf:
         names = {n for n in zf.namelist() if ".dist-info/" not in n}
@@ -68,6 +69,7 @@ def test_wheel_holds_every_module_at_its_import_path(wheel):
     assert not stray, f"files outside the arrayprune package (a top-level 'adapters' must not exist): {stray}"
 
 
+@pytest.mark.slow
 def test_installed_wheel_imports_every_module(wheel, tmp_path):
     target = tmp_path / "site"
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(target)]

@@ -59,6 +59,7 @@ def test_nm_trailing_group_keeps_at_most_m_minus_n(backend):
     seed=st.integers(0, 2**16),
     prune_first=st.booleans(),
 )
+@pytest.mark.slow
 def test_nm_matches_reference_on_every_backend(rows, cols, nm, dim, seed, prune_first):
     n, m = nm
     rng = np.random.default_rng(seed)

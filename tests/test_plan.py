@@ -88,6 +88,7 @@ def test_name_roles(name, shape, kind, axes):
 
 
 @pytest.mark.parametrize("model, weights", [(BERT, BERT_WEIGHTS), (LLAMA, LLAMA_WEIGHTS)], ids=["bert", "llama"])
+@pytest.mark.slow
 def test_cli_prunes_layer_weights_only(tmp_path, model, weights):
     pytest.importorskip("safetensors")
     src, out = tmp_path / "m.safetensors", tmp_path / "o.safetensors"
@@ -133,6 +134,7 @@ def test_flax_kernels_take_groups_along_their_input_axis(tmp_path):
     assert ap.is_nm_sparse(got, 2, 4, dim=0) and not ap.is_nm_sparse(got, 2, 4, dim=1)
 
 
+@pytest.mark.slow
 def test_training_checkpoint_prunes_the_model_only(tmp_path):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
@@ -189,6 +191,7 @@ def test_dry_run_writes_nothing_and_matches_python(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_include_and_dim_override_the_roles(tmp_path):
     src, out = tmp_path / "m.npz", tmp_path / "o.npz"
     np.savez(src, **LLAMA)
@@ -204,6 +207,7 @@ def test_include_and_dim_override_the_roles(tmp_path):
     assert ap.is_nm_sparse(got["model.layers.0.mlp.gate_proj.weight"], 2, 4, dim=0)
 
 
+@pytest.mark.slow
 def test_training_checkpoint_two_four_along_the_input_features(tmp_path):
     torch = pytest.importorskip("torch")
     torch.manual_seed(1)

@@ -56,6 +56,7 @@ def two(tmp_path_factory):
     return path, calib
 
 
+@pytest.mark.slow
 def test_scan_plot_is_a_line_plot_of_the_expected_size(two, tmp_path):
     path, calib = two
     png = tmp_path / "scan.png"
@@ -67,6 +68,7 @@ def test_scan_plot_is_a_line_plot_of_the_expected_size(two, tmp_path):
     _not_blank(pixels)
 
 
+@pytest.mark.slow
 def test_many_weights_make_a_heat_map(tmp_path):
     rng = np.random.default_rng(0)
     curves = [Curve(f"layer{i}.weight", (8, 8), tuple(np.sort(rng.random(5)) * 10.0 ** -i)) for i in range(20)]
@@ -77,6 +79,7 @@ def test_many_weights_make_a_heat_map(tmp_path):
     _not_blank(pixels)
 
 
+@pytest.mark.slow
 def test_report_plot_draws_a_bar_per_tensor(two, tmp_path):
     path, _ = two
     pruned = tmp_path / "p.onnx"
@@ -131,6 +134,7 @@ def exported_mlp(tmp_path_factory):
     return folder / "mlp.onnx", folder / "calib.npz", model
 
 
+@pytest.mark.slow
 def test_scan_plot_names_reading_nodes_in_graph_order(exported_mlp, tmp_path):
     path, calib, model = exported_mlp
     matmuls = [n for n in model.graph.node if n.op_type == "MatMul"]
@@ -154,6 +158,7 @@ def _curves(means: list[float]) -> list[Curve]:
     return [Curve(f"w{i}", (4, 4), tuple(m * f for f in shape), (f"/l{i}/MatMul",)) for i, m in enumerate(means)]
 
 
+@pytest.mark.slow
 def test_only_weights_well_above_the_median_are_fragile(tmp_path):
     alike = ScanResult("l1_unstructured", SPARSITIES, _curves([1.0, 1.3, 0.8, 1.1, 2.0]), model="m")
     picture = scan_picture(alike)

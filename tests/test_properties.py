@@ -201,6 +201,7 @@ FIXED_SHAPES = [(24,), (4, 6), (2, 3, 4)]
 
 @settings(SETTINGS, max_examples=40)
 @given(data=st.data(), shape=st.sampled_from(FIXED_SHAPES))
+@pytest.mark.slow
 def test_same_mask_on_every_backend(data, shape):
     x = data.draw(float_arrays(shape))
     xi = data.draw(int_valued(shape))

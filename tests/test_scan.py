@@ -123,6 +123,7 @@ def test_scan_arrays_with_a_numpy_forward_matches_onnx(two):
         scan_arrays(params, forward, method="sparsegpt", hessians=zero, sparsities=SPARSITIES)
 
 
+@pytest.mark.slow
 def test_cli_scan_writes_the_curves_and_allocation_follows_them(two, tmp_path):
     path, calib, w1, w2, _ = two
     out = tmp_path / "scan.json"
@@ -190,6 +191,7 @@ def test_prune_file_allocation_owl_and_sparsegpt(two, tmp_path):
     assert result.written.pruned.zeros == sum(result.allocation.counts.values())
 
 
+@pytest.mark.slow
 def test_errors_are_one_line_and_nothing_is_written(two, tmp_path):
     path, calib, w1, w2, _ = two
     out = tmp_path / "scan.json"

@@ -301,6 +301,7 @@ def test_numpy_strided_views():
         (1 << 20, "half_zeros"),
     ],
 )
+@pytest.mark.slow
 def test_large_single_array(backend, monkeypatch, mode, n, kind):
     if mode == "bracket":
         monkeypatch.setattr(bracket, "SMALL_SIZE", 1 << 12)

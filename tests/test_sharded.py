@@ -570,6 +570,7 @@ def _minilm_folder(tmp_path):
     return folder
 
 
+@pytest.mark.slow
 def test_minilm_split_into_shards(tmp_path):
     """A real Hugging Face folder, split into three shards with an index as HF writes it."""
     folder = _minilm_folder(tmp_path)

@@ -73,6 +73,7 @@ def peak(*args):
     return out["peak"] - out["base"]
 
 
+@pytest.mark.slow
 def test_peak_memory_does_not_grow_with_the_model(tmp_path):
     small, small_file, small_size = checkpoint(tmp_path / "two", 2)
     large, large_file, large_size = checkpoint(tmp_path / "eight", 8)

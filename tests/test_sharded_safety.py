@@ -67,6 +67,7 @@ def sparse_header_file(path, claimed=2 << 30):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_header_larger_than_the_format_allows_is_refused_before_reading(tmp_path):
     big = sparse_header_file(tmp_path / "big.safetensors")
     src = write_checkpoint(tmp_path / "in", llama_tensors(layers=1), 2)
@@ -92,6 +93,7 @@ def test_header_larger_than_the_format_allows_is_refused_before_reading(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.safetensors", "in"]
 
 
+@pytest.mark.slow
 def test_header_at_the_limit_is_read(tmp_path):
     """A header of exactly the limit is not refused for its size (here: padded JSON)."""
     body = b'{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
@@ -304,6 +306,7 @@ def without(folder, *names):
 
 
 @pytest.mark.parametrize("how", ["exchange", "fallback"])
+@pytest.mark.slow
 def test_force_killed_after_each_step_leaves_old_or_new_whole(tmp_path, how):
     src = write_checkpoint(tmp_path / "in", llama_tensors(layers=2, seed=4), 3)
     work = tmp_path / "work"

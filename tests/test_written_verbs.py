@@ -24,6 +24,7 @@ def _writer():
     return module
 
 
+@pytest.mark.slow
 def test_checked_in_verbs_are_those_the_table_writes():
     pytest.importorskip("torch")
     proc = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, cwd=ROOT)
