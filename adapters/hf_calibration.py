@@ -356,7 +356,7 @@ def calibrate_checkpoint(
         {k: torch.from_numpy(v[i : i + rows]) for k, v in tokens.items()}
         for i in range(0, len(tokens[TOKENS_KEY]), rows)
     ]
-    reconstructing = spec.method in RECONSTRUCTIONS
+    reconstructing = spec.method in RECONSTRUCTIONS and recorded is None
     out: dict[str, Callable[[], np.ndarray]] = {}
     with TensorFiles() as files, torch.no_grad():
         weights = _Weights(storage.source, files)
@@ -380,7 +380,7 @@ def calibrate_checkpoint(
             if chosen:
                 names = [f"layer.{m}" for m in chosen]
                 if reconstructing:
-                    kwargs = {"n": spec.nm[0], "m": spec.nm[1]} if spec.nm is not None else {"amount": spec.amount}
+                    kwargs = _amounts(spec, chosen)
                     try:
                         reconstruction.sparsegpt(replay, steps, modules=names, sequential=not spec.one_pass, **kwargs)
                     except ValueError as exc:  # named by the checkpoint's names, not the replay's
@@ -404,6 +404,17 @@ def calibrate_checkpoint(
             inputs = [(h, args, kwargs) for h, (_, args, kwargs) in zip(outputs, inputs, strict=True)]
             _Weights.free(layer)
     return out
+
+
+def _amounts(spec: Any, chosen: Mapping[str, Any]) -> dict[str, Any]:
+    """The pattern or amount arguments of :func:`~arrayprune.adapters.torch.reconstruction.sparsegpt`
+    for the modules `chosen` of one layer (named ``layer.<module>`` there): N:M, one amount,
+    or each weight's own under an allocation (``spec.amount`` maps weight names to amounts)."""
+    if spec.nm is not None:
+        return {"n": spec.nm[0], "m": spec.nm[1]}
+    if isinstance(spec.amount, Mapping):
+        return {"amount": {f"layer.{module}": spec.amount[entry.name] for module, entry in chosen.items()}}
+    return {"amount": spec.amount}
 
 
 def _mask_in_place(module: Any, entry: Any, spec: Any, norms: np.ndarray, method_for: Callable) -> None:

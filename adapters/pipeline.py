@@ -221,8 +221,6 @@ class StreamedCheckpoint:
             return "--global with input norms"
         if spec.verify:
             return "--verify (ONNX only)"
-        if spec.allocation and spec.calibration and spec.method in RECONSTRUCTIONS:
-            return f"--allocation with --method {spec.method} --calibration"
         return None
 
     def shown(self, plan: list[PlanEntry]) -> list[PlanEntry]:

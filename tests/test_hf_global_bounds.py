@@ -331,16 +331,34 @@ def test_allocations_with_calibration_tokens_prune_layer_by_layer(llama, tmp_pat
     ).allocation.counts == (result.allocation.counts)
 
 
-def test_sparsegpt_allocation_with_calibration_tokens_is_one_line(llama, tmp_path, capsys):
-    root, _, _ = llama
-    np.savez(tmp_path / "tokens.npz", input_ids=np.zeros((2, 8), dtype=np.int64))
-    argv = ["prune", str(root / "sharded"), "-o", str(tmp_path / "out"), "--amount", "0.5", "--allocation", "owl"]
-    assert main([*argv, "--method", "sparsegpt", "--calibration", str(tmp_path / "tokens.npz")]) == 2
-    err = capsys.readouterr().err
-    assert (
-        err.startswith("arrayprune: error: ") and err.count("\n") == 1 and "--allocation with --method sparsegpt" in err
-    )
-    assert not (tmp_path / "out").exists()
+@pytest.mark.slow
+@pytest.mark.parametrize(("layout", "allocation"), [("sharded", "owl"), ("one", "scan")])
+def test_sparsegpt_allocations_with_calibration_tokens_equal_the_torch_drop_in(llama, tmp_path, layout, allocation):
+    """SparseGPT layer by layer, each weight to its share: the drop-in's ``prune.sparsegpt``
+    given the same per-layer amounts on the same model and tokens. OWL's shares come from
+    the dense model's input norms (as for Wanda), a scan's from its curves."""
+    import arrayprune.adapters.torch as prune
+
+    root, _, targets = llama
+    ids = np.random.default_rng(4).integers(0, 128, (16, 12))
+    np.savez(tmp_path / "tokens.npz", input_ids=ids)
+    scan = str(_scan(tmp_path / "scan.json", targets)) if allocation == "scan" else "owl"
+    options = {"method": "sparsegpt", "amount": 0.5, "allocation": scan, "calibration": str(tmp_path / "tokens.npz")}
+    options["max_sparsity"] = 0.8  # a layer emptied leaves the next an all-zero Hessian: refused, not guessed
+    result = prune_file(root / layout, tmp_path / "out", **options)
+    sizes = {e.name: int(np.prod(e.shape)) for e in targets}
+    assert sum(result.allocation.counts.values()) == round(0.5 * sum(sizes.values()))  # the amount, exactly
+    assert len({count / sizes[name] for name, count in result.allocation.counts.items()}) > 2  # shares differ
+
+    model = transformers.LlamaForCausalLM.from_pretrained(root / "sharded").eval()
+    batches = [{"input_ids": torch.from_numpy(ids[i : i + 8]), "use_cache": False} for i in range(0, len(ids), 8)]
+    amounts = {e.name.removesuffix(".weight"): result.allocation.amounts[e.name] for e in targets}
+    prune.sparsegpt(model, batches, amounts)
+    got = _tensors(tmp_path / "out")
+    for name in amounts:
+        weight = model.get_submodule(name).weight.detach().numpy()
+        assert int((got[f"{name}.weight"] == 0).sum()) >= result.allocation.counts[f"{name}.weight"], name  # +grid 0s
+        np.testing.assert_allclose(got[f"{name}.weight"], weight, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 @pytest.mark.parametrize("options", [{"min_sparsity": 0.45, "max_sparsity": 0.6}, {"lamp": True, "max_sparsity": 0.53}])
