@@ -115,6 +115,19 @@ class Wanda(AmountPruningMethod):
         return xp.permute_dims(xp.reshape(keep, shape), tuple(back))
 
 
+def _kth_smallest_per_row(xp: Any, ranked: Array, k: int) -> Array:
+    """The `k`-th smallest value (1-based) of every row of the 2-D `ranked`.
+
+    array-api-extra's ``partition`` for torch (0.11.5) makes an index tensor on torch's
+    default device, not the input's: on a CUDA tensor, or on CPU tensors under
+    ``torch.device("meta")``, it fails. Torch tensors use their own ``kthvalue`` (on the
+    input's device); every other library, ``xpx.partition``.
+    """
+    if apc.is_torch_array(ranked):
+        return ranked.kthvalue(k, dim=1).values
+    return xpx.partition(ranked, k - 1, axis=1, xp=xp)[:, k - 1]
+
+
 def _keep_per_row(xp: Any, rows: Array, eligible: Array | None, counts: list[int]) -> Array:
     """Keep mask of a 2-D array dropping ``counts[i]`` eligible entries of row ``i``.
 
@@ -141,7 +154,7 @@ def _keep_per_row(xp: Any, rows: Array, eligible: Array | None, counts: list[int
         n_ineligible = n_cols - xp.sum(xp.astype(eligible, xp.int64), axis=1)
     k = xp.asarray(counts, dtype=xp.int64, device=device)
     if n_ineligible is None and len(set(counts)) == 1:
-        kth = xpx.partition(ranked, counts[0] - 1, axis=1, xp=xp)[:, counts[0] - 1]
+        kth = _kth_smallest_per_row(xp, ranked, counts[0])
     else:
         pick = k - 1 if n_ineligible is None else k - 1 + n_ineligible
         pick = xp.clip(pick, 0, n_cols - 1) + xp.arange(n_rows, dtype=xp.int64, device=device) * n_cols

@@ -1,15 +1,23 @@
-"""Every array the core makes lives on its input's device: array-api-strict's second device.
+"""Every array the core makes lives on its input's device, proven on the CPU two ways.
 
-array-api-strict refuses to combine arrays of different devices, so any array the core
-creates without ``device=`` (a scalar for ``where``, a mask of ones, a sample, ...) makes
-the call fail on ``Device('device1')``. Each test runs one call twice, on data on the
-default device and on the same data on device1, and checks that every array returned is
-on the device of the input and equal to the result on the default device.
+* array-api-strict's second device: it refuses to combine arrays of different devices,
+  so any array the core creates without ``device=`` (a scalar for ``where``, a mask of
+  ones, a sample, ...) makes the call fail on ``Device('device1')``.
+* PyTorch with ``torch.device("meta")`` as the default device and the inputs on the CPU:
+  a tensor made without the input's device lands on ``meta`` and the call fails, as it
+  would next to a CUDA input (array-api-extra's torch ``partition`` did: its ``arange``
+  ignored the input's device).
+
+Each test runs one call twice, on data placed the ordinary way and on the same data
+placed the second way, and checks that every array returned is on the device of the
+input and equal to the first result. The ``placement`` fixture runs every test both ways.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -65,13 +73,42 @@ def earlier_mask(shape: tuple[int, ...], dtype: Any = bool, seed: int = 1) -> np
 
 Build = Callable[[np.ndarray], Any]
 
+#: The placement under test (set by the autouse ``placement`` fixture).
+PLACEMENT = "strict_device1"
+
+
+@pytest.fixture(autouse=True, params=["strict_device1", "torch_meta_default"])
+def placement(request, monkeypatch) -> str:
+    """Run the test with array-api-strict's second device, then under torch's meta default."""
+    if request.param == "torch_meta_default":
+        pytest.importorskip("torch")
+    monkeypatch.setattr(sys.modules[__name__], "PLACEMENT", request.param)
+    return request.param
+
 
 def on_default(a: np.ndarray) -> Any:
+    if PLACEMENT == "torch_meta_default":
+        import torch
+
+        return torch.asarray(a)
     return xps.asarray(a)
 
 
 def on_device1(a: np.ndarray) -> Any:
+    if PLACEMENT == "torch_meta_default":
+        import torch
+
+        return torch.asarray(a, device="cpu")
     return xps.asarray(a, device=DEVICE1)
+
+
+def _second_placement() -> Any:
+    """The context the second run is made in: torch's meta default device, or nothing."""
+    if PLACEMENT == "torch_meta_default":
+        import torch
+
+        return torch.device("meta")
+    return contextlib.nullcontext()
 
 
 def leaves(result: Any) -> list[Any]:
@@ -86,13 +123,17 @@ def leaves(result: Any) -> list[Any]:
 def same_on_both_devices(call: Callable[[Build], Any]) -> None:
     """Run `call` on default-device and device1 data; results equal, on the input's device."""
     want = leaves(call(on_default))
-    got = leaves(call(on_device1))
+    with _second_placement():
+        got = leaves(call(on_device1))
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         if apc.is_array_api_obj(w):
-            assert apc.is_array_api_strict_namespace(apc.array_namespace(g))
-            assert g.device == DEVICE1
-            assert g.dtype == w.dtype and g.shape == w.shape
+            if PLACEMENT == "torch_meta_default":
+                assert apc.is_torch_namespace(apc.array_namespace(g)) and g.device.type == "cpu"
+            else:
+                assert apc.is_array_api_strict_namespace(apc.array_namespace(g))
+                assert g.device == DEVICE1
+            assert g.dtype == w.dtype and tuple(g.shape) == tuple(w.shape)
             np.testing.assert_array_equal(to_numpy(g), to_numpy(w))
         else:
             assert g == w
@@ -343,13 +384,14 @@ def test_packed_masks_and_pattern_checks():
     def call(to):
         mask = ap.nm_structured(to(x))
         packed = ap.pack_mask(mask)
+        xp = apc.array_namespace(mask)
         return [
             packed,
             ap.pack_mask(to(x)),
             ap.unpack_mask(packed, x.shape),
-            ap.is_nm_sparse(to(x) * xps.astype(mask, xps.float32)),
+            ap.is_nm_sparse(to(x) * xp.astype(mask, xp.float32)),
             ap.is_nm_sparse(to(x)),
-            sorted(ap.sparse_nbytes(to(x) * xps.astype(mask, xps.float32)).items()),
+            sorted(ap.sparse_nbytes(to(x) * xp.astype(mask, xp.float32)).items()),
         ]
 
     same_on_both_devices(call)
