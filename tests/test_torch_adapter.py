@@ -1267,3 +1267,42 @@ def test_meta_modules_get_meta_masks_as_in_pytorch(verb):
         assert m(torch.empty(2, 6, device="meta")).shape == (2, 4)
     assert got[0] == got[1]
     assert ("weight_mask", (4, 6), torch.float32, "meta") in got[1]
+
+
+def test_the_drop_in_places_every_tensor_on_the_input_device_under_a_meta_default():
+    """With ``torch.device("meta")`` as the default device and the model on the CPU, every
+    verb gives the masks and weights it gives without: a tensor the adapter made without
+    the input's device would land on ``meta`` and fail (as next to a CUDA model). Not
+    ``random_structured``: it draws on the default device as PyTorch does."""
+    import contextlib
+
+    def run(context):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+        batches = [torch.randn(4, 16) for _ in range(3)]
+        given = torch.arange(8) % 2  # the user's mask, made beside the model
+        with context:
+            prune.l1_unstructured(net[0], "weight", 0.3)
+            prune.ln_structured(net[0], "weight", 0.25, n=2, dim=0)
+            prune.random_unstructured(net[2], "bias", 0.5)
+            prune.nm_structured(net[2], "weight")
+            prune.global_unstructured(
+                [(net[0], "weight"), (net[2], "weight")], pruning_method=prune.L1Unstructured, amount=0.6
+            )
+            prune.custom_from_mask(net[0], "bias", given)
+            state = {k: v.clone() for k, v in net.state_dict().items()}
+            for module, name in [(net[0], "weight"), (net[0], "bias"), (net[2], "weight"), (net[2], "bias")]:
+                prune.remove(module, name)
+            scores = prune.wanda_importance(net, batches)
+            prune.wanda(net[2], "weight", amount=0.5, importance_scores=scores[net[2]])
+            prune.remove(net[2], "weight")
+            prune.sparsegpt(net, batches, 0.5)
+        return state, {k: v.clone() for k, v in net.state_dict().items()}
+
+    want = run(contextlib.nullcontext())
+    got = run(torch.device("meta"))
+    for w, g in zip(want, got, strict=True):
+        assert w.keys() == g.keys()
+        for key in w:
+            assert g[key].device.type == "cpu", key
+            torch.testing.assert_close(g[key], w[key], rtol=0, atol=0, msg=key)

@@ -110,7 +110,8 @@ def make_core(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     stream = cls._STREAM is not None and kwargs.get("seed") is None and kwargs.get("generator") is None
     core = (cls._STREAM if stream else cls._CORE)(*args, **kwargs)
     for key in cls._SHAPED:
-        value = torch.as_tensor(getattr(core, key))
+        value = getattr(core, key)  # a tensor keeps its device (not torch's default one)
+        value = torch.as_tensor(value, device=value.device if isinstance(value, torch.Tensor) else None)
         setattr(core, key, value.detach() if value.requires_grad else value)
     return core
 
