@@ -369,3 +369,13 @@ def test_reduce_over_the_channel_axis_is_left():
     found = onnx_groups(export(ChannelMean(), torch.randn(1, 3, 5, 5), dynamo=True))
     assert found.groups == []
     assert found.left[0].reason == "ReduceMean 'node_mean' reduces the channel axis"
+
+
+def test_every_op_type_has_one_handler():
+    """The op table is built from disjoint sets: no op type's handler silently replaces another's."""
+    from arrayprune.adapters.roles import onnx_groups as og
+
+    named = {"Reshape", "Flatten", "BatchNormalization", "MatMul", "Gemm", "Conv", "Shape", "Size"}
+    families = [og._UNARY, og._BINARY, og._GLOBAL_POOLS, og._REDUCE, named]
+    assert sum(len(f) for f in families) == len(og._STEPS) == len(set().union(*families))
+    assert og._STEPS["Add"] == (og._Trace.elementwise, False) and og._STEPS["Relu"] == (og._Trace.unary, True)

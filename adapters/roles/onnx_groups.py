@@ -57,6 +57,7 @@ a per-channel constant that is a ``Constant`` node, an axis that cannot be known
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -298,231 +299,288 @@ def _producer(m: _Model, node: Any) -> _Producer | _Refused | None:
     return (w, channels, members, out_axis)
 
 
-def _trace(
-    m: _Model, start: str, axis: int, channels: int, members: list[Member]
-) -> tuple[list[str], dict, list, list]:
-    """Follow `start` forward; return (consumers, values -> axis, depthwise node indices,
-    Reshape target shapes to follow)."""
-    values = {start: axis}
-    queue = [start]
-    done: set[int] = set()
-    pending: dict[int, Any] = {}
-    consumers: list[str] = []
-    depthwise: list[int] = []
-    shapes: list[tuple[str, int]] = []
-    pooled: set[str] = set()  # values whose axes after the channel axis all have size 1
+class _Trace:
+    """The walk of one group forward from its producer's output.
 
-    def add_value(name: str, ax: int) -> None:
-        if name in values:
-            if values[name] != ax:
+    It holds the values that carry the channels (and on which axis), the consumers and
+    the members found so far; :data:`_STEPS` maps each op type to the method that takes
+    a node reading a group value (or raises :class:`_Left` with the reason). An op type
+    the table does not hold stops the group.
+    """
+
+    def __init__(self, m: _Model, start: str, axis: int, channels: int, members: list[Member]):
+        self.m, self.channels, self.members = m, channels, members
+        self.values = {start: axis}
+        self.queue = [start]
+        self.done: set[int] = set()
+        self.pending: dict[int, Any] = {}
+        self.consumers: list[str] = []
+        self.depthwise: list[int] = []
+        self.shapes: list[tuple[str, int]] = []
+        self.pooled: set[str] = set()  # values whose axes after the channel axis all have size 1
+
+    # ---------------------------------------------------------------- helpers
+
+    def add_value(self, name: str, ax: int) -> None:
+        if name in self.values:
+            if self.values[name] != ax:
                 raise _Left(f"{name!r} holds the channels on two axes")
             return
-        values[name] = ax
-        queue.append(name)
+        self.values[name] = ax
+        self.queue.append(name)
 
-    def rank(name: str) -> int:
-        r = m.ranks.get(name)
+    def rank(self, name: str) -> int:
+        r = self.m.ranks.get(name)
         if r is None:
             raise _Left(f"the rank of {name!r} is unknown")
         return r
 
-    def constant_member(name: str, ax: int, node: Any) -> None:
+    def constant_member(self, name: str, ax: int, node: Any) -> None:
+        m = self.m
         dims = m.dims(name)
         if dims is None:
             raise _Left(f"{m.label(node)} reads {name!r}, which is not a constant")
         p = len(dims) + ax
         if p < 0 or dims[p] == 1:
             return  # broadcast over the channels: untouched
-        if dims[p] != channels:
-            raise _Left(f"{m.label(node)} constant {name!r} of shape {list(dims)} does not fit {channels} channels")
+        if dims[p] != self.channels:
+            raise _Left(
+                f"{m.label(node)} constant {name!r} of shape {list(dims)} does not fit {self.channels} channels"
+            )
         if name not in m.inits:
             raise _Left(f"per-channel constant {name!r} of {m.label(node)} is a Constant node")
         m.own(name, "per-channel constant")
-        members.append(Member(name, p, False))
+        self.members.append(Member(name, p, False))
 
-    def binary(node: Any) -> bool:
+    def binary(self, node: Any) -> bool:
         """Take an element-wise node whose inputs are all constants or group values."""
-        acts = [x for x in node.input if m.dims(x) is None]
-        if any(x not in values for x in acts):
+        acts = [x for x in node.input if self.m.dims(x) is None]
+        if any(x not in self.values for x in acts):
             return False
-        axes = {values[x] for x in acts}
+        axes = {self.values[x] for x in acts}
         if len(axes) != 1:
-            raise _Left(f"{m.label(node)} combines the channels on different axes")
+            raise _Left(f"{self.m.label(node)} combines the channels on different axes")
         ax = axes.pop()
         for x in node.input:
-            if x not in values:
-                constant_member(x, ax, node)
-        add_value(node.output[0], ax)
+            if x not in self.values:
+                self.constant_member(x, ax, node)
+        self.add_value(node.output[0], ax)
         return True
 
-    def step(node: Any, i: int, name: str, ax: int) -> None:
-        op = node.op_type
-        idx = m.index[id(node)]
-        if op in _UNARY and i == 0:
-            if idx in done:
-                return
-            done.add(idx)
-            if op == "Dropout" and len(node.output) > 1 and node.output[1] and m.uses(node.output[1]):
-                raise _Left(f"the mask of {m.label(node)} is read")
-            if op == "Clip":
-                for x in node.input[1:]:
-                    if x and m.dims(x) not in ((), (1,)):
-                        raise _Left(f"{m.label(node)} bound {x!r} is not a scalar constant")
-            if name in pooled:
-                pooled.add(node.output[0])
-            add_value(node.output[0], ax)
-        elif op in _GLOBAL_POOLS and i == 0:
-            if ax != 1 - rank(name):
-                raise _Left(f"{m.label(node)} pools axes after 1, not after the channel axis")
-            done.add(idx)
-            pooled.add(node.output[0])
-            add_value(node.output[0], ax)
-        elif op in _REDUCE and i == 0:
-            r = rank(name)
-            p = ax % r
-            axes = _attr(m.onnx, node, "axes")
-            if axes is None and len(node.input) > 1 and node.input[1]:
-                axes = m.ints(node.input[1])
-                if axes is None:
-                    raise _Left(f"the axes of {m.label(node)} are not a constant")
-            if not axes:
-                if int(_attr(m.onnx, node, "noop_with_empty_axes", 0)):
-                    raise _Left(f"{m.label(node)} reduces no axis")
-                raise _Left(f"{m.label(node)} reduces every axis, the channels too")
-            reduced = {int(a) % r for a in axes}
-            if p in reduced:
-                raise _Left(f"{m.label(node)} reduces the channel axis")
-            if int(_attr(m.onnx, node, "keepdims", 1)):
-                out_ax = ax
-            else:
-                out_ax = p - sum(a < p for a in reduced) - (r - len(reduced))
-            if name in pooled or set(range(p + 1, r)) <= reduced:
-                pooled.add(node.output[0])
-            done.add(idx)
-            add_value(node.output[0], out_ax)
-        elif op == "Reshape" and i == 0:
-            r = rank(name)
-            target = m.ints(node.input[1]) if len(node.input) > 1 else None
-            p = ax % r
-            copy = not int(_attr(m.onnx, node, "allowzero", 0))
-            if target is None:
-                raise _Left(f"the target shape of {m.label(node)} is not a constant held in the model")
-            if name not in pooled or len(target) != p + 1:
-                raise _Left(f"{m.label(node)} mixes the channels with other axes (only [..., C, 1, ...] -> [..., C])")
-            if target[-1] == channels:
-                if node.input[1] in m.inits:
-                    m.own(node.input[1], "Reshape shape")
-                elif m.uses(node.input[1]) != 1:
-                    raise _Left(f"Reshape shape {node.input[1]!r} is also read elsewhere")
-                shapes.append((node.input[1], len(target) - 1))
-            elif not (target[-1] == -1 and copy and all(d == 0 for d in target[:-1])):
-                raise _Left(f"{m.label(node)} to {target} does not keep {channels} channels on the last axis")
-            done.add(idx)
-            add_value(node.output[0], -1)
-        elif op == "Flatten" and i == 0:
-            r = rank(name)
-            axis = int(_attr(m.onnx, node, "axis", 1))
-            if name not in pooled or r + ax != (axis if axis >= 0 else r + axis):
-                raise _Left(f"{m.label(node)} mixes the channels with other axes (only [N, C, 1, ...] -> [N, C])")
-            done.add(idx)
-            add_value(node.output[0], -1)
-        elif op in _BINARY:
-            if idx in done or idx in pending:
-                return
-            if not binary(node):
-                pending[idx] = node
-            else:
-                done.add(idx)
-        elif op == "BatchNormalization" and i == 0:
-            if ax != 1 - rank(name):
-                raise _Left(f"{m.label(node)} normalizes axis 1, not the channel axis")
-            for x in node.input[1:5]:
-                m.own(x, "BatchNormalization input")
-                members.append(Member(x, 0, False))
-            if any(o and m.uses(o) for o in node.output[1:]):
-                raise _Left(f"the running statistics of {m.label(node)} are read")
-            done.add(idx)
-            add_value(node.output[0], ax)
-        elif op == "MatMul" and i == 0:
-            w = node.input[1]
-            if ax != -1:
-                raise _Left(f"{m.label(node)} reduces the last axis, not the channel axis")
-            dims = m.dims(w)
-            if dims is None or len(dims) != 2 or dims[0] != channels:
-                raise _Left(f"{m.label(node)} B {w!r} is not a [K, N] initializer with K = {channels}")
-            m.own(w, "weight")
-            members.append(Member(w, 0))
-            consumers.append(m.label(node))
-        elif op == "Gemm" and i == 0:
-            w = node.input[1]
-            if int(_attr(m.onnx, node, "transA", 0)) or ax != -1:
-                raise _Left(f"{m.label(node)} with transA=1")
-            dims = m.dims(w)
-            k_axis = 1 if int(_attr(m.onnx, node, "transB", 0)) else 0
-            if dims is None or len(dims) != 2 or dims[k_axis] != channels:
-                raise _Left(f"{m.label(node)} B {w!r} is not an initializer with {channels} input features")
-            m.own(w, "weight")
-            members.append(Member(w, k_axis))
-            consumers.append(m.label(node))
-        elif op == "Conv" and i == 0:
-            w = node.input[1]
-            dims = m.dims(w)
-            if dims is None:
-                raise _Left(f"{m.label(node)} W {w!r} is not an initializer")
-            if ax != 1 - len(dims):
-                raise _Left(f"{m.label(node)} reads channels on axis 1, not the channel axis")
-            groups = int(_attr(m.onnx, node, "group", 1))
-            if groups == 1:
-                if dims[1] != channels:
-                    raise _Left(f"{m.label(node)} W {w!r} has {dims[1]} input channels, not {channels}")
-                m.own(w, "weight")
-                members.append(Member(w, 1))
-                consumers.append(m.label(node))
-            elif groups == channels and dims[1] == 1 and dims[0] == channels:
-                m.own(w, "depthwise weight")
-                members.append(Member(w, 0))
-                if len(node.input) > 2 and node.input[2]:
-                    m.own(node.input[2], "bias")
-                    members.append(Member(node.input[2], 0, False))
-                depthwise.append(idx)
-                add_value(node.output[0], ax)
-            elif groups == channels and dims[1] == 1:
-                raise _Left(f"depthwise {m.label(node)} with a channel multiplier of {dims[0] // channels}")
-            else:
-                raise _Left(f"grouped {m.label(node)} (group={groups})")
-        elif op in ("Shape", "Size"):
-            raise _Left(f"its shape is read ({m.label(node)})")
-        else:
-            raise _Left(f"{m.label(node)} reads {name!r}")
+    def consumer(self, node: Any, weight: str, axis: int) -> None:
+        """`node` reads the channels through its weight's `axis`: a member, and a consumer."""
+        self.m.own(weight, "weight")
+        self.members.append(Member(weight, axis))
+        self.consumers.append(self.m.label(node))
 
-    while queue or pending:
-        while queue:
-            name = queue.pop(0)
-            ax = values[name]
-            if name in m.outputs:
-                raise _Left(f"{name!r} is a graph output")
-            if name in m.in_subgraph:
-                raise _Left(f"{name!r} is read inside a subgraph")
-            uses = m.consumers.get(name, ())
-            if not uses:
-                raise _Left(f"{name!r} is not used")
-            for node, i in uses:
-                step(node, i, name, ax)
-        progress = False
-        for idx, node in list(pending.items()):
-            if binary(node):
-                del pending[idx]
-                done.add(idx)
-                progress = True
-        if not progress and pending:
-            node = next(iter(pending.values()))
-            other = [x for x in node.input if m.dims(x) is None and x not in values]
-            if node.op_type == "Add":
-                raise _Left(f"residual Add: {m.label(node)} also reads {other[0]!r}")
-            raise _Left(f"{m.label(node)} also reads {other[0]!r}, from outside the group")
-    if not consumers:
-        raise _Left("no layer reads the channels")
-    return consumers, values, depthwise, shapes
+    # ---------------------------------------------------------------- one method per op type
+
+    def unary(self, node: Any, name: str, ax: int, idx: int) -> None:
+        m = self.m
+        if idx in self.done:
+            return
+        self.done.add(idx)
+        if node.op_type == "Dropout" and len(node.output) > 1 and node.output[1] and m.uses(node.output[1]):
+            raise _Left(f"the mask of {m.label(node)} is read")
+        if node.op_type == "Clip":
+            for x in node.input[1:]:
+                if x and m.dims(x) not in ((), (1,)):
+                    raise _Left(f"{m.label(node)} bound {x!r} is not a scalar constant")
+        if name in self.pooled:
+            self.pooled.add(node.output[0])
+        self.add_value(node.output[0], ax)
+
+    def global_pool(self, node: Any, name: str, ax: int, idx: int) -> None:
+        if ax != 1 - self.rank(name):
+            raise _Left(f"{self.m.label(node)} pools axes after 1, not after the channel axis")
+        self.done.add(idx)
+        self.pooled.add(node.output[0])
+        self.add_value(node.output[0], ax)
+
+    def reduce(self, node: Any, name: str, ax: int, idx: int) -> None:
+        m = self.m
+        r = self.rank(name)
+        p = ax % r
+        axes = _attr(m.onnx, node, "axes")
+        if axes is None and len(node.input) > 1 and node.input[1]:
+            axes = m.ints(node.input[1])
+            if axes is None:
+                raise _Left(f"the axes of {m.label(node)} are not a constant")
+        if not axes:
+            if int(_attr(m.onnx, node, "noop_with_empty_axes", 0)):
+                raise _Left(f"{m.label(node)} reduces no axis")
+            raise _Left(f"{m.label(node)} reduces every axis, the channels too")
+        reduced = {int(a) % r for a in axes}
+        if p in reduced:
+            raise _Left(f"{m.label(node)} reduces the channel axis")
+        if int(_attr(m.onnx, node, "keepdims", 1)):
+            out_ax = ax
+        else:
+            out_ax = p - sum(a < p for a in reduced) - (r - len(reduced))
+        if name in self.pooled or set(range(p + 1, r)) <= reduced:
+            self.pooled.add(node.output[0])
+        self.done.add(idx)
+        self.add_value(node.output[0], out_ax)
+
+    def reshape(self, node: Any, name: str, ax: int, idx: int) -> None:
+        m, channels = self.m, self.channels
+        r = self.rank(name)
+        target = m.ints(node.input[1]) if len(node.input) > 1 else None
+        p = ax % r
+        copy = not int(_attr(m.onnx, node, "allowzero", 0))
+        if target is None:
+            raise _Left(f"the target shape of {m.label(node)} is not a constant held in the model")
+        if name not in self.pooled or len(target) != p + 1:
+            raise _Left(f"{m.label(node)} mixes the channels with other axes (only [..., C, 1, ...] -> [..., C])")
+        if target[-1] == channels:
+            if node.input[1] in m.inits:
+                m.own(node.input[1], "Reshape shape")
+            elif m.uses(node.input[1]) != 1:
+                raise _Left(f"Reshape shape {node.input[1]!r} is also read elsewhere")
+            self.shapes.append((node.input[1], len(target) - 1))
+        elif not (target[-1] == -1 and copy and all(d == 0 for d in target[:-1])):
+            raise _Left(f"{m.label(node)} to {target} does not keep {channels} channels on the last axis")
+        self.done.add(idx)
+        self.add_value(node.output[0], -1)
+
+    def flatten(self, node: Any, name: str, ax: int, idx: int) -> None:
+        r = self.rank(name)
+        axis = int(_attr(self.m.onnx, node, "axis", 1))
+        if name not in self.pooled or r + ax != (axis if axis >= 0 else r + axis):
+            raise _Left(f"{self.m.label(node)} mixes the channels with other axes (only [N, C, 1, ...] -> [N, C])")
+        self.done.add(idx)
+        self.add_value(node.output[0], -1)
+
+    def elementwise(self, node: Any, name: str, ax: int, idx: int) -> None:
+        if idx in self.done or idx in self.pending:
+            return
+        if not self.binary(node):
+            self.pending[idx] = node  # taken once its other inputs join the group, or left
+        else:
+            self.done.add(idx)
+
+    def batch_norm(self, node: Any, name: str, ax: int, idx: int) -> None:
+        m = self.m
+        if ax != 1 - self.rank(name):
+            raise _Left(f"{m.label(node)} normalizes axis 1, not the channel axis")
+        for x in node.input[1:5]:
+            m.own(x, "BatchNormalization input")
+            self.members.append(Member(x, 0, False))
+        if any(o and m.uses(o) for o in node.output[1:]):
+            raise _Left(f"the running statistics of {m.label(node)} are read")
+        self.done.add(idx)
+        self.add_value(node.output[0], ax)
+
+    def matmul(self, node: Any, name: str, ax: int, idx: int) -> None:
+        w = node.input[1]
+        if ax != -1:
+            raise _Left(f"{self.m.label(node)} reduces the last axis, not the channel axis")
+        dims = self.m.dims(w)
+        if dims is None or len(dims) != 2 or dims[0] != self.channels:
+            raise _Left(f"{self.m.label(node)} B {w!r} is not a [K, N] initializer with K = {self.channels}")
+        self.consumer(node, w, 0)
+
+    def gemm(self, node: Any, name: str, ax: int, idx: int) -> None:
+        m = self.m
+        w = node.input[1]
+        if int(_attr(m.onnx, node, "transA", 0)) or ax != -1:
+            raise _Left(f"{m.label(node)} with transA=1")
+        dims = m.dims(w)
+        k_axis = 1 if int(_attr(m.onnx, node, "transB", 0)) else 0
+        if dims is None or len(dims) != 2 or dims[k_axis] != self.channels:
+            raise _Left(f"{m.label(node)} B {w!r} is not an initializer with {self.channels} input features")
+        self.consumer(node, w, k_axis)
+
+    def conv(self, node: Any, name: str, ax: int, idx: int) -> None:
+        m, channels = self.m, self.channels
+        w = node.input[1]
+        dims = m.dims(w)
+        if dims is None:
+            raise _Left(f"{m.label(node)} W {w!r} is not an initializer")
+        if ax != 1 - len(dims):
+            raise _Left(f"{m.label(node)} reads channels on axis 1, not the channel axis")
+        groups = int(_attr(m.onnx, node, "group", 1))
+        if groups == 1:
+            if dims[1] != channels:
+                raise _Left(f"{m.label(node)} W {w!r} has {dims[1]} input channels, not {channels}")
+            self.consumer(node, w, 1)
+        elif groups == channels and dims[1] == 1 and dims[0] == channels:
+            m.own(w, "depthwise weight")
+            self.members.append(Member(w, 0))
+            if len(node.input) > 2 and node.input[2]:
+                m.own(node.input[2], "bias")
+                self.members.append(Member(node.input[2], 0, False))
+            self.depthwise.append(idx)
+            self.add_value(node.output[0], ax)
+        elif groups == channels and dims[1] == 1:
+            raise _Left(f"depthwise {m.label(node)} with a channel multiplier of {dims[0] // channels}")
+        else:
+            raise _Left(f"grouped {m.label(node)} (group={groups})")
+
+    def shape_read(self, node: Any, name: str, ax: int, idx: int) -> None:
+        raise _Left(f"its shape is read ({self.m.label(node)})")
+
+    # ---------------------------------------------------------------- the walk
+
+    def step(self, node: Any, i: int, name: str, ax: int) -> None:
+        """Take `node`, which reads group value `name` (channels on `ax`) as its input `i`."""
+        found = _STEPS.get(node.op_type)
+        if found is None or (found[1] and i != 0):
+            raise _Left(f"{self.m.label(node)} reads {name!r}")
+        found[0](self, node, name, ax, self.m.index[id(node)])
+
+    def run(self) -> tuple[list[str], dict, list, list]:
+        """Follow the start forward; return (consumers, values -> axis, depthwise node
+        indices, Reshape target shapes to follow)."""
+        m = self.m
+        while self.queue or self.pending:
+            while self.queue:
+                name = self.queue.pop(0)
+                ax = self.values[name]
+                if name in m.outputs:
+                    raise _Left(f"{name!r} is a graph output")
+                if name in m.in_subgraph:
+                    raise _Left(f"{name!r} is read inside a subgraph")
+                uses = m.consumers.get(name, ())
+                if not uses:
+                    raise _Left(f"{name!r} is not used")
+                for node, i in uses:
+                    self.step(node, i, name, ax)
+            progress = False
+            for idx, node in list(self.pending.items()):
+                if self.binary(node):
+                    del self.pending[idx]
+                    self.done.add(idx)
+                    progress = True
+            if not progress and self.pending:
+                node = next(iter(self.pending.values()))
+                other = [x for x in node.input if m.dims(x) is None and x not in self.values]
+                if node.op_type == "Add":
+                    raise _Left(f"residual Add: {m.label(node)} also reads {other[0]!r}")
+                raise _Left(f"{m.label(node)} also reads {other[0]!r}, from outside the group")
+        if not self.consumers:
+            raise _Left("no layer reads the channels")
+        return self.consumers, self.values, self.depthwise, self.shapes
+
+
+_Step = Callable[[_Trace, Any, str, int, int], None]
+
+#: Op type -> (the :class:`_Trace` method that takes a node of that type reading a group
+#: value, whether the value must be its first input). Add an op here, with its method.
+_STEPS: dict[str, tuple[_Step, bool]] = {
+    **{op: (_Trace.unary, True) for op in _UNARY},
+    **{op: (_Trace.global_pool, True) for op in _GLOBAL_POOLS},
+    **{op: (_Trace.reduce, True) for op in _REDUCE},
+    "Reshape": (_Trace.reshape, True),
+    "Flatten": (_Trace.flatten, True),
+    **{op: (_Trace.elementwise, False) for op in _BINARY},
+    "BatchNormalization": (_Trace.batch_norm, True),
+    "MatMul": (_Trace.matmul, True),
+    "Gemm": (_Trace.gemm, True),
+    "Conv": (_Trace.conv, True),
+    "Shape": (_Trace.shape_read, False),
+    "Size": (_Trace.shape_read, False),
+}
 
 
 def onnx_groups(model: Any) -> OnnxGroups:
@@ -563,7 +621,7 @@ def onnx_groups(model: Any) -> OnnxGroups:
             continue
         w, channels, members, axis = found
         try:
-            consumers, values, depthwise, shapes = _trace(m, value, axis, channels, members)
+            consumers, values, depthwise, shapes = _Trace(m, value, axis, channels, members).run()
         except _Left as exc:
             out.left.append(LeftGroup(name, m.label(node), w, channels, str(exc)))
             continue
