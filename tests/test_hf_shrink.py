@@ -414,3 +414,43 @@ def test_config_symlink_out_of_the_folder_refused(llama, tmp_path):
     proc = run("prune", src, "-o", tmp_path / "out", "--shrink", "--method", "ln_structured", "--amount", "0.5")
     assert_error(proc, "config.json (a symlink leading outside the checkpoint's folder): not read")
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_the_family_table_gives_each_family_its_members_and_refusals():
+    """One row per family: the members of a layer's group with their axes, the config keys,
+    and the refusals, each one line."""
+    from arrayprune.adapters.roles.hf_groups import HfGroupsError, hf_groups
+
+    gpt2 = {"h.0.mlp.c_fc.weight": (8, 32), "h.0.mlp.c_fc.bias": (32,), "h.0.mlp.c_proj.weight": (32, 8)}
+    found = hf_groups({"n_layer": 1, "n_embd": 8, "n_inner": None}, gpt2)  # n_inner null: 4 x n_embd
+    assert [(m.key, m.axis, m.weight) for m in found.groups[0].members] == [
+        ("h.0.mlp.c_fc.weight", 1, True), ("h.0.mlp.c_proj.weight", 0, True), ("h.0.mlp.c_fc.bias", 0, False)
+    ]  # fmt: skip
+    assert found.groups[0].units == 32 and found.config_updates(16) == {"n_inner": 16}
+    llama = {
+        f"model.layers.0.{n}": s
+        for n, s in [("mlp.gate_proj.weight", (12, 4)), ("mlp.up_proj.weight", (12, 4)),
+                     ("mlp.down_proj.weight", (4, 12)),
+                     ("self_attn.q_proj.weight", (4, 4)), ("self_attn.k_proj.weight", (2, 4)),
+                     ("self_attn.v_proj.weight", (2, 4)), ("self_attn.o_proj.weight", (4, 4)),
+                     ("self_attn.q_proj.bias", (4,))]
+    }  # fmt: skip
+    config = {"num_hidden_layers": 1, "hidden_size": 4, "intermediate_size": 12, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 2}  # fmt: skip
+    heads = hf_groups(config, llama, "heads")
+    assert [m.key.rsplit(".", 2)[-2:] for m in heads.groups[0].members] == [
+        ["q_proj", "weight"], ["k_proj", "weight"], ["v_proj", "weight"], ["o_proj", "weight"], ["q_proj", "bias"]
+    ]  # fmt: skip
+    assert heads.groups[0].unit == "KV groups" and heads.config_updates(1) == {
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 2
+    }  # fmt: skip
+    with pytest.raises(HfGroupsError, match=r"^--groups heads: transformers derives GPT-2's head size"):
+        hf_groups({"n_layer": 1, "n_embd": 8}, gpt2, "heads")
+    with pytest.raises(HfGroupsError) as info:
+        hf_groups({}, {"encoder.block.0.w": (2, 2)})
+    assert str(info.value) == (
+        "no Llama/Mistral/Qwen2 (mlp.gate_proj), BERT (intermediate.dense) or GPT-2 (mlp.c_fc) layers in the "
+        "checkpoint: its channel groups are not known"
+    )
+    with pytest.raises(HfGroupsError, match=r"layer 0: no tensor 'h.0.mlp.c_fc.bias' \(a gpt2 layer holds it\)"):
+        hf_groups({"n_layer": 1, "n_embd": 8}, {k: v for k, v in gpt2.items() if "bias" not in k})

@@ -35,7 +35,7 @@ from typing import Any
 from arrayprune.amount import compute_nparams_toprune
 from arrayprune.groups import ChannelGroup
 
-__all__ = ["HfGroup", "HfGroups", "HfGroupsError", "HfMember", "hf_groups"]
+__all__ = ["FAMILIES", "Family", "HfGroup", "HfGroups", "HfGroupsError", "HfMember", "hf_groups"]
 
 
 class HfGroupsError(ValueError):
@@ -129,7 +129,7 @@ class HfGroups:
     def config_updates(self, kept: int) -> dict[str, int]:
         """The config fields to write when every group keeps `kept` units."""
         if self.kind == "channels":
-            return {"n_inner" if self.family == "gpt2" else "intermediate_size": kept}
+            return {FAMILIES[self.family].inner: kept}
         per_kv = self.sizes["num_attention_heads"] // self.sizes["num_key_value_heads"]
         return {
             "num_attention_heads": kept * per_kv,
@@ -148,12 +148,70 @@ class HfGroups:
         return "\n".join(lines)
 
 
-_FAMILIES = (
-    ("llama", re.compile(r"^(?P<p>(?:.*\.)?)layers\.(?P<i>\d+)\.mlp\.gate_proj\.weight$")),
-    ("bert", re.compile(r"^(?P<p>(?:.*\.)?)encoder\.layer\.(?P<i>\d+)\.intermediate\.dense\.weight$")),
-    ("gpt2", re.compile(r"^(?P<p>(?:.*\.)?)h\.(?P<i>\d+)\.mlp\.c_fc\.weight$")),
-)
-_LAYER_COUNT = {"llama": "num_hidden_layers", "bert": "num_hidden_layers", "gpt2": "n_layer"}
+@dataclass(frozen=True)
+class Family:
+    """One row of :data:`FAMILIES`: how a Hugging Face model family names and sizes its layers.
+
+    Attributes
+    ----------
+    label : str
+        The family as messages name it.
+    layer : str
+        A layer's prefix after the model's own, with ``{i}`` for its index.
+    marker : str
+        The weight (under `layer`) whose presence tells the family.
+    layer_count, hidden, inner : str
+        The ``config.json`` keys of the number of layers, the hidden size and the MLP's
+        inner size (the channels).
+    inner_default : int or None
+        The inner size as a multiple of the hidden size when the config leaves it null.
+    mlp : tuple
+        (module prefix under `layer`, the producers, the consumer, whether the producers'
+        biases are members whenever the checkpoint holds them (else always)).
+    out_axis, in_axis : int
+        The axis of a producer's output channels and of the consumer's input channels in
+        their stored weights (GPT-2's ``Conv1D`` stores ``[in, out]``).
+    attention : tuple or None
+        (module prefix, the producers (q, k, v), the consumer (o)) where heads can
+        shrink: the config can state the head size (``head_dim``); None where
+        transformers derives it from the hidden size.
+    """
+
+    label: str
+    layer: str
+    marker: str
+    layer_count: str
+    hidden: str
+    inner: str
+    inner_default: int | None
+    mlp: tuple[str, tuple[str, ...], str, bool]
+    out_axis: int = 0
+    in_axis: int = 1
+    attention: tuple[str, tuple[str, ...], str] | None = None
+
+    def pattern(self) -> re.Pattern[str]:
+        """Matches the marker weight of any layer: groups ``p`` (the model's prefix) and ``i``."""
+        layer = re.escape(self.layer).replace(re.escape("{i}"), r"(?P<i>\d+)")
+        return re.compile(rf"^(?P<p>(?:.*\.)?){layer}{re.escape(self.marker)}$")
+
+
+#: The families whose channel groups (and heads) are known, by name. Add a row to
+#: support one (a test in ``tests/test_hf_shrink.py`` on a ``save_pretrained`` folder).
+FAMILIES: dict[str, Family] = {
+    "llama": Family(
+        "Llama/Mistral/Qwen2", "layers.{i}.", "mlp.gate_proj.weight", "num_hidden_layers", "hidden_size",
+        "intermediate_size", None, ("mlp.", ("gate_proj", "up_proj"), "down_proj", True),
+        attention=("self_attn.", ("q_proj", "k_proj", "v_proj"), "o_proj"),
+    ),
+    "bert": Family(
+        "BERT", "encoder.layer.{i}.", "intermediate.dense.weight", "num_hidden_layers", "hidden_size",
+        "intermediate_size", None, ("", ("intermediate.dense",), "output.dense", False),
+    ),
+    "gpt2": Family(
+        "GPT-2", "h.{i}.", "mlp.c_fc.weight", "n_layer", "n_embd", "n_inner", 4,
+        ("mlp.", ("c_fc",), "c_proj", False), out_axis=1, in_axis=0,
+    ),
+}  # fmt: skip
 
 
 def _int(config: Mapping, key: str, default: Any = None) -> int:
@@ -165,50 +223,42 @@ def _int(config: Mapping, key: str, default: Any = None) -> int:
 
 def _family(names: Sequence[str]) -> tuple[str, str, list[int]]:
     """The family, the prefix of its layers and the layer indices found."""
-    for family, pattern in _FAMILIES:
-        found = [m for m in map(pattern.match, names) if m]
+    for family, row in FAMILIES.items():
+        found = [m for m in map(row.pattern().match, names) if m]
         if found:
             prefixes = {m["p"] for m in found}
             if len(prefixes) > 1:
                 raise HfGroupsError(f"layers under several prefixes ({', '.join(sorted(prefixes))}): not one model")
             return family, found[0]["p"], sorted(int(m["i"]) for m in found)
+    known = [f"{row.label} ({row.marker.removesuffix('.weight')})" for row in FAMILIES.values()]
     raise HfGroupsError(
-        "no Llama/Mistral/Qwen2 (mlp.gate_proj), BERT (intermediate.dense) or GPT-2 (mlp.c_fc) layers "
-        "in the checkpoint: its channel groups are not known"
+        f"no {', '.join(known[:-1])} or {known[-1]} layers in the checkpoint: its channel groups are not known"
     )
 
 
 def _members(family: str, kind: str, p: str, i: int, shapes: Mapping[str, Any]) -> list[HfMember]:
-    if family == "llama":
-        base = f"{p}layers.{i}.mlp." if kind == "channels" else f"{p}layers.{i}.self_attn."
-        ins, out = (
-            (("gate_proj", "up_proj"), "down_proj")
-            if kind == "channels"
-            else (("q_proj", "k_proj", "v_proj"), "o_proj")
-        )
-        members = [HfMember(f"{base}{n}.weight", 0) for n in ins] + [HfMember(f"{base}{out}.weight", 1)]
-        members += [HfMember(f"{base}{n}.bias", 0, weight=False) for n in ins if f"{base}{n}.bias" in shapes]
-        return members
-    if family == "bert":
-        base = f"{p}encoder.layer.{i}."
-        return [
-            HfMember(f"{base}intermediate.dense.weight", 0),
-            HfMember(f"{base}output.dense.weight", 1),
-            HfMember(f"{base}intermediate.dense.bias", 0, weight=False),
-        ]
-    base = f"{p}h.{i}.mlp."
-    return [
-        HfMember(f"{base}c_fc.weight", 1),
-        HfMember(f"{base}c_proj.weight", 0),
-        HfMember(f"{base}c_fc.bias", 0, weight=False),
+    """A layer's group: the producers' weights, the consumer's weight, the producers' biases."""
+    row = FAMILIES[family]
+    if kind == "channels":
+        module, producers, consumer, optional_biases = row.mlp
+        out_axis, in_axis = row.out_axis, row.in_axis
+    else:
+        module, producers, consumer = row.attention or ("", (), "")
+        optional_biases, out_axis, in_axis = True, 0, 1
+    base = f"{p}{row.layer.format(i=i)}{module}"
+    members = [HfMember(f"{base}{n}.weight", out_axis) for n in producers] + [
+        HfMember(f"{base}{consumer}.weight", in_axis)
     ]
+    biases = [f"{base}{n}.bias" for n in producers]
+    members += [HfMember(b, 0, weight=False) for b in biases if not optional_biases or b in shapes]
+    return members
 
 
 def _expected(family: str, kind: str, m: HfMember, sizes: Mapping[str, int], hidden: int) -> tuple[int, ...]:
     """The shape `m` must have."""
     leaf = m.key.rsplit(".", 2)[-2]
     if kind == "channels":
-        n = sizes["n_inner" if family == "gpt2" else "intermediate_size"]
+        n = sizes[FAMILIES[family].inner]
         if m.key.endswith(".bias"):
             return (n,)
         return (n, hidden) if m.axis == 0 else (hidden, n)
@@ -245,22 +295,22 @@ def hf_groups(config: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], ki
         raise HfGroupsError(f"unknown group kind {kind!r}; expected channels or heads")
     names = sorted(shapes)
     family, prefix, layers = _family(names)
-    count = _int(config, _LAYER_COUNT[family])
+    row = FAMILIES[family]
+    count = _int(config, row.layer_count)
     if layers != list(range(count)):
         raise HfGroupsError(
-            f"config.json has {_LAYER_COUNT[family]}={count} but the checkpoint holds the layers {_ranges(layers)}: "
+            f"config.json has {row.layer_count}={count} but the checkpoint holds the layers {_ranges(layers)}: "
             "every layer must shrink by the same count"
         )
-    if family == "gpt2":
-        hidden = _int(config, "n_embd")
-        sizes = {"n_inner": _int(config, "n_inner") if config.get("n_inner") is not None else 4 * hidden}
+    hidden = _int(config, row.hidden)
+    if row.inner_default is not None and config.get(row.inner) is None:
+        sizes = {row.inner: row.inner_default * hidden}
     else:
-        hidden = _int(config, "hidden_size")
-        sizes = {"intermediate_size": _int(config, "intermediate_size")}
+        sizes = {row.inner: _int(config, row.inner)}
     unit = "channels"
     if kind == "heads":
-        if family != "llama":
-            what = {"bert": "BERT", "gpt2": "GPT-2"}[family]
+        if row.attention is None:
+            what = row.label
             raise HfGroupsError(
                 f"--groups heads: transformers derives {what}'s head size from the hidden size / the number of "
                 "heads, so a config with fewer heads cannot be loaded; heads shrink in Llama-style attention "
