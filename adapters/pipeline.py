@@ -41,7 +41,7 @@ import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import arrayprune
@@ -65,8 +65,10 @@ from arrayprune.adapters.hf_stage import (
     leave_outside_layers,
     outside_note,
 )
+from arrayprune.adapters.option_files import option_file_problems, problem_of
 from arrayprune.adapters.outputs import check_not_input, check_output_name
-from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, nm_shortfalls, stream_seed
+from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, stream_seed
+from arrayprune.adapters.prune_result import NEARLY_EMPTY, PruneResult, count_note, nearly_empty_warning, nm_warnings
 from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
 from arrayprune.adapters.request import (
     PruneError,
@@ -83,7 +85,6 @@ from arrayprune.adapters.summary import report_rows, totals
 from arrayprune.adapters.trees import lookup
 from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
 from arrayprune.amount import normalize_dim
-from arrayprune.method_parts import N_OF_M, pattern_of
 
 __all__ = [
     "NEARLY_EMPTY",
@@ -102,10 +103,6 @@ __all__ = [
     "prune_file",
     "run",
 ]
-
-#: Sparsity from which global pruning warns that it emptied a tensor.
-NEARLY_EMPTY = 0.99
-
 
 _FAILURES = (ValueError, TypeError, IndexError, KeyError)
 
@@ -574,109 +571,9 @@ def _write_streamed(
 # --------------------------------------------------------------------------------------
 
 
-@dataclass
-class PruneResult:
-    """What a run planned, wrote and counted, and what to warn about.
-
-    Attributes
-    ----------
-    src, dst : str
-        Input and output (``dst`` None for a dry run).
-    kind : str
-        The input's format (``"onnx"``, ``"sharded safetensors"``, ...).
-    spec : PruneSpec
-        The request, its defaults filled in.
-    plan : list of PlanEntry
-        Every tensor, its role, and whether it was (or would be) pruned.
-    written : PruneSummary or None
-        Counts of the pruned tensors and of the whole output, each pruned tensor's
-        ``(zeros, size)``, the files written and those left (None for a dry run).
-    tied : int
-        Other names of the pruned tensors (tied weights), pruned with them.
-    shards, copied : int
-        A sharded input's shards and the other files copied with them.
-    notes, warnings : list of str
-        What the command prints on stderr: an integer amount is a count; global
-        pruning left a tensor :data:`NEARLY_EMPTY` or more.
-    verify : list of OutputCheck or None
-        ``verify``: each output of the pruned model against the original's.
-    verify_sizes : dict
-        ``verify`` on random inputs: the sizes chosen for symbolic dimensions.
-    shrink : ShrinkResult or None
-        ``shrink``: groups, channels kept, parameters (:mod:`arrayprune.adapters.shrinking`).
-    allocation : Allocation or None
-        ``allocation``: each weight's share (:mod:`arrayprune.adapters.allocation`).
-    """
-
-    src: str
-    dst: str | None
-    kind: str
-    spec: PruneSpec
-    plan: list[PlanEntry]
-    written: PruneSummary | None = None
-    tied: int = 0
-    shards: int = 0
-    copied: int = 0
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    verify: list[Any] | None = None
-    verify_sizes: dict[str, int] = field(default_factory=dict)
-    shrink: Any = None
-    allocation: Any = None
-
-    @property
-    def targets(self) -> list[PlanEntry]:
-        """The entries of the plan that were (or would be) pruned."""
-        return [e for e in self.plan if e.prune]
-
-    @property
-    def verify_failed(self) -> list[str]:
-        """The outputs that failed ``verify`` (empty without ``verify``)."""
-        return [c.name for c in self.verify or () if not c.passed]
-
-
-def count_note(spec: PruneSpec) -> str | None:
-    """Say that an integer amount is a count (of what, and per what), not a fraction; None otherwise."""
-    amount = spec.amount
-    if not isinstance(amount, int) or isinstance(amount, bool) or amount == 0:
-        return None
-    cls = spec.method_class()
-    unit = pattern_of(cls).unit
-    where = "in total over the selected tensors (--global)" if spec.global_ else "in each tensor"
-    return (
-        f"--amount {amount} is a count, not a fraction: {amount} {unit} pruned {where}; "
-        "a fraction has a decimal point (0.5 is half)"
-    )
-
-
-def nearly_empty_warning(spec: PruneSpec, counts: Mapping[str, tuple[int, int]]) -> str | None:
-    """The warning when global pruning left a tensor :data:`NEARLY_EMPTY` zero or more; None otherwise."""
-    if not spec.global_:
-        return None
-    empty = [(name, z / n) for name, (z, n) in counts.items() if n and z / n >= NEARLY_EMPTY]
-    if not empty:
-        return None
-    shown = ", ".join(f"{name} ({100 * f:.2f}%)" for name, f in empty[:5])
-    more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""
-    return (
-        f"--global pruned {len(empty)} tensor{'s' if len(empty) > 1 else ''} to {100 * NEARLY_EMPTY:g}% or more: "
-        f"{shown}{more}; such a layer passes almost nothing on: cap every tensor with --max-sparsity "
-        "(e.g. --max-sparsity 0.9) or leave it with --exclude"
-    )
-
-
 def _notes(spec: PruneSpec, plan: Sequence[PlanEntry] = ()) -> list[str]:
     notes = [count_note(spec), outside_note(list(plan))]
     return [note for note in notes if note is not None]
-
-
-def nm_warnings(spec: PruneSpec, plan: Sequence[PlanEntry]) -> list[str]:
-    """One warning per tensor an N:M method prunes that cannot hold the pattern (see
-    :func:`~arrayprune.adapters.plan.nm_shortfalls`); none for other methods."""
-    if spec.nm is None or pattern_of(spec.method_class()) is not N_OF_M:
-        return []
-    n, m = spec.nm
-    return [f"cannot hold {n}:{m}: {line}" for line in nm_shortfalls(plan, n, m, reduction=spec.dim is None)]
 
 
 def _dry_run(src: str, spec: PruneSpec, hooks: Hooks) -> PruneResult:
@@ -759,71 +656,6 @@ def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> tuple[StreamedC
     problems.extend(calibration_problems(spec, src))
     raise_problems(problems)
     return storage, spec
-
-
-def _problem_of(check: Callable[[], Any]) -> list[Exception]:
-    """The one-line error `check` raises, as a list (empty if it raises none)."""
-    try:
-        check()
-    except (PruneError, fmt.FormatError) as exc:
-        return [exc]
-    return []
-
-
-def option_file_problems(
-    spec: PruneSpec, plan: Sequence[PlanEntry] = (), *, calibration: bool = True
-) -> list[Exception]:
-    """Every problem of the files the options name that can be told before the model is
-    loaded: each must be a regular file; input norms are read (small: one vector per
-    weight) and must be finite, non-negative, and name every weight of `plan` pruned; a
-    scan (``allocation``) is read and checked. No framework is imported.
-
-    Parameters
-    ----------
-    spec : PruneSpec
-        The checked request.
-    plan : sequence of PlanEntry, optional
-        The plan, where it is known before loading (headers): the weights input norms
-        must cover.
-    calibration : bool, default True
-        Whether to check ``spec.calibration`` too (a Hugging Face folder's tokens are
-        checked by :func:`~arrayprune.adapters.hf_stage.calibration_problems`).
-
-    Returns
-    -------
-    list of Exception
-        One-line :class:`PruneError` or :class:`~arrayprune.adapters.formats.FormatError`
-        per problem, in the order of the options.
-    """
-    from arrayprune.adapters.formats.files import _require_regular
-
-    problems: list[Exception] = []
-    given = (spec.calibration if calibration else None, spec.hessians, spec.verify_data, spec.allocation_check_data)
-    for path in given:
-        if path:
-            problems += _problem_of(functools.partial(_require_regular, path))
-    if spec.input_norms:
-        try:
-            norms = read_input_norms(spec.input_norms)
-        except fmt.FormatError as exc:
-            problems.append(exc)
-        except ValueError as exc:
-            problems.append(PruneError(error_text(exc), spec.input_norms))
-        else:
-            missing = [e.name for e in plan if e.prune and e.name not in norms]
-            if missing:
-                more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-                problems.append(
-                    PruneError(f"no input norms for {missing[0]!r}{more} (selected for pruning)", spec.input_norms)
-                )
-    if spec.allocation and spec.allocation != "owl":
-        from arrayprune.adapters.scan import ScanResult
-
-        try:
-            ScanResult.load(spec.allocation)
-        except ValueError as exc:
-            problems.append(PruneError(error_text(exc), spec.allocation))
-    return problems
 
 
 def _whole_file_problems(src: str, spec: PruneSpec, *, calibration: bool = True) -> list[Exception]:
@@ -917,7 +749,7 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     elif spec.dry_run:
         return _dry_run(src, spec, hooks)
     else:
-        problems = _problem_of(lambda: _check_output(src, dst, spec))
+        problems = problem_of(lambda: _check_output(src, dst, spec))
         hf_tokens = bool(spec.calibration) and fmt.detect_format(src) == "safetensors"
         if hf_tokens:  # the tokens of a Hugging Face file, told with OUT
             problems.extend(calibration_problems(spec, src))
@@ -1053,7 +885,6 @@ def prune_checkpoint(
     Examples
     --------
     >>> from arrayprune.adapters.formats import sharded
-from arrayprune.adapters.formats.arrays import release_pages
     >>> summary = sharded.prune_checkpoint("Llama-3-8B", "Llama-3-8B-50", amount=0.5, global_=True)
     ... # doctest: +SKIP
     """

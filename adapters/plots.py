@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from arrayprune.adapters import formats as fmt
-from arrayprune.adapters.pipeline import NEARLY_EMPTY
 from arrayprune.adapters.plan import nodes_text
+from arrayprune.adapters.prune_result import NEARLY_EMPTY
 
 __all__ = [
     "FRAGILE_FACTOR",
