@@ -41,7 +41,6 @@ import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import arrayprune
@@ -65,6 +64,7 @@ from arrayprune.adapters.hf_stage import (
     leave_outside_layers,
     outside_note,
 )
+from arrayprune.adapters.hooks import Hooks
 from arrayprune.adapters.option_files import option_file_problems, problem_of
 from arrayprune.adapters.outputs import check_not_input, check_output_name
 from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, stream_seed
@@ -80,8 +80,8 @@ from arrayprune.adapters.request import (
     spec_from,
 )
 from arrayprune.adapters.roles.names import tree_roles
-from arrayprune.adapters.stream_pruning import PruneSummary, Totals, global_counts, prune_source, streams
-from arrayprune.adapters.summary import report_rows, totals
+from arrayprune.adapters.stream_pruning import global_counts, prune_source, streams
+from arrayprune.adapters.summary import PruneSummary, Totals, report_rows, totals
 from arrayprune.adapters.trees import lookup
 from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
 from arrayprune.amount import normalize_dim
@@ -105,30 +105,6 @@ __all__ = [
 ]
 
 _FAILURES = (ValueError, TypeError, IndexError, KeyError)
-
-
-def _same(items: Sequence[Any], desc: str, unit: str = "tensor") -> Iterable[Any]:
-    return items
-
-
-def _nothing(what: str) -> None:
-    return None
-
-
-@dataclass(frozen=True)
-class Hooks:
-    """How a run shows itself: the command line announces stages and draws progress bars.
-
-    Attributes
-    ----------
-    stage : callable
-        ``stage(text)``: a stage begins (loading, calibration, the global threshold).
-    progress : callable
-        ``progress(items, description, unit="tensor")``: `items`, wrapped (a progress bar).
-    """
-
-    stage: Callable[[str], None] = _nothing
-    progress: Callable[..., Iterable[Any]] = _same
 
 
 # --------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 from arrayprune.adapters.plan import PlanEntry, nm_shortfalls
 from arrayprune.adapters.request import PruneSpec
-from arrayprune.adapters.stream_pruning import PruneSummary
+from arrayprune.adapters.summary import PruneSummary
 from arrayprune.method_parts import N_OF_M, pattern_of
 
 __all__ = ["NEARLY_EMPTY", "PruneResult", "count_note", "nearly_empty_warning", "nm_warnings"]

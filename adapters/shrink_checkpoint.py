@@ -295,7 +295,7 @@ def run_checkpoint_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> A
     from .pipeline import PruneResult
     from .request import PruneError, error_text, method_arguments
     from .shrinking import ShrinkResult, _notes
-    from .stream_pruning import PruneSummary, Totals
+    from .summary import PruneSummary, Totals
 
     kind = "Hugging Face checkpoint"
     try:

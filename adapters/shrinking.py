@@ -47,8 +47,7 @@ from arrayprune.adapters.pipeline import (
 from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module
 from arrayprune.adapters.roles.onnx_groups import OnnxGroups, onnx_groups
 from arrayprune.adapters.shrink import shrink_onnx
-from arrayprune.adapters.stream_pruning import PruneSummary, Totals
-from arrayprune.adapters.summary import report_rows, totals
+from arrayprune.adapters.summary import PruneSummary, Totals, report_rows, totals
 from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
 
 __all__ = ["ShrinkResult", "refusal", "run_shrink", "zeroed_reference"]

@@ -67,7 +67,6 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -77,6 +76,7 @@ from arrayprune.adapters.formats.arrays import to_numpy
 from arrayprune.adapters.formats.direct_writes import BLOCK, at_phase, block_buffer
 from arrayprune.adapters.formats.errors import FormatError, write_failure
 from arrayprune.adapters.formats.safetensors_stream import BackgroundWrites, TensorFiles, TensorWriter, zero_count
+from arrayprune.adapters.summary import PruneSummary, Totals
 from arrayprune.method_parts import N_OF_M, pattern_of, score_of
 from arrayprune.selection import radix
 
@@ -86,46 +86,6 @@ __all__ = ["MAGNITUDE_DTYPES", "PruneSummary", "Totals", "fold", "global_counts"
 MAGNITUDE_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
 
 Progress = Callable[[Sequence[Any], str], Iterable[Any]]
-
-
-@dataclass
-class Totals:
-    """Tensors, entries and zero entries counted while writing."""
-
-    tensors: int = 0
-    size: int = 0
-    zeros: int = 0
-
-    def add(self, size: int, zeros: int) -> None:
-        """Count one more tensor."""
-        self.tensors += 1
-        self.size += size
-        self.zeros += zeros
-
-
-@dataclass
-class PruneSummary:
-    """What :func:`prune_stored` wrote.
-
-    Attributes
-    ----------
-    pruned : Totals
-        The tensors it pruned.
-    whole : Totals
-        Every tensor written.
-    files : list of str
-        Files written (for a checkpoint folder: shards, copied files, the index).
-    left : list of str
-        Files of a checkpoint folder that were not copied, each with the reason.
-    by_tensor : dict of str to (int, int)
-        Each pruned tensor's zeros and entries, by name.
-    """
-
-    pruned: Totals = field(default_factory=Totals)
-    whole: Totals = field(default_factory=Totals)
-    files: list[str] = field(default_factory=list)
-    left: list[str] = field(default_factory=list)
-    by_tensor: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def fold(raw: np.ndarray, keep: np.ndarray, code: str, out: np.ndarray | None = None) -> np.ndarray:

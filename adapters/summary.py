@@ -8,6 +8,7 @@ them.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,47 @@ from arrayprune.adapters.roles import Role
 from arrayprune.adapters.roles.names import dtype_name, is_float, tree_roles
 from arrayprune.adapters.state_dict import _fold
 
-__all__ = ["TOTALS_COVER", "count_zeros", "report_rows", "totals"]
+__all__ = ["TOTALS_COVER", "PruneSummary", "Totals", "count_zeros", "report_rows", "totals"]
+
+
+@dataclass
+class Totals:
+    """Tensors, entries and zero entries counted while writing."""
+
+    tensors: int = 0
+    size: int = 0
+    zeros: int = 0
+
+    def add(self, size: int, zeros: int) -> None:
+        """Count one more tensor."""
+        self.tensors += 1
+        self.size += size
+        self.zeros += zeros
+
+
+@dataclass
+class PruneSummary:
+    """What :func:`~arrayprune.adapters.stream_pruning.prune_stored` wrote.
+
+    Attributes
+    ----------
+    pruned : Totals
+        The tensors it pruned.
+    whole : Totals
+        Every tensor written.
+    files : list of str
+        Files written (for a checkpoint folder: shards, copied files, the index).
+    left : list of str
+        Files of a checkpoint folder that were not copied, each with the reason.
+    by_tensor : dict of str to (int, int)
+        Each pruned tensor's zeros and entries, by name.
+    """
+
+    pruned: Totals = field(default_factory=Totals)
+    whole: Totals = field(default_factory=Totals)
+    files: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+    by_tensor: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def count_zeros(x: Any) -> int:
