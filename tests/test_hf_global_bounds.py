@@ -26,21 +26,10 @@ from arrayprune.adapters.cli import main  # noqa: E402
 from arrayprune.adapters.plan import make_plan  # noqa: E402
 from arrayprune.adapters.roles.names import tree_roles  # noqa: E402
 from arrayprune.adapters.scan import Curve, ScanResult  # noqa: E402
+from hf_models import llama_config  # noqa: E402
 
 TINY = "model.layers.1.mlp.down_proj.weight"  # scaled down: global pruning empties it
 LARGE = "model.layers.0.self_attn.o_proj.weight"  # scaled up: global pruning spares it
-
-
-def _config():
-    return transformers.LlamaConfig(
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        vocab_size=128,
-        max_position_embeddings=64,
-    )
 
 
 def _tensors(path):
@@ -60,7 +49,7 @@ def llama(tmp_path_factory):
     """The one-file folder, the sharded folder, the merged ``.npz``, and the targets' names."""
     root = tmp_path_factory.mktemp("bounds")
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(_config()).eval()
+    model = transformers.LlamaForCausalLM(llama_config()).eval()
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, p in params.items():  # on a grid: long runs of equal magnitudes, cut wherever the cut falls
@@ -364,7 +353,7 @@ def test_sparsegpt_allocations_with_calibration_tokens_equal_the_torch_drop_in(l
 @pytest.mark.parametrize("options", [{"min_sparsity": 0.45, "max_sparsity": 0.6}, {"lamp": True, "max_sparsity": 0.53}])
 def test_bfloat16_folders_equal_the_in_memory_state_dict(tmp_path, options, monkeypatch):
     torch.manual_seed(1)
-    model = transformers.LlamaForCausalLM(_config()).eval()
+    model = transformers.LlamaForCausalLM(llama_config()).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "layers" in name and p.ndim == 2:

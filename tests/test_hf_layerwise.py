@@ -26,32 +26,16 @@ import arrayprune.adapters.torch as prune  # noqa: E402
 from arrayprune.adapters import prune_file  # noqa: E402
 from arrayprune.adapters.request import PruneError  # noqa: E402
 from cli_helpers import assert_error, run  # noqa: E402
+from hf_models import VOCAB, save_sharded_llama  # noqa: E402
 
-VOCAB = 128
 ROWS = 8  # calibration sequences per forward (the command's default)
-
-
-def _config():
-    return transformers.LlamaConfig(
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-    )
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """The folder of a sharded random-init Llama, calibration tokens, held-out tokens."""
     root = tmp_path_factory.mktemp("llama")
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(_config()).eval()
-    folder = root / "llama"
-    model.save_pretrained(folder, max_shard_size="100KB")
-    assert len([n for n in os.listdir(folder) if n.endswith(".safetensors")]) > 2  # sharded
+    folder = save_sharded_llama(root / "llama")
     rng = np.random.default_rng(0)
     tokens = root / "tokens.npz"
     ids = rng.integers(0, VOCAB, (16, 12))

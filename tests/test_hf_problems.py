@@ -17,8 +17,7 @@ transformers = pytest.importorskip("transformers")
 from arrayprune.adapters import prune_file  # noqa: E402
 from arrayprune.adapters.request import PruneProblems  # noqa: E402
 from cli_helpers import run  # noqa: E402
-
-VOCAB = 128
+from hf_models import VOCAB, llama_config, save_sharded_llama  # noqa: E402
 
 PROBE = """
 import json, sys, time
@@ -33,19 +32,7 @@ print(json.dumps({"rc": rc, "seconds": seconds, "modules": sorted({m.split(".")[
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     root = tmp_path_factory.mktemp("llama")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-        intermediate_size=64,
-        vocab_size=VOCAB,
-        max_position_embeddings=32,
-    )
-    folder = root / "llama"
-    transformers.LlamaForCausalLM(config).save_pretrained(folder, max_shard_size="50KB")
-    return folder
+    return save_sharded_llama(root / "llama", llama_config(hidden=32, inner=64, positions=32), shard="50KB")
 
 
 def mistakes(tmp_path):

@@ -21,7 +21,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 128
+from hf_models import VOCAB, save_sharded_llama  # noqa: E402
+
 HEAVY = ("torch", "transformers", "onnxruntime", "jax", "dask")
 
 PROBE = """
@@ -40,20 +41,7 @@ print(json.dumps({"rc": rc, "seconds": time.perf_counter() - start,
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """A sharded random-init Llama with grouped-query attention, saved by ``save_pretrained``."""
-    root = tmp_path_factory.mktemp("llama")
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).eval().save_pretrained(root / "llama", max_shard_size="100KB")
-    assert len([n for n in os.listdir(root / "llama") if n.endswith(".safetensors")]) > 2
-    return root / "llama"
+    return save_sharded_llama(tmp_path_factory.mktemp("llama") / "llama")
 
 
 def _command(*args):
