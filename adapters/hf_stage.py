@@ -33,9 +33,6 @@ __all__ = [
     "outside_note",
 ]
 
-#: Largest ``config.json`` read.
-CONFIG_MAX_BYTES = 16 << 20
-
 
 def calibration_problems(spec: Any, src: str) -> list[Exception]:
     """Every problem ``config.json`` and the calibration file's tokens can tell, before a
@@ -59,6 +56,7 @@ def calibration_problems(spec: Any, src: str) -> list[Exception]:
     from arrayprune.adapters.formats import FormatError
     from arrayprune.adapters.formats.files import read_json
     from arrayprune.adapters.request import PruneError, error_text
+    from arrayprune.adapters.roles.hf_config import CONFIG_MAX_BYTES, CONFIG_NAME
 
     folder = hf_folder(os.fspath(src))
     if not spec.calibration or folder is None:
@@ -66,7 +64,7 @@ def calibration_problems(spec: Any, src: str) -> list[Exception]:
     problems: list[Exception] = []
     vocab_size = None
     try:
-        config = read_json(os.path.join(folder, "config.json"), CONFIG_MAX_BYTES, "config", "not a valid config.json")
+        config = read_json(os.path.join(folder, CONFIG_NAME), CONFIG_MAX_BYTES, "config", "not a valid config.json")
     except FormatError as exc:
         problems.append(exc)
     else:
@@ -80,6 +78,7 @@ def calibration_problems(spec: Any, src: str) -> list[Exception]:
     except ValueError as exc:
         return [*problems, PruneError(error_text(exc), spec.calibration)]
     return [*problems, *(PruneError(p, spec.calibration) for p in token_problems(arrays, vocab_size))]
+
 
 #: The reason of a weight left because layer-by-layer calibration does not reach it.
 OUTSIDE = "outside the model's layers: calibrated layer by layer, only the weights inside them are pruned"
