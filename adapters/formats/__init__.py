@@ -91,7 +91,7 @@ and their index). This package only reads and writes: pruning stored tensors one
 time is :mod:`arrayprune.adapters.stream_pruning`, beside the pipeline
 (:mod:`arrayprune.adapters.pipeline`).
 :data:`MEMORY_LIMIT`, :data:`NPZ_MAX_RATIO` and :data:`NPZ_RATIO_MIN_SIZE` are
-settings of this package, which the npz module reads from here.
+settings of this package, handed to the npz module at every load.
 """
 
 from __future__ import annotations
@@ -105,7 +105,6 @@ from . import npz, onnx, pytorch, safetensors
 from .arrays import to_numpy
 from .errors import FormatError, _describe
 from .files import _open_regular, _require_regular, atomic_write, cleanup_on_signals
-from .npz import memory_limit
 from .onnx import _PROTOBUF_LIMIT, _parse_onnx
 from .weightfile import WeightFile
 
@@ -139,7 +138,7 @@ _SUFFIXES = {
 }
 
 _READERS: dict[str, Callable[[str], WeightFile]] = {
-    "npz": npz.load,
+    "npz": lambda path: npz.load(path, _npz_limits()),
     "safetensors": safetensors.load,
     "onnx": onnx.load,
     "torch": pytorch.load,
@@ -153,8 +152,8 @@ _WRITERS: dict[str, Callable[[str, Mapping, WeightFile | None], None]] = {
 }
 
 # --------------------------------------------------------------------------------------
-# Settings of the npz checks: they live here, and the npz module reads them from here at
-# every check (``formats.MEMORY_LIMIT = 8 * 2**30`` is seen at once).
+# Settings of the npz checks: they live here, and every load hands them to the npz module
+# (``formats.MEMORY_LIMIT = 8 * 2**30`` is seen at once).
 # --------------------------------------------------------------------------------------
 
 MEMORY_LIMIT: int | None = None
@@ -168,6 +167,25 @@ variable: ``ARRAYPRUNE_NPZ_MAX_RATIO``."""
 
 NPZ_RATIO_MIN_SIZE: int = 256 * 2**20
 """Inflated size from which :data:`NPZ_MAX_RATIO` applies (256 MiB)."""
+
+
+def _npz_limits() -> npz.NpzLimits:
+    return npz.NpzLimits(MEMORY_LIMIT, NPZ_MAX_RATIO, NPZ_RATIO_MIN_SIZE)
+
+
+def memory_limit() -> int:
+    """Bytes that the arrays of an ``.npz`` file may take once inflated.
+
+    :data:`MEMORY_LIMIT` if set, else the environment variable ``ARRAYPRUNE_MEMORY_LIMIT``
+    (bytes, or with a suffix: ``512M``, ``8G``), else what the process can still take (see
+    :func:`.npz.memory_limit`).
+
+    Returns
+    -------
+    int
+        The limit in bytes (``2**63 - 1`` when nothing is known).
+    """
+    return npz.memory_limit(MEMORY_LIMIT)
 
 
 # --------------------------------------------------------------------------------------

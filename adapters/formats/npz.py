@@ -14,7 +14,7 @@ import os
 import re
 import zipfile
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO, NamedTuple
 
 import numpy as np
 
@@ -23,21 +23,16 @@ from .arrays import _flat_arrays, to_numpy
 from .errors import FormatError, _describe
 from .weightfile import WeightFile
 
-_SETTINGS = ("MEMORY_LIMIT", "NPZ_MAX_RATIO", "NPZ_RATIO_MIN_SIZE")
 
+class NpzLimits(NamedTuple):
+    """The size limits of the checks, as :mod:`arrayprune.adapters.formats` sets them."""
 
-def _setting(name: str) -> Any:
-    """The setting `name` of :mod:`arrayprune.adapters.formats`, where the settings live."""
-    from arrayprune.adapters import formats
-
-    return getattr(formats, name)
-
-
-def __getattr__(name: str) -> Any:
-    # ``npz.MEMORY_LIMIT`` and the others read the package's settings.
-    if name in _SETTINGS:
-        return _setting(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    memory: int | None = None
+    """Bytes the arrays may take once inflated; None: see :func:`memory_limit`."""
+    max_ratio: float = 1000
+    """Largest compression ratio of a member of `ratio_min_size` bytes or more; 0: none."""
+    ratio_min_size: int = 256 * 2**20
+    """Inflated size from which `max_ratio` applies."""
 
 
 def _bytes(n: int) -> str:
@@ -48,13 +43,16 @@ def _bytes(n: int) -> str:
     return f"{n} bytes"
 
 
-def load(path: str) -> WeightFile:
-    """Read an ``.npz`` file, its member sizes checked before anything is inflated."""
+DEFAULT_LIMITS = NpzLimits()
+
+
+def load(path: str, limits: NpzLimits = DEFAULT_LIMITS) -> WeightFile:
+    """Read an ``.npz`` file, its member sizes checked against `limits` before anything is inflated."""
     params: dict[str, np.ndarray] = {}
     try:
         with zipfile.ZipFile(path) as zf:
             compressed = any(i.compress_type != zipfile.ZIP_STORED for i in zf.infolist())
-            _check_npz_sizes(path, zf)
+            _check_npz_sizes(path, zf, limits)
         with np.load(path, allow_pickle=False) as z:
             if not isinstance(z, np.lib.npyio.NpzFile):
                 raise FormatError(path, "not an .npz archive")
@@ -114,24 +112,28 @@ def _read_int(path: str) -> int | None:
         return None  # missing, or 'max'
 
 
-def memory_limit() -> int:
+def memory_limit(setting: int | None = None) -> int:
     """Bytes that the arrays of an ``.npz`` file may take once inflated.
 
-    :data:`MEMORY_LIMIT` if set, else the environment variable
+    `setting` if given, else the environment variable
     ``ARRAYPRUNE_MEMORY_LIMIT`` (bytes, or with a suffix: ``512M``, ``8G``), else the
     smallest of: the memory available (``MemAvailable`` of ``/proc/meminfo``, or
     ``SC_AVPHYS_PAGES``), the soft ``RLIMIT_AS`` and ``RLIMIT_DATA`` of the process
     less its current virtual size and data, and the cgroup's ``memory.max`` less the
     anonymous memory its processes hold (``memory.stat``; ``memory.current`` if absent).
 
+    Parameters
+    ----------
+    setting : int, optional
+        The limit set by the caller (:data:`arrayprune.adapters.formats.MEMORY_LIMIT`).
+
     Returns
     -------
     int
         The limit in bytes (``2**63 - 1`` when nothing is known).
     """
-    limit = _setting("MEMORY_LIMIT")
-    if limit is not None:
-        return int(limit)
+    if setting is not None:
+        return int(setting)
     env = os.environ.get("ARRAYPRUNE_MEMORY_LIMIT", "").strip()
     if env:
         return _parse_size(env)
@@ -165,9 +167,9 @@ def memory_limit() -> int:
     return min(found) if found else 2**63 - 1
 
 
-def _npz_max_ratio() -> float:
+def _npz_max_ratio(setting: float) -> float:
     env = os.environ.get("ARRAYPRUNE_NPZ_MAX_RATIO", "").strip()
-    return float(env) if env else float(_setting("NPZ_MAX_RATIO"))
+    return float(env) if env else float(setting)
 
 
 def _npy_header(stream: IO[bytes]) -> tuple[tuple[int, ...], np.dtype, int] | None:
@@ -196,21 +198,21 @@ def _npy_header(stream: IO[bytes]) -> tuple[tuple[int, ...], np.dtype, int] | No
     return shape, dtype, 8 + width + n
 
 
-def _check_npz_sizes(path: str, zf: zipfile.ZipFile) -> None:
+def _check_npz_sizes(path: str, zf: zipfile.ZipFile, limits: NpzLimits) -> None:
     """Refuse, before inflating anything, members that would not fit or do not add up."""
-    limit = memory_limit()
-    max_ratio = _npz_max_ratio()
+    limit = memory_limit(limits.memory)
+    max_ratio = _npz_max_ratio(limits.max_ratio)
     total = 0
     for info in zf.infolist():
         name = info.filename.removesuffix(".npy")
         size = info.file_size
-        if max_ratio > 0 and info.compress_type != zipfile.ZIP_STORED and size >= _setting("NPZ_RATIO_MIN_SIZE"):
+        if max_ratio > 0 and info.compress_type != zipfile.ZIP_STORED and size >= limits.ratio_min_size:
             ratio = size / max(info.compress_size, 1)
             if ratio > max_ratio:
                 raise FormatError(
                     path,
                     f"array {name!r} is implausibly compressed ({_bytes(size)} from {_bytes(info.compress_size)}, "
-                    f"{ratio:.0f}:1; at most {max_ratio:.0f}:1 above {_bytes(_setting('NPZ_RATIO_MIN_SIZE'))}): "
+                    f"{ratio:.0f}:1; at most {max_ratio:.0f}:1 above {_bytes(limits.ratio_min_size)}): "
                     "refused as a possible zip bomb (ARRAYPRUNE_NPZ_MAX_RATIO=0 turns the check off)",
                 )
         total += size

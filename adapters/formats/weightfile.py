@@ -28,4 +28,3 @@ class WeightFile:
     format: str
     params: Mapping[str, Any]
     context: dict[str, Any] = field(default_factory=dict)
-

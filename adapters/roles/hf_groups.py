@@ -196,7 +196,7 @@ class Family:
 
 
 #: The families whose channel groups (and heads) are known, by name. Add a row to
-#: support one (a test in ``tests/test_hf_shrink.py`` on a ``save_pretrained`` folder).
+#: support one (a test in ``tests/hf/test_hf_shrink.py`` on a ``save_pretrained`` folder).
 FAMILIES: dict[str, Family] = {
     "llama": Family(
         "Llama/Mistral/Qwen2", "layers.{i}.", "mlp.gate_proj.weight", "num_hidden_layers", "hidden_size",

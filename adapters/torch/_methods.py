@@ -17,14 +17,14 @@ from torch.nn.utils import prune as _tprune
 
 import arrayprune as ap
 
-from ._apply import apply_method
-from ._base import CoreMethod, core_parameter, make_core
+from ._base import CoreMethod, apply_method, core_parameter, make_core
 from ._streams import PyTorchStreamRandomStructured, PyTorchStreamRandomUnstructured
 
 Array = Any
 
 # <verbs>
 # Written by tools/write_verbs.py from arrayprune.METHODS: edit the table or the class, then rerun it.
+
 
 class Identity(CoreMethod, _tprune.Identity):
     """A method that prunes nothing: its mask is the default mask.

@@ -53,5 +53,6 @@ class PyTorchStreamRandomStructured(_core.RandomStructured):
 
 
 STREAMS = {  # the variants of core classes, for unseeded methods
-    _core.RandomUnstructured: PyTorchStreamRandomUnstructured, _core.RandomStructured: PyTorchStreamRandomStructured
+    _core.RandomUnstructured: PyTorchStreamRandomUnstructured,
+    _core.RandomStructured: PyTorchStreamRandomStructured,
 }

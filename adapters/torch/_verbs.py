@@ -13,8 +13,7 @@ import arrayprune.schedules as _schedules
 from arrayprune._masks import apply_keep, eligible
 from arrayprune.methods import UnstructuredPruningMethod
 
-from ._apply import apply_method, pruning_hooks, transaction
-from ._base import core_of
+from ._base import apply_method, core_of, pruning_hooks, transaction
 from ._methods import CustomFromMask, L1Unstructured
 from ._tensors import check_shape, detached
 

@@ -30,7 +30,7 @@ from torch import nn
 import arrayprune
 from arrayprune.reconstruction import _check_pattern, _positive_int
 
-from ._apply import apply_method, pruning_hooks, transaction
+from ._base import apply_method, pruning_hooks, transaction
 from ._methods import CLASSES
 from .calibration import _run, block_layers, is_transposed_linear
 

@@ -13,7 +13,7 @@ import pytest
 import arrayprune as ap
 from arrayprune.adapters import mapping as mp
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "write_verbs.py"
 
 

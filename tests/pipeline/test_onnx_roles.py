@@ -661,7 +661,7 @@ def test_sparse_initializers_are_listed_as_other():
 def test_roles_of_the_example_model():
     import os
 
-    path = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "mlp.onnx")
+    path = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "examples", "mlp.onnx")
     roles = onnx_roles(onnx.load(path))
     assert {n: _axes(r) for n, r in roles.items()} == {
         **{f"fc{i}.weight": ("weight", 0, 1) for i in (1, 2, 3)},

@@ -656,16 +656,23 @@ def test_memory_limit_settings(monkeypatch):
     assert fmt.memory_limit() == 12345
 
 
-def test_settings_assigned_on_the_package_are_the_ones_the_npz_checks_read(monkeypatch):
-    from arrayprune.adapters.formats import npz
-
-    for name, value in [("MEMORY_LIMIT", 4321), ("NPZ_MAX_RATIO", 0), ("NPZ_RATIO_MIN_SIZE", 2**20)]:
-        monkeypatch.setattr(fmt, name, value)
-        assert getattr(fmt, name) == getattr(npz, name) == value
-    assert fmt.memory_limit() == 4321 and npz._npz_max_ratio() == 0
+def test_settings_assigned_on_the_package_are_the_ones_the_npz_checks_read(tmp_path, monkeypatch):
+    monkeypatch.delenv("ARRAYPRUNE_MEMORY_LIMIT", raising=False)
+    monkeypatch.delenv("ARRAYPRUNE_NPZ_MAX_RATIO", raising=False)
+    path = tmp_path / "zeros.npz"
+    np.savez_compressed(path, w=np.zeros(2**21, np.float32))  # 8 MiB deflated about 1000:1
+    monkeypatch.setattr(fmt, "NPZ_RATIO_MIN_SIZE", 2**20)
+    with pytest.raises(fmt.FormatError, match="1000:1"):
+        fmt.load(path)
+    monkeypatch.setattr(fmt, "NPZ_MAX_RATIO", 0)  # the check off: the file loads
+    assert fmt.load(path).params["w"].shape == (2**21,)
+    monkeypatch.setattr(fmt, "MEMORY_LIMIT", 4321)
+    assert fmt.memory_limit() == 4321
+    with pytest.raises(fmt.FormatError, match="4.2 KiB"):
+        fmt.load(path)
     monkeypatch.undo()
     assert (fmt.MEMORY_LIMIT, fmt.NPZ_MAX_RATIO, fmt.NPZ_RATIO_MIN_SIZE) == (None, 1000, 256 * 2**20)
-    assert (npz.MEMORY_LIMIT, npz.NPZ_MAX_RATIO, npz.NPZ_RATIO_MIN_SIZE) == (None, 1000, 256 * 2**20)
+    assert fmt.load(path).params["w"].shape == (2**21,)
 
 
 def test_npz_arrays_together_beyond_the_limit_are_refused(tmp_path, monkeypatch):

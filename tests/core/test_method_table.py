@@ -240,7 +240,7 @@ def test_user_structured_method_everywhere():
 def test_readme_names_every_method():
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     for name, cls in ap.METHODS.items():
         assert f"| `{name}`" in readme and f"`{cls.__name__}`" in readme, name
 
@@ -248,5 +248,5 @@ def test_readme_names_every_method():
 def test_readme_usage_lists_the_command_line_methods():
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert "[--method {" + ",".join(CLI_METHODS) + "}]" in readme

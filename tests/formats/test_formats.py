@@ -15,7 +15,7 @@ from arrayprune.adapters import mapping as mp
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "mlp.onnx")
+EXAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "examples", "mlp.onnx")
 
 
 def _rand(shape, seed=0, dtype=np.float32):

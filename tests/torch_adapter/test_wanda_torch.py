@@ -1,7 +1,7 @@
 """Wanda in the PyTorch drop-in: calibration hooks, scores, and the usual reparametrization.
 
 Norms are checked against activations captured separately and reduced in NumPy; masks
-against `reference_wanda` of tests/test_wanda.py.
+against `reference_wanda` of tests/core/test_wanda.py.
 """
 
 from __future__ import annotations

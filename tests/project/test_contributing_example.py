@@ -51,7 +51,7 @@ THREE = np.array([[False, True, True, False], [False, True, True, True]])
 
 
 def test_the_guide_shows_this_class():
-    guide = (Path(__file__).parents[1] / "CONTRIBUTING.md").read_text()
+    guide = (Path(__file__).parents[2] / "CONTRIBUTING.md").read_text()
     assert inspect.getsource(RowRelative) in guide
 
 

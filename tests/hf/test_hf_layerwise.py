@@ -254,7 +254,7 @@ def test_bad_inputs_are_one_line_and_write_nothing(llama, tmp_path, case, fragme
         args = ["--method", "wanda" if case == "hessians_with_wanda" else "sparsegpt", "--amount", "0.5"]
         args += ["--hessians", tmp_path / "h.npz"]
         if case == "hessians_on_onnx":
-            src = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "mlp.onnx")
+            src = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "examples", "mlp.onnx")
     out = tmp_path / ("out.onnx" if case == "hessians_on_onnx" else "out")
     assert_error(run("prune", src, "-o", out, *args), *fragments)
     assert not os.path.exists(out)
