@@ -33,6 +33,7 @@ class FormatError(Exception):
         super().__init__(f"{self.path}: {self.problem}")
 
 
+
 def write_failure(path: Any, exc: OSError) -> FormatError:
     """The one-line error of a write to `path` that failed with `exc` (a full disk, a folder
     that cannot be written): ``PATH: cannot write: No space left on device``."""
@@ -80,3 +81,4 @@ def import_optional(module: str, path: Any, purpose: str) -> ModuleType:
         raise FormatError(
             path, f'{purpose} needs {top}: pip install "arrayprune[{extra}]" ({_describe(exc)})'
         ) from None
+

@@ -22,18 +22,8 @@ __all__ = ["DTYPE_BITS", "HEADER_MAX_BYTES", "Header", "load", "read_header", "s
 _SAFETENSORS_NUMPY_DTYPES = {"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "F32", "F64"}
 
 _SAFETENSORS_TO_NUMPY = {
-    "BOOL": "?",
-    "U8": "u1",
-    "I8": "i1",
-    "U16": "<u2",
-    "I16": "<i2",
-    "U32": "<u4",
-    "I32": "<i4",
-    "U64": "<u8",
-    "I64": "<i8",
-    "F16": "<f2",
-    "F32": "<f4",
-    "F64": "<f8",
+    "BOOL": "?", "U8": "u1", "I8": "i1", "U16": "<u2", "I16": "<i2", "U32": "<u4",
+    "I32": "<i4", "U64": "<u8", "I64": "<i8", "F16": "<f2", "F32": "<f4", "F64": "<f8",
 }
 
 
@@ -67,28 +57,9 @@ class _SafetensorsTensors(Mapping):
 
 #: Bits per entry of each safetensors dtype (F4 and F6 are packed).
 DTYPE_BITS = {
-    "BOOL": 8,
-    "F4": 4,
-    "F6_E2M3": 6,
-    "F6_E3M2": 6,
-    "U8": 8,
-    "I8": 8,
-    "F8_E5M2": 8,
-    "F8_E4M3": 8,
-    "F8_E8M0": 8,
-    "F8_E4M3FNUZ": 8,
-    "F8_E5M2FNUZ": 8,
-    "I16": 16,
-    "U16": 16,
-    "F16": 16,
-    "BF16": 16,
-    "I32": 32,
-    "U32": 32,
-    "F32": 32,
-    "C64": 64,
-    "F64": 64,
-    "I64": 64,
-    "U64": 64,
+    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8,
+    "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64,
 }
 
 

@@ -54,93 +54,35 @@ CHUNK = 1 << 22
 
 #: The name of each safetensors dtype, as PyTorch and NumPy spell it.
 DTYPE_NAMES = {
-    "BOOL": "bool",
-    "U8": "uint8",
-    "I8": "int8",
-    "U16": "uint16",
-    "I16": "int16",
-    "U32": "uint32",
-    "I32": "int32",
-    "U64": "uint64",
-    "I64": "int64",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "F32": "float32",
-    "F64": "float64",
-    "C64": "complex64",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E8M0": "float8_e8m0fnu",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz",
-    "F4": "float4_e2m1fn_x2",
-    "F6_E2M3": "float6_e2m3fn",
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16", "U32": "uint32",
+    "I32": "int32", "U64": "uint64", "I64": "int64", "F16": "float16", "BF16": "bfloat16",
+    "F32": "float32", "F64": "float64", "C64": "complex64", "F8_E5M2": "float8_e5m2",
+    "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz", "F4": "float4_e2m1fn_x2", "F6_E2M3": "float6_e2m3fn",
     "F6_E3M2": "float6_e3m2fn",
 }
 
 #: The NumPy dtype entries are read in: their own where NumPy has it, else unsigned
 #: integers of their width (bit patterns). Packed dtypes (F4, F6) are read as bytes.
 _RAW = {
-    "BOOL": "?",
-    "U8": "u1",
-    "I8": "i1",
-    "U16": "<u2",
-    "I16": "<i2",
-    "U32": "<u4",
-    "I32": "<i4",
-    "U64": "<u8",
-    "I64": "<i8",
-    "F16": "<f2",
-    "F32": "<f4",
-    "F64": "<f8",
-    "C64": "<c8",
-    "BF16": "<u2",
-    "F8_E5M2": "u1",
-    "F8_E4M3": "u1",
-    "F8_E8M0": "u1",
-    "F8_E4M3FNUZ": "u1",
-    "F8_E5M2FNUZ": "u1",
-    "F4": "u1",
-    "F6_E2M3": "u1",
-    "F6_E3M2": "u1",
+    "BOOL": "?", "U8": "u1", "I8": "i1", "U16": "<u2", "I16": "<i2", "U32": "<u4", "I32": "<i4",
+    "U64": "<u8", "I64": "<i8", "F16": "<f2", "F32": "<f4", "F64": "<f8", "C64": "<c8", "BF16": "<u2",
+    "F8_E5M2": "u1", "F8_E4M3": "u1", "F8_E8M0": "u1", "F8_E4M3FNUZ": "u1", "F8_E5M2FNUZ": "u1",
+    "F4": "u1", "F6_E2M3": "u1", "F6_E3M2": "u1",
 }
 
 #: The ``safetensors`` writer's order of dtypes (its ``Dtype`` enum); tensors are laid
 #: out from the last dtype to the first, then by name.
 _LAYOUT_ORDER = (
-    "BOOL",
-    "F4",
-    "F6_E2M3",
-    "F6_E3M2",
-    "U8",
-    "I8",
-    "F8_E5M2",
-    "F8_E4M3",
-    "F8_E8M0",
-    "F8_E4M3FNUZ",
-    "F8_E5M2FNUZ",
-    "I16",
-    "U16",
-    "F16",
-    "BF16",
-    "I32",
-    "U32",
-    "F32",
-    "C64",
-    "F64",
-    "I64",
-    "U64",
+    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
+    "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64",
 )
 _RANK = {code: i for i, code in enumerate(_LAYOUT_ORDER)}
 
 #: PyTorch dtypes of the safetensors dtypes NumPy lacks, for :meth:`TensorFiles.load`.
 _TORCH_DTYPES = {
-    "BF16": "bfloat16",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E8M0": "float8_e8m0fnu",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "BF16": "bfloat16", "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
 }
 
 

@@ -86,18 +86,7 @@ INDEX_MAX_BYTES = 64 << 20
 
 #: Files of a checkpoint folder that hold weights: copied only if they are shards.
 WEIGHT_SUFFIXES = (
-    ".safetensors",
-    ".bin",
-    ".pt",
-    ".pth",
-    ".ckpt",
-    ".h5",
-    ".msgpack",
-    ".onnx",
-    ".gguf",
-    ".npz",
-    ".data",
-    ".index.json",
+    ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf", ".npz", ".data", ".index.json",
 )
 
 #: A Hugging Face folder's model configuration, which receives the provenance record.

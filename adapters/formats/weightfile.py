@@ -28,3 +28,4 @@ class WeightFile:
     format: str
     params: Mapping[str, Any]
     context: dict[str, Any] = field(default_factory=dict)
+

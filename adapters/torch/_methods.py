@@ -25,7 +25,6 @@ Array = Any
 # <verbs>
 # Written by tools/write_verbs.py from arrayprune.METHODS: edit the table or the class, then rerun it.
 
-
 class Identity(CoreMethod, _tprune.Identity):
     """A method that prunes nothing: its mask is the default mask.
 

@@ -53,6 +53,5 @@ class PyTorchStreamRandomStructured(_core.RandomStructured):
 
 
 STREAMS = {  # the variants of core classes, for unseeded methods
-    _core.RandomUnstructured: PyTorchStreamRandomUnstructured,
-    _core.RandomStructured: PyTorchStreamRandomStructured,
+    _core.RandomUnstructured: PyTorchStreamRandomUnstructured, _core.RandomStructured: PyTorchStreamRandomStructured
 }
