@@ -35,10 +35,18 @@ from typing import Any
 import numpy as np
 
 import arrayprune
-from arrayprune.adapters.calibration import wanda_scores_for
-from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS
-from arrayprune.adapters.request import PruneError, error_text
-from arrayprune.allocation import counts_near
+from arrayprune.adapters.allocation_request import OWL
+from arrayprune.adapters.calibration import read_calibration, wanda_scores_for
+from arrayprune.adapters.errors import PruneError, error_text
+from arrayprune.adapters.formats.arrays import to_numpy
+from arrayprune.adapters.formats.safetensors_stream import TensorFiles
+from arrayprune.adapters.plan import file_roles, make_plan
+from arrayprune.adapters.reconstruction_methods import RECONSTRUCTIONS
+from arrayprune.adapters.request import PruneSpec
+from arrayprune.adapters.scan import OnnxTrials, ScanResult
+from arrayprune.adapters.scoring import input_norms, method_for, scores_for
+from arrayprune.adapters.stream_pruning import read_whole
+from arrayprune.allocation import _bounds, counts_near
 from arrayprune.method_parts import PER_OUTPUT, pattern_of
 
 __all__ = [
@@ -49,13 +57,10 @@ __all__ = [
     "Allocation",
     "allocate",
     "candidate_counts",
-    "check_allocation",
     "measure_allocations",
     "refine_counts",
 ]
 
-#: The value of ``--allocation`` that asks for OWL instead of a scan's curves.
-OWL = "owl"
 
 #: The allocations a joint check measures, in the order ties are broken.
 CANDIDATES = ("scan", "uniform", "global")
@@ -130,40 +135,6 @@ class Allocation:
         return "\n".join(lines)
 
 
-def check_allocation(spec: Any) -> str | None:
-    """Why `spec`'s ``allocation`` does not apply, as one line naming the flags; None if it does."""
-    allocation = spec.allocation
-    owl_flags = [f for f, v in (("--owl-m", spec.owl_m), ("--owl-lambda", spec.owl_lambda)) if v is not None]
-    if owl_flags and allocation != OWL:
-        return f"{owl_flags[0]} applies to --allocation owl"
-    if spec.allocation_check_data is not None:
-        if allocation is None or allocation == OWL:
-            return "--allocation-check-data: samples to check a scan's allocation jointly: add --allocation SCAN.json"
-        if not spec.allocation_check:
-            return "--allocation-check-data gives the joint check its samples, --no-allocation-check skips it: pass one"
-    if allocation is None:
-        return None
-    if not isinstance(allocation, str) or not allocation:
-        return f"--allocation: expected a scan's JSON file or 'owl', got {allocation!r}"
-    if spec.global_:
-        return "--allocation sets each weight's sparsity and --global one threshold for all: pass one"
-    if spec.shrink:
-        return "--allocation does not apply to --shrink"
-    from arrayprune.adapters.scan import scan_methods
-
-    allocated = scan_methods()  # the methods a scan's curves can be made with
-    if spec.method not in allocated:
-        return f"--allocation applies to {', '.join(allocated)}, not {spec.method}"
-    if spec.nm is not None:
-        return "--allocation shares an --amount among weights; --nm N:M gives every weight the same pattern"
-    if spec.amount is None:
-        return "--allocation shares an --amount among weights: give --amount"
-    channels = spec.method in arrayprune.METHODS and pattern_of(arrayprune.METHODS[spec.method]).unit == "channels"
-    if allocation == OWL and channels:
-        return "--allocation owl counts outlier entries: not for ln_structured (use a scan)"
-    return None
-
-
 def _step(target: Any, method: str) -> int:
     """Entries a weight loses at a time under `method`."""
     size = math.prod(target.shape)
@@ -178,7 +149,6 @@ def _step(target: Any, method: str) -> int:
 def _owl_scores(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any) -> list[Any]:
     """The scores OWL counts outliers among: Wanda's where input norms exist, else magnitudes."""
     if norms is None and spec.method in RECONSTRUCTIONS:  # its Hessians' activations give the norms too
-        from arrayprune.adapters.pipeline import input_norms
 
         norms = input_norms(spec, storage, targets, src, hooks)
     scores = []
@@ -216,12 +186,8 @@ def _owl_ratios(
     if not getattr(storage, "streamed", False):
         return [arrayprune.outlier_ratio(s, m) for s in _owl_scores(spec, storage, targets, norms, src, hooks)]
     if norms is None and spec.method in RECONSTRUCTIONS:
-        from arrayprune.adapters.pipeline import input_norms
 
         norms = input_norms(spec, storage, targets, src, hooks)
-    from arrayprune.adapters.formats.arrays import to_numpy
-    from arrayprune.adapters.formats.safetensors_stream import TensorFiles
-    from arrayprune.adapters.stream_pruning import read_whole
 
     ratios = []
     with TensorFiles() as files:
@@ -240,7 +206,6 @@ def _owl_ratios(
 
 def _scan_curves(spec: Any, targets: list[Any]) -> tuple[list[list[float]], Any, list[str]]:
     """The curves of the targets from the scan file, the scan, and what to note about them."""
-    from arrayprune.adapters.scan import ScanResult
 
     try:
         scan = ScanResult.load(spec.allocation)
@@ -403,7 +368,6 @@ def _pruned(
             batch_size=spec.calibration_batch,
         )
         return {name: np.asarray(r.weight) for name, r in done.items()}
-    from arrayprune.adapters.pipeline import method_for, scores_for
 
     amounts = {t.name: int(counts[t.name]) // _step(t, spec.method) for t in targets}
     request = dataclasses.replace(spec, amount=amounts)
@@ -473,8 +437,6 @@ def measure_allocations(
         Calibration data that do not fit, an unknown weight or output, a method that
         cannot prune a weight.
     """
-    from arrayprune.adapters.plan import file_roles, make_plan
-    from arrayprune.adapters.request import PruneSpec
 
     names = list(next(iter(candidates.values()), {}))
     stand_in = "l1_unstructured" if method in RECONSTRUCTIONS else method
@@ -499,7 +461,6 @@ def _measure(
     """Each candidate's joint error on `check` (`calibration` if None), and the samples run.
 
     `calibration` feeds a reconstruction's Hessians."""
-    from arrayprune.adapters.scan import OnnxTrials
 
     check = calibration if check is None else check
     trials = OnnxTrials(wf, check, [t.name for t in targets], outputs=outputs, batch_size=spec.calibration_batch)
@@ -526,7 +487,6 @@ def _check_jointly(
     hooks: Any,
 ) -> list[int]:
     """The joint check of a scan's allocation: the candidate with the least measured error (into `result`)."""
-    from arrayprune.adapters.calibration import read_calibration
 
     if norms is not None and spec.method not in RECONSTRUCTIONS:
         scores = _owl_scores(spec, storage, targets, norms, src, hooks)
@@ -570,7 +530,6 @@ def _check_jointly(
 
 def _limits(targets: list[Any], bounds: Mapping[str, Any]) -> tuple[list[int], list[int]]:
     """Each target's fewest and most pruned entries (multiples of its step) within the bounds."""
-    from arrayprune.allocation import _bounds
 
     sizes = [math.prod(t.shape) for t in targets]
     return _bounds(sizes, bounds["steps"], bounds["min_sparsity"], bounds["max_sparsity"])
@@ -582,7 +541,6 @@ class _Evaluator:
     def __init__(
         self, spec: Any, wf: Any, targets: list[Any], norms: Any, calibration: Any, outputs: Any, check: Any = None
     ):
-        from arrayprune.adapters.scan import OnnxTrials
 
         self.trials = OnnxTrials(
             wf,

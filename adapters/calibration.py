@@ -23,7 +23,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 import arrayprune
+from arrayprune.adapters import formats
+from arrayprune.adapters.formats import onnx as onnx_format
 from arrayprune.adapters.roles import Role
+from arrayprune.adapters.roles.onnx_graph import weight_feeds
 
 __all__ = [
     "InputNorms",
@@ -100,7 +103,6 @@ def read_input_norms(path: str) -> dict[str, np.ndarray]:
 
 
 def _read_npz(path: str) -> dict[str, np.ndarray]:
-    from arrayprune.adapters import formats
 
     wf = formats.load(path, "npz")
     return {str(k): formats.to_numpy(v) for k, v in wf.params.items()}
@@ -143,7 +145,6 @@ def onnx_input_norms(
     ImportError
         If onnx or onnxruntime is missing.
     """
-    from arrayprune.adapters.roles.onnx_graph import weight_feeds
 
     names = list(names)
     all_feeds = weight_feeds(wf.context["model"])
@@ -247,8 +248,6 @@ def _session(wf: Any, activations: list[str], fed: Mapping[str, np.dtype] | None
     the data is inlined in memory (under 2 GB).
     """
     import onnx
-
-    from arrayprune.adapters.formats import onnx as onnx_format
 
     model = onnx.ModelProto()
     model.CopyFrom(wf.context["model"])

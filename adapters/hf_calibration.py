@@ -37,6 +37,12 @@ from typing import Any
 
 import numpy as np
 
+from arrayprune.adapters import mapping as mp
+from arrayprune.adapters.calibration import read_calibration
+from arrayprune.adapters.errors import optional_module
+from arrayprune.adapters.formats.safetensors_stream import TensorFiles
+from arrayprune.adapters.reconstruction_methods import RECONSTRUCTIONS
+
 __all__ = ["BATCH_ROWS", "TOKENS_KEY", "calibrate_checkpoint", "hf_folder", "read_tokens", "token_problems"]
 
 #: The key of the token ids in the calibration file: ``[batch, seq]`` integers.
@@ -75,7 +81,6 @@ def read_tokens(path: str, vocab_size: int) -> dict[str, np.ndarray]:
     ValueError
         One line naming what is wrong.
     """
-    from arrayprune.adapters.calibration import read_calibration
 
     arrays = read_calibration(path)
     problems = token_problems(arrays, vocab_size)
@@ -156,7 +161,6 @@ def _parameters_on_meta() -> Iterator[None]:
 
 def _skeleton(folder: str) -> tuple[Any, Any]:
     """The model of `folder`'s ``config.json`` with empty (meta) parameters, and the config."""
-    from arrayprune.adapters.request import optional_module
 
     transformers = optional_module("transformers", _EXTRA, "--calibration on a Hugging Face checkpoint")
     try:
@@ -182,17 +186,6 @@ def _skeleton(folder: str) -> tuple[Any, Any]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
-
-
-def _layer_list(model: Any, config: Any) -> tuple[str, Any]:
-    """The qualified name and the ``ModuleList`` of the model's decoder (or encoder) layers."""
-    from torch import nn
-
-    count = getattr(config, "num_hidden_layers", None)
-    for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module) == count:
-            return name, module
-    raise ValueError(f"{type(model).__name__} has no list of its {count} layers (num_hidden_layers)")
 
 
 class _Weights:
@@ -338,18 +331,15 @@ def calibrate_checkpoint(
     import torch
 
     import arrayprune.adapters.torch as prune
-    from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS
     from arrayprune.adapters.torch import calibration as torch_calibration
     from arrayprune.adapters.torch import reconstruction
-
-    from .formats.safetensors_stream import TensorFiles
 
     folder = hf_folder(storage.src)
     if folder is None:
         raise ValueError("--calibration on a safetensors checkpoint runs it with transformers: config.json is missing")
     model, config = _skeleton(folder)
     tokens = read_tokens(spec.calibration, int(config.vocab_size))
-    prefix, layers = _layer_list(model, config)
+    prefix, layers = torch_calibration.layer_list(model, config)
     per_layer = _targets_by_layer(targets, prefix, len(layers), layers)
     rows = spec.calibration_batch or BATCH_ROWS
     batches = [
@@ -420,8 +410,6 @@ def _amounts(spec: Any, chosen: Mapping[str, Any]) -> dict[str, Any]:
 def _mask_in_place(module: Any, entry: Any, spec: Any, norms: np.ndarray, method_for: Callable) -> None:
     """Prune `module.weight` with the pipeline's Wanda-scored method of `entry`."""
     import torch
-
-    from arrayprune.adapters import mapping as mp
 
     weight = module.weight.detach().numpy()
     method, scores = method_for(entry, spec, {entry.name: norms}, weight)

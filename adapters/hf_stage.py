@@ -14,13 +14,31 @@ an input cannot be calibrated on tokens, before anything is read.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from arrayprune.adapters.hf_calibration import calibrate_checkpoint, hf_folder, token_problems, workdir_beside
+import arrayprune
+from arrayprune.adapters.calibration import _read_npz, read_calibration
+from arrayprune.adapters.errors import PruneError, error_text, optional_module
+from arrayprune.adapters.formats import FormatError
+from arrayprune.adapters.formats.errors import write_failure
+from arrayprune.adapters.formats.files import read_json
+from arrayprune.adapters.formats.safetensors_stream import TensorFiles
+from arrayprune.adapters.hf_calibration import (
+    _skeleton,
+    _stored,
+    calibrate_checkpoint,
+    hf_folder,
+    token_problems,
+    workdir_beside,
+)
+from arrayprune.adapters.reconstruction_methods import RECONSTRUCTIONS
+from arrayprune.adapters.roles.hf_config import CONFIG_MAX_BYTES, CONFIG_NAME
+from arrayprune.adapters.scoring import method_for, scores_for
 
 __all__ = [
     "calibrated",
@@ -52,11 +70,6 @@ def calibration_problems(spec: Any, src: str) -> list[Exception]:
         One :class:`~arrayprune.adapters.request.PruneError` or
         :class:`~arrayprune.adapters.formats.FormatError` per problem, each one line.
     """
-    from arrayprune.adapters.calibration import read_calibration
-    from arrayprune.adapters.formats import FormatError
-    from arrayprune.adapters.formats.files import read_json
-    from arrayprune.adapters.request import PruneError, error_text
-    from arrayprune.adapters.roles.hf_config import CONFIG_MAX_BYTES, CONFIG_NAME
 
     folder = hf_folder(os.fspath(src))
     if not spec.calibration or folder is None:
@@ -114,7 +127,6 @@ def calibration_needed(method: str, src: str) -> str:
 
 def _reconstructs(spec: Any) -> bool:
     """Whether the request's method updates the weights it keeps (no --input-norms for it)."""
-    from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS
 
     return spec.method in RECONSTRUCTIONS
 
@@ -134,17 +146,14 @@ def leave_outside_layers(storage: Any, spec: Any, plan: list[Any]) -> list[Any]:
     PruneError
         Missing transformers, or a ``config.json`` transformers cannot build: one line.
     """
-    import dataclasses
-
-    from arrayprune.adapters.hf_calibration import _layer_list, _skeleton
-    from arrayprune.adapters.request import PruneError, error_text
-
     if not spec.calibration or spec.hessians:
         return plan
     if not any(entry.prune for entry in plan) or hf_folder(os.fspath(storage.src)) is None:
         return plan
+    from arrayprune.adapters.torch.calibration import layer_list  # torch, once a model is built
+
     try:
-        prefix, layers = _layer_list(*_skeleton(hf_folder(os.fspath(storage.src))))
+        prefix, layers = layer_list(*_skeleton(hf_folder(os.fspath(storage.src))))
     except (ValueError, TypeError, RuntimeError) as exc:
         raise PruneError(f"--calibration: {error_text(exc)}", storage.src) from None
     inside = {f"{prefix}.{index}." if prefix else f"{index}." for index in range(len(layers))}
@@ -170,7 +179,6 @@ def outside_note(plan: list[Any]) -> str | None:
 
 def _masking(target: Any, spec: Any, norms: Mapping, value: Any) -> tuple[Any, Any]:
     """The pipeline's method of `target` and the importance scores it ranks `value` by."""
-    from arrayprune.adapters.pipeline import method_for, scores_for
 
     return method_for(target, spec), scores_for(target, norms, value)
 
@@ -197,8 +205,6 @@ def calibrated(
         return given_hessians(storage, targets, spec, stack)
     if not spec.calibration:
         return None
-    from arrayprune.adapters.formats.errors import write_failure
-    from arrayprune.adapters.request import PruneError, error_text, optional_module
 
     optional_module("transformers", "transformers", "--calibration on a Hugging Face checkpoint")
     try:
@@ -222,7 +228,6 @@ def dense_input_norms(storage: Any, targets: list[Any], spec: Any, hooks: Any) -
     PruneError
         As :func:`calibrated`.
     """
-    from arrayprune.adapters.request import PruneError, error_text, optional_module
 
     optional_module("transformers", "transformers", "--calibration on a Hugging Face checkpoint")
     norms: dict[str, np.ndarray] = {}
@@ -246,11 +251,6 @@ def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextli
     PruneError
         One line naming the weight or the file.
     """
-    import arrayprune
-    from arrayprune.adapters.calibration import _read_npz
-    from arrayprune.adapters.formats.safetensors_stream import TensorFiles
-    from arrayprune.adapters.hf_calibration import _stored
-    from arrayprune.adapters.request import PruneError, error_text
 
     try:
         hessians = _read_npz(spec.hessians)

@@ -15,9 +15,11 @@ from typing import Any
 
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters.calibration import read_input_norms
+from arrayprune.adapters.errors import PruneError, error_text
 from arrayprune.adapters.formats.files import _require_regular
 from arrayprune.adapters.plan import PlanEntry
-from arrayprune.adapters.request import PruneError, PruneSpec, error_text
+from arrayprune.adapters.request import PruneSpec
+from arrayprune.adapters.scan import ScanResult
 
 __all__ = ["option_file_problems", "problem_of"]
 
@@ -76,7 +78,6 @@ def option_file_problems(
                     PruneError(f"no input norms for {missing[0]!r}{more} (selected for pruning)", spec.input_norms)
                 )
     if spec.allocation and spec.allocation != "owl":
-        from arrayprune.adapters.scan import ScanResult
 
         try:
             ScanResult.load(spec.allocation)

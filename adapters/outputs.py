@@ -12,7 +12,10 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from arrayprune.adapters.request import PruneError
+from arrayprune.adapters.errors import PruneError
+from arrayprune.adapters.formats import FormatError, detect_format
+from arrayprune.adapters.formats.onnx import _parse_onnx
+from arrayprune.adapters.formats.onnx_skeleton import external_locations
 
 __all__ = ["check_output_name", "check_not_input"]
 
@@ -38,13 +41,10 @@ def check_output_name(dst: Any, flag: str = "-o/--output") -> None:
 
 def _onnx_data(src: str) -> list[str]:
     """The external-data files an ONNX model references (none if it cannot be read here)."""
-    from arrayprune.adapters.formats import FormatError, detect_format
 
     try:
         if detect_format(src) != "onnx":
             return []
-        from arrayprune.adapters.formats.onnx import _parse_onnx
-        from arrayprune.adapters.formats.onnx_skeleton import external_locations
 
         locations = external_locations(_parse_onnx(src))
     except FormatError:
@@ -122,3 +122,19 @@ def check_not_input(src: Any, dst: Any, flag: str = "-o/--output", *, in_place: 
                 "--force or not",
                 dst,
             )
+
+
+def check_whole_output(src: str, dst: str | None, spec: Any) -> str:
+    """Refuse an output that cannot be written (a whole file), before anything is read."""
+    if dst is None:
+        raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
+    if os.path.isdir(dst):
+        raise PruneError("is a directory", dst)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(dst))):
+        raise PruneError("folder does not exist", dst)
+    if os.path.exists(dst):
+        if os.path.samefile(src, dst) and not spec.force:
+            raise PruneError("is the input file; refusing to overwrite it without --force", dst)
+        if not spec.force:
+            raise PruneError("exists; use --force to overwrite it", dst)
+    return dst

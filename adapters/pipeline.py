@@ -47,13 +47,8 @@ import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters import provenance
-from arrayprune.adapters.calibration import (
-    BATCH_SIZE,
-    onnx_input_norms,
-    read_calibration,
-    read_input_norms,
-    wanda_scores_for,
-)
+from arrayprune.adapters.allocation import OWL, allocate
+from arrayprune.adapters.errors import PruneError, error_text, optional_module, raise_problems
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.arrays import release_pages
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile, TensorFiles
@@ -61,30 +56,24 @@ from arrayprune.adapters.hf_stage import (
     calibrated,
     calibration_problems,
     dense_input_norms,
-    leave_outside_layers,
     outside_note,
 )
 from arrayprune.adapters.hooks import Hooks
 from arrayprune.adapters.option_files import option_file_problems, problem_of
-from arrayprune.adapters.outputs import check_not_input, check_output_name
-from arrayprune.adapters.plan import PlanEntry, _name, file_roles, make_plan, stream_seed
+from arrayprune.adapters.outputs import check_not_input, check_output_name, check_whole_output
+from arrayprune.adapters.plan import PlanEntry, _name, stream_seed
 from arrayprune.adapters.prune_result import NEARLY_EMPTY, PruneResult, count_note, nearly_empty_warning, nm_warnings
-from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS, input_refusal, reconstruct
-from arrayprune.adapters.request import (
-    PruneError,
-    PruneSpec,
-    error_text,
-    method_arguments,
-    optional_module,
-    raise_problems,
-    spec_from,
-)
-from arrayprune.adapters.roles.names import tree_roles
+from arrayprune.adapters.reconstruct_stage import input_refusal, reconstruct
+from arrayprune.adapters.reconstruction_methods import RECONSTRUCTIONS
+from arrayprune.adapters.request import PruneSpec, method_arguments, spec_from
+from arrayprune.adapters.scoring import input_norms, method_for, scores_for, target_scores
+from arrayprune.adapters.shrinking import run_shrink
+from arrayprune.adapters.storage import StreamedCheckpoint, WholeFile, check_arrays, open_storage
 from arrayprune.adapters.stream_pruning import global_counts, prune_source, streams
 from arrayprune.adapters.summary import PruneSummary, Totals, report_rows, totals
+from arrayprune.adapters.targets import plan_for, selected_targets
 from arrayprune.adapters.trees import lookup
 from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
-from arrayprune.amount import normalize_dim
 
 __all__ = [
     "NEARLY_EMPTY",
@@ -112,229 +101,9 @@ _FAILURES = (ValueError, TypeError, IndexError, KeyError)
 # --------------------------------------------------------------------------------------
 
 
-def check_arrays(params: Mapping, src: str) -> None:
-    """Refuse trees that cannot be walked and tensors that hold no values.
-
-    Raises
-    ------
-    PruneError
-        Naming `src` and the tensor.
-    """
-    try:
-        for path, value in mp.iter_arrays(params):
-            if getattr(value, "is_meta", False):
-                raise PruneError(f"tensor {_name(path)!r} is on the meta device: it holds no values to prune", src)
-    except mp.TreeError as exc:
-        raise PruneError(f"cannot walk the file's contents: {exc}", src) from None
-
-
-class WholeFile:
-    """A model file read into memory, any format: every option applies.
-
-    Parameters
-    ----------
-    src : str
-        The file.
-    format : str, optional
-        Its format (detected if omitted).
-    hooks : Hooks, optional
-        Told of the loading stage.
-    """
-
-    streamed = False
-
-    def __init__(self, src: str, format: str | None = None, hooks: Hooks = Hooks()):
-        hooks.stage(f"loading {src}")
-        self.wf = fmt.load(src) if format is None else fmt.load(src, format)
-        check_arrays(self.wf.params, src)
-        self.src, self.kind, self.params = src, self.wf.format, self.wf.params
-        self.roles = file_roles(self.wf)
-
-    @staticmethod
-    def refusal(spec: PruneSpec) -> str | None:
-        """The option this storage cannot honour: none."""
-        return None
-
-    def shown(self, plan: list[PlanEntry]) -> list[PlanEntry]:
-        """The plan with each tensor's dtype as stored (ONNX bfloat16 is read as float32)."""
-        stored = self.wf.context.get("stored_dtypes", {})
-        return [dataclasses.replace(e, dtype=stored.get(e.name, e.dtype)) for e in plan] if stored else plan
-
-
-class StreamedCheckpoint:
-    """A safetensors file or a sharded checkpoint, read from its headers, pruned tensor by tensor.
-
-    Parameters
-    ----------
-    source : SafetensorsFile or ShardedCheckpoint
-        From :func:`arrayprune.adapters.formats.sharded.open_checkpoint`.
-    src : str
-        The path it was opened from, as given.
-    """
-
-    streamed = True
-
-    def __init__(self, source: Any, src: str):
-        self.src, self.source, self.kind, self.params = src, source, source.kind, source.tensors
-        self.roles = tree_roles(self.params)
-
-    @property
-    def sharded(self) -> bool:
-        """Whether the checkpoint is a folder of shards (or one file in a folder)."""
-        return isinstance(self.source, sharded.ShardedCheckpoint)
-
-    @staticmethod
-    def refusal(spec: PruneSpec) -> str | None:
-        """The option that tensor-by-tensor pruning cannot honour, as the command line names it, or None."""
-        if spec.keep_masks:
-            return "--keep-masks"
-        if spec.global_ and not streams(spec.method_class()):
-            return f"--global with {spec.method}"
-        if spec.global_ and (spec.calibration or spec.input_norms):
-            return "--global with input norms"
-        if spec.verify:
-            return "--verify (ONNX only)"
-        return None
-
-    def shown(self, plan: list[PlanEntry]) -> list[PlanEntry]:
-        """The plan as stored."""
-        return plan
-
-
-def open_storage(src: str, hooks: Hooks = Hooks()) -> WholeFile | StreamedCheckpoint:
-    """Open a file to read it: safetensors (one file or sharded) from headers, the others whole.
-
-    Parameters
-    ----------
-    src : str
-        A model file, a sharded checkpoint's folder or its index.
-    hooks : Hooks, optional
-        Told of the loading stage.
-
-    Returns
-    -------
-    WholeFile or StreamedCheckpoint
-    """
-    if sharded.is_sharded(src) or fmt.detect_format(src) == "safetensors":
-        return StreamedCheckpoint(sharded.open_checkpoint(src), src)
-    return WholeFile(src, hooks=hooks)
-
-
 # --------------------------------------------------------------------------------------
 # plan, scores, methods
 # --------------------------------------------------------------------------------------
-
-
-def _plan(storage: Any, spec: PruneSpec, *, reach: bool = True) -> list[PlanEntry]:
-    """The plan of the request; a ``--dim`` out of range for a selected weight is refused.
-
-    With `reach` (the default), weights that layer-by-layer calibration cannot reach are
-    left (:func:`~arrayprune.adapters.hf_stage.leave_outside_layers`, which builds the
-    model's skeleton with transformers); without, the plan needs no framework, for the
-    checks made before one is imported.
-    """
-    plan = make_plan(
-        storage.params,
-        storage.roles,
-        method=spec.mask_method,
-        include=spec.include,
-        exclude=spec.exclude,
-        min_size=spec.min_size,
-        dim=spec.dim,
-    )
-    for e in plan:
-        if e.prune and e.dim is not None and e.shape:
-            try:
-                normalize_dim(e.shape, e.dim)
-            except (IndexError, TypeError) as exc:  # the method's own refusal, before any stage uses the axis
-                raise PruneError(f"tensor {e.name!r}: {error_text(exc)}", storage.src) from None
-    if reach and isinstance(storage, StreamedCheckpoint):  # calibrated layer by layer: what it reaches
-        plan = leave_outside_layers(storage, spec, plan)
-    return plan
-
-
-def _targets(plan: list[PlanEntry], src: str) -> list[PlanEntry]:
-    targets = [e for e in plan if e.prune]
-    if not targets:
-        raise PruneError("no tensor selected for pruning (see --include, --exclude, --min-size)", src)
-    return targets
-
-
-def input_norms(
-    spec: PruneSpec, storage: Any, targets: list[PlanEntry], src: str, hooks: Hooks = Hooks()
-) -> dict[str, Any] | None:
-    """Wanda's input norms of every target, from ``calibration`` or ``input_norms``; None without.
-
-    Raises
-    ------
-    PruneError
-        If calibration needs an ONNX model or onnxruntime, the data do not fit the
-        model, or a target has no norms.
-    """
-    if spec.calibration:
-        if not isinstance(storage, WholeFile) or storage.kind != "onnx":
-            raise PruneError(
-                "--calibration runs the model with onnxruntime: IN must be an ONNX model (or use --input-norms)", src
-            )
-        optional_module("onnxruntime", "onnx", "--calibration")
-        try:
-            calibration = read_calibration(spec.calibration)
-        except ValueError as exc:
-            raise PruneError(error_text(exc), spec.calibration) from None
-        samples = len(next(iter(calibration.values())))
-        batch = spec.calibration_batch or BATCH_SIZE
-        hooks.stage(f"calibration: {samples} samples through onnxruntime, {batch} at a time")
-        try:
-            return onnx_input_norms(
-                storage.wf,
-                calibration,
-                [t.name for t in targets],
-                batch_size=spec.calibration_batch,
-                progress=lambda items, desc: hooks.progress(items, desc, "batch"),
-            )
-        except ValueError as exc:
-            raise PruneError(f"--calibration: {error_text(exc)}", src) from None
-    if spec.input_norms:
-        try:
-            norms = read_input_norms(spec.input_norms)
-        except ValueError as exc:
-            raise PruneError(error_text(exc), spec.input_norms) from None
-        missing = [t.name for t in targets if t.name not in norms]
-        if missing:
-            raise PruneError(f"no input norms for {missing[0]!r} (selected for pruning)", spec.input_norms)
-        return norms
-    return None
-
-
-def _scores(targets: list[PlanEntry], norms: Mapping | None, src: str) -> list[Any] | None:
-    """Wanda's scores of every target (for global pruning); None without input norms."""
-    if norms is None:
-        return None
-    try:
-        return [wanda_scores_for(t.value, t.role, norms[t.name], t.name) for t in targets]
-    except ValueError as exc:
-        raise PruneError(error_text(exc), src) from None
-
-
-def method_for(target: PlanEntry, spec: PruneSpec) -> Any:
-    """The method instance that prunes `target` on its own: its axis, a seed from its name.
-
-    With input norms, what it ranks by is :func:`scores_for`'s. An amount that maps names
-    to amounts (an allocation's) gives the entry its own. This is the one place that builds
-    the method of an entry.
-    """
-    if isinstance(spec.amount, Mapping):
-        spec = dataclasses.replace(spec, amount=spec.amount[target.name])
-    kwargs = method_arguments(spec, stream_seed(spec.seed, target.name), dim=target.dim)
-    return spec.method_class()(**kwargs)
-
-
-def scores_for(target: PlanEntry, norms: Mapping | None, value: Any) -> Any:
-    """The importance scores `target` is ranked by, given its `value`: Wanda's scores with
-    input norms, None (the value itself) without."""
-    if norms is None:
-        return None
-    return wanda_scores_for(value, target.role, norms[target.name], target.name)
 
 
 def _global_arguments(spec: PruneSpec) -> tuple[type, dict[str, Any]]:
@@ -379,7 +148,7 @@ def _prune_params(
     """
     if spec.global_:
         cls, kwargs = _global_arguments(spec)
-        scores = _scores(targets, norms, src)
+        scores = target_scores(targets, norms, src)
         hooks.stage(_threshold_stage(targets))
         if scores is not None:
             kwargs["importance_scores"] = {t.path: s for t, s in zip(targets, scores, strict=True)}
@@ -412,7 +181,7 @@ def _prune_folded(
     """
     folded = {}
     if spec.global_:
-        masks = _global_masks(targets, spec, src, hooks, _scores(targets, norms, src))
+        masks = _global_masks(targets, spec, src, hooks, target_scores(targets, norms, src))
         for i, target in enumerate(targets):
             folded[target.path] = target.value * masks[i]
             masks[i] = None
@@ -556,11 +325,11 @@ def _dry_run(src: str, spec: PruneSpec, hooks: Hooks) -> PruneResult:
     """The plan, nothing written (safetensors from their headers alone)."""
     spec = spec.checked()
     storage = open_storage(src, hooks)
-    plan = storage.shown(_plan(storage, spec))
+    plan = storage.shown(plan_for(storage, spec))
     notes, warnings = _notes(spec, plan), nm_warnings(spec, plan)
     result = PruneResult(src, None, storage.kind, spec, plan, notes=notes, warnings=warnings)
     if spec.allocation and not spec.plan_only:
-        _allocate(spec, storage, _targets(plan, src), src, hooks, result)
+        _allocate(spec, storage, selected_targets(plan, src), src, hooks, result)
     return result
 
 
@@ -574,7 +343,6 @@ def _allocate(
     norms: Mapping | None = None,
 ) -> PruneSpec:
     """The allocation stage: the request with each target's own amount; the shares into `result`."""
-    from arrayprune.adapters.allocation import OWL, allocate
 
     if norms is None and isinstance(storage, StreamedCheckpoint) and spec.calibration:  # tokens: run layer by layer
         norms = dense_input_norms(storage, targets, spec, hooks) if spec.allocation == OWL else None
@@ -583,22 +351,6 @@ def _allocate(
     result.allocation = allocate(spec, storage, targets, norms, src, hooks)
     result.notes.extend(result.allocation.notes)
     return dataclasses.replace(spec, amount=result.allocation.amounts)
-
-
-def _check_output(src: str, dst: str | None, spec: PruneSpec) -> str:
-    """Refuse an output that cannot be written (a whole file), before anything is read."""
-    if dst is None:
-        raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
-    if os.path.isdir(dst):
-        raise PruneError("is a directory", dst)
-    if not os.path.isdir(os.path.dirname(os.path.abspath(dst))):
-        raise PruneError("folder does not exist", dst)
-    if os.path.exists(dst):
-        if os.path.samefile(src, dst) and not spec.force:
-            raise PruneError("is the input file; refusing to overwrite it without --force", dst)
-        if not spec.force:
-            raise PruneError("exists; use --force to overwrite it", dst)
-    return dst
 
 
 def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> tuple[StreamedCheckpoint, PruneSpec]:
@@ -624,8 +376,8 @@ def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> tuple[StreamedC
     else:
         plan: list[PlanEntry] = []
         try:
-            plan = _plan(storage, spec, reach=False)
-            _targets(plan, src)
+            plan = plan_for(storage, spec, reach=False)
+            selected_targets(plan, src)
         except PruneError as exc:
             problems.append(exc)
         problems.extend(option_file_problems(spec, plan, calibration=False))
@@ -645,8 +397,8 @@ def _whole_file_problems(src: str, spec: PruneSpec, *, calibration: bool = True)
         if fmt.detect_format(src) == "safetensors":
             source = SafetensorsFile(src)
             if not mp.is_pruned(source.tensors):
-                plan = _plan(StreamedCheckpoint(source, src), spec, reach=False)
-                _targets(plan, src)
+                plan = plan_for(StreamedCheckpoint(source, src), spec, reach=False)
+                selected_targets(plan, src)
     except (PruneError, fmt.FormatError) as exc:
         problems.append(exc)
     return problems + option_file_problems(spec, plan, calibration=calibration)
@@ -708,8 +460,6 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     if refused := input_refusal(spec, src):
         raise PruneError(refused, src)
     if spec.shrink:  # a stage of its own, in place of plan and prune: channel groups, sliced away
-        from arrayprune.adapters.shrinking import run_shrink
-
         return run_shrink(src, dst, spec, hooks)
     out_format = None
     if sharded.is_sharded(src):
@@ -725,7 +475,7 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     elif spec.dry_run:
         return _dry_run(src, spec, hooks)
     else:
-        problems = problem_of(lambda: _check_output(src, dst, spec))
+        problems = problem_of(lambda: check_whole_output(src, dst, spec))
         hf_tokens = bool(spec.calibration) and fmt.detect_format(src) == "safetensors"
         if hf_tokens:  # the tokens of a Hugging Face file, told with OUT
             problems.extend(calibration_problems(spec, src))
@@ -738,8 +488,8 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
             raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
         storage, out_format = _open_file(src, dst, spec, hooks)
 
-    plan = _plan(storage, spec)
-    targets = _targets(plan, src)
+    plan = plan_for(storage, spec)
+    targets = selected_targets(plan, src)
     layerwise = isinstance(storage, StreamedCheckpoint) and spec.calibration  # hf_stage calibrates
     norms = None if spec.method in RECONSTRUCTIONS or layerwise else input_norms(spec, storage, targets, src, hooks)
     prepared = verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written

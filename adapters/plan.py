@@ -34,6 +34,7 @@ import arrayprune
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.roles import Role
 from arrayprune.adapters.roles.names import dtype_name, is_float, tree_roles
+from arrayprune.adapters.roles.onnx_graph import onnx_roles
 from arrayprune.method_parts import pattern_of
 from arrayprune.registry import constructor_parameters
 
@@ -126,7 +127,6 @@ def file_roles(wf: Any) -> dict[tuple, Role]:
         Path to :class:`~arrayprune.adapters.roles.Role`.
     """
     if wf.format == "onnx":
-        from arrayprune.adapters.roles.onnx_graph import onnx_roles
 
         by_name = onnx_roles(wf.context["model"])
         return {p: by_name.get(str(p[-1]), Role("other", why="not in the graph")) for p, _, _ in _tensors(wf.params)}

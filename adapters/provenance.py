@@ -19,6 +19,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import arrayprune
+from arrayprune.adapters.formats.files import _open_regular
+
 __all__ = ["KEY", "as_text", "record", "sha256_of", "with_record"]
 
 #: The key of the record in ``config.json``, safetensors metadata and ONNX metadata.
@@ -40,7 +43,6 @@ def sha256_of(path: Any) -> str:
     FormatError
         If it is not a regular file or cannot be read.
     """
-    from arrayprune.adapters.formats.files import _open_regular
 
     digest = hashlib.sha256()
     with _open_regular(path) as f:
@@ -71,7 +73,6 @@ def record(spec: Any) -> dict[str, str]:
         asked), ``calibration_sha256`` (and the same for ``input_norms``, ``hessians``)
         when given, and ``version``; keys sorted.
     """
-    import arrayprune
 
     out = {"method": str(spec.method), "version": arrayprune.__version__}
     if spec.amount is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from arrayprune.adapters.plan import PlanEntry, nm_shortfalls
 from arrayprune.adapters.request import PruneSpec
+from arrayprune.adapters.roles.onnx_groups import OnnxGroups
 from arrayprune.adapters.summary import PruneSummary
 from arrayprune.method_parts import N_OF_M, pattern_of
 
@@ -121,3 +122,42 @@ def nm_warnings(spec: PruneSpec, plan: Sequence[PlanEntry]) -> list[str]:
         return []
     n, m = spec.nm
     return [f"cannot hold {n}:{m}: {line}" for line in nm_shortfalls(plan, n, m, reduction=spec.dim is None)]
+
+
+@dataclass(frozen=True)
+class ShrinkResult:
+    """What the shrink stage found and did: ``PruneResult.shrink``.
+
+    Attributes
+    ----------
+    groups : OnnxGroups
+        The channel groups of the graph and the producers left, with reasons.
+    amount : int or float or None
+        The amount each group lost (None: a dry run without one).
+    kept : dict of str to list of int, or None
+        Per group name, the channels kept, ascending (None for a dry run).
+    params_before, params_after : int or None
+        Entries of all initializers of the main graph, before and after (None for a dry run).
+    """
+
+    groups: OnnxGroups
+    amount: int | float | None = None
+    kept: dict[str, list[int]] | None = None
+    params_before: int | None = None
+    params_after: int | None = None
+
+    def describe(self) -> str:
+        """Each group (members, channels before and after the amount) and each producer left, one a line."""
+        return self.groups.describe(self.amount)
+
+
+def shrink_notes(spec: PruneSpec) -> list[str]:
+    """What to tell of a shrink request's amount: a count given where a fraction was likely meant."""
+    amount = spec.amount
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount == 0:
+        return []
+    where = "in total over the channel groups (--global)" if spec.global_ else "from each channel group"
+    return [
+        f"--amount {amount} is a count, not a fraction: {amount} channels removed {where}; "
+        "a fraction has a decimal point (0.5 is half)"
+    ]

@@ -28,109 +28,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import hf_stage
 from arrayprune.adapters import mapping as mp
+from arrayprune.adapters.calibration import read_calibration
+from arrayprune.adapters.errors import PruneError, error_text, optional_module
 from arrayprune.adapters.formats import sharded
-from arrayprune.adapters.reconstruction import amounts_from_masks, onnx_sparsegpt
+from arrayprune.adapters.reconstruction import amounts_from_masks
+from arrayprune.adapters.reconstruction_methods import RECONSTRUCTIONS, Reconstruction, refusal
 
 __all__ = ["RECONSTRUCTIONS", "Reconstruction", "input_refusal", "reconstruct", "refusal"]
-
-
-@dataclass(frozen=True)
-class Reconstruction:
-    """A method that prunes the weights of a model's graph and updates those it keeps.
-
-    Attributes
-    ----------
-    engine : callable
-        ``engine(wf, names, calibration, *, amount=, n=, m=, sequential=, batch_size=)``
-        -> ``{name: (weight, mask)}`` (:func:`~arrayprune.adapters.reconstruction.onnx_sparsegpt`).
-    formats : tuple of str
-        The input formats holding a graph the engine runs.
-    elsewhere : str
-        Where to turn for other inputs (said when one is refused).
-    by_amount, by_pattern : str
-        The mask methods of :data:`arrayprune.METHODS` standing in for it (plan, checks,
-        global ranking) with an ``--amount`` and with ``--nm N:M``.
-    """
-
-    engine: Callable[..., Mapping[str, Any]]
-    formats: tuple[str, ...]
-    elsewhere: str
-    by_amount: str = "l1_unstructured"
-    by_pattern: str = "nm_structured"
-
-    #: The method's constructor parameters as the command line spells them (``method_flags``).
-    flags = MappingProxyType({"amount": "--amount", "n": "--nm", "m": "--nm"})
-
-    def stand_in(self, spec: Any) -> str:
-        """The mask method that plans, checks and ranks for `spec`."""
-        return self.by_pattern if spec.nm is not None else self.by_amount
-
-
-#: The reconstruction methods of the pipeline: ``--method`` name -> what it needs.
-RECONSTRUCTIONS: Mapping[str, Reconstruction] = MappingProxyType(
-    {
-        "sparsegpt": Reconstruction(
-            engine=onnx_sparsegpt,
-            formats=("onnx",),
-            elsewhere=(
-                "a Hugging Face folder runs with --calibration tokens.npz; "
-                "for a PyTorch model, use arrayprune.adapters.torch.sparsegpt(model, batches, amount)"
-            ),
-        ),
-    }
-)
-
-#: The options only reconstruction methods take (restored after the stand-in's checks).
-OWN_OPTIONS = ("method", "one_pass", "hessians")
-
-
-def refusal(spec: Any) -> str | None:
-    """The option of `spec` that a reconstruction method refuses (or that needs one), as one line; None if all apply.
-
-    The other options are checked as those of the stand-in mask method
-    (:meth:`Reconstruction.stand_in`) by :meth:`~arrayprune.adapters.request.PruneSpec.checked`.
-    """
-    method = spec.method
-    if method not in RECONSTRUCTIONS:
-        if spec.hessians:
-            return f"--hessians gives the Hessians of {', '.join(RECONSTRUCTIONS)}: use it with --method sparsegpt"
-        return f"--one-pass applies to {', '.join(RECONSTRUCTIONS)} only" if spec.one_pass else None
-    if spec.hessians and (spec.calibration or spec.one_pass):
-        return f"--hessians gives every Hessian: no {'--calibration' if spec.calibration else '--one-pass'} with it"
-    if spec.amount is not None and spec.nm is not None:
-        return f"--method {method} takes --amount A or --nm N:M, not both"
-    if spec.amount is None and spec.nm is None and not spec.dry_run:
-        return f"--method {method} needs --amount A or --nm N:M"
-    if spec.global_ and spec.nm is not None:
-        return f"--global ranks entries for an --amount; with --nm N:M every weight of {method} gets the pattern"
-    if spec.input_norms:
-        return f"--input-norms makes Wanda's scores; {method} takes its Hessians from --calibration"
-    if not spec.calibration and not spec.hessians:
-        return (
-            f"--method {method} needs --calibration calib.npz: samples of the model's inputs "
-            "(graph input name -> array, samples along axis 0; token ids for a Hugging Face folder), "
-            "or --hessians hessians.npz for safetensors"
-        )
-    if spec.keep_masks:
-        return (
-            f"--keep-masks does not apply to {method}: it updates the weights it keeps, "
-            "so name_orig would not be the original"
-        )
-    if spec.seed is not None:
-        return f"--seed does not apply to {method}, which is deterministic (--verify runs on the --calibration samples)"
-    if spec.dim is not None:
-        return f"--dim does not apply to {method}: it prunes each weight along its reduction axis"
-    for flag, value in (("--n", spec.n), ("--block", spec.block)):
-        if value is not None:
-            return f"{flag} does not apply to {method}"
-    return None
 
 
 def input_refusal(spec: Any, src: str) -> str | None:
@@ -191,8 +100,6 @@ def reconstruct(
         Unreadable calibration data, data that does not fit the graph, a target the
         engine cannot reconstruct: one line; nothing is written.
     """
-    from arrayprune.adapters.calibration import read_calibration
-    from arrayprune.adapters.request import PruneError, error_text, optional_module
 
     method = RECONSTRUCTIONS[spec.method]
     if storage.kind not in method.formats:

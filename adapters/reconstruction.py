@@ -32,6 +32,7 @@ import arrayprune
 from arrayprune import amount as _amount
 from arrayprune.adapters.blas_threads import blas_threads
 from arrayprune.adapters.calibration import _check_inputs, _fed_inputs, _run_batches, _session
+from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds, weight_levels
 from arrayprune.reconstruction import check_sparsegpt_options
 
 __all__ = ["Reconstructed", "amounts_from_masks", "onnx_sparsegpt"]
@@ -148,7 +149,6 @@ def onnx_sparsegpt(
     at most :data:`~arrayprune.adapters.blas_threads.SMALL` wide, BLAS runs on one
     thread (:func:`~arrayprune.adapters.blas_threads.blas_threads`).
     """
-    from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds, weight_levels
 
     names = list(dict.fromkeys(names))
     amounts = _amounts(amount, names)

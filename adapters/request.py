@@ -19,7 +19,6 @@ field of :class:`PruneSpec`, its check in :meth:`PruneSpec.checked`, and a flag 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import math
 import numbers
@@ -29,10 +28,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import arrayprune
-from arrayprune.adapters.reconstruct_stage import OWN_OPTIONS, RECONSTRUCTIONS, refusal
+from arrayprune.adapters.allocation_request import check_allocation
+from arrayprune.adapters.errors import PruneError, PruneProblems
+from arrayprune.adapters.method_names import (
+    _OWN_FLAGS,
+    PARAMETER_FLAGS,
+    extra_flags,
+    method_flags,
+    methods_with,
+    runnable_methods,
+    scored_methods,
+)
+from arrayprune.adapters.reconstruction_methods import OWN_OPTIONS, RECONSTRUCTIONS, refusal
 from arrayprune.adapters.shrink_request import check_shrink
 from arrayprune.adapters.verify import DEFAULT_TOL
-from arrayprune.method_parts import Flag, flags_of, pattern_of, score_of
+from arrayprune.method_parts import pattern_of, score_of
 from arrayprune.registry import constructor_parameters
 
 __all__ = [
@@ -50,119 +60,11 @@ __all__ = [
 ]
 
 
-class PruneError(ValueError):
-    """An error of a pruning request or run, reported as one line, ``[file: ]problem``.
-
-    Parameters
-    ----------
-    problem : str
-        What went wrong.
-    file : str or os.PathLike, optional
-        The file concerned.
-    """
-
-    def __init__(self, problem: str, file: Any = None):
-        self.file = None if file is None else os.fspath(file)
-        self.problem = problem
-        super().__init__(f"{self.file}: {problem}" if self.file else problem)
-
-
-class PruneProblems(PruneError):
-    """Several problems found at once, before anything is run: one error, reported as a
-    first line saying how many, then one line per problem.
-
-    Parameters
-    ----------
-    problems : list of Exception
-        The problems (each a one-line :class:`PruneError` or ``FormatError``).
-    """
-
-    def __init__(self, problems: list[Exception]):
-        self.problems = list(problems)
-        super().__init__(f"{len(self.problems)} problems:\n" + "\n".join(str(p) for p in self.problems))
-
-
-def raise_problems(problems: list[Exception]) -> None:
-    """Raise nothing for no problem, the problem itself for one, :class:`PruneProblems` for several."""
-    if len(problems) == 1:
-        raise problems[0]
-    if problems:
-        raise PruneProblems(problems)
-
-
-def error_text(exc: BaseException) -> str:
-    """The one-line message of `exc` (a ``KeyError``'s text without its quotes)."""
-    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-    return " ".join(str(text).split())
-
-
-def optional_module(module: str, extra: str, what: str) -> Any:
-    """Import an optional dependency, or a :class:`PruneError` naming the extra that installs it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise PruneError(f'{what} needs the {module!r} package: pip install "arrayprune[{extra}]"') from None
-
-
-#: The constructor parameters the command line has options of its own for, with their
-#: flags. A method with both ``n`` and ``m`` (an N:M pattern) takes them together as
-#: ``--nm N:M``. Any other parameter's flag is the one it declares, and its value goes to
-#: ``method_options``.
-PARAMETER_FLAGS = {"amount": "--amount", "dim": "--dim", "n": "--n", "block_shape": "--block", "seed": "--seed"}
-_OWN_FLAGS = {*PARAMETER_FLAGS.values(), "--nm"}
-
 #: Values of required constructor parameters that the command line fills in.
 _REQUIRED_DEFAULTS = {"n": 2, "block_shape": (1, 4)}
 
 #: ``(rtol, atol)`` of ``verify`` when none is given (see :mod:`arrayprune.adapters.verify`).
 DEFAULT_VERIFY_TOL = DEFAULT_TOL
-
-def scored_methods() -> list[str]:
-    """The methods that can rank by the scores Wanda's input norms make (``calibration``,
-    ``input_norms``): those whose score is elementwise and reads the values (Wanda first,
-    whose score they are)."""
-    scored = [n for n, cls in arrayprune.METHODS.items() if score_of(cls).elementwise and score_of(cls).uses_values]
-    return sorted(scored, key=lambda name: not score_of(arrayprune.METHODS[name]).needs_calibration)
-
-
-def method_flags(name: str) -> dict[str, str]:
-    """The flags of method `name` of :data:`arrayprune.METHODS`: constructor parameter -> flag.
-
-    Parameters the command line cannot give (a mask, a generator) are left out.
-    """
-    if name in RECONSTRUCTIONS:
-        return dict(RECONSTRUCTIONS[name].flags)
-    return {p: f.flag for p, f in flags_of(arrayprune.METHODS[name]).items() if f.flag is not None}
-
-
-def extra_flags() -> dict[str, tuple[str, Flag, list[str]]]:
-    """The flags methods declare beyond the command line's own: flag -> (parameter, its
-    declaration, the methods taking it)."""
-    out: dict[str, tuple[str, Flag, list[str]]] = {}
-    for name in runnable_methods():
-        if name in RECONSTRUCTIONS:
-            continue
-        for param, flag in flags_of(arrayprune.METHODS[name]).items():
-            if flag.flag is not None and flag.flag not in _OWN_FLAGS:
-                out.setdefault(flag.flag, (param, flag, []))[2].append(name)
-    return out
-
-
-def _runnable(name: str) -> bool:
-    """Whether the options can give every required parameter of method `name`."""
-    flags = method_flags(name)
-    return all(
-        p.name in flags or p.default is not inspect.Parameter.empty
-        for p in constructor_parameters(arrayprune.METHODS[name])
-    )
-
-
-def runnable_methods() -> tuple[str, ...]:
-    """The methods a request can name: those of the table that prune something the options
-    can describe (``identity`` has nothing to set; ``custom_from_mask`` needs a mask), and
-    the reconstruction methods (:data:`~arrayprune.adapters.reconstruct_stage.RECONSTRUCTIONS`).
-    Methods registered at run time (:func:`arrayprune.registry.register_method`) are in."""
-    return (*(name for name in arrayprune.METHODS if method_flags(name) and _runnable(name)), *RECONSTRUCTIONS)
 
 
 def __getattr__(name: str) -> Any:
@@ -170,11 +72,6 @@ def __getattr__(name: str) -> Any:
     if name == "METHODS":
         return runnable_methods()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def methods_with(flag: str) -> list[str]:
-    """The methods of :func:`runnable_methods` that take `flag` (``"--n"``, ``"--dim"``, ...)."""
-    return [m for m in runnable_methods() if flag in method_flags(m).values()]
 
 
 def method_arguments(spec: Any, seed: int | None = None, dim: int | None = None) -> dict[str, Any]:
@@ -441,8 +338,6 @@ class PruneSpec:
         self._check_values()
         if refused := refusal(self):
             raise PruneError(refused)
-        from arrayprune.adapters.allocation import check_allocation
-
         if refused := check_allocation(self):
             raise PruneError(refused)
         check_shrink(self)

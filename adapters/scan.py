@@ -38,11 +38,17 @@ import numpy as np
 
 import arrayprune
 from arrayprune.adapters import formats as fmt
+from arrayprune.adapters.calibration import _check_inputs, _fed_inputs, _run_batches, _session, onnx_input_norms
 from arrayprune.adapters.formats.files import read_json
+from arrayprune.adapters.method_names import scan_methods
 from arrayprune.adapters.plan import PlanEntry, file_roles, make_plan
+from arrayprune.adapters.reconstruction import _hessians, _prune, _target
+from arrayprune.adapters.reconstruction_methods import RECONSTRUCTIONS
 from arrayprune.adapters.request import PruneSpec
 from arrayprune.adapters.roles.names import tree_roles
-from arrayprune.method_parts import pattern_of, score_of
+from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds
+from arrayprune.adapters.scoring import method_for, scores_for
+from arrayprune.method_parts import score_of
 
 __all__ = [
     "DEFAULT_SPARSITIES",
@@ -284,24 +290,6 @@ def check_sparsities(values: Iterable[Any], least: int = MIN_SPARSITIES) -> tupl
     return out
 
 
-#: The units of the patterns a scan (and an allocation) shares out by an amount.
-_SCANNED_UNITS = ("entries", "entries of each output unit", "channels")
-
-
-def scan_methods() -> tuple[str, ...]:
-    """The methods a scan prunes with: those that rank a weight's values (or Wanda's scores
-    of them) and remove an amount of entries, of each output unit's entries or of
-    channels, and the reconstructions. Methods registered at run time are in."""
-    from arrayprune.adapters.request import runnable_methods
-
-    def scanned(name: str) -> bool:
-        if _reconstructs(name):
-            return True
-        method = arrayprune.METHODS[name]
-        return score_of(method).uses_values and pattern_of(method).unit in _SCANNED_UNITS
-
-    return tuple(name for name in runnable_methods() if scanned(name))
-
 
 def _check_method(method: str) -> None:
     methods = scan_methods()
@@ -322,7 +310,6 @@ def _targets(
 
 def _reconstructs(method: str) -> bool:
     """Whether `method` updates the weights it keeps (a reconstruction, not a mask)."""
-    from arrayprune.adapters.reconstruct_stage import RECONSTRUCTIONS
 
     return method in RECONSTRUCTIONS
 
@@ -334,7 +321,6 @@ def _calibrated(method: str) -> bool:
 
 def _masked(target: PlanEntry, method: str, sparsity: float, norms: Mapping | None) -> np.ndarray:
     """`target`'s value pruned alone at `sparsity` by the pipeline's method for it."""
-    from arrayprune.adapters.pipeline import method_for, scores_for
 
     value = np.asarray(target.value)
     scores = scores_for(target, norms, value)
@@ -405,7 +391,6 @@ class OnnxTrials:
         extra: Sequence[str] = (),
         batch_size: int | None = None,
     ):
-        from arrayprune.adapters.calibration import _check_inputs, _fed_inputs, _session
 
         model = wf.context["model"]
         chosen = list(dict.fromkeys(outputs))
@@ -431,7 +416,6 @@ class OnnxTrials:
         self._ref = [sum(_squares(b[o]) for b in self._reference) for o in self.outputs]
 
     def _run(self, weights: Mapping[str, np.ndarray]) -> Iterable[dict[str, np.ndarray]]:
-        from arrayprune.adapters.calibration import _run_batches
 
         return _run_batches(
             self.session, self._calibration, self.casts, self.samples, self.outputs, self._batch_size, weights
@@ -495,9 +479,6 @@ def scan_onnx(
         data that do not fit the graph, a model without a floating output, an output
         that is no value of the graph, or a weight the method cannot prune (one line).
     """
-    from arrayprune.adapters.calibration import onnx_input_norms
-    from arrayprune.adapters.reconstruction import _hessians, _prune, _target
-    from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds
 
     _check_method(method)
     sparsities = check_sparsities(sparsities)

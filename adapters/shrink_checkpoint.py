@@ -42,6 +42,10 @@ from typing import Any
 import numpy as np
 
 from arrayprune import amount as _amount
+from arrayprune.adapters.errors import PruneError, error_text
+from arrayprune.adapters.prune_result import PruneResult, ShrinkResult, shrink_notes
+from arrayprune.adapters.request import method_arguments
+from arrayprune.adapters.summary import PruneSummary, Totals
 from arrayprune.groups import choose_channels, group_scores
 
 from . import provenance
@@ -292,10 +296,6 @@ def run_checkpoint_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> A
     PruneError
         For options or inputs that cannot be shrunk; nothing is written then.
     """
-    from .pipeline import PruneResult
-    from .request import PruneError, error_text, method_arguments
-    from .shrinking import ShrinkResult, _notes
-    from .summary import PruneSummary, Totals
 
     kind = "Hugging Face checkpoint"
     try:
@@ -309,7 +309,7 @@ def run_checkpoint_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> A
     except (TypeError, ValueError) as exc:
         raise PruneError(f"--amount: {error_text(exc)}", src) from None
     if spec.dry_run:
-        return PruneResult(src, None, kind, spec, [], notes=_notes(spec), shrink=ShrinkResult(found, spec.amount))
+        return PruneResult(src, None, kind, spec, [], notes=shrink_notes(spec), shrink=ShrinkResult(found, spec.amount))
     if dst is None:
         raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
     args = method_arguments(spec, spec.seed)
@@ -335,7 +335,7 @@ def run_checkpoint_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> A
     shrunk = ShrinkResult(done.groups, spec.amount, done.kept, done.params_before, done.params_after)
     sizes_before = {**done.groups.sizes, "head_dim": done.groups.sizes.get("head_dim")}
     changes = ", ".join(f"{k} {sizes_before[k]} -> {v}" for k, v in done.config.items() if sizes_before.get(k, v) != v)
-    notes = [*_notes(spec), f"{CONFIG_NAME} rewritten: {changes}"]
+    notes = [*shrink_notes(spec), f"{CONFIG_NAME} rewritten: {changes}"]
     return PruneResult(
         src, dst, kind, spec, [], written, shards=len(ckpt.shards), copied=len(ckpt.files) - 1, notes=notes,
         shrink=shrunk,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import arrayprune
+from arrayprune.adapters.errors import PruneError
 
 __all__ = ["GROUPS", "channel_methods", "check_shrink"]
 
@@ -31,7 +32,6 @@ def check_shrink(spec: Any) -> None:
     PruneError
         One line naming the flags.
     """
-    from arrayprune.adapters.request import PruneError
 
     if spec.groups is not None and spec.groups not in GROUPS:
         raise PruneError(f"invalid choice for --groups: {spec.groups!r} (choose from {', '.join(GROUPS)})")

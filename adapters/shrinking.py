@@ -26,7 +26,6 @@ hands a request with ``shrink`` to :func:`run_shrink`, which runs in its place:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,52 +33,25 @@ import numpy as np
 from arrayprune import amount as _amount
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import provenance
+from arrayprune.adapters.errors import PruneError, error_text, optional_module
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.onnx import _PROTOBUF_LIMIT, inline_tensor, iter_initializers
 from arrayprune.adapters.formats.weightfile import WeightFile
-from arrayprune.adapters.pipeline import (
-    Hooks,
-    PruneResult,
-    WholeFile,
-    _check_output,
-    _plan,
-)
-from arrayprune.adapters.request import PruneError, PruneSpec, error_text, method_arguments, optional_module
+from arrayprune.adapters.hooks import Hooks
+from arrayprune.adapters.outputs import check_whole_output
+from arrayprune.adapters.prune_result import PruneResult, ShrinkResult, shrink_notes
+from arrayprune.adapters.request import PruneSpec, method_arguments
 from arrayprune.adapters.roles.onnx_groups import OnnxGroups, onnx_groups
 from arrayprune.adapters.shrink import shrink_onnx
+from arrayprune.adapters.shrink_checkpoint import run_checkpoint_shrink
+from arrayprune.adapters.storage import WholeFile
 from arrayprune.adapters.summary import PruneSummary, Totals, report_rows, totals
+from arrayprune.adapters.targets import plan_for
 from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
 
 __all__ = ["ShrinkResult", "refusal", "run_shrink", "zeroed_reference"]
 
 _CLOSING = ("MatMul", "Gemm", "Conv")
-
-
-@dataclass(frozen=True)
-class ShrinkResult:
-    """What the shrink stage found and did: ``PruneResult.shrink``.
-
-    Attributes
-    ----------
-    groups : OnnxGroups
-        The channel groups of the graph and the producers left, with reasons.
-    amount : int or float or None
-        The amount each group lost (None: a dry run without one).
-    kept : dict of str to list of int, or None
-        Per group name, the channels kept, ascending (None for a dry run).
-    params_before, params_after : int or None
-        Entries of all initializers of the main graph, before and after (None for a dry run).
-    """
-
-    groups: OnnxGroups
-    amount: int | float | None = None
-    kept: dict[str, list[int]] | None = None
-    params_before: int | None = None
-    params_after: int | None = None
-
-    def describe(self) -> str:
-        """Each group (members, channels before and after the amount) and each producer left, one a line."""
-        return self.groups.describe(self.amount)
 
 
 def refusal(kind: str, spec: PruneSpec) -> str | None:
@@ -128,17 +100,6 @@ def _check_amount(found: OnnxGroups, amount: int | float, src: str, global_: boo
         k = _amount.compute_nparams_toprune(amount, n)
         if k >= n or (_amount.is_count(amount) and amount > n):
             raise PruneError(f"--amount {amount} would remove every channel of group {g.group.name!r} ({n})", src)
-
-
-def _notes(spec: PruneSpec) -> list[str]:
-    amount = spec.amount
-    if not isinstance(amount, int) or isinstance(amount, bool) or amount == 0:
-        return []
-    where = "in total over the channel groups (--global)" if spec.global_ else "from each channel group"
-    return [
-        f"--amount {amount} is a count, not a fraction: {amount} channels removed {where}; "
-        "a fraction has a decimal point (0.5 is half)"
-    ]
 
 
 def _members_inline(wf: WeightFile, found: OnnxGroups) -> Any:
@@ -247,24 +208,22 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
     if refused:
         raise PruneError(refused, src)
     if kind == "sharded safetensors":
-        from arrayprune.adapters.shrink_checkpoint import run_checkpoint_shrink
-
         return run_checkpoint_shrink(src, dst, spec, hooks)
     if not spec.dry_run:
-        dst = _check_output(src, dst, spec)
+        dst = check_whole_output(src, dst, spec)
         if (fmt.format_from_suffix(dst) or kind) != "onnx":
             raise PruneError("--shrink writes an ONNX model: OUT must be .onnx", dst)
         if spec.verify:
             optional_module("onnxruntime", "onnx", "--verify")  # before anything is written
     storage = WholeFile(src, "onnx", hooks)
     wf = storage.wf
-    plan = storage.shown(_plan(storage, spec))
+    plan = storage.shown(plan_for(storage, spec))
     found = onnx_groups(wf.context["model"])
     if spec.amount is not None:
         _check_amount(found, spec.amount, src, spec.global_)
     if spec.dry_run:  # with --global, the counts per group come from the scores: not shown
         shown = None if spec.global_ else spec.amount
-        return PruneResult(src, None, kind, spec, plan, notes=_notes(spec), shrink=ShrinkResult(found, shown))
+        return PruneResult(src, None, kind, spec, plan, notes=shrink_notes(spec), shrink=ShrinkResult(found, shown))
     if not found.groups:
         raise PruneError("--shrink: no channel group in the graph (--dry-run --shrink says why)", src)
 
@@ -293,7 +252,7 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
     if dst is None:  # dry runs returned above
         raise PruneError("--shrink: give -o OUT, or --dry-run", src)
     written = _summary(params, found, storage.roles, dst)
-    result = PruneResult(src, dst, kind, spec, plan, written, notes=_notes(spec), shrink=shrunk)
+    result = PruneResult(src, dst, kind, spec, plan, written, notes=shrink_notes(spec), shrink=shrunk)
     if prepared is not None:
         result.verify, result.verify_sizes = compare_outputs(prepared, dst, spec.verify_tol), dict(prepared.sizes)
     return result

@@ -71,12 +71,14 @@ from typing import Any
 
 import numpy as np
 
+from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.formats import safetensors_stream
 from arrayprune.adapters.formats.arrays import to_numpy
 from arrayprune.adapters.formats.direct_writes import BLOCK, at_phase, block_buffer
 from arrayprune.adapters.formats.errors import FormatError, write_failure
 from arrayprune.adapters.formats.safetensors_stream import BackgroundWrites, TensorFiles, TensorWriter, zero_count
 from arrayprune.adapters.summary import PruneSummary, Totals
+from arrayprune.global_pruning import _bounds, _check_total, sorted_lamp_scores
 from arrayprune.method_parts import N_OF_M, pattern_of, score_of
 from arrayprune.selection import radix
 
@@ -516,7 +518,6 @@ def _prune_in_core(entry: Any, files: TensorFiles, sink: BackgroundWrites, metho
     (:meth:`~arrayprune.BasePruningMethod.keep_mask`) and the tensor is folded and
     written chunk by chunk: no second copy of it is made.
     """
-    from arrayprune.adapters import mapping as mp
 
     t = entry.value
     value = read_whole(files, entry)
@@ -674,7 +675,6 @@ def global_counts(
     TypeError
         A dtype that cannot be ranked here.
     """
-    from arrayprune.global_pruning import _bounds, _check_total, sorted_lamp_scores
 
     total = sum(e.value.size for e in targets)
     k = method.count(total)

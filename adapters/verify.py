@@ -30,6 +30,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from arrayprune.adapters.formats.onnx import _narrow_bfloat16
+from arrayprune.adapters.plan import stream_seed
+
 from .calibration import graph_inputs
 
 __all__ = ["DEFAULT_TOL", "OutputCheck", "Prepared", "compare", "prepare", "verify_onnx"]
@@ -115,7 +118,6 @@ def _session(path: Any) -> Any:
 
 
 def _bfloat16_bits(x: np.ndarray) -> np.ndarray:
-    from arrayprune.adapters.formats.onnx import _narrow_bfloat16
 
     if x.dtype.name == "bfloat16" and x.dtype.itemsize == 2:  # ml_dtypes' bfloat16
         return np.ascontiguousarray(x).view(np.uint16)
@@ -236,7 +238,6 @@ def prepare(original: Any, *, data: Mapping[str, Any] | None = None, seed: int |
         except Exception as exc:  # noqa: BLE001
             what = _label(original)
             raise ValueError(f"onnxruntime cannot run {what} on the verify data: {_first_line(exc)}") from None
-    from arrayprune.adapters.plan import stream_seed
 
     symbols = _symbols(session)
     first_error = None

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from arrayprune.adapters.calibration import BATCH_SIZE, read_calibration
-from arrayprune.adapters.request import PruneError, PruneSpec, error_text
+from arrayprune.adapters import verify
+from arrayprune.adapters.calibration import BATCH_SIZE, _read_npz, read_calibration
+from arrayprune.adapters.errors import PruneError, error_text
+from arrayprune.adapters.request import PruneSpec
 
 __all__ = ["compare_outputs", "verify_inputs"]
 
 
 def verify_inputs(spec: PruneSpec, src: str, original: Any = None) -> Any:
     """Run the original model (`src`, or `original` in memory) on the ``verify`` inputs, before anything is written."""
-    from arrayprune.adapters import verify
-    from arrayprune.adapters.calibration import _read_npz
 
     data = None
     if spec.verify_data:
@@ -36,7 +36,6 @@ def verify_inputs(spec: PruneSpec, src: str, original: Any = None) -> Any:
 
 def compare_outputs(prepared: Any, dst: str, tol: tuple[float, float]) -> list[Any]:
     """Run the pruned model on the prepared inputs: each output's check."""
-    from arrayprune.adapters import verify
 
     try:
         return verify.compare(dst, prepared, tol)

@@ -51,7 +51,8 @@ import sys
 from collections.abc import Sequence
 
 from arrayprune.adapters import formats as fmt
-from arrayprune.adapters.request import PruneError, PruneProblems
+from arrayprune.adapters.cli.scan import run_scan
+from arrayprune.adapters.errors import PruneError, PruneProblems
 
 from .errors import CliError, _error
 from .options import build_parser
@@ -85,7 +86,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "prune":
                 return run_prune(args)
             if args.command == "scan":
-                from .scan import run_scan
 
                 return run_scan(args)
             return run_report(args)

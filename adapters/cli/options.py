@@ -14,15 +14,16 @@ from typing import Any, NoReturn
 
 import arrayprune
 from arrayprune.adapters.calibration import BATCH_SIZE
-from arrayprune.adapters.request import (
+from arrayprune.adapters.cli.scan import add_scan_parser
+from arrayprune.adapters.method_names import (
     PARAMETER_FLAGS,
     extra_flags,
-    method_arguments,
     method_flags,
     methods_with,
     runnable_methods,
     scored_methods,
 )
+from arrayprune.adapters.request import method_arguments
 from arrayprune.adapters.shrink_request import GROUPS, channel_methods
 from arrayprune.adapters.verify import DEFAULT_TOL
 
@@ -388,8 +389,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--plot", metavar="PNG", default=None, help="draw each tensor's sparsity and 2:4 status (matplotlib)"
     )
-
-    from .scan import add_scan_parser
 
     add_scan_parser(sub, _fraction, _non_negative, _positive)
     return parser

@@ -7,10 +7,13 @@ import json
 import os
 import sys
 
+from arrayprune.adapters.cli.compare import run_compare
+from arrayprune.adapters.errors import optional_module
 from arrayprune.adapters.formats.safetensors_stream import TensorFiles
+from arrayprune.adapters.outputs import check_not_input, check_output_name
 from arrayprune.adapters.pipeline import Hooks, StreamedCheckpoint, open_storage
 from arrayprune.adapters.plan import nodes_text
-from arrayprune.adapters.request import optional_module
+from arrayprune.adapters.plots import plot_sparsity
 from arrayprune.adapters.summary import TOTALS_COVER, report_rows, totals
 
 from .errors import CliError
@@ -25,7 +28,6 @@ def run_report(args: argparse.Namespace) -> int:
     if getattr(args, "compare", None) and getattr(args, "plot", None):
         raise CliError("--plot draws one file's sparsity; it does not go with --compare")
     if getattr(args, "compare", None):
-        from .compare import run_compare
 
         return run_compare(args)
     if not os.path.exists(path):
@@ -45,7 +47,6 @@ def run_report(args: argparse.Namespace) -> int:
     total = totals(rows)
     prunable = totals([r for r in rows if r["prunable"]])
     if plot is not None:
-        from arrayprune.adapters.plots import plot_sparsity
 
         try:
             plot_sparsity(rows, plot, title=f"{os.path.basename(path)}: sparsity per tensor")
@@ -95,7 +96,6 @@ def run_report(args: argparse.Namespace) -> int:
 
 def _check_plot(path: str, plot: str) -> None:
     """Refuse a ``--plot`` that cannot be written, or without matplotlib, before anything is read."""
-    from arrayprune.adapters.outputs import check_not_input, check_output_name
 
     check_output_name(plot, "--plot")
     check_not_input(path, plot, "--plot", in_place=False)

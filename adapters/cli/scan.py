@@ -20,7 +20,12 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from arrayprune.adapters.request import PruneError, error_text, optional_module
+from arrayprune.adapters import formats as fmt
+from arrayprune.adapters.calibration import read_calibration
+from arrayprune.adapters.errors import PruneError, error_text, optional_module
+from arrayprune.adapters.outputs import check_not_input, check_output_name
+from arrayprune.adapters.plots import plot_scan
+from arrayprune.adapters.scan import DEFAULT_SPARSITIES, check_sparsities, scan_methods, scan_onnx
 
 from .errors import CliError
 from .tensors import _progress, _stage
@@ -29,7 +34,6 @@ __all__ = ["add_scan_parser", "run_scan"]
 
 
 def _sparsities(text: str) -> tuple[float, ...]:
-    from arrayprune.adapters.scan import check_sparsities
 
     try:
         return check_sparsities(p for p in text.split(",") if p.strip())
@@ -41,7 +45,6 @@ def add_scan_parser(
     sub: Any, fraction: Callable[[str], float], non_negative: Callable[[str], int], positive: Callable[[str], int]
 ) -> argparse.ArgumentParser:
     """Add the ``scan`` sub-command to the parser's sub-parsers `sub`."""
-    from arrayprune.adapters.scan import DEFAULT_SPARSITIES, scan_methods
 
     s = sub.add_parser("scan", help="prune each weight alone at several sparsities and measure the output change")
     s.add_argument("input", metavar="IN", help="ONNX model to scan (never modified)")
@@ -75,7 +78,6 @@ def add_scan_parser(
 
 
 def _check_output(src: str, path: str | None, force: bool, flag: str) -> None:
-    from arrayprune.adapters.outputs import check_not_input, check_output_name
 
     if path is None:
         return
@@ -91,9 +93,6 @@ def _check_output(src: str, path: str | None, force: bool, flag: str) -> None:
 
 def run_scan(args: argparse.Namespace) -> int:
     """Run ``arrayprune scan``: check everything, scan, write the JSON (and the PNG), print the ranking."""
-    from arrayprune.adapters import formats as fmt
-    from arrayprune.adapters.calibration import read_calibration
-    from arrayprune.adapters.scan import scan_onnx
 
     src = args.input
     if not os.path.exists(src):
@@ -138,7 +137,6 @@ def run_scan(args: argparse.Namespace) -> int:
     result.model = os.path.basename(src)
     result.save(args.output)
     if args.plot is not None:
-        from arrayprune.adapters.plots import plot_scan
 
         plot_scan(result, args.plot)
     print(f"scanned {len(result.curves)} weights of {src} ({result.method}, {result.samples} samples) -> {args.output}")

@@ -101,6 +101,8 @@ import zipfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from arrayprune.adapters.mapping import TreeError, check_tree
+
 from . import npz, onnx, pytorch, safetensors
 from .arrays import to_numpy
 from .errors import FormatError, _describe
@@ -344,7 +346,6 @@ def save(path: Any, params: Mapping, format: str | None = None, *, like: WeightF
         raise FormatError(path, "cannot tell the format from the file name (use .npz, .safetensors, .onnx or .pt)")
     if fmt not in _WRITERS:
         raise FormatError(path, f"unknown format {fmt!r} (expected one of {', '.join(FORMATS)})")
-    from arrayprune.adapters.mapping import TreeError, check_tree
 
     try:
         check_tree(params)  # the writers recurse: bounded depth, no cycles

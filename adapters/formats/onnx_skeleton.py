@@ -19,6 +19,8 @@ import importlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
+from arrayprune.adapters.provenance import KEY, as_text
+
 from . import files, protowire
 from .arrays import release_pages
 
@@ -98,7 +100,6 @@ def external_locations(model: Any) -> set[str]:
 
 def _set_metadata(model: Any, made: Mapping[str, str]) -> None:
     """Put the provenance record into `model`'s ``metadata_props`` (a copy's), replacing one there."""
-    from arrayprune.adapters.provenance import KEY, as_text
 
     kept = [(p.key, p.value) for p in model.metadata_props if p.key != KEY]
     del model.metadata_props[:]

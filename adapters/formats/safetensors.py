@@ -11,6 +11,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from arrayprune.adapters.provenance import with_record
+
 from . import files
 from .arrays import _flat_arrays, _to_torch, to_numpy
 from .errors import FormatError, _describe, import_optional
@@ -178,7 +180,6 @@ def _safetensors_views(path: str, header: Header) -> dict[str, np.ndarray]:
 
 def save(path: str, params: Mapping, like: WeightFile | None) -> None:
     """Write a safetensors file with the metadata of `like` (and its provenance record); atomically."""
-    from arrayprune.adapters.provenance import with_record
 
     arrays = _flat_arrays(path, params, "safetensors")
     metadata = None

@@ -31,6 +31,8 @@ from typing import IO, Any, TypeVar
 
 import numpy as np
 
+from arrayprune.adapters.provenance import with_record
+
 from .direct_writes import BLOCK, open_direct
 from .errors import FormatError, import_optional
 from .files import _open_regular, atomic_write, write_out
@@ -462,7 +464,6 @@ class SafetensorsFile:
         tensor whole; its result is returned. `made`, a provenance record
         (:mod:`arrayprune.adapters.provenance`), joins the metadata.
         """
-        from arrayprune.adapters.provenance import with_record
 
         return self.write_tensors(dst, with_record(self.metadata, made), self.tensors, fill)
 

@@ -46,9 +46,9 @@ except hidden ones (``.name``), weight files the index does not list (``*.bin``,
 of the folder and anything but regular files. :attr:`ShardedCheckpoint.left` says what
 was left and why.
 
-:func:`prune_checkpoint` prunes a sharded checkpoint or a single safetensors file in
-bounded memory: an alias of the pipeline's (:mod:`arrayprune.adapters.pipeline`, which
-prunes with :mod:`arrayprune.adapters.stream_pruning`).
+Pruning such a checkpoint in bounded memory is the pipeline's
+(:func:`arrayprune.adapters.pipeline.prune_checkpoint`, which prunes with
+:mod:`arrayprune.adapters.stream_pruning`); this module only reads and writes.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from arrayprune.adapters.provenance import KEY, with_record
+from arrayprune.adapters.roles.hf_config import config_bytes, read_config
 
 from . import files
 from .errors import FormatError
@@ -74,7 +75,6 @@ __all__ = [
     "check_destination",
     "is_sharded",
     "open_checkpoint",
-    "prune_checkpoint",
     "writes_one_file",
 ]
 
@@ -382,7 +382,6 @@ class ShardedCheckpoint:
 
     def _config_with(self, made: Mapping[str, str]) -> bytes:
         """The folder's ``config.json`` with the provenance record under its key, as ``transformers`` writes it."""
-        from arrayprune.adapters.roles.hf_config import config_bytes, read_config
 
         return config_bytes({**(read_config(self.folder) or {}), KEY: dict(made)})
 
@@ -474,22 +473,3 @@ def check_destination(dst: Any, source: ShardedCheckpoint | SafetensorsFile, for
         kind = "folder" if sharded else "file"
         raise FormatError(dst, f"is the input {kind}; refusing to overwrite it without --force")
     raise FormatError(dst, "exists; use --force to overwrite it")
-
-
-def prune_checkpoint(src: Any, dst: Any, **options: Any) -> Any:
-    """Prune a safetensors checkpoint, sharded or not, in bounded memory.
-
-    An alias of :func:`arrayprune.adapters.pipeline.prune_checkpoint` (the pipeline's
-    :func:`~arrayprune.adapters.pipeline.prune_file`, returning its
-    :class:`~arrayprune.adapters.stream_pruning.PruneSummary`): this module only reads
-    and writes checkpoints.
-
-    Examples
-    --------
-    >>> from arrayprune.adapters.formats import sharded
-    >>> summary = sharded.prune_checkpoint("Llama-3-8B", "Llama-3-8B-50", amount=0.5, global_=True)
-    ... # doctest: +SKIP
-    """
-    from arrayprune.adapters.pipeline import prune_checkpoint
-
-    return prune_checkpoint(src, dst, **options)

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 import arrayprune
+from arrayprune.adapters import formats
 
 __all__ = ["input_norms", "save_input_norms", "wanda_importance"]
 
@@ -50,6 +51,15 @@ def is_transposed_linear(module: nn.Module) -> bool:
     )
 
 
+def layer_list(model: Any, config: Any) -> tuple[str, Any]:
+    """The qualified name and the ``ModuleList`` of the model's decoder (or encoder) layers."""
+    count = getattr(config, "num_hidden_layers", None)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) == count:
+            return name, module
+    raise ValueError(f"{type(model).__name__} has no list of its {count} layers (num_hidden_layers)")
+
+
 def block_layers(model: nn.Module, layers: dict[str, nn.Module]) -> dict[str, nn.Module]:
     """The entries of `layers` inside the repeated blocks of a transformers model.
 
@@ -58,13 +68,11 @@ def block_layers(model: nn.Module, layers: dict[str, nn.Module]) -> dict[str, nn
     them, so the output embeddings (``lm_head``), a pooler or classifier heads are left.
     Any other model: `layers` as given.
     """
-    from arrayprune.adapters.hf_calibration import _layer_list
-
     config = getattr(model, "config", None)
     if not isinstance(getattr(config, "num_hidden_layers", None), int):
         return layers
     try:
-        prefix, _ = _layer_list(model, config)
+        prefix, _ = layer_list(model, config)
     except ValueError:  # no list of that many layers: nothing to tell inside from outside
         return layers
     inside = prefix + "." if prefix else ""
@@ -199,8 +207,6 @@ def save_input_norms(norms: Mapping[str, Any], path: Any) -> None:
         If the file cannot be written.
     """
     import numpy as np
-
-    from arrayprune.adapters import formats
 
     arrays = {}
     for name, value in norms.items():

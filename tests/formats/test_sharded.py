@@ -21,8 +21,9 @@ import pytest
 import arrayprune
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.cli import main
-from arrayprune.adapters.formats import FormatError, files, safetensors_stream, sharded
+from arrayprune.adapters.formats import FormatError, files, safetensors_stream
 from arrayprune.adapters.formats.safetensors_stream import TensorWriter, header_bytes, stored_tensors
+from arrayprune.adapters.pipeline import prune_checkpoint
 from arrayprune.adapters.plan import make_plan, stream_seed
 from arrayprune.adapters.provenance import as_text
 from arrayprune.adapters.roles.hf_config import config_bytes
@@ -439,7 +440,7 @@ def test_hostile_indexes_are_refused_before_writing(tmp_path, capsys, case, frag
         one_line_error(capsys, *fragments)
     assert not out.exists()
     with pytest.raises(FormatError):
-        sharded.prune_checkpoint(src, out, amount=0.5)
+        prune_checkpoint(src, out, amount=0.5)
     assert not out.exists()
 
 
@@ -484,13 +485,13 @@ def test_failure_midway_leaves_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(TensorWriter, "write", failing)
     with pytest.raises(FormatError, match="No space"):
-        sharded.prune_checkpoint(src, out, amount=0.5, global_=True)
+        prune_checkpoint(src, out, amount=0.5, global_=True)
     assert not out.exists(), "the folder it created is gone, with every temporary file"
     out.mkdir()
     (out / "model-00001-of-00003.safetensors").write_bytes(b"old")
     calls.clear()
     with pytest.raises(FormatError, match="No space"):
-        sharded.prune_checkpoint(src, out, amount=0.5, global_=True, force=True)
+        prune_checkpoint(src, out, amount=0.5, global_=True, force=True)
     assert [p.name for p in out.iterdir()] == ["model-00001-of-00003.safetensors"]
     assert (out / "model-00001-of-00003.safetensors").read_bytes() == b"old"
 
@@ -541,19 +542,19 @@ def test_dry_run_and_report_on_a_folder(tmp_path, capsys):
 def test_python_api(tmp_path):
     tensors = llama_tensors(dtype="float32", seed=8)
     src = write_checkpoint(tmp_path / "in", tensors, 3)
-    summary = sharded.prune_checkpoint(src, tmp_path / "api", amount=0.5, global_=True, exclude=["*.0.*"])
+    summary = prune_checkpoint(src, tmp_path / "api", amount=0.5, global_=True, exclude=["*.0.*"])
     assert cli("prune", src, "-o", tmp_path / "cli", "--amount", "0.5", "--global", "--exclude", "*.0.*") == 0
     for shard in (tmp_path / "cli").glob("*.safetensors"):
         assert shard.read_bytes() == (tmp_path / "api" / shard.name).read_bytes()
     assert summary.pruned.tensors == 14 and summary.pruned.zeros == round(0.5 * summary.pruned.size)
     assert summary.files[-1] == "model.safetensors.index.json"
     with pytest.raises(ValueError, match="l1_unstructured"):
-        sharded.prune_checkpoint(src, tmp_path / "x", method="random_unstructured", amount=0.5, global_=True)
+        prune_checkpoint(src, tmp_path / "x", method="random_unstructured", amount=0.5, global_=True)
     with pytest.raises(FormatError, match="exists"):
-        sharded.prune_checkpoint(src, tmp_path / "api", amount=0.5)
+        prune_checkpoint(src, tmp_path / "api", amount=0.5)
     single = tmp_path / "m.safetensors"
     single.write_bytes(save_torch(tensors))
-    summary = sharded.prune_checkpoint(single, tmp_path / "m2.safetensors", method="ln_structured", amount=0.25, n=2)
+    summary = prune_checkpoint(single, tmp_path / "m2.safetensors", method="ln_structured", amount=0.25, n=2)
     assert summary.pruned.tensors == 21 and summary.files == [str(tmp_path / "m2.safetensors")]
 
 

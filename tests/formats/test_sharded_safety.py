@@ -30,6 +30,7 @@ from test_sharded import (
 
 from arrayprune.adapters.formats import FormatError, files, sharded
 from arrayprune.adapters.formats.safetensors import HEADER_MAX_BYTES, read_header
+from arrayprune.adapters.pipeline import prune_checkpoint
 from arrayprune.adapters.provenance import as_text
 
 pytest.importorskip("safetensors")
@@ -486,7 +487,7 @@ def test_sharded_into_one_safetensors_file(tmp_path, capsys, dtype):
     one_line_error(capsys, str(merged), "exists; use --force")
     assert cli("prune", src, "-o", tmp_path / "merged.npz", "--amount", "0.5") == 2
     one_line_error(capsys, "written to a folder or to one .safetensors file")
-    summary = sharded.prune_checkpoint(src, tmp_path / "api.safetensors", amount=0.5, global_=True)
+    summary = prune_checkpoint(src, tmp_path / "api.safetensors", amount=0.5, global_=True)
     assert summary.files == [str(tmp_path / "api.safetensors")]
     assert (tmp_path / "api.safetensors").read_bytes() == expected
 

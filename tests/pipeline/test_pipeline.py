@@ -15,7 +15,7 @@ from test_sharded import llama_tensors, save_torch, write_checkpoint  # noqa: E4
 
 from arrayprune.adapters import prune_file
 from arrayprune.adapters.cli import main
-from arrayprune.adapters.pipeline import PruneResult
+from arrayprune.adapters.pipeline import PruneResult, prune_checkpoint
 from arrayprune.adapters.request import PruneError, PruneSpec
 from cli_helpers import EXAMPLE, flags  # noqa: E402
 
@@ -142,12 +142,10 @@ def test_bounds_and_lamp_streamed(tmp_path, capsys, suffix, options):
     _same(tmp_path, capsys, _source(tmp_path, suffix), suffix, amount=0.5, global_=True, **options)
 
 
-def test_one_safetensors_file_from_a_sharded_checkpoint_and_the_alias(tmp_path, capsys):
-    from arrayprune.adapters.formats import sharded
-
+def test_one_safetensors_file_from_a_sharded_checkpoint_and_prune_checkpoint(tmp_path, capsys):
     src = write_checkpoint(tmp_path / "in", llama_tensors(layers=2, seed=5), 3)
     _same(tmp_path, capsys, src, ".safetensors", amount=0.5, global_=True)
-    summary = sharded.prune_checkpoint(src, tmp_path / "alias.safetensors", amount=0.5, global_=True)
+    summary = prune_checkpoint(src, tmp_path / "alias.safetensors", amount=0.5, global_=True)
     assert (tmp_path / "alias.safetensors").read_bytes() == (tmp_path / "api" / "out.safetensors").read_bytes()
     assert summary.files == [str(tmp_path / "alias.safetensors")]
 

@@ -1,0 +1,105 @@
+"""The methods a request can name, and the flags that set their parameters.
+
+Read from the method table (:data:`arrayprune.METHODS`, methods registered at run time
+included) and the reconstruction methods
+(:data:`~arrayprune.adapters.reconstruction_methods.RECONSTRUCTIONS`): the ``--method``
+choices, each method's flags, the flags methods declare beyond the command line's own.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import arrayprune
+from arrayprune.adapters.reconstruction_methods import RECONSTRUCTIONS
+from arrayprune.method_parts import Flag, flags_of, pattern_of, score_of
+from arrayprune.registry import constructor_parameters
+
+__all__ = [
+    "PARAMETER_FLAGS",
+    "extra_flags",
+    "method_flags",
+    "methods_with",
+    "runnable_methods",
+    "scan_methods",
+    "scored_methods",
+]
+
+
+#: The constructor parameters the command line has options of its own for, with their
+#: flags. A method with both ``n`` and ``m`` (an N:M pattern) takes them together as
+#: ``--nm N:M``. Any other parameter's flag is the one it declares, and its value goes to
+#: ``method_options``.
+PARAMETER_FLAGS = {"amount": "--amount", "dim": "--dim", "n": "--n", "block_shape": "--block", "seed": "--seed"}
+_OWN_FLAGS = {*PARAMETER_FLAGS.values(), "--nm"}
+
+
+def scored_methods() -> list[str]:
+    """The methods that can rank by the scores Wanda's input norms make (``calibration``,
+    ``input_norms``): those whose score is elementwise and reads the values (Wanda first,
+    whose score they are)."""
+    scored = [n for n, cls in arrayprune.METHODS.items() if score_of(cls).elementwise and score_of(cls).uses_values]
+    return sorted(scored, key=lambda name: not score_of(arrayprune.METHODS[name]).needs_calibration)
+
+
+def method_flags(name: str) -> dict[str, str]:
+    """The flags of method `name` of :data:`arrayprune.METHODS`: constructor parameter -> flag.
+
+    Parameters the command line cannot give (a mask, a generator) are left out.
+    """
+    if name in RECONSTRUCTIONS:
+        return dict(RECONSTRUCTIONS[name].flags)
+    return {p: f.flag for p, f in flags_of(arrayprune.METHODS[name]).items() if f.flag is not None}
+
+
+def extra_flags() -> dict[str, tuple[str, Flag, list[str]]]:
+    """The flags methods declare beyond the command line's own: flag -> (parameter, its
+    declaration, the methods taking it)."""
+    out: dict[str, tuple[str, Flag, list[str]]] = {}
+    for name in runnable_methods():
+        if name in RECONSTRUCTIONS:
+            continue
+        for param, flag in flags_of(arrayprune.METHODS[name]).items():
+            if flag.flag is not None and flag.flag not in _OWN_FLAGS:
+                out.setdefault(flag.flag, (param, flag, []))[2].append(name)
+    return out
+
+
+def _runnable(name: str) -> bool:
+    """Whether the options can give every required parameter of method `name`."""
+    flags = method_flags(name)
+    return all(
+        p.name in flags or p.default is not inspect.Parameter.empty
+        for p in constructor_parameters(arrayprune.METHODS[name])
+    )
+
+
+def runnable_methods() -> tuple[str, ...]:
+    """The methods a request can name: those of the table that prune something the options
+    can describe (``identity`` has nothing to set; ``custom_from_mask`` needs a mask), and
+    the reconstruction methods (:data:`~arrayprune.adapters.reconstruct_stage.RECONSTRUCTIONS`).
+    Methods registered at run time (:func:`arrayprune.registry.register_method`) are in."""
+    return (*(name for name in arrayprune.METHODS if method_flags(name) and _runnable(name)), *RECONSTRUCTIONS)
+
+
+def methods_with(flag: str) -> list[str]:
+    """The methods of :func:`runnable_methods` that take `flag` (``"--n"``, ``"--dim"``, ...)."""
+    return [m for m in runnable_methods() if flag in method_flags(m).values()]
+
+
+#: The units whose amount a scan varies: entries, entries of each output unit, channels.
+_SCANNED_UNITS = ("entries", "entries of each output unit", "channels")
+
+
+def scan_methods() -> tuple[str, ...]:
+    """The methods a scan prunes with: those that rank a weight's values (or Wanda's scores
+    of them) and remove an amount of entries, of each output unit's entries or of
+    channels, and the reconstructions. Methods registered at run time are in."""
+
+    def scanned(name: str) -> bool:
+        if name in RECONSTRUCTIONS:
+            return True
+        method = arrayprune.METHODS[name]
+        return score_of(method).uses_values and pattern_of(method).unit in _SCANNED_UNITS
+
+    return tuple(name for name in runnable_methods() if scanned(name))

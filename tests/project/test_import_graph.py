@@ -1,0 +1,179 @@
+"""The library's modules import each other in one direction: no circle, no deferral.
+
+The graph is read from the source (``ast``), not from a run: an import inside a function
+is an arrow like any other. Two rules:
+
+* no circle among the library's modules (a package's ``__init__`` counts as a module;
+  imports under ``if TYPE_CHECKING:`` are for the type checker and do not count);
+* an import of the project's own modules inside a function is allowed only where it defers
+  an optional dependency (the imported module needs torch, onnx, ... when it is loaded)
+  or in a package's lazy ``__getattr__``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"arrayprune": ROOT / "arrayprune", "arrayprune.adapters": ROOT / "adapters"}
+OPTIONAL = {
+    "cupy", "dask", "jax", "matplotlib", "onnx", "onnxruntime", "onnxscript", "safetensors", "scipy",
+    "sentence_transformers", "threadpoolctl", "torch", "tqdm", "transformers",
+}  # fmt: skip
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    found: dict[str, tuple[Path, bool]] = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if package == "arrayprune" and parts[0] == "adapters":
+                continue
+            is_package = parts[-1] == "__init__"
+            name = ".".join((package, *parts[:-1])) if is_package else ".".join((package, *parts))
+            found[name] = (path, is_package)
+    return found
+
+
+class _Imports(ast.NodeVisitor):
+    """Arrows (target, deferred, line, in_getattr) of one module to the library's modules."""
+
+    def __init__(self, name: str, is_package: bool, modules: dict) -> None:
+        self.name, self.is_package, self.modules = name, is_package, modules
+        self.function: list[str] = []
+        self.arrows: list[tuple[str, bool, int, bool]] = []
+        self.optional = False
+
+    def visit_If(self, node: ast.If) -> None:
+        if "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                self.visit(child)
+            return
+        self.generic_visit(node)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.function.append(node.name)
+        self.generic_visit(node)
+        self.function.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def _arrow(self, target: str, line: int) -> None:
+        while target not in self.modules and "." in target:
+            target = target.rsplit(".", 1)[0]
+        if target in self.modules and target != self.name:
+            deferred = bool(self.function)
+            self.arrows.append((target, deferred, line, self.function[:1] == ["__getattr__"]))
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            if alias.name.startswith("arrayprune"):
+                self._arrow(alias.name, node.lineno)
+            elif not self.function and alias.name.split(".")[0] in OPTIONAL:
+                self.optional = True
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            base = self.name.split(".") if self.is_package else self.name.split(".")[:-1]
+            base = base[: len(base) - node.level + 1]
+            module = ".".join(base + ([node.module] if node.module else []))
+        else:
+            module = node.module or ""
+            if not self.function and module.split(".")[0] in OPTIONAL:
+                self.optional = True
+        if not module.startswith("arrayprune"):
+            return
+        for alias in node.names:
+            full = f"{module}.{alias.name}"
+            self._arrow(full if full in self.modules else module, node.lineno)
+
+
+def _graph() -> tuple[dict[str, list[tuple[str, bool, int, bool]]], dict[str, bool]]:
+    modules = _modules()
+    arrows, optional = {}, {}
+    for name, (path, is_package) in modules.items():
+        visitor = _Imports(name, is_package, modules)
+        visitor.visit(ast.parse(path.read_text(), str(path)))
+        arrows[name], optional[name] = visitor.arrows, visitor.optional
+    return arrows, optional
+
+
+def _circles(arrows: dict[str, list[tuple[str, bool, int, bool]]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for root in arrows:
+        if root in index:
+            continue
+        work = [(root, iter(sorted({t for t, *_ in arrows[root]})))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted({t for t, *_ in arrows[child]}))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
+def _needs_optional(name: str, arrows: dict, optional: dict[str, bool]) -> bool:
+    """Whether loading `name` (its top-level imports, transitively) loads an optional dependency."""
+    seen, todo = {name}, [name]
+    while todo:
+        module = todo.pop()
+        if optional[module]:
+            return True
+        parents = [module.rsplit(".", i)[0] for i in range(1, module.count(".") + 1)]
+        for target in [t for t, deferred, *_ in arrows[module] if not deferred] + parents:
+            if target in arrows and target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return False
+
+
+def test_the_library_imports_in_one_direction():
+    arrows, _ = _graph()
+    assert _circles(arrows) == []
+
+
+def test_own_modules_are_imported_at_the_top_unless_an_optional_dependency_is_deferred():
+    arrows, optional = _graph()
+    deferred = [
+        f"{name}:{line} imports {target} inside a function"
+        for name, out in sorted(arrows.items())
+        for target, is_deferred, line, in_getattr in out
+        if is_deferred and not in_getattr and not _needs_optional(target, arrows, optional)
+    ]
+    assert deferred == []
+
+
+def test_the_checks_can_fail():
+    arrows = {"a": [("b", False, 1, False)], "b": [("c", True, 1, False)], "c": [("a", False, 1, False)], "d": []}
+    assert _circles(arrows) == [["a", "b", "c"]]
+    optional = {"a": False, "b": True, "c": False, "d": False}
+    assert _needs_optional("a", arrows, optional) and not _needs_optional("c", {**arrows, "a": []}, optional)
