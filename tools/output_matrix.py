@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the table of cases reads one case a line)
 """Hash every output of a matrix of ``arrayprune prune`` runs: the refactoring check.
 
     python tools/output_matrix.py OUT.json [--keep DIR]
