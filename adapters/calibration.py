@@ -24,6 +24,7 @@ import numpy as np
 
 import arrayprune
 from arrayprune.adapters import formats
+from arrayprune.adapters.devices import onnx_providers
 from arrayprune.adapters.formats import onnx as onnx_format
 from arrayprune.adapters.roles import Role
 from arrayprune.adapters.roles.onnx_graph import weight_feeds
@@ -342,7 +343,7 @@ def _ort_session(model: str | bytes) -> Any:
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     try:
-        return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model, opts, providers=onnx_providers())
     except Exception as exc:  # noqa: BLE001
         raise ValueError(f"onnxruntime cannot load the model: {_first_line(exc)}") from None
 

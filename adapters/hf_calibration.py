@@ -191,8 +191,8 @@ def _first_line(exc: BaseException) -> str:
 class _Weights:
     """Reads a module's parameters from the checkpoint (float32) and gives their memory back."""
 
-    def __init__(self, source: Any, files: Any):
-        self.source, self.files = source, files
+    def __init__(self, source: Any, files: Any, device: Any = "cpu"):
+        self.source, self.files, self.device = source, files, device
 
     def load(self, module: Any, prefix: str = "", skip: tuple[str, ...] = ()) -> None:
         """Read `module`'s parameters (named `prefix`.name in the checkpoint), but those under `skip`."""
@@ -210,7 +210,7 @@ class _Weights:
                 raise ValueError(
                     f"tensor {full!r} is {list(stored.shape)} in the checkpoint, the model needs {list(param.shape)}"
                 )
-            value = torch.as_tensor(self.files.load(stored)).to(torch.float32)
+            value = torch.as_tensor(self.files.load(stored)).to(self.device, torch.float32)
             owner, leaf = _owner(module, name)
             owner._parameters[leaf] = nn.Parameter(value, requires_grad=False)
 
@@ -223,6 +223,15 @@ class _Weights:
         for name, param in list(module.named_parameters()):
             owner, leaf = _owner(module, name)
             owner._parameters[leaf] = nn.Parameter(torch.empty(param.shape, device="meta"), requires_grad=False)
+
+
+def _buffers_to(model: Any, device: Any) -> None:
+    """Move the buffers of `model` (rotary frequencies, position ids: real, unlike its ``meta``
+    parameters) to `device`, where the layers will run."""
+    for module in model.modules():
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None and buffer.device != device:
+                module._buffers[name] = buffer.to(device)
 
 
 def _owner(module: Any, name: str) -> tuple[Any, str]:
@@ -279,6 +288,7 @@ def _stored(value: Any, code: str) -> np.ndarray:
     """A float32 torch tensor as the raw entries of safetensors dtype `code`."""
     import torch
 
+    value = value.cpu()
     if code == "BF16":
         return value.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
     return value.numpy().astype({"F16": np.float16, "F32": np.float32, "F64": np.float64}[code])
@@ -342,14 +352,16 @@ def calibrate_checkpoint(
     prefix, layers = torch_calibration.layer_list(model, config)
     per_layer = _targets_by_layer(targets, prefix, len(layers), layers)
     rows = spec.calibration_batch or BATCH_ROWS
+    device = torch.device(spec.device or "cpu")
+    _buffers_to(model, device)
     batches = [
-        {k: torch.from_numpy(v[i : i + rows]) for k, v in tokens.items()}
+        {k: torch.from_numpy(v[i : i + rows]).to(device) for k, v in tokens.items()}
         for i in range(0, len(tokens[TOKENS_KEY]), rows)
     ]
     reconstructing = spec.method in RECONSTRUCTIONS and recorded is None
     out: dict[str, Callable[[], np.ndarray]] = {}
     with TensorFiles() as files, torch.no_grad():
-        weights = _Weights(storage.source, files)
+        weights = _Weights(storage.source, files, device)
         output = model.get_output_embeddings()
         skip = {id(m): n for n, m in model.named_modules()}.get(id(output)) if output is not None else None
         hooks.stage(f"{spec.method}: reading what runs before {prefix}.0")
@@ -381,7 +393,7 @@ def calibrate_checkpoint(
                     norms = torch_calibration.input_norms(replay, steps, modules=names)
                     for module_name, entry in chosen.items():
                         module = layer.get_submodule(module_name)
-                        vector = norms[f"layer.{module_name}.weight"].to(torch.float64).numpy()
+                        vector = norms[f"layer.{module_name}.weight"].to("cpu", torch.float64).numpy()
                         if recorded is not None:
                             recorded[entry.name] = vector
                             continue
@@ -411,7 +423,7 @@ def _mask_in_place(module: Any, entry: Any, spec: Any, norms: np.ndarray, method
     """Prune `module.weight` with the pipeline's Wanda-scored method of `entry`."""
     import torch
 
-    weight = module.weight.detach().numpy()
+    weight = module.weight.detach().cpu().numpy()
     method, scores = method_for(entry, spec, {entry.name: norms}, weight)
     folded = mp.remove(mp.prune({"t": weight}, "t", method, scores), "t")["t"]
     module.weight.copy_(torch.from_numpy(np.asarray(folded)))

@@ -48,6 +48,7 @@ from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters import provenance
 from arrayprune.adapters.allocation import OWL, allocate
+from arrayprune.adapters.devices import Device, device_problem, onnx_device, parse_device
 from arrayprune.adapters.errors import PruneError, error_text, optional_module, raise_problems
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.arrays import release_pages
@@ -459,6 +460,25 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
         check_not_input(src, dst)
     if refused := input_refusal(spec, src):
         raise PruneError(refused, src)
+    with onnx_device(_device(spec, src)):
+        return _run(src, dst, spec, hooks)
+
+
+def _device(spec: PruneSpec, src: str) -> Device | None:
+    """The device calibration runs on, checked before anything is read (None: the CPU)."""
+    if spec.device is None:
+        return None
+    try:
+        device = parse_device(spec.device)
+    except ValueError as exc:
+        raise PruneError(str(exc)) from None
+    runner = "onnxruntime" if fmt.format_from_suffix(src) == "onnx" else "torch"
+    if problem := device_problem(device, runner):
+        raise PruneError(problem)
+    return device
+
+
+def _run(src: str, dst: Any, spec: PruneSpec, hooks: Hooks) -> PruneResult:
     if spec.shrink:  # a stage of its own, in place of plan and prune: channel groups, sliced away
         return run_shrink(src, dst, spec, hooks)
     out_format = None
@@ -544,7 +564,7 @@ def prune_file(src: Any, dst: Any = None, *, hooks: Hooks = Hooks(), **options: 
         ``include``, ``exclude``, ``min_size``, ``min_sparsity``, ``max_sparsity``,
         ``lamp``, ``calibration``, ``calibration_batch``, ``input_norms``, ``seed``,
         ``keep_masks``, ``force``, ``dry_run``, ``verify``, ``verify_data``,
-        ``verify_tol``, ``one_pass``, ``hessians``, ``shrink``, ``groups``, ``allocation``: see
+        ``verify_tol``, ``one_pass``, ``hessians``, ``shrink``, ``groups``, ``allocation``, ``device``: see
         :class:`~arrayprune.adapters.request.PruneSpec`.
 
     Returns

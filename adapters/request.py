@@ -29,6 +29,7 @@ from typing import Any
 
 import arrayprune
 from arrayprune.adapters.allocation_request import check_allocation
+from arrayprune.adapters.devices import parse_device
 from arrayprune.adapters.errors import PruneError, PruneProblems
 from arrayprune.adapters.method_names import (
     _OWN_FLAGS,
@@ -249,6 +250,11 @@ class PruneSpec:
         ``allocation="owl"``: every weight's sparsity within ``amount +- owl_lambda``
         (``--owl-lambda``, in ``[0, 1]``; :data:`arrayprune.allocation.OWL_LAMBDA`, 0.08,
         if omitted).
+    device : str, optional
+        Where `calibration` runs (``--device``): ``"cpu"`` (the default), ``"cuda"`` or
+        ``"cuda:N"``; a Hugging Face folder one decoder layer on the device at a time, an
+        ONNX model on onnxruntime's CUDA execution provider (see
+        :mod:`arrayprune.adapters.devices`).
     """
 
     method: str = "l1_unstructured"
@@ -283,6 +289,7 @@ class PruneSpec:
     allocation_check_data: str | None = None
     owl_m: float | None = None
     owl_lambda: float | None = None
+    device: str | None = None
     method_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -336,6 +343,7 @@ class PruneSpec:
             Naming the option as the command line spells it.
         """
         self._check_values()
+        self._check_device()
         if refused := refusal(self):
             raise PruneError(refused)
         if refused := check_allocation(self):
@@ -399,6 +407,16 @@ class PruneSpec:
             flag = "--nm" if "--nm" in flags else "--amount" if "--amount" in flags else "--method"
             raise PruneError(f"{flag}: {exc}") from None
         return spec
+
+    def _check_device(self) -> None:
+        if self.device is None:
+            return
+        try:
+            parse_device(self.device)
+        except ValueError as exc:
+            raise PruneError(str(exc)) from None
+        if not self.calibration:
+            raise PruneError("--device is where --calibration runs the model: add --calibration (or leave --device)")
 
     def _check_values(self) -> None:
         """What the command line's parser checks of each value alone (Python callers skip it)."""

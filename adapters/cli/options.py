@@ -289,6 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"--calibration: samples run at a time (default: {BATCH_SIZE})",
     )
     p.add_argument(
+        "--device",
+        default=None,
+        metavar="DEVICE",
+        help="--calibration: where the model runs, cpu (default), cuda or cuda:N; a Hugging Face folder one "
+        "layer on the device at a time (PyTorch), an ONNX model on onnxruntime's CUDA provider",
+    )
+    p.add_argument(
         "--one-pass", action="store_true", help="sparsegpt: every Hessian from the dense model, in one pass"
     )
     p.add_argument(
