@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from arrayprune.adapters import formats as fmt
+from arrayprune.adapters.pipeline.prune_result import NEARLY_EMPTY
 from arrayprune.adapters.plan import nodes_text
-from arrayprune.adapters.prune_result import NEARLY_EMPTY
 
 __all__ = [
     "FRAGILE_FACTOR",
@@ -163,7 +163,8 @@ def plot_scan(result: Any, path: Any, *, title: str | None = None) -> None:
     Parameters
     ----------
     result : ScanResult
-        From :func:`arrayprune.adapters.scan.scan_onnx` or :func:`~arrayprune.adapters.scan.scan_arrays`.
+        From :func:`arrayprune.adapters.pipeline.scan.scan_onnx` or
+        :func:`~arrayprune.adapters.pipeline.scan.scan_arrays`.
     path : str or os.PathLike
         The PNG to write (atomically). A line plot is 900 x 520 pixels; a heat map is
         900 pixels wide and grows with the number of weights.

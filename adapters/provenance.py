@@ -63,7 +63,7 @@ def record(spec: Any) -> dict[str, str]:
     Parameters
     ----------
     spec : PruneSpec
-        The checked request (:mod:`arrayprune.adapters.request`), before an allocation
+        The checked request (:mod:`arrayprune.adapters.pipeline.request`), before an allocation
         replaced its amount by per-weight ones.
 
     Returns

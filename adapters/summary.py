@@ -40,7 +40,7 @@ class Totals:
 
 @dataclass
 class PruneSummary:
-    """What :func:`~arrayprune.adapters.stream_pruning.prune_stored` wrote.
+    """What :func:`~arrayprune.adapters.pipeline.stream_pruning.prune_stored` wrote.
 
     Attributes
     ----------

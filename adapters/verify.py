@@ -31,9 +31,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from arrayprune.adapters.formats.onnx import _narrow_bfloat16
+from arrayprune.adapters.pipeline.calibration import graph_inputs
 from arrayprune.adapters.plan import stream_seed
-
-from .calibration import graph_inputs
 
 __all__ = ["DEFAULT_TOL", "OutputCheck", "Prepared", "compare", "prepare", "verify_onnx"]
 

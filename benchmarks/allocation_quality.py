@@ -12,7 +12,7 @@
   calibration set, 2-fold), on the logits, and on the test set (reported, never used to
   choose), and the same requests with all 1257 training images as calibration data.
 * **MiniLM-L6** (all-MiniLM-L6-v2, its 36 encoder weights), through the Python API:
-  :func:`arrayprune.adapters.scan.scan_arrays` with the NumPy forward of
+  :func:`arrayprune.adapters.pipeline.scan.scan_arrays` with the NumPy forward of
   :mod:`benchmarks.minilm_quality` on 64 calibration sentences, then
   :func:`arrayprune.allocate_from_curves` and :func:`arrayprune.owl_allocation`; the
   mean cosine of the mean-pooled sentence embeddings of 200 other sentences to the
@@ -162,8 +162,8 @@ def _sparsegpt_diagnosis(path: Path, folder: Path, calib: Path, x_test: Any, y_t
     from onnx import numpy_helper
 
     from arrayprune.adapters import formats, prune_file
-    from arrayprune.adapters.reconstruction import onnx_sparsegpt
-    from arrayprune.adapters.scan import OnnxTrials
+    from arrayprune.adapters.pipeline.reconstruction import onnx_sparsegpt
+    from arrayprune.adapters.pipeline.scan import OnnxTrials
 
     from .digits_accuracy import accuracy, digits_split
 
@@ -255,7 +255,7 @@ def _cached_scan(cache: Path | None, label: str, run: Callable[[], Any]) -> tupl
     """A MiniLM scan: `run()` and its seconds, or the scan and seconds saved in `cache` by an earlier run.
 
     Returns the scan, the seconds it took when it was made, and whether it was read from `cache`."""
-    from arrayprune.adapters.scan import ScanResult
+    from arrayprune.adapters.pipeline.scan import ScanResult
 
     if cache is not None:
         path, timing = cache / f"minilm-scan-{label}.json", cache / f"minilm-scan-{label}.seconds"
@@ -284,8 +284,8 @@ def minilm(folder: Path, out: Path, cache: Path | None = None) -> dict:
 
     import arrayprune as ap
     import arrayprune.adapters.torch as prune
+    from arrayprune.adapters.pipeline.scan import scan_arrays
     from arrayprune.adapters.plots import plot_scan
-    from arrayprune.adapters.scan import scan_arrays
     from arrayprune.adapters.torch.calibration import input_norms
 
     from .minilm_quality import check_modules, cosines, encode, extract, load_sentences, tokenize

@@ -183,9 +183,9 @@ def digits(folder: Path) -> dict:
 
     import arrayprune as ap
     from arrayprune.adapters import formats
-    from arrayprune.adapters.calibration import onnx_input_norms, wanda_scores_for
+    from arrayprune.adapters.pipeline.calibration import onnx_input_norms, wanda_scores_for
+    from arrayprune.adapters.pipeline.reconstruction import amounts_from_masks, onnx_sparsegpt
     from arrayprune.adapters.plan import file_roles
-    from arrayprune.adapters.reconstruction import amounts_from_masks, onnx_sparsegpt
 
     path, x_test, y_test, sk_acc = train_and_export(folder, hidden=(256, 256))  # the 64-256-256-10
     x_train = digits_split()[0]
@@ -332,9 +332,10 @@ def worker(which: str, model: str, calib: str, amount: float) -> None:
         import array_api_compat.numpy  # noqa: F401  (imported on first use: not part of the call)
         import onnx  # noqa: F401  (imported by formats.load: not part of the call, as for onnxsim)
 
-        from arrayprune.adapters import formats, reconstruction
+        from arrayprune.adapters import formats
+        from arrayprune.adapters.pipeline import reconstruction
+        from arrayprune.adapters.pipeline.reconstruction import onnx_sparsegpt
         from arrayprune.adapters.plan import file_roles
-        from arrayprune.adapters.reconstruction import onnx_sparsegpt
 
         if which == ALL_THREADS:  # the BLAS as it comes, for comparison
             reconstruction.blas_threads = lambda k: contextlib.nullcontext()

@@ -53,7 +53,7 @@ def prune(src: Path, out: Path, extra: list[str]) -> None:
 def calibration_cost(model: Path, calib: dict[str, np.ndarray], repeats: int = 5) -> tuple[float, int]:
     """Median seconds and peak extra RSS (bytes) of computing every weight's input norms."""
     from arrayprune.adapters import formats
-    from arrayprune.adapters.calibration import onnx_input_norms
+    from arrayprune.adapters.pipeline.calibration import onnx_input_norms
     from arrayprune.adapters.plan import file_roles
 
     wf = formats.load(str(model))

@@ -52,7 +52,7 @@ from collections.abc import Sequence
 
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters.cli.scan import run_scan
-from arrayprune.adapters.errors import PruneError, PruneProblems
+from arrayprune.adapters.pipeline.errors import PruneError, PruneProblems
 
 from .errors import CliError, _error
 from .options import build_parser

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from arrayprune.adapters.request import PruneError
+from arrayprune.adapters.pipeline.request import PruneError
 
 __all__ = ["PROG", "CliError"]
 

@@ -1,7 +1,7 @@
 """The options of ``arrayprune``: the parser and the types of values.
 
 Which option applies to which method is the request's business
-(:class:`arrayprune.adapters.request.PruneSpec`): every ``prune`` flag fills the field of
+(:class:`arrayprune.adapters.pipeline.request.PruneSpec`): every ``prune`` flag fills the field of
 the same name.
 """
 
@@ -13,9 +13,9 @@ import re
 from typing import Any, NoReturn
 
 import arrayprune
-from arrayprune.adapters.calibration import BATCH_SIZE
 from arrayprune.adapters.cli.scan import add_scan_parser
-from arrayprune.adapters.method_names import (
+from arrayprune.adapters.pipeline.calibration import BATCH_SIZE
+from arrayprune.adapters.pipeline.method_names import (
     PARAMETER_FLAGS,
     extra_flags,
     method_flags,
@@ -23,8 +23,8 @@ from arrayprune.adapters.method_names import (
     runnable_methods,
     scored_methods,
 )
-from arrayprune.adapters.request import method_arguments
-from arrayprune.adapters.shrink_request import GROUPS, channel_methods
+from arrayprune.adapters.pipeline.request import method_arguments
+from arrayprune.adapters.pipeline.shrink_request import GROUPS, channel_methods
 from arrayprune.adapters.verify import DEFAULT_TOL
 
 from .errors import PROG, CliError

@@ -11,9 +11,10 @@ import argparse
 import dataclasses
 
 from arrayprune.adapters.formats.sharded import INDEX_SUFFIX
-from arrayprune.adapters.pipeline import Hooks, PruneResult, nm_warnings, run
+from arrayprune.adapters.pipeline import Hooks, PruneResult, run
+from arrayprune.adapters.pipeline.request import PruneSpec
+from arrayprune.adapters.pipeline.runner import nm_warnings
 from arrayprune.adapters.plan import format_plan
-from arrayprune.adapters.request import PruneSpec
 
 from .errors import _error, _warn
 from .tensors import _progress, _stage

@@ -8,10 +8,10 @@ import os
 import sys
 
 from arrayprune.adapters.cli.compare import run_compare
-from arrayprune.adapters.errors import optional_module
 from arrayprune.adapters.formats.safetensors_stream import TensorFiles
-from arrayprune.adapters.outputs import check_not_input, check_output_name
 from arrayprune.adapters.pipeline import Hooks, StreamedCheckpoint, open_storage
+from arrayprune.adapters.pipeline.errors import optional_module
+from arrayprune.adapters.pipeline.outputs import check_not_input, check_output_name
 from arrayprune.adapters.plan import nodes_text
 from arrayprune.adapters.plots import plot_sparsity
 from arrayprune.adapters.summary import TOTALS_COVER, report_rows, totals

@@ -8,7 +8,7 @@
                     [--calibration-batch N] [--force]
 
 IN is an ONNX model (run by onnxruntime); other formats hold no graph to run: from
-Python, :func:`arrayprune.adapters.scan.scan_arrays` scans a mapping of arrays with a
+Python, :func:`arrayprune.adapters.pipeline.scan.scan_arrays` scans a mapping of arrays with a
 forward function of your own. Everything is checked before the scan runs; ``scan.json``
 and the PNG are written to temporary files renamed into place.
 """
@@ -21,11 +21,11 @@ from collections.abc import Callable
 from typing import Any
 
 from arrayprune.adapters import formats as fmt
-from arrayprune.adapters.calibration import read_calibration
-from arrayprune.adapters.errors import PruneError, error_text, optional_module
-from arrayprune.adapters.outputs import check_not_input, check_output_name
+from arrayprune.adapters.pipeline.calibration import read_calibration
+from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
+from arrayprune.adapters.pipeline.outputs import check_not_input, check_output_name
+from arrayprune.adapters.pipeline.scan import DEFAULT_SPARSITIES, check_sparsities, scan_methods, scan_onnx
 from arrayprune.adapters.plots import plot_scan
-from arrayprune.adapters.scan import DEFAULT_SPARSITIES, check_sparsities, scan_methods, scan_onnx
 
 from .errors import CliError
 from .tensors import _progress, _stage
@@ -105,7 +105,8 @@ def run_scan(args: argparse.Namespace) -> int:
     if kind != "onnx":
         raise CliError(
             f"scan runs the model on calibration data: IN must be an ONNX model ({kind} files hold no graph to run); "
-            "from Python, arrayprune.adapters.scan.scan_arrays(params, forward) scans arrays with your own forward",
+            "from Python, arrayprune.adapters.pipeline.scan.scan_arrays(params, forward) scans arrays with your own "
+            "forward",
             src,
         )
     optional_module("onnxruntime", "onnx", "scan")

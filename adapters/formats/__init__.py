@@ -88,7 +88,7 @@ Shared pieces: :mod:`.errors` (:class:`FormatError`, optional imports),
 :mod:`.safetensors_stream` (stored tensors read from memory maps that give their pages
 back, a writer that puts each tensor in place) and :mod:`.sharded` (sharded checkpoints
 and their index). This package only reads and writes: pruning stored tensors one at a
-time is :mod:`arrayprune.adapters.stream_pruning`, beside the pipeline
+time is :mod:`arrayprune.adapters.pipeline.stream_pruning`, beside the pipeline
 (:mod:`arrayprune.adapters.pipeline`).
 :data:`MEMORY_LIMIT`, :data:`NPZ_MAX_RATIO` and :data:`NPZ_RATIO_MIN_SIZE` are
 settings of this package, handed to the npz module at every load.

@@ -48,7 +48,7 @@ was left and why.
 
 Pruning such a checkpoint in bounded memory is the pipeline's
 (:func:`arrayprune.adapters.pipeline.prune_checkpoint`, which prunes with
-:mod:`arrayprune.adapters.stream_pruning`); this module only reads and writes.
+:mod:`arrayprune.adapters.pipeline.stream_pruning`); this module only reads and writes.
 """
 
 from __future__ import annotations

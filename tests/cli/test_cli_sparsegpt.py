@@ -20,8 +20,8 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import arrayprune as ap  # noqa: E402
 from arrayprune.adapters import formats, prune_file  # noqa: E402
 from arrayprune.adapters.cli import main  # noqa: E402
-from arrayprune.adapters.reconstruction import amounts_from_masks, onnx_sparsegpt  # noqa: E402
-from arrayprune.adapters.request import METHODS, PruneError, PruneSpec  # noqa: E402
+from arrayprune.adapters.pipeline.reconstruction import amounts_from_masks, onnx_sparsegpt  # noqa: E402
+from arrayprune.adapters.pipeline.request import METHODS, PruneError, PruneSpec  # noqa: E402
 from cli_helpers import flags  # noqa: E402
 
 NAMES = ["W1", "W2", "W3"]

@@ -15,6 +15,7 @@ from onnx_builders import two_layer_relu  # noqa: E402
 from test_scan import SPARSITIES, _weights  # noqa: E402
 
 from arrayprune.adapters.cli import main  # noqa: E402
+from arrayprune.adapters.pipeline.scan import Curve, ScanResult  # noqa: E402
 from arrayprune.adapters.plots import (  # noqa: E402
     EMPTY_COLOR,
     NM_COLOR,
@@ -25,7 +26,6 @@ from arrayprune.adapters.plots import (  # noqa: E402
     scan_picture,
     sparsity_bars,
 )
-from arrayprune.adapters.scan import Curve, ScanResult  # noqa: E402
 from cli_helpers import assert_error, run  # noqa: E402
 
 

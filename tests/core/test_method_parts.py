@@ -7,10 +7,10 @@ import pytest
 
 import arrayprune as ap
 from arrayprune import method_parts as parts
+from arrayprune.adapters.pipeline.request import PruneError, PruneSpec, scored_methods
+from arrayprune.adapters.pipeline.stream_pruning import streams
 from arrayprune.adapters.plan import make_plan
-from arrayprune.adapters.request import PruneError, PruneSpec, scored_methods
 from arrayprune.adapters.roles.names import tree_roles
-from arrayprune.adapters.stream_pruning import streams
 from arrayprune.registry import register_method, unregister_method
 
 

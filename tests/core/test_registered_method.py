@@ -21,10 +21,9 @@ import arrayprune as ap  # noqa: E402
 import arrayprune.adapters.torch as prune  # noqa: E402
 from arrayprune import method_parts as parts  # noqa: E402
 from arrayprune.adapters import mapping as mp  # noqa: E402
-from arrayprune.adapters import stream_pruning  # noqa: E402
 from arrayprune.adapters.cli import main  # noqa: E402
 from arrayprune.adapters.cli.options import build_parser  # noqa: E402
-from arrayprune.adapters.pipeline import prune_file  # noqa: E402
+from arrayprune.adapters.pipeline import prune_file, stream_pruning  # noqa: E402
 from arrayprune.adapters.plan import make_plan  # noqa: E402
 from arrayprune.adapters.roles.names import tree_roles  # noqa: E402
 from arrayprune.adapters.torch._base import CoreMethod, core_parameter, make_core  # noqa: E402
@@ -159,7 +158,8 @@ def test_global_pruning_of_a_sharded_checkpoint_streams_it(registered, tmp_path,
 def test_a_single_safetensors_file_is_streamed_too(registered, tmp_path, monkeypatch):
     from safetensors.numpy import save_file
 
-    from arrayprune.adapters import pipeline
+    from arrayprune.adapters.pipeline import runner as pipeline
+    from arrayprune.adapters.pipeline import storage
 
     a, b = (RNG.standard_normal(s).astype(np.float32) for s in ((16, 8), (8, 16)))
     save_file({"a.weight": a, "b.weight": b}, str(tmp_path / "m.safetensors"))
@@ -168,6 +168,8 @@ def test_a_single_safetensors_file_is_streamed_too(registered, tmp_path, monkeyp
         raise AssertionError("the file was loaded whole")
 
     monkeypatch.setattr(pipeline, "WholeFile", whole)
+
+    monkeypatch.setattr(storage, "WholeFile", whole)
     monkeypatch.setattr(stream_pruning, "_prune_in_core", whole)
     argv = ["prune", str(tmp_path / "m.safetensors"), "-o", str(tmp_path / "o.safetensors")]
     assert main([*argv, "--method", "power_magnitude", "--power", "-1", "--amount", "0.5", "--global"]) == 0

@@ -165,7 +165,7 @@ def test_a_prune_written_directly_equals_one_written_through_the_cache(tmp_path,
 
 
 def test_output_buffers_held_stay_few_and_serve_any_phase():
-    from arrayprune.adapters import stream_pruning
+    from arrayprune.adapters.pipeline import stream_pruning
 
     buffers = stream_pruning._Buffers()
     like = np.empty(1000, np.float32)

@@ -22,7 +22,7 @@ pytest.importorskip("safetensors")
 
 from test_sharded import bits, cli, in_memory, llama_tensors, load_folder, write_checkpoint  # noqa: E402
 
-import arrayprune.adapters.stream_pruning as stream_pruning  # noqa: E402
+import arrayprune.adapters.pipeline.stream_pruning as stream_pruning  # noqa: E402
 
 
 def _keys(rng, n, kind):

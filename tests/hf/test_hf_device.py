@@ -20,9 +20,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from arrayprune.adapters import prune_file  # noqa: E402
-from arrayprune.adapters.devices import Device, device_problem, parse_device  # noqa: E402
-from arrayprune.adapters.errors import PruneError  # noqa: E402
-from arrayprune.adapters.hf_calibration import _buffers_to, _Weights  # noqa: E402
+from arrayprune.adapters.pipeline.devices import Device, device_problem, parse_device  # noqa: E402
+from arrayprune.adapters.pipeline.errors import PruneError  # noqa: E402
+from arrayprune.adapters.pipeline.hf_calibration import _buffers_to, _Weights  # noqa: E402
 from cli_helpers import EXAMPLE, assert_error, run  # noqa: E402
 from hf_models import VOCAB, save_sharded_llama  # noqa: E402
 

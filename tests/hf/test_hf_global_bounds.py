@@ -21,11 +21,13 @@ transformers = pytest.importorskip("transformers")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from arrayprune.adapters import pipeline, prune_file, stream_pruning  # noqa: E402
+from arrayprune.adapters import prune_file  # noqa: E402
 from arrayprune.adapters.cli import main  # noqa: E402
+from arrayprune.adapters.pipeline import runner as pipeline  # noqa: E402
+from arrayprune.adapters.pipeline import storage, stream_pruning  # noqa: E402
+from arrayprune.adapters.pipeline.scan import Curve, ScanResult  # noqa: E402
 from arrayprune.adapters.plan import make_plan  # noqa: E402
 from arrayprune.adapters.roles.names import tree_roles  # noqa: E402
-from arrayprune.adapters.scan import Curve, ScanResult  # noqa: E402
 from hf_models import llama_config  # noqa: E402
 
 TINY = "model.layers.1.mlp.down_proj.weight"  # scaled down: global pruning empties it
@@ -76,6 +78,8 @@ def streamed_only(monkeypatch):
         raise AssertionError("loaded whole")
 
     monkeypatch.setattr(pipeline, "WholeFile", whole)
+
+    monkeypatch.setattr(storage, "WholeFile", whole)
     monkeypatch.setattr(stream_pruning, "_prune_in_core", whole)
 
 
@@ -140,6 +144,8 @@ def test_global_bounds_and_lamp_equal_the_in_memory_path(llama, tmp_path, layout
         raise AssertionError("loaded whole")
 
     monkeypatch.setattr(pipeline, "WholeFile", whole)
+
+    monkeypatch.setattr(storage, "WholeFile", whole)
     if not options.get("lamp"):  # LAMP ranks each tensor by scores of the whole tensor: one at a time
         monkeypatch.setattr(stream_pruning, "_prune_in_core", whole)
     argv = ["prune", str(root / layout), "-o", str(tmp_path / "out"), "--amount", "0.5", "--global"]
@@ -182,6 +188,8 @@ def test_bounds_and_lamp_on_one_safetensors_file_are_streamed_and_equal(llama, t
                 raise AssertionError("loaded whole")
 
             patched.setattr(pipeline, "WholeFile", whole)
+
+            patched.setattr(storage, "WholeFile", whole)
             prune_file(root / "one" / "model.safetensors", tmp_path / "out.safetensors", force=True, **options)
         _same_bytes(_tensors(tmp_path / "out.safetensors"), want)
 
@@ -261,6 +269,8 @@ def test_allocations_equal_the_in_memory_path(llama, tmp_path, layout, how, monk
         raise AssertionError("loaded whole")
 
     monkeypatch.setattr(pipeline, "WholeFile", whole)
+
+    monkeypatch.setattr(storage, "WholeFile", whole)
     if "norms" not in how:  # Wanda's scores need the whole tensor (one at a time)
         monkeypatch.setattr(stream_pruning, "_prune_in_core", whole)
     result = prune_file(root / layout, tmp_path / "out", **options)
@@ -374,6 +384,8 @@ def test_bfloat16_folders_equal_the_in_memory_state_dict(tmp_path, options, monk
         raise AssertionError("loaded whole")
 
     monkeypatch.setattr(pipeline, "WholeFile", whole)
+
+    monkeypatch.setattr(storage, "WholeFile", whole)
     prune_file(tmp_path / "sharded", tmp_path / "out", **options)
     got = {}
     for name in sorted(os.listdir(tmp_path / "out")):

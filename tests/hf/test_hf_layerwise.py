@@ -24,7 +24,7 @@ safetensors_numpy = pytest.importorskip("safetensors.numpy")
 import arrayprune as ap  # noqa: E402
 import arrayprune.adapters.torch as prune  # noqa: E402
 from arrayprune.adapters import prune_file  # noqa: E402
-from arrayprune.adapters.request import PruneError  # noqa: E402
+from arrayprune.adapters.pipeline.request import PruneError  # noqa: E402
 from cli_helpers import assert_error, run  # noqa: E402
 from hf_models import VOCAB, save_sharded_llama  # noqa: E402
 
@@ -283,7 +283,7 @@ def test_prune_file_errors_are_prune_errors(llama, tmp_path):
 
 def test_one_layer_holds_values_at_a_time(llama, tmp_path, monkeypatch):
     """While a layer is pruned, the other layers and lm_head are on the meta device (no memory)."""
-    from arrayprune.adapters import hf_calibration
+    from arrayprune.adapters.pipeline import hf_calibration
 
     folder, tokens, _, _ = llama
     built, seen = [], []

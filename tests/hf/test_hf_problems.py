@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from arrayprune.adapters import prune_file  # noqa: E402
-from arrayprune.adapters.request import PruneProblems  # noqa: E402
+from arrayprune.adapters.pipeline.request import PruneProblems  # noqa: E402
 from cli_helpers import run  # noqa: E402
 from hf_models import VOCAB, llama_config, save_sharded_llama  # noqa: E402
 

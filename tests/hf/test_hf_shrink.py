@@ -28,7 +28,7 @@ st = pytest.importorskip("safetensors.numpy")
 
 import arrayprune  # noqa: E402
 from arrayprune.adapters.cli import main  # noqa: E402
-from arrayprune.adapters.shrink_checkpoint import shrink_checkpoint  # noqa: E402
+from arrayprune.adapters.pipeline.shrink_checkpoint import shrink_checkpoint  # noqa: E402
 from cli_helpers import assert_error, run  # noqa: E402
 
 

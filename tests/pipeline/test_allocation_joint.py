@@ -14,7 +14,7 @@ from onnx_builders import two_layer_relu  # noqa: E402
 
 import arrayprune as ap  # noqa: E402
 from arrayprune.adapters import formats, prune_file  # noqa: E402
-from arrayprune.adapters.allocation import CANDIDATES, measure_allocations, refine_counts  # noqa: E402
+from arrayprune.adapters.pipeline.allocation import CANDIDATES, measure_allocations, refine_counts  # noqa: E402
 from cli_helpers import run  # noqa: E402
 
 SPARSITIES = [0.1, 0.3, 0.5, 0.7, 0.9]
@@ -293,7 +293,7 @@ def test_owl_m_and_lambda_flags(model, tmp_path):
                  "--owl-m applies to --allocation owl")
     assert_error(run("prune", path, "-o", out, "--amount", "0.5", "--allocation", scan, "--owl-lambda", "0.1"),
                  "--owl-lambda applies to --allocation owl")
-    from arrayprune.adapters.request import PruneError
+    from arrayprune.adapters.pipeline.request import PruneError
 
     for options, message in (
         ({"owl_m": 0}, "--owl-m: invalid value 0: must be a finite number > 0"),

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from arrayprune.adapters.scan import Curve, ScanResult
+from arrayprune.adapters.pipeline.scan import Curve, ScanResult
 from cli_helpers import EXAMPLE, assert_error, run
 
 SPARSITIES = (0.25, 0.5, 0.75)

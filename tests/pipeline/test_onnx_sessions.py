@@ -8,9 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from arrayprune.adapters import calibration
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters.cli import main
+from arrayprune.adapters.pipeline import calibration
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

@@ -20,9 +20,9 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import arrayprune as ap  # noqa: E402
 from arrayprune.adapters import formats  # noqa: E402
-from arrayprune.adapters.calibration import onnx_input_norms, wanda_scores_for  # noqa: E402
+from arrayprune.adapters.pipeline.calibration import onnx_input_norms, wanda_scores_for  # noqa: E402
+from arrayprune.adapters.pipeline.reconstruction import Reconstructed, amounts_from_masks, onnx_sparsegpt  # noqa: E402
 from arrayprune.adapters.plan import file_roles  # noqa: E402
-from arrayprune.adapters.reconstruction import Reconstructed, amounts_from_masks, onnx_sparsegpt  # noqa: E402
 from arrayprune.adapters.roles.onnx_graph import weight_feeds, weight_levels  # noqa: E402
 
 

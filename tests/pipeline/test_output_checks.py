@@ -10,7 +10,7 @@ from test_sharded import OTHER_FILES, cli, llama_tensors, one_line_error, write_
 
 from arrayprune.adapters import prune_file
 from arrayprune.adapters.formats import sharded
-from arrayprune.adapters.request import PruneError
+from arrayprune.adapters.pipeline.request import PruneError
 
 onnx = pytest.importorskip("onnx")
 

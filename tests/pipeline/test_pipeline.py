@@ -16,7 +16,7 @@ from test_sharded import llama_tensors, save_torch, write_checkpoint  # noqa: E4
 from arrayprune.adapters import prune_file
 from arrayprune.adapters.cli import main
 from arrayprune.adapters.pipeline import PruneResult, prune_checkpoint
-from arrayprune.adapters.request import PruneError, PruneSpec
+from arrayprune.adapters.pipeline.request import PruneError, PruneSpec
 from cli_helpers import EXAMPLE, flags  # noqa: E402
 
 COUNTS = re.compile(r"^pruned (\d+) tensors.*: (\d+) of (\d+) entries zero .*\nwhole file: (\d+) of (\d+) entries zero")

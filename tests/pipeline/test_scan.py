@@ -20,7 +20,7 @@ from onnx_builders import two_layer_relu  # noqa: E402
 
 import arrayprune as ap  # noqa: E402
 from arrayprune.adapters import formats, prune_file  # noqa: E402
-from arrayprune.adapters.scan import ScanResult, scan_arrays, scan_onnx  # noqa: E402
+from arrayprune.adapters.pipeline.scan import ScanResult, scan_arrays, scan_onnx  # noqa: E402
 from cli_helpers import assert_error, run  # noqa: E402
 from conftest import reference_keep  # noqa: E402
 

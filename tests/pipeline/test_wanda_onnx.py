@@ -20,7 +20,7 @@ from test_wanda import reference_wanda  # noqa: E402
 
 import arrayprune as ap  # noqa: E402
 from arrayprune.adapters import formats  # noqa: E402
-from arrayprune.adapters.calibration import (  # noqa: E402
+from arrayprune.adapters.pipeline.calibration import (  # noqa: E402
     InputNorms,
     onnx_input_norms,
     read_calibration,

@@ -89,7 +89,7 @@ def test_registered_it_is_a_method_of_the_command_line_and_the_adapters(tmp_path
 
 
 def test_its_scores_are_not_streamed():
-    from arrayprune.adapters.stream_pruning import streams
+    from arrayprune.adapters.pipeline.stream_pruning import streams
 
     assert not streams(RowRelative) and streams(ap.L1Unstructured)
     with pytest.raises(TypeError, match="declares no command-line flag"):

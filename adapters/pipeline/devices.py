@@ -2,7 +2,7 @@
 
 Calibration (Wanda's input norms, SparseGPT's Hessians and updates, an allocation's
 statistics) runs the model. On a Hugging Face folder the model runs in PyTorch, one
-decoder layer on the device at a time (:mod:`arrayprune.adapters.hf_calibration`); an
+decoder layer on the device at a time (:mod:`arrayprune.adapters.pipeline.hf_calibration`); an
 ONNX model runs in onnxruntime, on its CUDA execution provider for a CUDA device. The
 weights written are computed there and copied back; everything else (reading, planning,
 writing) stays on the host.

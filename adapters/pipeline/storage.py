@@ -12,13 +12,13 @@ from typing import Any
 
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
-from arrayprune.adapters.errors import PruneError
 from arrayprune.adapters.formats import sharded
-from arrayprune.adapters.hooks import Hooks
+from arrayprune.adapters.pipeline.errors import PruneError
+from arrayprune.adapters.pipeline.hooks import Hooks
+from arrayprune.adapters.pipeline.request import PruneSpec
+from arrayprune.adapters.pipeline.stream_pruning import streams
 from arrayprune.adapters.plan import PlanEntry, _name, file_roles
-from arrayprune.adapters.request import PruneSpec
 from arrayprune.adapters.roles.names import tree_roles
-from arrayprune.adapters.stream_pruning import streams
 
 __all__ = ["StreamedCheckpoint", "WholeFile", "check_arrays", "open_storage"]
 

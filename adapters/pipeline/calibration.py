@@ -24,8 +24,8 @@ import numpy as np
 
 import arrayprune
 from arrayprune.adapters import formats
-from arrayprune.adapters.devices import onnx_providers
 from arrayprune.adapters.formats import onnx as onnx_format
+from arrayprune.adapters.pipeline.devices import onnx_providers
 from arrayprune.adapters.roles import Role
 from arrayprune.adapters.roles.onnx_graph import weight_feeds
 

@@ -3,7 +3,7 @@
 :func:`prune_file` is the command from Python: the same options under the flags' names,
 the same files written byte for byte, the plan and the counts returned. The command line
 (:mod:`arrayprune.adapters.cli`) only translates its flags into a
-:class:`~arrayprune.adapters.request.PruneSpec`, calls :func:`run` and prints the
+:class:`~arrayprune.adapters.pipeline.request.PruneSpec`, calls :func:`run` and prints the
 :class:`PruneResult`.
 
 Stages, in order:
@@ -21,16 +21,16 @@ Stages, in order:
   global (one threshold over the selected tensors): the pipeline is the only caller of
   global pruning, in memory (:func:`arrayprune.global_unstructured`, the mapping
   adapter for masks) or by radix selection over stored tensors
-  (:mod:`arrayprune.adapters.stream_pruning`); or, for a reconstruction method
-  (``--method sparsegpt``), :mod:`arrayprune.adapters.reconstruct_stage`; a Hugging Face
-  folder with ``--calibration`` tokens (or ``--hessians``): :mod:`arrayprune.adapters.hf_stage`.
+  (:mod:`arrayprune.adapters.pipeline.stream_pruning`); or, for a reconstruction method
+  (``--method sparsegpt``), :mod:`arrayprune.adapters.pipeline.reconstruct_stage`; a Hugging Face
+  folder with ``--calibration`` tokens (or ``--hessians``): :mod:`arrayprune.adapters.pipeline.hf_stage`.
 * **write**: atomic (:func:`arrayprune.adapters.formats.save`, or the checkpoint's own
   writer), then ``verify`` (ONNX) on what was written.
 * **summary**: the counts of zeros (:mod:`arrayprune.adapters.summary`) and what to
   warn about, in the :class:`PruneResult`.
 
 A new stage is a function here that :func:`run` calls in its place; a new option is a
-field of :class:`~arrayprune.adapters.request.PruneSpec` (see CONTRIBUTING.md).
+field of :class:`~arrayprune.adapters.pipeline.request.PruneSpec` (see CONTRIBUTING.md).
 """
 
 from __future__ import annotations
@@ -47,34 +47,40 @@ import arrayprune
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters import provenance
-from arrayprune.adapters.allocation import OWL, allocate
-from arrayprune.adapters.devices import Device, device_problem, onnx_device, parse_device
-from arrayprune.adapters.errors import PruneError, error_text, optional_module, raise_problems
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.arrays import release_pages
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile, TensorFiles
-from arrayprune.adapters.hf_stage import (
+from arrayprune.adapters.pipeline.allocation import OWL, allocate
+from arrayprune.adapters.pipeline.devices import Device, device_problem, onnx_device, parse_device
+from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module, raise_problems
+from arrayprune.adapters.pipeline.hf_stage import (
     calibrated,
     calibration_problems,
     dense_input_norms,
     outside_note,
 )
-from arrayprune.adapters.hooks import Hooks
-from arrayprune.adapters.option_files import option_file_problems, problem_of
-from arrayprune.adapters.outputs import check_not_input, check_output_name, check_whole_output
+from arrayprune.adapters.pipeline.hooks import Hooks
+from arrayprune.adapters.pipeline.option_files import option_file_problems, problem_of
+from arrayprune.adapters.pipeline.outputs import check_not_input, check_output_name, check_whole_output
+from arrayprune.adapters.pipeline.prune_result import (
+    NEARLY_EMPTY,
+    PruneResult,
+    count_note,
+    nearly_empty_warning,
+    nm_warnings,
+)
+from arrayprune.adapters.pipeline.reconstruct_stage import input_refusal, reconstruct
+from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS
+from arrayprune.adapters.pipeline.request import PruneSpec, method_arguments, spec_from
+from arrayprune.adapters.pipeline.scoring import input_norms, method_for, scores_for, target_scores
+from arrayprune.adapters.pipeline.shrinking import run_shrink
+from arrayprune.adapters.pipeline.storage import StreamedCheckpoint, WholeFile, check_arrays, open_storage
+from arrayprune.adapters.pipeline.stream_pruning import global_counts, prune_source, streams
+from arrayprune.adapters.pipeline.targets import plan_for, selected_targets
+from arrayprune.adapters.pipeline.verify_stage import compare_outputs, verify_inputs
 from arrayprune.adapters.plan import PlanEntry, _name, stream_seed
-from arrayprune.adapters.prune_result import NEARLY_EMPTY, PruneResult, count_note, nearly_empty_warning, nm_warnings
-from arrayprune.adapters.reconstruct_stage import input_refusal, reconstruct
-from arrayprune.adapters.reconstruction_methods import RECONSTRUCTIONS
-from arrayprune.adapters.request import PruneSpec, method_arguments, spec_from
-from arrayprune.adapters.scoring import input_norms, method_for, scores_for, target_scores
-from arrayprune.adapters.shrinking import run_shrink
-from arrayprune.adapters.storage import StreamedCheckpoint, WholeFile, check_arrays, open_storage
-from arrayprune.adapters.stream_pruning import global_counts, prune_source, streams
 from arrayprune.adapters.summary import PruneSummary, Totals, report_rows, totals
-from arrayprune.adapters.targets import plan_for, selected_targets
 from arrayprune.adapters.trees import lookup
-from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
 
 __all__ = [
     "NEARLY_EMPTY",
@@ -262,7 +268,7 @@ def _write_streamed(
     with the provenance record `made`.
 
     Global pruning with per-tensor bounds or LAMP scores finds each target's count first
-    (:func:`~arrayprune.adapters.stream_pruning.global_counts`, before anything is
+    (:func:`~arrayprune.adapters.pipeline.stream_pruning.global_counts`, before anything is
     written); each target is then pruned alone to its count, ranked as the global
     ranking ranks it, which writes the masks of the global ranking.
     """
@@ -565,7 +571,7 @@ def prune_file(src: Any, dst: Any = None, *, hooks: Hooks = Hooks(), **options: 
         ``lamp``, ``calibration``, ``calibration_batch``, ``input_norms``, ``seed``,
         ``keep_masks``, ``force``, ``dry_run``, ``verify``, ``verify_data``,
         ``verify_tol``, ``one_pass``, ``hessians``, ``shrink``, ``groups``, ``allocation``, ``device``: see
-        :class:`~arrayprune.adapters.request.PruneSpec`.
+        :class:`~arrayprune.adapters.pipeline.request.PruneSpec`.
 
     Returns
     -------

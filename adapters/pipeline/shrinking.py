@@ -7,11 +7,11 @@ sliced (:func:`arrayprune.adapters.shrink.shrink_onnx`; groups from
 :func:`arrayprune.adapters.roles.onnx_groups.onnx_groups`). :func:`arrayprune.adapters.pipeline.run`
 hands a request with ``shrink`` to :func:`run_shrink`, which runs in its place:
 
-* **request**: :func:`arrayprune.adapters.shrink_request.check_shrink` (through
+* **request**: :func:`arrayprune.adapters.pipeline.shrink_request.check_shrink` (through
   ``PruneSpec.checked``) refuses the options that cannot go with it;
 * **open**: :func:`refusal` says what the input's format cannot do (channel groups come
   from an ONNX graph, or from a Hugging Face checkpoint folder, which
-  :func:`arrayprune.adapters.shrink_checkpoint.run_checkpoint_shrink` shrinks tensor by
+  :func:`arrayprune.adapters.pipeline.shrink_checkpoint.run_checkpoint_shrink` shrinks tensor by
   tensor, MLP channels or attention heads);
 * **groups**: the dry run lists each group (members, channels before and after) and each
   producer left, with its reason;
@@ -33,21 +33,21 @@ import numpy as np
 from arrayprune import amount as _amount
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import provenance
-from arrayprune.adapters.errors import PruneError, error_text, optional_module
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.onnx import _PROTOBUF_LIMIT, inline_tensor, iter_initializers
 from arrayprune.adapters.formats.weightfile import WeightFile
-from arrayprune.adapters.hooks import Hooks
-from arrayprune.adapters.outputs import check_whole_output
-from arrayprune.adapters.prune_result import PruneResult, ShrinkResult, shrink_notes
-from arrayprune.adapters.request import PruneSpec, method_arguments
+from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
+from arrayprune.adapters.pipeline.hooks import Hooks
+from arrayprune.adapters.pipeline.outputs import check_whole_output
+from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult, shrink_notes
+from arrayprune.adapters.pipeline.request import PruneSpec, method_arguments
+from arrayprune.adapters.pipeline.shrink_checkpoint import run_checkpoint_shrink
+from arrayprune.adapters.pipeline.storage import WholeFile
+from arrayprune.adapters.pipeline.targets import plan_for
+from arrayprune.adapters.pipeline.verify_stage import compare_outputs, verify_inputs
 from arrayprune.adapters.roles.onnx_groups import OnnxGroups, onnx_groups
 from arrayprune.adapters.shrink import shrink_onnx
-from arrayprune.adapters.shrink_checkpoint import run_checkpoint_shrink
-from arrayprune.adapters.storage import WholeFile
 from arrayprune.adapters.summary import PruneSummary, Totals, report_rows, totals
-from arrayprune.adapters.targets import plan_for
-from arrayprune.adapters.verify_stage import compare_outputs, verify_inputs
 
 __all__ = ["ShrinkResult", "refusal", "run_shrink", "zeroed_reference"]
 

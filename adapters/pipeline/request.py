@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import arrayprune
-from arrayprune.adapters.allocation_request import check_allocation
-from arrayprune.adapters.devices import parse_device
-from arrayprune.adapters.errors import PruneError, PruneProblems
-from arrayprune.adapters.method_names import (
+from arrayprune.adapters.pipeline.allocation_request import check_allocation
+from arrayprune.adapters.pipeline.devices import parse_device
+from arrayprune.adapters.pipeline.errors import PruneError, PruneProblems
+from arrayprune.adapters.pipeline.method_names import (
     _OWN_FLAGS,
     PARAMETER_FLAGS,
     extra_flags,
@@ -40,8 +40,8 @@ from arrayprune.adapters.method_names import (
     runnable_methods,
     scored_methods,
 )
-from arrayprune.adapters.reconstruction_methods import OWN_OPTIONS, RECONSTRUCTIONS, refusal
-from arrayprune.adapters.shrink_request import check_shrink
+from arrayprune.adapters.pipeline.reconstruction_methods import OWN_OPTIONS, RECONSTRUCTIONS, refusal
+from arrayprune.adapters.pipeline.shrink_request import check_shrink
 from arrayprune.adapters.verify import DEFAULT_TOL
 from arrayprune.method_parts import pattern_of, score_of
 from arrayprune.registry import constructor_parameters
@@ -227,17 +227,17 @@ class PruneSpec:
         Reconstruction methods: every Hessian from the dense model (else layer by layer).
     shrink : bool, default False
         ONNX or Hugging Face folder: remove the channels a structured method drops
-        (see :mod:`arrayprune.adapters.shrinking`).
+        (see :mod:`arrayprune.adapters.pipeline.shrinking`).
     groups : {"channels", "heads"}, optional
         ``shrink``: what a group is (``"channels"``, the default; ``"heads"``: attention heads, HF).
     allocation : str, optional
         Each weight's share of `amount`: a sensitivity scan's JSON file (``arrayprune
-        scan``) or ``"owl"`` (see :mod:`arrayprune.adapters.allocation`); bounded by
+        scan``) or ``"owl"`` (see :mod:`arrayprune.adapters.pipeline.allocation`); bounded by
         `min_sparsity` and `max_sparsity`.
     allocation_check : bool, default True
         With a scan's ``allocation`` and ``calibration`` (or `allocation_check_data`):
         check the scan's allocation, uniform and global jointly on the calibration data
-        and take the least error (:mod:`arrayprune.adapters.allocation`); False: the
+        and take the least error (:mod:`arrayprune.adapters.pipeline.allocation`); False: the
         scan's allocation as it is.
     allocation_check_data : str, optional
         ONNX, a scan's ``allocation``: the samples (``.npz``, graph input name ->
@@ -254,7 +254,7 @@ class PruneSpec:
         Where `calibration` runs (``--device``): ``"cpu"`` (the default), ``"cuda"`` or
         ``"cuda:N"``; a Hugging Face folder one decoder layer on the device at a time, an
         ONNX model on onnxruntime's CUDA execution provider (see
-        :mod:`arrayprune.adapters.devices`).
+        :mod:`arrayprune.adapters.pipeline.devices`).
     """
 
     method: str = "l1_unstructured"

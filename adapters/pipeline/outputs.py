@@ -12,10 +12,10 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from arrayprune.adapters.errors import PruneError
 from arrayprune.adapters.formats import FormatError, detect_format
 from arrayprune.adapters.formats.onnx import _parse_onnx
 from arrayprune.adapters.formats.onnx_skeleton import external_locations
+from arrayprune.adapters.pipeline.errors import PruneError
 
 __all__ = ["check_output_name", "check_not_input"]
 

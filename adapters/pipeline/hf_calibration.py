@@ -38,10 +38,10 @@ from typing import Any
 import numpy as np
 
 from arrayprune.adapters import mapping as mp
-from arrayprune.adapters.calibration import read_calibration
-from arrayprune.adapters.errors import optional_module
 from arrayprune.adapters.formats.safetensors_stream import TensorFiles
-from arrayprune.adapters.reconstruction_methods import RECONSTRUCTIONS
+from arrayprune.adapters.pipeline.calibration import read_calibration
+from arrayprune.adapters.pipeline.errors import optional_module
+from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS
 
 __all__ = ["BATCH_ROWS", "TOKENS_KEY", "calibrate_checkpoint", "hf_folder", "read_tokens", "token_problems"]
 
@@ -99,7 +99,7 @@ def token_problems(arrays: Mapping[str, np.ndarray], vocab_size: int | None) -> 
     Parameters
     ----------
     arrays : mapping of str to ndarray
-        The arrays of the calibration file (:func:`~arrayprune.adapters.calibration.read_calibration`).
+        The arrays of the calibration file (:func:`~arrayprune.adapters.pipeline.calibration.read_calibration`).
     vocab_size : int or None
         The model's vocabulary size (``config.json``); None: the range is not checked.
 

@@ -24,7 +24,7 @@ chunk by chunk. The output folder replaces `dst` as a whole
 
 Examples
 --------
->>> from arrayprune.adapters.shrink_checkpoint import shrink_checkpoint
+>>> from arrayprune.adapters.pipeline.shrink_checkpoint import shrink_checkpoint
 >>> done = shrink_checkpoint("Llama-3-8B", "Llama-3-8B-mlp50", 0.5)  # doctest: +SKIP
 >>> done.config  # doctest: +SKIP
 {'intermediate_size': 7168}
@@ -42,20 +42,19 @@ from typing import Any
 import numpy as np
 
 from arrayprune import amount as _amount
-from arrayprune.adapters.errors import PruneError, error_text
-from arrayprune.adapters.prune_result import PruneResult, ShrinkResult, shrink_notes
-from arrayprune.adapters.request import method_arguments
+from arrayprune.adapters import provenance
+from arrayprune.adapters.formats import sharded
+from arrayprune.adapters.formats.errors import FormatError, write_failure
+from arrayprune.adapters.formats.safetensors_stream import StoredTensor, TensorFiles, TensorWriter
+from arrayprune.adapters.pipeline.errors import PruneError, error_text
+from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult, shrink_notes
+from arrayprune.adapters.pipeline.request import method_arguments
+from arrayprune.adapters.provenance import KEY
+from arrayprune.adapters.roles.hf_config import CONFIG_NAME, config_bytes, read_config
+from arrayprune.adapters.roles.hf_groups import HfGroup, HfGroups, HfGroupsError, hf_groups
+from arrayprune.adapters.shrink import _check_method, _per_group_methods
 from arrayprune.adapters.summary import PruneSummary, Totals
 from arrayprune.groups import choose_channels, group_scores
-
-from . import provenance
-from .formats import sharded
-from .formats.errors import FormatError, write_failure
-from .formats.safetensors_stream import StoredTensor, TensorFiles, TensorWriter
-from .provenance import KEY
-from .roles.hf_config import CONFIG_NAME, config_bytes, read_config
-from .roles.hf_groups import HfGroup, HfGroups, HfGroupsError, hf_groups
-from .shrink import _check_method, _per_group_methods
 
 __all__ = ["CheckpointShrink", "open_hf", "plan_checkpoint_shrink", "run_checkpoint_shrink", "shrink_checkpoint"]
 
@@ -289,7 +288,7 @@ def run_checkpoint_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> A
     Returns
     -------
     PruneResult
-        With ``shrink`` (a :class:`~arrayprune.adapters.shrinking.ShrinkResult`).
+        With ``shrink`` (a :class:`~arrayprune.adapters.pipeline.shrinking.ShrinkResult`).
 
     Raises
     ------

@@ -3,7 +3,7 @@
 A reconstruction method prunes a weight *and updates the entries it keeps* from
 calibration data (``arrayprune prune --method sparsegpt``). :data:`RECONSTRUCTIONS` says
 which methods these are and what each needs; :func:`refusal` checks a request's options
-for them. The stage that runs them is :mod:`arrayprune.adapters.reconstruct_stage`.
+for them. The stage that runs them is :mod:`arrayprune.adapters.pipeline.reconstruct_stage`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from arrayprune.adapters.reconstruction import onnx_sparsegpt
+from arrayprune.adapters.pipeline.reconstruction import onnx_sparsegpt
 
 __all__ = ["OWN_OPTIONS", "RECONSTRUCTIONS", "Reconstruction", "refusal"]
 
@@ -26,7 +26,7 @@ class Reconstruction:
     ----------
     engine : callable
         ``engine(wf, names, calibration, *, amount=, n=, m=, sequential=, batch_size=)``
-        -> ``{name: (weight, mask)}`` (:func:`~arrayprune.adapters.reconstruction.onnx_sparsegpt`).
+        -> ``{name: (weight, mask)}`` (:func:`~arrayprune.adapters.pipeline.reconstruction.onnx_sparsegpt`).
     formats : tuple of str
         The input formats holding a graph the engine runs.
     elsewhere : str
@@ -72,7 +72,7 @@ def refusal(spec: Any) -> str | None:
     """The option of `spec` that a reconstruction method refuses (or that needs one), as one line; None if all apply.
 
     The other options are checked as those of the stand-in mask method
-    (:meth:`Reconstruction.stand_in`) by :meth:`~arrayprune.adapters.request.PruneSpec.checked`.
+    (:meth:`Reconstruction.stand_in`) by :meth:`~arrayprune.adapters.pipeline.request.PruneSpec.checked`.
     """
     method = spec.method
     if method not in RECONSTRUCTIONS:

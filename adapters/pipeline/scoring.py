@@ -7,18 +7,18 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from arrayprune.adapters.calibration import (
+from arrayprune.adapters.pipeline.calibration import (
     BATCH_SIZE,
     onnx_input_norms,
     read_calibration,
     read_input_norms,
     wanda_scores_for,
 )
-from arrayprune.adapters.errors import PruneError, error_text, optional_module
-from arrayprune.adapters.hooks import Hooks
+from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
+from arrayprune.adapters.pipeline.hooks import Hooks
+from arrayprune.adapters.pipeline.request import PruneSpec, method_arguments
+from arrayprune.adapters.pipeline.storage import WholeFile
 from arrayprune.adapters.plan import PlanEntry, stream_seed
-from arrayprune.adapters.request import PruneSpec, method_arguments
-from arrayprune.adapters.storage import WholeFile
 
 __all__ = ["input_norms", "method_for", "scores_for", "target_scores"]
 

@@ -16,7 +16,7 @@ against the dense model's is the weight's *curve*. Fragile weights have steep cu
 
 The masks are those of the pruning pipeline (:func:`arrayprune.adapters.pipeline.method_for`:
 ``l1_unstructured``, ``wanda``, ``ln_structured`` along each weight's output axis) and,
-for ``sparsegpt``, the reconstruction of :mod:`arrayprune.adapters.reconstruction` (each
+for ``sparsegpt``, the reconstruction of :mod:`arrayprune.adapters.pipeline.reconstruction` (each
 weight's Hessian from the dense model). The metric is the relative squared error
 ``sum((y - y0)^2) / sum(y0^2)`` of every floating output ``y`` against the dense ``y0``
 over all calibration samples, averaged over the outputs.
@@ -38,16 +38,22 @@ import numpy as np
 
 import arrayprune
 from arrayprune.adapters import formats as fmt
-from arrayprune.adapters.calibration import _check_inputs, _fed_inputs, _run_batches, _session, onnx_input_norms
 from arrayprune.adapters.formats.files import read_json
-from arrayprune.adapters.method_names import scan_methods
+from arrayprune.adapters.pipeline.calibration import (
+    _check_inputs,
+    _fed_inputs,
+    _run_batches,
+    _session,
+    onnx_input_norms,
+)
+from arrayprune.adapters.pipeline.method_names import scan_methods
+from arrayprune.adapters.pipeline.reconstruction import _hessians, _prune, _target
+from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS
+from arrayprune.adapters.pipeline.request import PruneSpec
+from arrayprune.adapters.pipeline.scoring import method_for, scores_for
 from arrayprune.adapters.plan import PlanEntry, file_roles, make_plan
-from arrayprune.adapters.reconstruction import _hessians, _prune, _target
-from arrayprune.adapters.reconstruction_methods import RECONSTRUCTIONS
-from arrayprune.adapters.request import PruneSpec
 from arrayprune.adapters.roles.names import tree_roles
 from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds
-from arrayprune.adapters.scoring import method_for, scores_for
 from arrayprune.method_parts import score_of
 
 __all__ = [

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from arrayprune.adapters.errors import PruneError, error_text
-from arrayprune.adapters.hf_stage import leave_outside_layers
+from arrayprune.adapters.pipeline.errors import PruneError, error_text
+from arrayprune.adapters.pipeline.hf_stage import leave_outside_layers
+from arrayprune.adapters.pipeline.request import PruneSpec
+from arrayprune.adapters.pipeline.storage import StreamedCheckpoint
 from arrayprune.adapters.plan import PlanEntry, make_plan
-from arrayprune.adapters.request import PruneSpec
-from arrayprune.adapters.storage import StreamedCheckpoint
 from arrayprune.amount import normalize_dim
 
 __all__ = ["plan_for", "selected_targets"]
@@ -23,7 +23,7 @@ def plan_for(storage: Any, spec: PruneSpec, *, reach: bool = True) -> list[PlanE
     """The plan of the request; a ``--dim`` out of range for a selected weight is refused.
 
     With `reach` (the default), weights that layer-by-layer calibration cannot reach are
-    left (:func:`~arrayprune.adapters.hf_stage.leave_outside_layers`, which builds the
+    left (:func:`~arrayprune.adapters.pipeline.hf_stage.leave_outside_layers`, which builds the
     model's skeleton with transformers); without, the plan needs no framework, for the
     checks made before one is imported.
     """

@@ -2,9 +2,9 @@
 
 With ``--calibration tokens.npz`` on a safetensors checkpoint (``--method sparsegpt``, or
 a method ranking by Wanda's scores), :func:`calibrated` runs
-:func:`~arrayprune.adapters.hf_calibration.calibrate_checkpoint` before the checkpoint is
+:func:`~arrayprune.adapters.pipeline.hf_calibration.calibrate_checkpoint` before the checkpoint is
 written: the pruned weights wait in a temporary folder beside the output, and the
-streaming writer (:func:`~arrayprune.adapters.stream_pruning.prune_source`) writes them
+streaming writer (:func:`~arrayprune.adapters.pipeline.stream_pruning.prune_source`) writes them
 in place of the stored ones. With ``--method sparsegpt --hessians hessians.npz`` on any
 safetensors file or checkpoint, :func:`given_hessians` reconstructs each weight from its
 given Hessian as the writer reaches it (no model is run). :func:`input_refusal` says why
@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 
 import arrayprune
-from arrayprune.adapters.calibration import _read_npz, read_calibration
-from arrayprune.adapters.errors import PruneError, error_text, optional_module
 from arrayprune.adapters.formats import FormatError
 from arrayprune.adapters.formats.errors import write_failure
 from arrayprune.adapters.formats.files import read_json
 from arrayprune.adapters.formats.safetensors_stream import TensorFiles
-from arrayprune.adapters.hf_calibration import (
+from arrayprune.adapters.pipeline.calibration import _read_npz, read_calibration
+from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
+from arrayprune.adapters.pipeline.hf_calibration import (
     _skeleton,
     _stored,
     calibrate_checkpoint,
@@ -36,9 +36,9 @@ from arrayprune.adapters.hf_calibration import (
     token_problems,
     workdir_beside,
 )
-from arrayprune.adapters.reconstruction_methods import RECONSTRUCTIONS
+from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS
+from arrayprune.adapters.pipeline.scoring import method_for, scores_for
 from arrayprune.adapters.roles.hf_config import CONFIG_MAX_BYTES, CONFIG_NAME
-from arrayprune.adapters.scoring import method_for, scores_for
 
 __all__ = [
     "calibrated",
@@ -67,7 +67,7 @@ def calibration_problems(spec: Any, src: str) -> list[Exception]:
     Returns
     -------
     list of Exception
-        One :class:`~arrayprune.adapters.request.PruneError` or
+        One :class:`~arrayprune.adapters.pipeline.request.PruneError` or
         :class:`~arrayprune.adapters.formats.FormatError` per problem, each one line.
     """
 

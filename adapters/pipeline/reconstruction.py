@@ -31,7 +31,7 @@ import numpy as np
 import arrayprune
 from arrayprune import amount as _amount
 from arrayprune.adapters.blas_threads import blas_threads
-from arrayprune.adapters.calibration import _check_inputs, _fed_inputs, _run_batches, _session
+from arrayprune.adapters.pipeline.calibration import _check_inputs, _fed_inputs, _run_batches, _session
 from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds, weight_levels
 from arrayprune.reconstruction import check_sparsegpt_options
 
@@ -99,7 +99,7 @@ def onnx_sparsegpt(
         and ``Identity``).
     calibration : mapping of str to ndarray
         Every graph input (initializers aside) to samples along axis 0, as for
-        :func:`~arrayprune.adapters.calibration.onnx_input_norms`.
+        :func:`~arrayprune.adapters.pipeline.calibration.onnx_input_norms`.
     amount : int or float, or mapping of str to int or float, optional
         Fraction of each weight's entries to prune, or their number:
         ``round(amount * weight.size)`` per weight, exactly. A mapping gives each weight
@@ -115,7 +115,7 @@ def onnx_sparsegpt(
         are already pruned and updated; False: every Hessian from the dense model, in
         one pass.
     batch_size : int, optional
-        Samples run at a time; :data:`~arrayprune.adapters.calibration.BATCH_SIZE` if
+        Samples run at a time; :data:`~arrayprune.adapters.pipeline.calibration.BATCH_SIZE` if
         omitted.
 
     Returns
@@ -145,7 +145,7 @@ def onnx_sparsegpt(
     by group (the output slice of each group with its own Hessian), the count
     ``round(amount * weight.size)`` shared among groups to within one entry. A model
     with external data is handed to onnxruntime by path (see
-    :func:`~arrayprune.adapters.calibration.onnx_input_norms`). While every Hessian is
+    :func:`~arrayprune.adapters.pipeline.calibration.onnx_input_norms`). While every Hessian is
     at most :data:`~arrayprune.adapters.blas_threads.SMALL` wide, BLAS runs on one
     thread (:func:`~arrayprune.adapters.blas_threads.blas_threads`).
     """

@@ -5,12 +5,12 @@ calibration data run through the model's graph; it is not a mask method of
 :data:`arrayprune.METHODS`. :data:`RECONSTRUCTIONS` is the one place that says which
 methods these are and what each needs:
 
-* the request (:class:`~arrayprune.adapters.request.PruneSpec`) offers their names as
+* the request (:class:`~arrayprune.adapters.pipeline.request.PruneSpec`) offers their names as
   ``--method`` choices, checks their options with :func:`refusal` and with the checks of
   their *stand-in* mask method (``l1_unstructured`` for an ``--amount``,
   ``nm_structured`` for ``--nm N:M``), which also plans them (the targets, the axis of
   an N:M pattern) and, with ``--global``, ranks them: one magnitude threshold over all
-  targets, whose per-weight counts (:func:`~arrayprune.adapters.reconstruction.amounts_from_masks`)
+  targets, whose per-weight counts (:func:`~arrayprune.adapters.pipeline.reconstruction.amounts_from_masks`)
   the engine then prunes;
 * the pipeline refuses inputs without a graph to run (:func:`input_refusal`) and calls
   :func:`reconstruct` in place of masking, between plan and write.
@@ -31,13 +31,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from arrayprune.adapters import formats as fmt
-from arrayprune.adapters import hf_stage
 from arrayprune.adapters import mapping as mp
-from arrayprune.adapters.calibration import read_calibration
-from arrayprune.adapters.errors import PruneError, error_text, optional_module
 from arrayprune.adapters.formats import sharded
-from arrayprune.adapters.reconstruction import amounts_from_masks
-from arrayprune.adapters.reconstruction_methods import RECONSTRUCTIONS, Reconstruction, refusal
+from arrayprune.adapters.pipeline import hf_stage
+from arrayprune.adapters.pipeline.calibration import read_calibration
+from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
+from arrayprune.adapters.pipeline.reconstruction import amounts_from_masks
+from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS, Reconstruction, refusal
 
 __all__ = ["RECONSTRUCTIONS", "Reconstruction", "input_refusal", "reconstruct", "refusal"]
 

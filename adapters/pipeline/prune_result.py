@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from arrayprune.adapters.pipeline.request import PruneSpec
 from arrayprune.adapters.plan import PlanEntry, nm_shortfalls
-from arrayprune.adapters.request import PruneSpec
 from arrayprune.adapters.roles.onnx_groups import OnnxGroups
 from arrayprune.adapters.summary import PruneSummary
 from arrayprune.method_parts import N_OF_M, pattern_of
@@ -53,9 +53,9 @@ class PruneResult:
     verify_sizes : dict
         ``verify`` on random inputs: the sizes chosen for symbolic dimensions.
     shrink : ShrinkResult or None
-        ``shrink``: groups, channels kept, parameters (:mod:`arrayprune.adapters.shrinking`).
+        ``shrink``: groups, channels kept, parameters (:mod:`arrayprune.adapters.pipeline.shrinking`).
     allocation : Allocation or None
-        ``allocation``: each weight's share (:mod:`arrayprune.adapters.allocation`).
+        ``allocation``: each weight's share (:mod:`arrayprune.adapters.pipeline.allocation`).
     """
 
     src: str

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from arrayprune.adapters import verify
-from arrayprune.adapters.calibration import BATCH_SIZE, _read_npz, read_calibration
-from arrayprune.adapters.errors import PruneError, error_text
-from arrayprune.adapters.request import PruneSpec
+from arrayprune.adapters.pipeline.calibration import BATCH_SIZE, _read_npz, read_calibration
+from arrayprune.adapters.pipeline.errors import PruneError, error_text
+from arrayprune.adapters.pipeline.request import PruneSpec
 
 __all__ = ["compare_outputs", "verify_inputs"]
 

@@ -1,6 +1,6 @@
 """The request's ``--allocation`` options, checked: which apply, together with what.
 
-The allocation itself is :mod:`arrayprune.adapters.allocation`'s.
+The allocation itself is :mod:`arrayprune.adapters.pipeline.allocation`'s.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import arrayprune
-from arrayprune.adapters.method_names import scan_methods
+from arrayprune.adapters.pipeline.method_names import scan_methods
 from arrayprune.method_parts import pattern_of
 
 __all__ = ["OWL", "check_allocation"]

@@ -1,9 +1,9 @@
 """The options of a request that shrinks (``--shrink``, ``--groups``): what goes with them.
 
-Checked by :meth:`arrayprune.adapters.request.PruneSpec.checked`, before the other
+Checked by :meth:`arrayprune.adapters.pipeline.request.PruneSpec.checked`, before the other
 options, so that an option that cannot go with ``--shrink`` is named as such. What a
 file cannot do with them (not ONNX, heads in an ONNX graph) is the shrink stage's
-:func:`arrayprune.adapters.shrinking.refusal`, by the format of the input.
+:func:`arrayprune.adapters.pipeline.shrinking.refusal`, by the format of the input.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import arrayprune
-from arrayprune.adapters.errors import PruneError
+from arrayprune.adapters.pipeline.errors import PruneError
 
 __all__ = ["GROUPS", "channel_methods", "check_shrink"]
 

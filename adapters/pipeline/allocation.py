@@ -1,7 +1,7 @@
 """The allocation stage of the file pipeline: each weight's share of the pruning, ``prune --allocation``.
 
 ``--allocation scan.json`` reads the curves of a sensitivity scan
-(:mod:`arrayprune.adapters.scan`) and gives each selected weight the count of entries
+(:mod:`arrayprune.adapters.pipeline.scan`) and gives each selected weight the count of entries
 that minimises the summed predicted error (:func:`arrayprune.allocate_from_curves`);
 ``--allocation owl`` sets the counts from outlier ratios of the importance scores (OWL,
 :func:`arrayprune.owl_allocation`): Wanda's ``|W| * ||X||`` where the calibration data give
@@ -35,17 +35,17 @@ from typing import Any
 import numpy as np
 
 import arrayprune
-from arrayprune.adapters.allocation_request import OWL
-from arrayprune.adapters.calibration import read_calibration, wanda_scores_for
-from arrayprune.adapters.errors import PruneError, error_text
 from arrayprune.adapters.formats.arrays import to_numpy
 from arrayprune.adapters.formats.safetensors_stream import TensorFiles
+from arrayprune.adapters.pipeline.allocation_request import OWL
+from arrayprune.adapters.pipeline.calibration import read_calibration, wanda_scores_for
+from arrayprune.adapters.pipeline.errors import PruneError, error_text
+from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS
+from arrayprune.adapters.pipeline.request import PruneSpec
+from arrayprune.adapters.pipeline.scan import OnnxTrials, ScanResult
+from arrayprune.adapters.pipeline.scoring import input_norms, method_for, scores_for
+from arrayprune.adapters.pipeline.stream_pruning import read_whole
 from arrayprune.adapters.plan import file_roles, make_plan
-from arrayprune.adapters.reconstruction_methods import RECONSTRUCTIONS
-from arrayprune.adapters.request import PruneSpec
-from arrayprune.adapters.scan import OnnxTrials, ScanResult
-from arrayprune.adapters.scoring import input_norms, method_for, scores_for
-from arrayprune.adapters.stream_pruning import read_whole
 from arrayprune.allocation import _bounds, counts_near
 from arrayprune.method_parts import PER_OUTPUT, pattern_of
 
@@ -397,7 +397,7 @@ def measure_allocations(
 
     Each candidate prunes the model in memory (the masks of ``arrayprune prune``, or
     SparseGPT's reconstruction) and runs it on the calibration data with the pruned
-    weights fed to one onnxruntime session (:class:`arrayprune.adapters.scan.OnnxTrials`):
+    weights fed to one onnxruntime session (:class:`arrayprune.adapters.pipeline.scan.OnnxTrials`):
     the error is the scan's metric against the dense model, for all layers together.
 
     Parameters

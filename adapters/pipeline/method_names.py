@@ -2,7 +2,7 @@
 
 Read from the method table (:data:`arrayprune.METHODS`, methods registered at run time
 included) and the reconstruction methods
-(:data:`~arrayprune.adapters.reconstruction_methods.RECONSTRUCTIONS`): the ``--method``
+(:data:`~arrayprune.adapters.pipeline.reconstruction_methods.RECONSTRUCTIONS`): the ``--method``
 choices, each method's flags, the flags methods declare beyond the command line's own.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 
 import arrayprune
-from arrayprune.adapters.reconstruction_methods import RECONSTRUCTIONS
+from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS
 from arrayprune.method_parts import Flag, flags_of, pattern_of, score_of
 from arrayprune.registry import constructor_parameters
 
@@ -77,7 +77,7 @@ def _runnable(name: str) -> bool:
 def runnable_methods() -> tuple[str, ...]:
     """The methods a request can name: those of the table that prune something the options
     can describe (``identity`` has nothing to set; ``custom_from_mask`` needs a mask), and
-    the reconstruction methods (:data:`~arrayprune.adapters.reconstruct_stage.RECONSTRUCTIONS`).
+    the reconstruction methods (:data:`~arrayprune.adapters.pipeline.reconstruct_stage.RECONSTRUCTIONS`).
     Methods registered at run time (:func:`arrayprune.registry.register_method`) are in."""
     return (*(name for name in arrayprune.METHODS if method_flags(name) and _runnable(name)), *RECONSTRUCTIONS)
 

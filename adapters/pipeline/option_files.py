@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from arrayprune.adapters import formats as fmt
-from arrayprune.adapters.calibration import read_input_norms
-from arrayprune.adapters.errors import PruneError, error_text
 from arrayprune.adapters.formats.files import _require_regular
+from arrayprune.adapters.pipeline.calibration import read_input_norms
+from arrayprune.adapters.pipeline.errors import PruneError, error_text
+from arrayprune.adapters.pipeline.request import PruneSpec
+from arrayprune.adapters.pipeline.scan import ScanResult
 from arrayprune.adapters.plan import PlanEntry
-from arrayprune.adapters.request import PruneSpec
-from arrayprune.adapters.scan import ScanResult
 
 __all__ = ["option_file_problems", "problem_of"]
 
@@ -50,7 +50,7 @@ def option_file_problems(
         must cover.
     calibration : bool, default True
         Whether to check ``spec.calibration`` too (a Hugging Face folder's tokens are
-        checked by :func:`~arrayprune.adapters.hf_stage.calibration_problems`).
+        checked by :func:`~arrayprune.adapters.pipeline.hf_stage.calibration_problems`).
 
     Returns
     -------

@@ -1,0 +1,78 @@
+"""The file pipeline: what ``arrayprune prune`` runs, :func:`prune_file` from Python.
+
+Its modules import downwards only, in four layers (a test checks it:
+``tests/project/test_import_graph.py``)::
+
+    runner.py                   the sequence of stages: prune_file, prune_checkpoint, run
+      |
+    stages                      calibration.py, hf_calibration.py (statistics: onnxruntime,
+      |                         transformers layer by layer), reconstruction.py,
+      |                         reconstruct_stage.py, hf_stage.py (SparseGPT, Wanda on
+      |                         folders), allocation.py, scan.py, shrinking.py,
+      |                         shrink_checkpoint.py, stream_pruning.py, verify_stage.py,
+      |                         option_files.py, outputs.py
+      |
+    the job                     storage.py (the input, opened), targets.py (the plan and
+      |                         what is pruned), scoring.py (each target's method and
+      |                         scores), prune_result.py (what a run returns)
+      |
+    the request                 request.py (PruneSpec, validated once), method_names.py,
+      |                         allocation_request.py, shrink_request.py,
+      |                         reconstruction_methods.py, devices.py
+      |
+    errors.py, hooks.py         one-line errors; stage announcements and progress bars
+
+Below the package: :mod:`arrayprune.adapters.plan`, ``roles/``, ``formats/``,
+``mapping.py`` and the core. Above it: the command line (``cli/``). This module exports
+the entry points of :mod:`.runner` when first used, so that importing one stage does not
+import them all.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .runner import (
+        NEARLY_EMPTY,
+        Hooks,
+        PruneError,
+        PruneResult,
+        PruneSpec,
+        StreamedCheckpoint,
+        WholeFile,
+        check_arrays,
+        input_norms,
+        method_for,
+        open_storage,
+        prune_checkpoint,
+        prune_file,
+        run,
+        scores_for,
+    )
+
+__all__ = [
+    "NEARLY_EMPTY",
+    "Hooks",
+    "PruneError",
+    "PruneResult",
+    "PruneSpec",
+    "StreamedCheckpoint",
+    "WholeFile",
+    "check_arrays",
+    "input_norms",
+    "method_for",
+    "open_storage",
+    "prune_checkpoint",
+    "prune_file",
+    "run",
+    "scores_for",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from . import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
