@@ -1,26 +1,27 @@
 """The file pipeline: what ``arrayprune prune`` runs, :func:`prune_file` from Python.
 
-Its modules import downwards only, in four layers (a test checks it:
+Its modules import downwards only, in six layers (a test checks it:
 ``tests/project/test_import_graph.py``)::
 
-    runner.py                   the sequence of stages: prune_file, prune_checkpoint, run
-      |
-    stages                      calibration.py, hf_calibration.py (statistics: onnxruntime,
-      |                         transformers layer by layer), reconstruction.py,
-      |                         reconstruct_stage.py, hf_stage.py (SparseGPT, Wanda on
-      |                         folders), allocation.py, scan.py, shrinking.py,
-      |                         shrink_checkpoint.py, stream_pruning.py, verify_stage.py,
-      |                         option_files.py, outputs.py
-      |
-    the job                     storage.py (the input, opened), targets.py (the plan and
-      |                         what is pruned), scoring.py (each target's method and
-      |                         scores), prune_result.py (what a run returns)
-      |
-    the request                 request.py (PruneSpec, validated once), method_names.py,
-      |                         allocation_request.py, shrink_request.py,
-      |                         reconstruction_methods.py, devices.py
-      |
-    errors.py, hooks.py         one-line errors; stage announcements and progress bars
+    runner.py        the sequence of stages: prune_file, prune_checkpoint, run
+       |
+    stages           targets.py (the plan, what is pruned), outputs.py, option_files.py,
+       |             verify_stage.py, hf_stage.py (Hugging Face folders), reconstruct_stage.py
+       |             (SparseGPT on a graph), allocation.py, scan.py, shrinking.py and
+       |             shrink_checkpoint.py (--shrink on ONNX and on folders)
+       |
+    the job          storage.py (the input, opened), scoring.py (each target's method and
+       |             scores), prune_result.py (what a run returns)
+       |
+    engines          calibration.py (onnxruntime statistics), hf_calibration.py (transformers,
+       |             layer by layer), reconstruction.py (SparseGPT through a graph),
+       |             stream_pruning.py (tensor by tensor, in bounded memory)
+       |
+    the request      request.py (PruneSpec, validated once), method_names.py (the --method
+       |             choices and flags), allocation_request.py, shrink_request.py,
+       |             reconstruction_methods.py (which methods reconstruct, their options)
+       |
+    errors.py, hooks.py, devices.py    one-line errors; stages and progress; --device
 
 Below the package: :mod:`arrayprune.adapters.plan`, ``roles/``, ``formats/``,
 ``mapping.py`` and the core. Above it: the command line (``cli/``). This module exports

@@ -22,8 +22,9 @@ model in one pass.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -35,7 +36,7 @@ from arrayprune.adapters.pipeline.calibration import _check_inputs, _fed_inputs,
 from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds, weight_levels
 from arrayprune.reconstruction import check_sparsegpt_options
 
-__all__ = ["Reconstructed", "amounts_from_masks", "onnx_sparsegpt"]
+__all__ = ["ONNX_ENGINES", "Reconstructed", "amounts_from_masks", "onnx_sparsegpt"]
 
 #: The operators whose weights SparseGPT reconstructs here.
 OPERATORS = ("MatMul", "Gemm", "Conv")
@@ -342,3 +343,10 @@ def _prune(target: _Target, weight: np.ndarray, hessians: list[Any], options: Ma
 def _share(total: int, parts: int, upto: int) -> int:
     """``floor(total * upto / parts + 1/2)``: the entries pruned in the first `upto` parts."""
     return (2 * total * upto + parts) // (2 * parts)
+
+
+#: The engine of each reconstruction method of
+#: :data:`~arrayprune.adapters.pipeline.reconstruction_methods.RECONSTRUCTIONS` on an ONNX
+#: graph: ``engine(wf, names, calibration, *, amount=, n=, m=, sequential=, batch_size=)``
+#: -> ``{name: Reconstructed}``.
+ONNX_ENGINES: Mapping[str, Callable[..., Mapping[str, Any]]] = MappingProxyType({"sparsegpt": onnx_sparsegpt})

@@ -3,17 +3,17 @@
 A reconstruction method prunes a weight *and updates the entries it keeps* from
 calibration data (``arrayprune prune --method sparsegpt``). :data:`RECONSTRUCTIONS` says
 which methods these are and what each needs; :func:`refusal` checks a request's options
-for them. The stage that runs them is :mod:`arrayprune.adapters.pipeline.reconstruct_stage`.
+for them. The engine that runs each on an ONNX graph is in
+:data:`arrayprune.adapters.pipeline.reconstruction.ONNX_ENGINES`; the stage is
+:mod:`arrayprune.adapters.pipeline.reconstruct_stage`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
-
-from arrayprune.adapters.pipeline.reconstruction import onnx_sparsegpt
 
 __all__ = ["OWN_OPTIONS", "RECONSTRUCTIONS", "Reconstruction", "refusal"]
 
@@ -24,9 +24,6 @@ class Reconstruction:
 
     Attributes
     ----------
-    engine : callable
-        ``engine(wf, names, calibration, *, amount=, n=, m=, sequential=, batch_size=)``
-        -> ``{name: (weight, mask)}`` (:func:`~arrayprune.adapters.pipeline.reconstruction.onnx_sparsegpt`).
     formats : tuple of str
         The input formats holding a graph the engine runs.
     elsewhere : str
@@ -36,7 +33,6 @@ class Reconstruction:
         global ranking) with an ``--amount`` and with ``--nm N:M``.
     """
 
-    engine: Callable[..., Mapping[str, Any]]
     formats: tuple[str, ...]
     elsewhere: str
     by_amount: str = "l1_unstructured"
@@ -54,7 +50,6 @@ class Reconstruction:
 RECONSTRUCTIONS: Mapping[str, Reconstruction] = MappingProxyType(
     {
         "sparsegpt": Reconstruction(
-            engine=onnx_sparsegpt,
             formats=("onnx",),
             elsewhere=(
                 "a Hugging Face folder runs with --calibration tokens.npz; "

@@ -172,8 +172,45 @@ def test_own_modules_are_imported_at_the_top_unless_an_optional_dependency_is_de
     assert deferred == []
 
 
+#: The layers of :mod:`arrayprune.adapters.pipeline`, bottom first (its docstring draws
+#: them): a module imports modules of its own layer or of those below.
+PIPELINE_LAYERS = (
+    ("errors", "hooks", "devices"),
+    ("request", "method_names", "allocation_request", "shrink_request", "reconstruction_methods"),
+    ("calibration", "hf_calibration", "reconstruction", "stream_pruning"),
+    ("storage", "scoring", "prune_result"),
+    (
+        "targets", "outputs", "option_files", "verify_stage", "hf_stage", "reconstruct_stage", "allocation", "scan",
+        "shrinking", "shrink_checkpoint",
+    ),
+    ("runner",),
+)  # fmt: skip
+
+
+def _upward(arrows: dict, layers: tuple, package: str) -> list[str]:
+    level = {f"{package}.{m}": i for i, layer in enumerate(layers) for m in layer}
+    return [
+        f"{name} (layer {level[name]}) imports {target} (layer {level[target]})"
+        for name, out in sorted(arrows.items())
+        if name in level
+        for target, *_ in out
+        if target in level and level[target] > level[name]
+    ]
+
+
+def test_the_pipeline_imports_down_its_layers():
+    arrows, _ = _graph()
+    package = "arrayprune.adapters.pipeline"
+    modules = {n.rpartition(".")[2] for n in arrows if n.startswith(package + ".")}
+    assert modules == {m for layer in PIPELINE_LAYERS for m in layer}  # every module has its layer
+    assert _upward(arrows, PIPELINE_LAYERS, package) == []
+
+
 def test_the_checks_can_fail():
     arrows = {"a": [("b", False, 1, False)], "b": [("c", True, 1, False)], "c": [("a", False, 1, False)], "d": []}
     assert _circles(arrows) == [["a", "b", "c"]]
     optional = {"a": False, "b": True, "c": False, "d": False}
     assert _needs_optional("a", arrows, optional) and not _needs_optional("c", {**arrows, "a": []}, optional)
+    assert _upward(arrows, (("c",), ("b",), ("a",)), "p") == []
+    layered = {"p.a": [("p.b", False, 1, False)], "p.b": []}
+    assert _upward(layered, (("a",), ("b",)), "p") == ["p.a (layer 0) imports p.b (layer 1)"]
