@@ -175,14 +175,18 @@ class _RadixSelect:
     def _kth_key_radix(self, k: int) -> tuple[Array, Array, Array]:
         """Radix select, most significant digit first."""
         xp = self.xp
+        digit_bits = min(max(DIGIT_BITS, 1), 30)
         value_bits = self.width - 1
-        passes = -(-value_bits // DIGIT_BITS)
-        first = value_bits - DIGIT_BITS * (passes - 1)
+        passes = -(-value_bits // digit_bits)
+        first = value_bits - digit_bits * (passes - 1)
         shift = value_bits - first
         # Pass 1: the top digit; ineligible keys (-1) land in bin 0 (offset by one).
         offset = int(self.shifted)
-        hist = self._histogram([(key >> shift) + offset if offset else key >> shift for key in self.keys],
-                               (1 << first) + offset)
+        tops = [key >> shift if shift else key for key in self.keys]
+        if offset:
+            # Unshifted 16-bit keys are widened first: the NaN key 0x7fff plus one overflows.
+            tops = [(t if shift else xp.astype(t, xp.int32)) + offset for t in tops]
+        hist = self._histogram(tops, (1 << first) + offset)
         kk = self._scalar(k)
         if self.shifted:
             kk = xp.minimum(kk + hist[:1], self._scalar(self.total))
@@ -190,11 +194,12 @@ class _RadixSelect:
         low = xp.clip(chosen - offset, 0, None) << shift  # the smallest key of the chosen bin
         span = shift  # keys in [low, low + 2**span) hold rank kk
         while span > 0:
-            shift = max(span - DIGIT_BITS, 0)
+            shift = max(span - digit_bits, 0)
             # Bin 0: keys below `low`; 1 .. 2**(span-shift): the digit plus one; the last:
             # keys above the range. Clipping first keeps every difference in range.
             start = low - (1 << shift)
-            end = xp.clip(low + (1 << span), None, self.max_key)
+            # min(low + 2**span, max_key), without overflowing int64
+            end = xp.clip(low, None, self.max_key - (1 << span)) + (1 << span)
             start_key, end_key = self._as_key(start), self._as_key(end)
             digits = [(key.clip(start_key, end_key) - start_key) >> shift for key in self.keys]
             hist = self._histogram(digits, (1 << (span - shift)) + 2)
