@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 
 import arrayprune as ap
-from arrayprune.selection import device as device_route
 from arrayprune._namespace import namespace
+from arrayprune.selection import device as device_route
 from arrayprune.selection import portable
 
 try:
@@ -194,21 +194,29 @@ def exactness(results: Results, args: argparse.Namespace) -> None:
                 )
                 if not all(np.array_equal(to_numpy(g), w) for g, w in zip(got_c, want_c, strict=True)):
                     bad["cupy"].append(f"several {dtype} k={k}")
-    results.check(f"masks: torch {DEVICE} (accelerator route) == torch CPU (host route)", not bad["torch"],
-                  f"{len(bad['torch'])} of {cases} differ: {bad['torch'][:5]}")
+    results.check(
+        f"masks: torch {DEVICE} (accelerator route) == torch CPU (host route)",
+        not bad["torch"],
+        f"{len(bad['torch'])} of {cases} differ: {bad['torch'][:5]}",
+    )
     if cupy is not None:
         results.check("masks: CuPy == NumPy", not bad["cupy"], f"{len(bad['cupy'])} differ: {bad['cupy'][:5]}")
     tiny = np.finfo(np.float32).smallest_subnormal
     w = np.array([3 * tiny, 0.0, tiny, -2 * tiny, 5 * tiny, -tiny, 0.0, 4 * tiny], dtype=np.float32)
     want = [True, False, False, True, True, False, False, True]
-    results.check(f"subnormals rank by value: torch {DEVICE}",
-                  np.array_equal(to_numpy(ap.l1_unstructured(torch.from_numpy(w).to(DEVICE), 4)), want))
+    results.check(
+        f"subnormals rank by value: torch {DEVICE}",
+        np.array_equal(to_numpy(ap.l1_unstructured(torch.from_numpy(w).to(DEVICE), 4)), want),
+    )
     if cupy is not None:
-        results.check("subnormals rank by value: CuPy",
-                      np.array_equal(to_numpy(ap.l1_unstructured(cupy.asarray(w), 4)), want))
+        results.check(
+            "subnormals rank by value: CuPy", np.array_equal(to_numpy(ap.l1_unstructured(cupy.asarray(w), 4)), want)
+        )
         wanda = ap.wanda(cupy.asarray(w.reshape(2, 4)), 2, dim=0)
-        results.check("subnormals rank by value: Wanda on CuPy",
-                      np.array_equal(to_numpy(wanda), np.reshape(ap.wanda(w.reshape(2, 4), 2, dim=0), (2, 4))))
+        results.check(
+            "subnormals rank by value: Wanda on CuPy",
+            np.array_equal(to_numpy(wanda), np.reshape(ap.wanda(w.reshape(2, 4), 2, dim=0), (2, 4))),
+        )
 
 
 def _sizes(args: argparse.Namespace) -> list[int]:
@@ -222,23 +230,34 @@ def l1(results: Results, args: argparse.Namespace) -> None:
         k = n // 2
         floor = median_time(lambda x=x: x.abs(), repeats)
         ours = median_time(lambda x=x: ap.l1_unstructured(x, 0.5), repeats)
-        peer = median_time(lambda x=x: torch_topk_mask(x, k), repeats)
+        peer = median_time(lambda x=x, k=k: torch_topk_mask(x, k), repeats)
         same = np.array_equal(to_numpy(ap.l1_unstructured(x, 0.5)), to_numpy(torch_topk_mask(x, k)))
         row = {
-            "lib": f"torch {DEVICE}", "n": f"2^{int(math.log2(n))}", "pass_ms": round(floor * 1e3, 4),
-            "arrayprune_ms": round(ours * 1e3, 4), "torch_topk_ms": round(peer * 1e3, 4),
-            "x_pass": round(ours / floor, 2), "speedup_vs_torch": round(peer / ours, 2), "same_as_torch": same,
+            "lib": f"torch {DEVICE}",
+            "n": f"2^{int(math.log2(n))}",
+            "pass_ms": round(floor * 1e3, 4),
+            "arrayprune_ms": round(ours * 1e3, 4),
+            "torch_topk_ms": round(peer * 1e3, 4),
+            "x_pass": round(ours / floor, 2),
+            "speedup_vs_torch": round(peer / ours, 2),
+            "same_as_torch": same,
         }
         results.row("l1", **row)
         if cupy is not None:
             xc = cupy.asarray(x)
             floor_c = median_time(lambda xc=xc: cupy.abs(xc), repeats)
             ours_c = median_time(lambda xc=xc: ap.l1_unstructured(xc, 0.5), repeats)
-            results.row("l1", lib="cupy", n=row["n"], pass_ms=round(floor_c * 1e3, 4),
-                        arrayprune_ms=round(ours_c * 1e3, 4), torch_topk_ms=row["torch_topk_ms"],
-                        x_pass=round(ours_c / floor_c, 2), speedup_vs_torch=round(peer / ours_c, 2),
-                        same_as_torch=np.array_equal(to_numpy(ap.l1_unstructured(xc, 0.5)), to_numpy(
-                            torch_topk_mask(x, k))))
+            results.row(
+                "l1",
+                lib="cupy",
+                n=row["n"],
+                pass_ms=round(floor_c * 1e3, 4),
+                arrayprune_ms=round(ours_c * 1e3, 4),
+                torch_topk_ms=row["torch_topk_ms"],
+                x_pass=round(ours_c / floor_c, 2),
+                speedup_vs_torch=round(peer / ours_c, 2),
+                same_as_torch=np.array_equal(to_numpy(ap.l1_unstructured(xc, 0.5)), to_numpy(torch_topk_mask(x, k))),
+            )
             del xc
         del x
 
@@ -254,10 +273,13 @@ def routes(results: Results, args: argparse.Namespace) -> None:
                 return device_route.keep([x], [None], k)
             finally:
                 device_route.DIGIT_BITS, device_route.RADIX_SIZE = saved
+
         return run
 
     candidates: dict[str, Callable[[Any, int], Any]] = {
-        "radix16": route(16, 0), "radix11": route(11, 0), "radix8": route(8, 0),
+        "radix16": route(16, 0),
+        "radix11": route(11, 0),
+        "radix8": route(8, 0),
         "sort": route(saved[0], 1 << 62),
         "portable": lambda x, k: portable.keep_masks(namespace(x), [x], [None], k),
     }

@@ -203,3 +203,28 @@ def test_subnormals_rank_by_value_in_l1_on_every_backend(backend, xp):
     np.testing.assert_array_equal(got, [True, False, False, True, True, False, False, True])
     np.testing.assert_array_equal(to_numpy(ap.kth_smallest(backend.asarray(w), 4)), np.float32(0.0))
     np.testing.assert_array_equal(to_numpy(ap.kth_smallest(backend.asarray(w), 5)), np.float32(tiny))
+
+
+def test_bit_keys_where_tensors_count_as_on_an_accelerator(monkeypatch):
+    """What CuPy and CUDA tensors run, forced on CPU tensors: Wanda's per-row selection and
+    the portable route on integer keys rank subnormals by value, as the host does."""
+    from arrayprune.selection import keys
+
+    monkeypatch.setattr(keys, "on_accelerator", lambda x: apc_is_torch(x))
+    tiny = np.finfo(np.float32).smallest_subnormal
+    w = np.array([[3 * tiny, 0.0, tiny, -2 * tiny], [5 * tiny, -tiny, 0.0, 4 * tiny]], dtype=np.float32)
+    got = to_numpy(ap.wanda(torch.from_numpy(w), 2, dim=0))
+    np.testing.assert_array_equal(got, [[True, False, False, True], [True, False, False, True]])
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy(palette("float32")[rng.integers(0, 19, size=500)].astype(np.float32))
+    e = torch.from_numpy(rng.random(500) < 0.5)
+    xp = sel.namespace(x)
+    for k in [1, 100, int(e.sum())]:
+        got = portable.keep_masks(xp, [x, x[:50]], [e, None], k)
+        for g, h in zip(got, host_keep([x, x[:50]], k, [e, None]), strict=True):
+            np.testing.assert_array_equal(to_numpy(g), h)
+    assert float(portable.kth_smallest(xp, x, 3)) == float(np.sort(to_numpy(x))[2])
+
+
+def apc_is_torch(x) -> bool:
+    return isinstance(x, torch.Tensor)
