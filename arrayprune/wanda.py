@@ -140,7 +140,7 @@ def _keep_per_row(xp: Any, rows: Array, eligible: Array | None, counts: list[int
     if n_rows == 0 or n_cols == 0 or not any(counts):
         return xp.ones(rows.shape, dtype=xp.bool, device=device)
     dtype = rows.dtype if xp.isdtype(rows.dtype, "real floating") else widest_float(xp, device)
-    key = magnitude_keys(xp, rows, dtype)  # |x|; on JAX, integer keys of the bits (subnormals exact)
+    key = magnitude_keys(xp, rows, dtype)  # |x|; on JAX and accelerators, integer keys of the bits
     if xp.isdtype(key.dtype, "real floating"):
         nan = xp.isnan(key)
         ranked = xp.where(nan, xp.asarray(xp.inf, dtype=dtype, device=device), key)  # NaN sorts as +inf

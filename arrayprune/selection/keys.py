@@ -13,9 +13,10 @@ storage of keys (:mod:`.host` on NumPy arrays and CPU tensors, :mod:`.radix` and
   flipped for negatives, order like ``x``; a NaN of either sign keeps its sign bit set
   and so ranks above +inf. Integers flip their sign bit; unsigned integers and booleans
   are their own keys.
-* **on JAX** (:class:`JaxBitKeys`): the same keys as signed integers of the float's
-  width (JAX flushes subnormals to zero when it compares floats; integers compare
-  exactly).
+* **on JAX and accelerators** (:class:`BitKeys`): the same keys as signed integers of
+  the float's width, for JAX, CuPy and tensors off the CPU (JAX and GPU float
+  comparisons flush subnormals to zero; integers compare exactly). Subnormals rank by
+  value on every library and device.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ __all__ = [
     "value_keys",
     "key_bits",
     "magnitude_keys",
+    "BitKeys",
     "JaxBitKeys",
+    "on_accelerator",
 ]
 
 Array = Any
@@ -174,12 +177,23 @@ def magnitude_keys(
     return keys
 
 
-class JaxBitKeys:
-    """Signed-integer keys made from the bit patterns of JAX floats of one dtype.
+def on_accelerator(x: Array) -> bool:
+    """Whether `x` is a CuPy array or a PyTorch tensor off the CPU (CUDA, meta, ...).
 
-    JAX on CPU flushes subnormal floats to zero when it compares or sorts them, so a
-    ranking by ``|x|`` in floats ties every subnormal with zero where NumPy (and the
-    host path) tells them apart. Integers of the float's width compare exactly:
+    Neither library is imported: ``array_api_compat`` tells them by type name.
+    """
+    if apc.is_cupy_array(x):
+        return True
+    return apc.is_torch_array(x) and x.device.type != "cpu"
+
+
+class BitKeys:
+    """Signed-integer keys made from the bit patterns of floats of one dtype.
+
+    JAX on CPU flushes subnormal floats to zero when it compares or sorts them, and so
+    do GPU kernels (CuPy's, and those compiled with flush-to-zero): a ranking by ``|x|``
+    in floats ties every subnormal with zero where NumPy (and the host path) tells them
+    apart. Integers of the float's width compare exactly:
 
     * by magnitude, the bits with the sign bit cleared order like ``|x|``, with every
       NaN above +inf; the keys are non-negative, so -1 stays free for ineligible entries;
@@ -187,26 +201,38 @@ class JaxBitKeys:
       the sign, so that keys order like the values (-0 just below +0); NaN of either
       sign gets its magnitude key, above +inf.
 
-    ``jax.lax.bitcast_convert_type`` reinterprets the bits (the standard has no bit
-    cast); JAX is reached through ``sys.modules``, never imported.
+    The standard has no bit cast: JAX reinterprets with ``jax.lax.bitcast_convert_type``
+    (reached through ``sys.modules``, never imported), CuPy arrays and tensors with
+    their own ``view(dtype)``.
     """
 
     _INT_NAMES = {16: "int16", 32: "int32", 64: "int64"}
 
-    def __init__(self, xp: Any, dtype: Any):
+    def __init__(self, xp: Any, dtype: Any, *, jax: bool = False):
         self.xp = xp
-        self.bitcast = sys.modules["jax"].lax.bitcast_convert_type
+        self._lax_bitcast = sys.modules["jax"].lax.bitcast_convert_type if jax else None
         self.float_dtype = dtype
         width = xp.finfo(dtype).bits
         self.dtype = getattr(xp, self._INT_NAMES[width])
         self.low_bits = (1 << (width - 1)) - 1  # every bit but the sign
 
     @classmethod
-    def of(cls, xp: Any, x: Array, dtype: Any) -> JaxBitKeys | None:
-        """The keys for floats of `dtype` if `x` is a JAX array and `dtype` floating, else None."""
-        if apc.is_jax_array(x) and xp.isdtype(dtype, "real floating"):
+    def of(cls, xp: Any, x: Array, dtype: Any) -> BitKeys | None:
+        """Keys for floats of `dtype` if `x` is a JAX array, a CuPy array or a tensor off
+        the CPU and `dtype` is floating, else None (compare the floats themselves)."""
+        if not xp.isdtype(dtype, "real floating"):
+            return None
+        if apc.is_jax_array(x):
+            return cls(xp, dtype, jax=True)
+        if on_accelerator(x):
             return cls(xp, dtype)
         return None
+
+    def bitcast(self, x: Array, dtype: Any) -> Array:
+        """`x` reinterpreted as `dtype`, of the same width."""
+        if self._lax_bitcast is not None:
+            return self._lax_bitcast(x, dtype)
+        return x.view(dtype)
 
     def magnitude(self, x: Array) -> Array:
         """Keys ordering like ``|x|``, NaN above +inf."""
@@ -223,3 +249,7 @@ class JaxBitKeys:
         """The floats whose `value` keys are `keys` (NaN comes back positive)."""
         xp = self.xp
         return self.bitcast(xp.where(keys < 0, keys ^ self.low_bits, keys), self.float_dtype)
+
+
+#: The former name of :class:`BitKeys`, when it served JAX alone.
+JaxBitKeys = BitKeys

@@ -4,7 +4,8 @@ The storage for every array that does not live in host memory: CuPy, CUDA tensor
 JAX, array-api-strict, ... The bracket algorithm of :mod:`.bracket` runs with one
 whole-array operation per step, on keys that are the values themselves: magnitudes in
 a floating dtype for `smallest_magnitude_keep`, the signed values for `kth_smallest`.
-JAX floats are keyed by their bit patterns instead (see `JaxBitKeys`).
+JAX floats, CuPy's and those of tensors off the CPU are keyed by their bit patterns
+instead (see `BitKeys`): subnormals then rank by value, as on the host.
 
 Arrays traced by ``jax.jit`` take the exact path only, with no value read back to
 Python: one sort finds the k-th key, and the tie rule counts with arrays. The number of
@@ -23,7 +24,7 @@ import array_api_extra as xpx
 from .._namespace import widest_float
 from .._tracing import is_traced
 from .bracket import _BracketSelect, _sample_slice, check_rank
-from .keys import JaxBitKeys
+from .keys import BitKeys
 
 Array = Any
 
@@ -54,11 +55,11 @@ def kth_smallest(xp: Any, x: Array, k: int) -> Array:
 def magnitude_keys(xp: Any, x: Array, dtype: Any) -> Array:
     """Keys of `x` (converted to the floating `dtype`) that order like ``|x|``, NaN last.
 
-    ``|x|`` itself, or on JAX the integer keys of `JaxBitKeys` (exact on subnormals).
+    ``|x|`` itself, or on JAX and accelerators the integer keys of `BitKeys` (exact on subnormals).
     Float keys leave the place of NaN to the caller (NaN compares false).
     """
     x = xp.astype(x, dtype, copy=False)
-    bits = JaxBitKeys.of(xp, x, dtype)
+    bits = BitKeys.of(xp, x, dtype)
     return xp.abs(x) if bits is None else bits.magnitude(x)
 
 
@@ -83,7 +84,7 @@ class StandardKeyStorage(_BracketSelect):
             self.dtype = xp.result_type(*dtypes)
         else:
             self.dtype = widest_float(xp, self.device)
-        self.bits = JaxBitKeys.of(xp, scores[0], self.dtype)
+        self.bits = BitKeys.of(xp, scores[0], self.dtype)
         self.key_dtype = self.dtype if self.bits is None else self.bits.dtype
         self.floating = xp.isdtype(self.key_dtype, "real floating")
         self.eligible = [None if e is None else xp.reshape(e, (-1,)) for e in eligible]
