@@ -43,6 +43,7 @@ def _model(args: argparse.Namespace, folder: str) -> int:
     with torch.device("cuda" if args.device.startswith("cuda") else "cpu"):
         model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()  # random init on the GPU: fast
     count = sum(p.numel() for p in model.parameters())
+    args.layer_parameters = sum(p.numel() for p in model.model.layers[0].parameters())
     model.save_pretrained(folder, max_shard_size="2GB")
     del model
     if args.device.startswith("cuda"):
@@ -54,11 +55,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("outdir")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default 16: 1.10 B parameters)")
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--seqlen", type=int, default=256)
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args(argv)
+    layers_given, args.layers = args.layers, args.layers or 16  # a smaller --layers is a smaller model, asked for
     import torch
     from safetensors import safe_open
 
@@ -71,7 +73,7 @@ def main(argv: list[str]) -> int:
         t0 = time.perf_counter()
         params = _model(args, folder)
         built = time.perf_counter() - t0
-        if not args.tiny and params < 1e9:
+        if not args.tiny and layers_given is None and params < 1e9:
             raise SystemExit(f"{params} parameters: give more --layers for a billion")
         tokens = os.path.join(tmp, "tokens.npz")
         vocab = 256 if args.tiny else 32000
@@ -98,6 +100,8 @@ def main(argv: list[str]) -> int:
         "build_and_save_s": round(built, 1),
         "prune_s": round(seconds, 1),
         "peak_gpu_memory_gib": None if peak is None else round(peak, 2),
+        "one_layer_float32_gib": round(args.layer_parameters * 4 / 2**30, 3),
+        "model_float32_gib": round(params * 4 / 2**30, 2),
         "weights_pruned": len(sparsity),
         "sparsity_min": min(sparsity),
         "sparsity_max": max(sparsity),
@@ -110,9 +114,11 @@ def main(argv: list[str]) -> int:
         "",
         "`python -m benchmarks.gpu_llama_sparsegpt OUT " + " ".join(argv[1:]) + "`",
         "",
-        "| parameters | calibration | prune (s) | peak GPU memory (GiB) | weights at 50% |",
-        "| --- | --- | --- | --- | --- |",
+        "| parameters | calibration | prune (s) | peak GPU memory (GiB) | one layer / model in float32 (GiB) "
+        "| weights at 50% |",
+        "| --- | --- | --- | --- | --- | --- |",
         f"| {params:,} | {record['calibration']} | {record['prune_s']} | {record['peak_gpu_memory_gib']} "
+        f"| {record['one_layer_float32_gib']} / {record['model_float32_gib']} "
         f"| {len(sparsity)}, sparsity {min(sparsity):.4f}-{max(sparsity):.4f} |",
     ]
     with open(os.path.join(args.outdir, "gpu_llama_sparsegpt.md"), "w") as f:

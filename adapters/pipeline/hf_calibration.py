@@ -367,6 +367,7 @@ def calibrate_checkpoint(
         hooks.stage(f"{spec.method}: reading what runs before {prefix}.0")
         weights.load(model, skip=(prefix,) if skip is None else (prefix, skip))
         inputs = _capture(model, layers[0], batches)
+        _Weights.free(model)  # what ran before the layers: only one decoder layer is resident from here on
         how = "each on the dense layers' outputs" if spec.one_pass else "each on the pruned layers' outputs"
         hooks.stage(
             f"{spec.method}: {len(tokens[TOKENS_KEY])} calibration sequences through {len(layers)} layers of "

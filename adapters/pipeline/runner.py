@@ -360,13 +360,20 @@ def _allocate(
     return dataclasses.replace(spec, amount=result.allocation.amounts)
 
 
-def _open_sharded(src: str, dst: str | None, spec: PruneSpec) -> tuple[StreamedCheckpoint, PruneSpec]:
+def _open_sharded(
+    src: str, dst: str | None, spec: PruneSpec, early: Sequence[Exception] = ()
+) -> tuple[StreamedCheckpoint, PruneSpec]:
     """Open a sharded checkpoint for pruning into `dst`, after the checks nothing is written
-    without; the storage and the checked request (an option refused is told with OUT's problems)."""
+    without; the storage and the checked request (an option refused is told with OUT's problems,
+    `early` before them)."""
     if dst is None:
-        raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
-    storage = StreamedCheckpoint(sharded.open_checkpoint(src), src)  # IN first: a folder that is no checkpoint
-    problems: list[Exception] = []  # every one the headers, config.json and the tokens tell, before a framework
+        raise_problems([*early, PruneError("the following arguments are required: -o/--output (or --dry-run)")])
+    try:
+        storage = StreamedCheckpoint(sharded.open_checkpoint(src), src)  # IN first: a folder that is no checkpoint
+    except (PruneError, fmt.FormatError) as exc:
+        raise_problems([*early, exc])
+        raise
+    problems: list[Exception] = list(early)  # every one the headers, config.json, tokens tell, before a framework
     if fmt.format_from_suffix(dst) not in (None, "safetensors"):
         problems.append(PruneError("a sharded checkpoint is written to a folder or to one .safetensors file", dst))
     else:
@@ -460,31 +467,39 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
     """
     src, dst = os.fspath(src), None if dst is None else os.fspath(dst)
     check_output_name(dst)
+    device, device_problems = _device(spec, src)  # before anything is read
     if not os.path.exists(src):
-        raise PruneError("no such file", src)
+        raise_problems([PruneError("no such file", src), *device_problems])
     if dst is not None and not spec.dry_run:
         check_not_input(src, dst)
     if refused := input_refusal(spec, src):
         raise PruneError(refused, src)
-    with onnx_device(_device(spec, src)):
-        return _run(src, dst, spec, hooks)
+    # a device that is not here is told with the other problems found before anything runs
+    # (a misspelt one is the request's: PruneSpec.checked tells it there)
+    with onnx_device(device):
+        return _run(src, dst, spec, hooks, device_problems if device is not None else [])
 
 
-def _device(spec: PruneSpec, src: str) -> Device | None:
-    """The device calibration runs on, checked before anything is read (None: the CPU)."""
+def _device(spec: PruneSpec, src: str) -> tuple[Device | None, list[Exception]]:
+    """The device calibration runs on (None: the CPU) and why it cannot, checked without
+    reading `src` (its suffix says ONNX or PyTorch); PyTorch or onnxruntime is imported
+    only for a device other than the CPU."""
     if spec.device is None:
-        return None
+        return None, []
     try:
         device = parse_device(spec.device)
     except ValueError as exc:
-        raise PruneError(str(exc)) from None
+        return None, [PruneError(str(exc))]
     runner = "onnxruntime" if fmt.format_from_suffix(src) == "onnx" else "torch"
-    if problem := device_problem(device, runner):
-        raise PruneError(problem)
-    return device
+    problem = device_problem(device, runner)
+    return device, [] if problem is None else [PruneError(problem)]
 
 
-def _run(src: str, dst: Any, spec: PruneSpec, hooks: Hooks) -> PruneResult:
+def _run(src: str, dst: Any, spec: PruneSpec, hooks: Hooks, early: list[Exception]) -> PruneResult:
+    """The stages after the checks of `run`; `early`: the problems found there (the device's),
+    told with those the up-front checks find."""
+    if spec.shrink or spec.dry_run:
+        raise_problems(early)
     if spec.shrink:  # a stage of its own, in place of plan and prune: channel groups, sliced away
         return run_shrink(src, dst, spec, hooks)
     out_format = None
@@ -497,11 +512,11 @@ def _run(src: str, dst: Any, spec: PruneSpec, hooks: Hooks) -> PruneResult:
         if spec.dry_run:
             return _dry_run(src, spec, hooks)
         storage: WholeFile | StreamedCheckpoint
-        storage, spec = _open_sharded(src, dst, spec)
+        storage, spec = _open_sharded(src, dst, spec, early)
     elif spec.dry_run:
         return _dry_run(src, spec, hooks)
     else:
-        problems = problem_of(lambda: check_whole_output(src, dst, spec))
+        problems = early + problem_of(lambda: check_whole_output(src, dst, spec))
         hf_tokens = bool(spec.calibration) and fmt.detect_format(src) == "safetensors"
         if hf_tokens:  # the tokens of a Hugging Face file, told with OUT
             problems.extend(calibration_problems(spec, src))

@@ -66,15 +66,39 @@ def test_device_cpu_on_onnx_writes_the_bytes_of_no_device(tmp_path):
     assert (tmp_path / "cpu.onnx").read_bytes() == (tmp_path / "default.onnx").read_bytes()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
-def test_a_missing_cuda_device_is_one_line_before_anything_is_read(llama, tmp_path):
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
+
+
+@NO_CUDA
+def test_a_missing_cuda_device_is_told_with_the_other_problems_before_anything_is_read(llama, tmp_path):
     folder, _ = llama
-    missing_tokens = tmp_path / "not-yet.npz"  # never read: the device is refused first
+    missing_tokens = tmp_path / "not-yet.npz"  # never read: told missing, with the device
     out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")  # OUT exists, no --force
+    before = _digest(folder)
     proc = run("prune", folder, "-o", out, "--method", "sparsegpt", "--amount", "0.5", "--calibration",
                missing_tokens, "--device", "cuda")  # fmt: skip
-    assert_error(proc, "--device cuda", "no CUDA device")
-    assert not out.exists() and not missing_tokens.exists()
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "arrayprune: error: 3 problems:", proc.stderr
+    assert lines[1] == "  --device cuda: PyTorch sees no CUDA device here (torch.cuda.is_available() is False)"
+    assert any("not-yet.npz" in line for line in lines[2:]) and any(str(out) in line for line in lines[2:])
+    assert len(lines) == 4 and "Traceback" not in proc.stderr
+    assert os.listdir(out) == ["keep.txt"] and not missing_tokens.exists() and _digest(folder) == before
+
+
+@NO_CUDA
+@pytest.mark.parametrize("device", ["cuda", "cuda:7", "gpu"])
+def test_no_input_and_a_device_not_here_are_told_together(tmp_path, device):
+    out = tmp_path / "out"
+    options = {"method": "sparsegpt", "amount": 0.5, "calibration": tmp_path / "c.npz", "device": device}
+    with pytest.raises(PruneError) as caught:
+        prune_file(tmp_path / "no-such-model", out, **options)
+    text = str(caught.value)
+    assert text.startswith("2 problems:\n") and "no such file" in text and "no-such-model" in text, text
+    assert text.splitlines()[2].startswith(f"--device{' ' + device if device != 'gpu' else ':'}"), text
+    assert not out.exists()
 
 
 def test_a_missing_cuda_provider_is_one_line_for_onnx(tmp_path):
@@ -82,9 +106,14 @@ def test_a_missing_cuda_provider_is_one_line_for_onnx(tmp_path):
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("onnxruntime has its CUDA provider here")
     out = tmp_path / "out.onnx"
+    calibration = tmp_path / "c.npz"
+    np.savez(calibration, input=np.ones((4, 64), np.float32))
     proc = run("prune", EXAMPLE, "-o", out, "--method", "wanda", "--amount", "0.5", "--calibration",
-               tmp_path / "c.npz", "--device", "cuda:1")  # fmt: skip
-    assert_error(proc, "--device cuda:1", "no CUDA execution provider", "onnxruntime-gpu")
+               calibration, "--device", "cuda:1")  # fmt: skip
+    line = assert_error(proc, "--device cuda:1", "no CUDA execution provider", "onnxruntime-gpu")
+    with pytest.raises(PruneError) as caught:
+        prune_file(EXAMPLE, out, method="wanda", amount=0.5, calibration=calibration, device="cuda:1")
+    assert line == f"arrayprune: error: {caught.value}"
     assert not out.exists()
 
 
@@ -125,3 +154,40 @@ def test_the_layer_runner_places_weights_and_buffers_on_its_device():
     assert layer.weight.is_meta and layer.bias.is_meta and layer.inv_freq.is_meta
     _Weights(Source(), Files(), torch.device("cpu")).load(layer)
     assert not layer.weight.is_meta and float(layer.weight.sum()) == 6.0
+
+
+class _Reached(Exception):
+    """Stops the run at the first layer's replay."""
+
+
+def test_the_layer_by_layer_run_places_everything_on_the_device_it_is_given(llama, tmp_path, monkeypatch):
+    """The run itself, not only its helpers: with ``device="meta"`` let through (the model's
+    skeleton is on ``meta`` before its weights are read), the tokens and what runs before
+    the layers are loaded on ``meta``, then freed, and the first layer's weights are loaded
+    on ``meta``; with ``"cpu"``, on the CPU. Where placement is dropped, the weights load on
+    the CPU and the first assertion fails."""
+    from arrayprune.adapters.pipeline import hf_calibration, request
+    from arrayprune.adapters.pipeline import runner as pipeline
+
+    folder, tokens = llama
+    monkeypatch.setattr(pipeline, "_device", lambda spec, src: (None, []))  # "meta" is no --device spelling
+    monkeypatch.setattr(request.PruneSpec, "_check_device", lambda self: None)
+    seen: dict = {}
+
+    def spy_capture(model, first, batches):  # transformers' masks cannot run on meta: inputs stand in
+        seen["model"] = model
+        seen["tokens"] = {v.device.type for b in batches for v in b.values()}
+        seen["before"] = {p.device.type for p in model.get_input_embeddings().parameters()}
+        return [(torch.zeros(1), (), {}) for _ in batches]
+
+    def spy_replay(layer, inputs):
+        seen["layer"] = {p.device.type for p in layer.parameters()}
+        seen["before, at the layer"] = {p.device.type for p in seen.pop("model").get_input_embeddings().parameters()}
+        raise _Reached
+
+    monkeypatch.setattr(hf_calibration, "_capture", spy_capture)
+    monkeypatch.setattr(hf_calibration, "_replay", spy_replay)
+    for device in ("meta", "cpu"):
+        with pytest.raises(_Reached):
+            prune_file(folder, tmp_path / device, method="sparsegpt", amount=0.5, calibration=tokens, device=device)
+        assert seen == {"tokens": {device}, "before": {device}, "layer": {device}, "before, at the layer": {"meta"}}
