@@ -6,11 +6,12 @@
   subnormals; float16, bfloat16, float32, float64; several arrays, eligibility) on CuPy
   against NumPy and on torch's device against torch on the CPU (the host route);
 * ``l1``: one float32 tensor of 2^20 .. 2^27 entries: the L1 mask (``l1_unstructured``,
-  which takes the accelerator route) against one elementwise pass (``x.abs()``) and
+  which takes the portable route on integer keys) against one elementwise pass (``x.abs()``) and
   torch's own mask (``torch.nn.utils.prune.L1Unstructured``: a ``topk`` of ``|x|``);
-* ``routes``: on the same tensors, the accelerator route's radix select by digit width,
-  its sort path (``device.RADIX_SIZE``), the portable route and a mask from
-  ``torch.kthvalue``: what ``RADIX_SIZE`` and ``DIGIT_BITS`` are to be set from;
+* ``routes``: on the same tensors, the portable route's selection alone against a mask
+  from ``torch.kthvalue`` and torch's ``topk`` (run 1 on an H100 also timed a radix select
+  by scatter-add histograms and a library sort: 4-15x slower than the portable route,
+  ``benchmarks/results/gpu-bench-h100-run1.md``, and removed);
 * ``global``: one mask over many tensors (about 0.7 x 10^9 entries; ``--quick`` far fewer)
   against ``torch.nn.utils.prune.global_unstructured``'s concatenation and ``topk``,
   with the peak device memory of each.
@@ -40,7 +41,6 @@ import numpy as np
 
 import arrayprune as ap
 from arrayprune._namespace import namespace
-from arrayprune.selection import device as device_route
 from arrayprune.selection import portable
 
 try:
@@ -141,8 +141,6 @@ def env(results: Results, args: argparse.Namespace) -> None:
         "arrayprune": getattr(ap, "__version__", "?"),
         "device": torch.cuda.get_device_name(0) if CUDA else f"CPU ({platform.machine()})",
         "cupy": None if cupy is None else cupy.__version__,
-        "digit_bits": device_route.DIGIT_BITS,
-        "radix_size": device_route.RADIX_SIZE,
         "command": " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
@@ -164,8 +162,7 @@ def exactness(results: Results, args: argparse.Namespace) -> None:
             for k in sorted({0, 1, n // 3, n // 2, n}):
                 cases += 1
                 want = to_numpy(ap.smallest_magnitude_keep([cpu], k)[0])
-                # the accelerator route itself, also where the tensor is on the CPU
-                got = to_numpy(device_route.keep([gpu], [None], k)[0])
+                got = to_numpy(ap.smallest_magnitude_keep([gpu], k)[0])
                 if not np.array_equal(got, want):
                     bad["torch"].append(f"{dtype} n={n} k={k}")
                 if cupy is not None and dtype != "bfloat16":
@@ -183,7 +180,7 @@ def exactness(results: Results, args: argparse.Namespace) -> None:
         for k in [1, n_elig // 2, n_elig]:
             cases += 1
             want = [to_numpy(m) for m in ap.smallest_magnitude_keep(cpu, k, elig)]
-            got = device_route.keep([t.to(DEVICE) for t in cpu], [e.to(DEVICE) for e in elig], k)
+            got = ap.smallest_magnitude_keep([t.to(DEVICE) for t in cpu], k, [e.to(DEVICE) for e in elig])
             if not all(np.array_equal(to_numpy(g), w) for g, w in zip(got, want, strict=True)):
                 bad["torch"].append(f"several {dtype} k={k}")
             if cupy is not None and dtype != "bfloat16":
@@ -195,7 +192,7 @@ def exactness(results: Results, args: argparse.Namespace) -> None:
                 if not all(np.array_equal(to_numpy(g), w) for g, w in zip(got_c, want_c, strict=True)):
                     bad["cupy"].append(f"several {dtype} k={k}")
     results.check(
-        f"masks: torch {DEVICE} (accelerator route) == torch CPU (host route)",
+        f"masks: torch {DEVICE} == torch CPU (host route)",
         not bad["torch"],
         f"{len(bad['torch'])} of {cases} differ: {bad['torch'][:5]}",
     )
@@ -264,23 +261,7 @@ def l1(results: Results, args: argparse.Namespace) -> None:
 
 def routes(results: Results, args: argparse.Namespace) -> None:
     repeats = 5 if args.quick else 11
-    saved = device_route.DIGIT_BITS, device_route.RADIX_SIZE
-
-    def route(digit_bits: int, radix_size: int) -> Callable[[Any, int], Any]:
-        def run(x: Any, k: int) -> Any:
-            device_route.DIGIT_BITS, device_route.RADIX_SIZE = digit_bits, radix_size
-            try:
-                return device_route.keep([x], [None], k)
-            finally:
-                device_route.DIGIT_BITS, device_route.RADIX_SIZE = saved
-
-        return run
-
     candidates: dict[str, Callable[[Any, int], Any]] = {
-        "radix16": route(16, 0),
-        "radix11": route(11, 0),
-        "radix8": route(8, 0),
-        "sort": route(saved[0], 1 << 62),
         "portable": lambda x, k: portable.keep_masks(namespace(x), [x], [None], k),
     }
     for n in _sizes(args):
@@ -292,6 +273,7 @@ def routes(results: Results, args: argparse.Namespace) -> None:
                 peers["torch_topk"] = torch_topk_mask
             else:
                 x = cupy.asarray(x)
+                peers = {"pass": lambda x, k: cupy.abs(x)}
             k = n // 2
             row: dict[str, Any] = {"lib": lib if lib == "cupy" else f"torch {DEVICE}", "n": f"2^{int(math.log2(n))}"}
             for name, fn in {**peers, **candidates}.items():
@@ -368,7 +350,6 @@ def write_markdown(results: Results, path: Path) -> None:
         "",
         f"`{env_info.get('command', '')}` on {env_info.get('date', '')}: torch {env_info.get('torch')}, "
         f"CuPy {env_info.get('cupy')}, NumPy {env_info.get('numpy')}, "
-        f"DIGIT_BITS={env_info.get('digit_bits')}, RADIX_SIZE={env_info.get('radix_size')}. "
         "Times are medians of synchronised repeats; x_pass is the time over one `abs` pass.",
         "",
         "## Checks",
