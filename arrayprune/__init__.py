@@ -35,7 +35,14 @@ from .methods import (
 )
 from .norms import channel_norms
 from .patterns import BlockUnstructured, NMStructured, is_nm_sparse
-from .reconstruction import HessianAccumulator, sparsegpt, unfold_patches
+from .reconstruction import (
+    RECONSTRUCTIONS,
+    HessianAccumulator,
+    register_reconstruction,
+    sparsegpt,
+    unfold_patches,
+    unregister_reconstruction,
+)
 from .registry import METHODS
 from .schedules import (
     ConstantSparsity,
@@ -81,6 +88,9 @@ __all__ = [
     "ChannelGroup",
     "wanda_scores",
     "sparsegpt",
+    "RECONSTRUCTIONS",
+    "register_reconstruction",
+    "unregister_reconstruction",
     "HessianAccumulator",
     "unfold_patches",
     "is_nm_sparse",

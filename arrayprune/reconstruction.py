@@ -16,9 +16,11 @@ surgeon updates with the Cholesky factor of ``H^-1``), so that ``X W'^T`` stays 
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import array_api_compat as apc
@@ -27,9 +29,18 @@ import array_api_extra as xpx
 from . import amount as _amount
 from ._namespace import namespace, widest_float
 from .patterns import NMStructured, _check_nm
+from .registry import METHODS
 from .selection import smallest_magnitude_keep
 
-__all__ = ["sparsegpt", "HessianAccumulator", "unfold_patches", "check_sparsegpt_options"]
+__all__ = [
+    "RECONSTRUCTIONS",
+    "HessianAccumulator",
+    "check_sparsegpt_options",
+    "register_reconstruction",
+    "sparsegpt",
+    "unfold_patches",
+    "unregister_reconstruction",
+]
 
 Array = Any
 
@@ -515,3 +526,64 @@ def _pair(name: str, value: Any, low: int) -> tuple[int, int]:
     if any(v < low for v in pair):
         raise ValueError(f"{name} must be at least {low}, got {value!r}")
     return int(pair[0]), int(pair[1])
+
+
+# --------------------------------------------------------------------------------------
+# The table of reconstructions
+# --------------------------------------------------------------------------------------
+
+#: A reconstruction prunes a layer weight from its Hessian and updates the entries it
+#: keeps: ``solve(weight, hessian, amount=None, *, n=None, m=None, reduction_axis=-1,
+#: **options) -> (new_weight, keep_mask)``, with the arguments and results of
+#: :func:`sparsegpt`. Every surface that calibrates a model takes a reconstruction by its
+#: name from here: the command line's ``--method`` and :func:`prune_file` (ONNX graphs,
+#: Hugging Face folders layer by layer, given Hessians), scans, and the PyTorch
+#: adapter's :func:`~arrayprune.adapters.torch.reconstruct`.
+_RECONSTRUCTIONS: dict[str, Any] = {"sparsegpt": sparsegpt}
+
+RECONSTRUCTIONS: Mapping[str, Any] = MappingProxyType(_RECONSTRUCTIONS)
+"""Read-only mapping of reconstruction names (``"sparsegpt"``, ...) to their solvers."""
+
+
+def register_reconstruction(name: str, solve: Any) -> None:
+    """Add a reconstruction while the program runs (a plug-in, a test).
+
+    Parameters
+    ----------
+    name : str
+        Its name (``"obc"``): a Python identifier, not a method of
+        :data:`arrayprune.METHODS` nor a reconstruction already.
+    solve : callable
+        ``solve(weight, hessian, amount=None, *, n=None, m=None, reduction_axis=-1,
+        **options)`` returning ``(new_weight, keep_mask)`` as :func:`sparsegpt` does;
+        options it does not take (``block_size``, ``damp``) are not passed to it.
+
+    Raises
+    ------
+    ValueError
+        If `name` is taken or no identifier.
+    TypeError
+        If `solve` is not callable.
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a reconstruction's name is a Python identifier, got {name!r}")
+    if name in METHODS or name in _RECONSTRUCTIONS:
+        raise ValueError(f"{name!r} is already a method or a reconstruction")
+    if not callable(solve):
+        raise TypeError(f"a reconstruction is a callable, got {type(solve).__name__}")
+    _RECONSTRUCTIONS[name] = solve
+
+
+def unregister_reconstruction(name: str) -> None:
+    """Remove a reconstruction added by :func:`register_reconstruction` (not SparseGPT)."""
+    if name == "sparsegpt" or name not in _RECONSTRUCTIONS:
+        raise ValueError(f"{name!r} is not a registered reconstruction")
+    del _RECONSTRUCTIONS[name]
+
+
+def solver_options(solve: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The `options` that `solve` takes (all of them if it takes ``**kwargs``)."""
+    parameters = inspect.signature(solve).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return dict(options)
+    return {k: v for k, v in options.items() if k in parameters}

@@ -40,7 +40,7 @@ from arrayprune.adapters.formats.safetensors_stream import TensorFiles
 from arrayprune.adapters.pipeline.allocation_request import OWL
 from arrayprune.adapters.pipeline.calibration import read_calibration, wanda_scores_for
 from arrayprune.adapters.pipeline.errors import PruneError, error_text
-from arrayprune.adapters.pipeline.reconstruction import ONNX_ENGINES
+from arrayprune.adapters.pipeline.reconstruction import onnx_sparsegpt
 from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS
 from arrayprune.adapters.pipeline.request import PruneSpec
 from arrayprune.adapters.pipeline.scan import OnnxTrials, ScanResult
@@ -359,14 +359,14 @@ def _pruned(
 ) -> dict[str, np.ndarray]:
     """Every target pruned to its count, as the pipeline will prune it (nothing written)."""
     if spec.method in RECONSTRUCTIONS:
-        engine = ONNX_ENGINES[spec.method]
-        done = engine(
+        done = onnx_sparsegpt(
             wf,
             [t.name for t in targets],
             calibration,
             amount=dict(counts),
             sequential=not spec.one_pass,
             batch_size=spec.calibration_batch,
+            method=spec.method,
         )
         return {name: np.asarray(r.weight) for name, r in done.items()}
 

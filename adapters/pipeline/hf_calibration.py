@@ -385,7 +385,9 @@ def calibrate_checkpoint(
                 if reconstructing:
                     kwargs = _amounts(spec, chosen)
                     try:
-                        reconstruction.sparsegpt(replay, steps, modules=names, sequential=not spec.one_pass, **kwargs)
+                        reconstruction.reconstruct(
+                            replay, steps, modules=names, sequential=not spec.one_pass, method=spec.method, **kwargs
+                        )
                     except ValueError as exc:  # named by the checkpoint's names, not the replay's
                         raise ValueError(str(exc).replace("'layer.", f"'{prefix}.{index}.")) from None
                     for module_name in chosen:

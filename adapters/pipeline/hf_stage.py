@@ -276,6 +276,7 @@ def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextli
             )
     files = stack.enter_context(TensorFiles())
     options = {"n": spec.nm[0], "m": spec.nm[1]} if spec.nm is not None else {"amount": spec.amount}
+    solve = arrayprune.RECONSTRUCTIONS[spec.method]
 
     def reconstructed(entry: Any) -> Callable[[], np.ndarray]:
         def compute() -> np.ndarray:
@@ -283,9 +284,7 @@ def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextli
 
             value = files.load(entry.value)
             weight = value.to(torch.float32).numpy() if isinstance(value, torch.Tensor) else value
-            new, _ = arrayprune.sparsegpt(
-                weight, hessians[entry.name], reduction_axis=entry.role.reduction_axis, **options
-            )
+            new, _ = solve(weight, hessians[entry.name], reduction_axis=entry.role.reduction_axis, **options)
             return _stored(torch.from_numpy(np.asarray(new, dtype=np.float32)), entry.value.code).reshape(-1)
 
         return compute

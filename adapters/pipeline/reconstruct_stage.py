@@ -36,7 +36,7 @@ from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.pipeline import hf_stage
 from arrayprune.adapters.pipeline.calibration import read_calibration
 from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
-from arrayprune.adapters.pipeline.reconstruction import ONNX_ENGINES, amounts_from_masks
+from arrayprune.adapters.pipeline.reconstruction import amounts_from_masks, onnx_sparsegpt
 from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS, Reconstruction, refusal
 
 __all__ = ["RECONSTRUCTIONS", "Reconstruction", "input_refusal", "reconstruct", "refusal"]
@@ -120,13 +120,14 @@ def reconstruct(
     how = "every Hessian from the dense model" if spec.one_pass else "layer by layer"
     hooks.stage(f"{spec.method}: {len(targets)} weights, {samples} calibration samples through onnxruntime, {how}")
     try:
-        done = ONNX_ENGINES[spec.method](
+        done = onnx_sparsegpt(
             storage.wf,
             [t.name for t in targets],
             calibration,
             **options,
             sequential=not spec.one_pass,
             batch_size=spec.calibration_batch,
+            method=spec.method,
         )
     except (ValueError, TypeError) as exc:
         raise PruneError(f"--method {spec.method}: {error_text(exc)}", storage.src) from None

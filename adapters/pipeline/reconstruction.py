@@ -22,9 +22,8 @@ model in one pass.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,9 +33,9 @@ from arrayprune import amount as _amount
 from arrayprune.adapters.blas_threads import blas_threads
 from arrayprune.adapters.pipeline.calibration import _check_inputs, _fed_inputs, _run_batches, _session
 from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds, weight_levels
-from arrayprune.reconstruction import check_sparsegpt_options
+from arrayprune.reconstruction import check_sparsegpt_options, solver_options
 
-__all__ = ["ONNX_ENGINES", "Reconstructed", "amounts_from_masks", "onnx_sparsegpt"]
+__all__ = ["Reconstructed", "amounts_from_masks", "onnx_sparsegpt"]
 
 #: The operators whose weights SparseGPT reconstructs here.
 OPERATORS = ("MatMul", "Gemm", "Conv")
@@ -85,8 +84,10 @@ def onnx_sparsegpt(
     damp: float = 0.01,
     sequential: bool = True,
     batch_size: int | None = None,
+    method: str = "sparsegpt",
 ) -> dict[str, Reconstructed]:
-    """Prune weights of an ONNX model with SparseGPT, their Hessians from calibration data.
+    """Prune weights of an ONNX model with SparseGPT (or another reconstruction of
+    :data:`arrayprune.RECONSTRUCTIONS`), their Hessians from calibration data.
 
     Parameters
     ----------
@@ -118,6 +119,9 @@ def onnx_sparsegpt(
     batch_size : int, optional
         Samples run at a time; :data:`~arrayprune.adapters.pipeline.calibration.BATCH_SIZE` if
         omitted.
+    method : str, default "sparsegpt"
+        The reconstruction of :data:`arrayprune.RECONSTRUCTIONS` that prunes each weight
+        from its Hessian (``block_size`` and ``damp`` go to it if it takes them).
 
     Returns
     -------
@@ -151,6 +155,7 @@ def onnx_sparsegpt(
     thread (:func:`~arrayprune.adapters.blas_threads.blas_threads`).
     """
 
+    solve = arrayprune.RECONSTRUCTIONS[method]
     names = list(dict.fromkeys(names))
     amounts = _amounts(amount, names)
     if not isinstance(amount, Mapping):  # options first; per-weight amounts are checked with their weights
@@ -187,7 +192,7 @@ def onnx_sparsegpt(
             hessians = _hessians(session, calibration, casts, samples, level_targets, batch_size, weights)
             for name in level:
                 options = {"amount": amounts[name], "n": n, "m": m, "block_size": block_size, "damp": damp}
-                done[name] = _prune(targets[name], current[name], hessians.pop(name), options)
+                done[name] = _prune(targets[name], current[name], hessians.pop(name), options, solve)
                 current[name] = done[name].weight
     return {name: done[name] for name in order}
 
@@ -318,12 +323,15 @@ def _conv_patches(x: np.ndarray, node: Any, kernel: tuple[int, ...], groups: int
     return arrayprune.unfold_patches(x, tuple(kernel), stride=tuple(strides), dilation=tuple(dilations), groups=groups)
 
 
-def _prune(target: _Target, weight: np.ndarray, hessians: list[Any], options: Mapping[str, Any]) -> Reconstructed:
-    """SparseGPT on one weight (group by group for a grouped convolution)."""
+def _prune(
+    target: _Target, weight: np.ndarray, hessians: list[Any], options: Mapping[str, Any], solve: Any
+) -> Reconstructed:
+    """The reconstruction `solve` on one weight (group by group for a grouped convolution)."""
     amount = options["amount"]
+    options = solver_options(solve, options)
     try:
         if target.groups == 1:
-            new, keep = arrayprune.sparsegpt(weight, hessians[0], reduction_axis=target.reduction_axis, **options)
+            new, keep = solve(weight, hessians[0], reduction_axis=target.reduction_axis, **options)
             return Reconstructed(np.ascontiguousarray(new), np.ascontiguousarray(keep))
         total = None if amount is None else _amount.compute_nparams_toprune(amount, weight.size)
         size = weight.shape[0] // target.groups
@@ -331,9 +339,7 @@ def _prune(target: _Target, weight: np.ndarray, hessians: list[Any], options: Ma
         for g, h in enumerate(hessians):
             share = None if total is None else _share(total, target.groups, g + 1) - _share(total, target.groups, g)
             parts.append(
-                arrayprune.sparsegpt(
-                    weight[g * size : (g + 1) * size], h, **{**options, "amount": share}, reduction_axis=1
-                )
+                solve(weight[g * size : (g + 1) * size], h, **{**options, "amount": share}, reduction_axis=1)
             )
     except (ValueError, TypeError) as exc:
         raise type(exc)(f"{target.name!r}: {exc}") from None
@@ -343,10 +349,3 @@ def _prune(target: _Target, weight: np.ndarray, hessians: list[Any], options: Ma
 def _share(total: int, parts: int, upto: int) -> int:
     """``floor(total * upto / parts + 1/2)``: the entries pruned in the first `upto` parts."""
     return (2 * total * upto + parts) // (2 * parts)
-
-
-#: The engine of each reconstruction method of
-#: :data:`~arrayprune.adapters.pipeline.reconstruction_methods.RECONSTRUCTIONS` on an ONNX
-#: graph: ``engine(wf, names, calibration, *, amount=, n=, m=, sequential=, batch_size=)``
-#: -> ``{name: Reconstructed}``.
-ONNX_ENGINES: Mapping[str, Callable[..., Mapping[str, Any]]] = MappingProxyType({"sparsegpt": onnx_sparsegpt})

@@ -10,10 +10,12 @@ for them. The engine that runs each on an ONNX graph is in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
+
+import arrayprune
 
 __all__ = ["OWN_OPTIONS", "RECONSTRUCTIONS", "Reconstruction", "refusal"]
 
@@ -46,18 +48,35 @@ class Reconstruction:
         return self.by_pattern if spec.nm is not None else self.by_amount
 
 
-#: The reconstruction methods of the pipeline: ``--method`` name -> what it needs.
-RECONSTRUCTIONS: Mapping[str, Reconstruction] = MappingProxyType(
-    {
-        "sparsegpt": Reconstruction(
+class _Rows(Mapping[str, Reconstruction]):
+    """The reconstructions of :data:`arrayprune.RECONSTRUCTIONS` as the pipeline sees them,
+    read at every use (a reconstruction registered while the program runs is in)."""
+
+    def __getitem__(self, name: str) -> Reconstruction:
+        if not isinstance(name, str) or name not in arrayprune.RECONSTRUCTIONS:
+            raise KeyError(name)
+        return Reconstruction(
             formats=("onnx",),
             elsewhere=(
-                "a Hugging Face folder runs with --calibration tokens.npz; "
-                "for a PyTorch model, use arrayprune.adapters.torch.sparsegpt(model, batches, amount)"
+                "a Hugging Face folder runs with --calibration tokens.npz; for a PyTorch model, use "
+                + (
+                    "arrayprune.adapters.torch.sparsegpt(model, batches, amount)"
+                    if name == "sparsegpt"
+                    else f"arrayprune.adapters.torch.reconstruct(model, batches, amount, method={name!r})"
+                )
             ),
-        ),
-    }
-)
+        )
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(arrayprune.RECONSTRUCTIONS))
+
+    def __len__(self) -> int:
+        return len(arrayprune.RECONSTRUCTIONS)
+
+
+#: The reconstruction methods of the pipeline: ``--method`` name -> what it needs; one
+#: row for each solver of :data:`arrayprune.RECONSTRUCTIONS`.
+RECONSTRUCTIONS: Mapping[str, Reconstruction] = _Rows()
 
 #: The options only reconstruction methods take (restored after the stand-in's checks).
 OWN_OPTIONS = ("method", "one_pass", "hessians")

@@ -511,7 +511,9 @@ def scan_onnx(
         for s in sparsities:
             if hessians is not None:
                 options = {"amount": s, "n": None, "m": None, "block_size": 128, "damp": 0.01}
-                pruned = _prune(rebuilt[target.name], np.asarray(target.value), hessians[target.name], options).weight
+                solve = arrayprune.RECONSTRUCTIONS[method]
+                weight = np.asarray(target.value)
+                pruned = _prune(rebuilt[target.name], weight, hessians[target.name], options, solve).weight
             else:
                 pruned = _masked(target, method, s, norms)
             errors.append(trials.error({target.name: pruned}))
@@ -604,7 +606,7 @@ def scan_arrays(
         for s in sparsities:
             if _reconstructs(method):
                 try:
-                    new, _ = arrayprune.sparsegpt(
+                    new, _ = arrayprune.RECONSTRUCTIONS[method](
                         np.asarray(target.value), np.asarray(given_hessians[target.name]), s,
                         reduction_axis=target.role.reduction_axis,
                     )

@@ -27,7 +27,7 @@ from ._compat import *  # noqa: F403 (PyTorch's private helpers)
 from ._methods import *  # noqa: F403 (one class and one verb per method of the table)
 from ._verbs import global_unstructured, is_pruned, prune_to_sparsity, remove
 from .calibration import input_norms, save_input_norms, wanda_importance
-from .reconstruction import sparsegpt
+from .reconstruction import reconstruct, sparsegpt
 
 __all__ = [
     "BasePruningMethod",
@@ -40,6 +40,7 @@ __all__ = [
     "input_norms",
     "save_input_norms",
     "wanda_importance",
+    "reconstruct",
     "sparsegpt",
 ]
 

@@ -28,13 +28,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import arrayprune
-from arrayprune.reconstruction import _check_pattern, _positive_int
+from arrayprune.reconstruction import _check_pattern, _positive_int, solver_options
 
 from ._base import apply_method, pruning_hooks, transaction
 from ._methods import CLASSES
 from .calibration import _run, block_layers, is_transposed_linear
 
-__all__ = ["sparsegpt"]
+__all__ = ["reconstruct", "sparsegpt"]
 
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d)
 Layer = nn.Linear | nn.Conv1d | nn.Conv2d  # the layers sparsegpt prunes
@@ -196,8 +196,9 @@ def _reconstruct(
     pattern: tuple[int, int] | None,
     block_size: int,
     damp: float,
+    solve: Any = arrayprune.sparsegpt,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`layer`'s updated weight and boolean keep mask, group by group."""
+    """`layer`'s updated weight and boolean keep mask, group by group, by the reconstruction `solve`."""
     weight = layer.weight.detach()
     rows = weight.shape[0] // len(accs)
     n, m = pattern if pattern is not None else (None, None)
@@ -205,15 +206,14 @@ def _reconstruct(
     for g, acc in enumerate(accs):
         amount = None if counts is None else counts[g]
         try:
-            new, keep = arrayprune.sparsegpt(
+            new, keep = solve(
                 weight[g * rows : (g + 1) * rows],
                 acc.hessian(),
                 amount,
                 n=n,
                 m=m,
-                block_size=block_size,
-                damp=damp,
                 reduction_axis=0 if is_transposed_linear(layer) else 1,
+                **solver_options(solve, {"block_size": block_size, "damp": damp}),
             )
         except ValueError as exc:  # degenerate statistics: the message names the layer
             raise ValueError(f"{name!r}: {exc}") from None
@@ -254,6 +254,7 @@ def sparsegpt(
     block_size: int = 128,
     damp: float = 0.01,
     sequential: bool = True,
+    method: str = "sparsegpt",
 ) -> nn.Module:
     """Prune a model's layers with SparseGPT, updating the weights they keep; return `model`.
 
@@ -316,6 +317,10 @@ def sparsegpt(
         Hessian comes from the dense model in a single pass over the batches, all held
         until the end (memory: the sum of every layer's ``K x K``, ``K`` its input length
         per group).
+    method : str, default "sparsegpt"
+        The reconstruction of :data:`arrayprune.RECONSTRUCTIONS` that prunes each layer
+        from its Hessian (:func:`reconstruct` names it; ``block_size`` and ``damp`` go to
+        it if it takes them).
 
     Returns
     -------
@@ -384,6 +389,10 @@ def sparsegpt(
         pattern = _check_pattern(amount, n, m)
         if pattern is None:
             arrayprune.validate_pruning_amount_init(amount)
+    if method not in arrayprune.RECONSTRUCTIONS:
+        known = ", ".join(arrayprune.RECONSTRUCTIONS)
+        raise ValueError(f"method={method!r} is no reconstruction (choose from {known})")
+    solve = arrayprune.RECONSTRUCTIONS[method]
     block_size = _positive_int("block_size", block_size)
     if pattern is not None and block_size % pattern[1]:
         raise ValueError(f"block_size={block_size} must be a multiple of m={pattern[1]} for {pattern[0]}:{pattern[1]}")
@@ -422,7 +431,7 @@ def sparsegpt(
                     layer = layers[name]
                     accs = _accumulators(layer)
                     _run_capturing(model, batches, {layer: _Capture(accs, calls)}, stop=True)
-                    new, keep = _reconstruct(name, layer, accs, counts[name], pattern, block_size, damp)
+                    new, keep = _reconstruct(name, layer, accs, counts[name], pattern, block_size, damp, solve)
                     del accs
                     write(name, new, keep)
             else:
@@ -432,7 +441,7 @@ def sparsegpt(
                 reached = {name for name, accs in all_accs.items() if accs[0].rows}
                 _check_reached(layers, reached, "the calibration batches")
                 computed = {
-                    name: _reconstruct(name, layers[name], accs, counts[name], pattern, block_size, damp)
+                    name: _reconstruct(name, layers[name], accs, counts[name], pattern, block_size, damp, solve)
                     for name, accs in all_accs.items()
                 }
                 del all_accs
@@ -489,3 +498,33 @@ def _check_reached(layers: dict[str, nn.Module], reached: set[str], what: str) -
     missing = [name for name in layers if name not in reached]
     if missing:
         raise ValueError(f"{what} never reached {missing[0]!r}")
+
+
+def reconstruct(
+    model: nn.Module,
+    calibration_batches: Iterable[Any],
+    amount: int | float | Mapping[nn.Module | str, int | float] | None = None,
+    *,
+    method: str,
+    **options: Any,
+) -> nn.Module:
+    """Prune a model's layers with the reconstruction `method` of :data:`arrayprune.RECONSTRUCTIONS`.
+
+    :func:`sparsegpt` with ``method`` named: the same calibration (each layer's Hessian,
+    sequential or one pass), arguments and reparametrization, the layer weights pruned
+    and updated by the solver registered under `method`
+    (:func:`arrayprune.register_reconstruction`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> import arrayprune.adapters.torch as prune
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    >>> _ = prune.reconstruct(net, [torch.randn(16, 8)], 0.5, method="sparsegpt")
+    >>> int((net[0].weight == 0).sum())
+    32
+    """
+    return sparsegpt(model, calibration_batches, amount, method=method, **options)
