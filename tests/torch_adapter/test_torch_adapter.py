@@ -115,6 +115,7 @@ EXTENSIONS = [
     "save_input_norms",
     "wanda_importance",
     "sparsegpt",
+    "reconstruct",
 ]
 
 
