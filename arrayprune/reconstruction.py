@@ -37,6 +37,7 @@ __all__ = [
     "HessianAccumulator",
     "check_sparsegpt_options",
     "register_reconstruction",
+    "solver_options",
     "sparsegpt",
     "unfold_patches",
     "unregister_reconstruction",

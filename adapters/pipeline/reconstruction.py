@@ -156,6 +156,7 @@ def onnx_sparsegpt(
     """
 
     solve = arrayprune.RECONSTRUCTIONS[method]
+    settings = solver_options(solve, {"block_size": block_size, "damp": damp})
     names = list(dict.fromkeys(names))
     amounts = _amounts(amount, names)
     if not isinstance(amount, Mapping):  # options first; per-weight amounts are checked with their weights
@@ -191,7 +192,7 @@ def onnx_sparsegpt(
             level_targets = [targets[x] for x in level]
             hessians = _hessians(session, calibration, casts, samples, level_targets, batch_size, weights)
             for name in level:
-                options = {"amount": amounts[name], "n": n, "m": m, "block_size": block_size, "damp": damp}
+                options = {"amount": amounts[name], "n": n, "m": m, **settings}
                 done[name] = _prune(targets[name], current[name], hessians.pop(name), options, solve)
                 current[name] = done[name].weight
     return {name: done[name] for name in order}
@@ -326,9 +327,9 @@ def _conv_patches(x: np.ndarray, node: Any, kernel: tuple[int, ...], groups: int
 def _prune(
     target: _Target, weight: np.ndarray, hessians: list[Any], options: Mapping[str, Any], solve: Any
 ) -> Reconstructed:
-    """The reconstruction `solve` on one weight (group by group for a grouped convolution)."""
+    """The reconstruction `solve` on one weight (group by group for a grouped convolution);
+    `options` are the arguments it takes (the amount or pattern, and its settings)."""
     amount = options["amount"]
-    options = solver_options(solve, options)
     try:
         if target.groups == 1:
             new, keep = solve(weight, hessians[0], reduction_axis=target.reduction_axis, **options)

@@ -55,6 +55,7 @@ from arrayprune.adapters.plan import PlanEntry, file_roles, make_plan
 from arrayprune.adapters.roles.names import tree_roles
 from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds
 from arrayprune.method_parts import score_of
+from arrayprune.reconstruction import solver_options
 
 __all__ = [
     "DEFAULT_SPARSITIES",
@@ -503,6 +504,8 @@ def scan_onnx(
     trials = OnnxTrials(wf, calibration, names, outputs=outputs, extra=activations, batch_size=calibration_batch)
     session, casts, samples, dense = trials.session, trials.casts, trials.samples, trials.dense
     curves = []
+    solve = arrayprune.RECONSTRUCTIONS.get(method)
+    settings = {} if solve is None else solver_options(solve, {"block_size": 128, "damp": 0.01})
     for target in targets if progress is None else progress(targets, "scan", "weight"):
         hessians = None
         if _reconstructs(method):
@@ -510,8 +513,7 @@ def scan_onnx(
         errors = []
         for s in sparsities:
             if hessians is not None:
-                options = {"amount": s, "n": None, "m": None, "block_size": 128, "damp": 0.01}
-                solve = arrayprune.RECONSTRUCTIONS[method]
+                options = {"amount": s, "n": None, "m": None, **settings}
                 weight = np.asarray(target.value)
                 pruned = _prune(rebuilt[target.name], weight, hessians[target.name], options, solve).weight
             else:

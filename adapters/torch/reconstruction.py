@@ -194,11 +194,11 @@ def _reconstruct(
     accs: list[arrayprune.HessianAccumulator],
     counts: list[int] | None,
     pattern: tuple[int, int] | None,
-    block_size: int,
-    damp: float,
-    solve: Any = arrayprune.sparsegpt,
+    solve: Any,
+    settings: Mapping[str, Any],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`layer`'s updated weight and boolean keep mask, group by group, by the reconstruction `solve`."""
+    """`layer`'s updated weight and boolean keep mask, group by group, by the reconstruction
+    `solve` (given `settings`, the options of :func:`sparsegpt` it takes)."""
     weight = layer.weight.detach()
     rows = weight.shape[0] // len(accs)
     n, m = pattern if pattern is not None else (None, None)
@@ -213,7 +213,7 @@ def _reconstruct(
                 n=n,
                 m=m,
                 reduction_axis=0 if is_transposed_linear(layer) else 1,
-                **solver_options(solve, {"block_size": block_size, "damp": damp}),
+                **settings,
             )
         except ValueError as exc:  # degenerate statistics: the message names the layer
             raise ValueError(f"{name!r}: {exc}") from None
@@ -398,6 +398,7 @@ def sparsegpt(
         raise ValueError(f"block_size={block_size} must be a multiple of m={pattern[1]} for {pattern[0]}:{pattern[1]}")
     if isinstance(damp, bool) or not isinstance(damp, numbers.Real) or not 0 <= float(damp) < math.inf:
         raise ValueError(f"damp must be a finite non-negative number, got {damp!r}")
+    settings = solver_options(solve, {"block_size": block_size, "damp": damp})
     if not isinstance(sequential, bool):
         raise TypeError(f"sequential must be a bool, got {type(sequential).__name__}")
     if not isinstance(model, nn.Module):
@@ -431,7 +432,7 @@ def sparsegpt(
                     layer = layers[name]
                     accs = _accumulators(layer)
                     _run_capturing(model, batches, {layer: _Capture(accs, calls)}, stop=True)
-                    new, keep = _reconstruct(name, layer, accs, counts[name], pattern, block_size, damp, solve)
+                    new, keep = _reconstruct(name, layer, accs, counts[name], pattern, solve, settings)
                     del accs
                     write(name, new, keep)
             else:
@@ -441,7 +442,7 @@ def sparsegpt(
                 reached = {name for name, accs in all_accs.items() if accs[0].rows}
                 _check_reached(layers, reached, "the calibration batches")
                 computed = {
-                    name: _reconstruct(name, layers[name], accs, counts[name], pattern, block_size, damp, solve)
+                    name: _reconstruct(name, layers[name], accs, counts[name], pattern, solve, settings)
                     for name, accs in all_accs.items()
                 }
                 del all_accs
