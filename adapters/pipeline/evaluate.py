@@ -357,6 +357,8 @@ def evaluate(
     for r in runs:
         r.check_tokens(ids)
     mask = read.get("attention_mask", np.ones_like(ids))
+    if not ((mask[:, :-1] == 1) & (mask[:, 1:] == 1)).any():
+        raise ValueError(f"{ids_path}: the attention mask leaves no next-token prediction to count")
     batches = _batches(read, batch_rows or BATCH_ROWS, where)
     masks = [torch.from_numpy(mask[i : i + len(b[TOKENS_KEY])]).bool() for i, b in zip(
         range(0, len(ids), batch_rows or BATCH_ROWS), batches, strict=True)]  # fmt: skip
@@ -412,8 +414,6 @@ class _Sums:
             self.positions += int(valid.sum())
 
     def result(self, model: str, compare: str | None, sequences: int) -> EvalResult:
-        if self.tokens == 0:
-            raise ValueError("the attention mask leaves no next-token prediction to count")
         loss = self.loss[0] / self.tokens
         out = EvalResult(model, compare, sequences, self.tokens, self.positions, loss, math.exp(loss))
         if compare is not None:
