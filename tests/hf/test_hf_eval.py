@@ -211,3 +211,27 @@ def test_bad_token_files_are_one_line_errors(models, tmp_path):
         vocab_size=VOCAB // 2, max_position_embeddings=64), shard="20KB")  # fmt: skip
     with pytest.raises(ValueError, match="vocabulary"):
         evaluate(small, root / "tokens.npz", compare=llama)
+
+
+@pytest.mark.slow
+def test_prune_verify_on_a_folder_runs_eval_against_the_input(models, tmp_path):
+    root, folders, _ = models
+    llama, out = folders["llama"], tmp_path / "out"
+    proc = run("prune", llama, "-o", out, "--amount", "0.4", "--verify", "--verify-data", root / "tokens.npz")
+    assert proc.returncode == 0, proc.stderr
+    want = evaluate(out, root / "tokens.npz", compare=llama)
+    assert want.kl_to_dense > 0
+    assert proc.stdout.splitlines()[-1] == f"verify: {want.summary()}"
+
+
+def test_prune_verify_on_a_folder_checks_its_tokens_before_writing(models, tmp_path):
+    root, folders, _ = models
+    llama, out = folders["llama"], tmp_path / "out"
+    with pytest.raises(ValueError, match="give --verify-data TOKENS.npz"):
+        prune_file(llama, out, amount=0.4, verify=True)
+    np.savez(tmp_path / "range.npz", input_ids=np.full((2, 4), VOCAB))
+    with pytest.raises(ValueError, match=f"range.npz: --verify: token ids must be in \\[0, {VOCAB}\\)"):
+        prune_file(llama, out, amount=0.4, verify=True, verify_data=tmp_path / "range.npz")
+    with pytest.raises(ValueError, match="--verify-tol gates ONNX outputs"):
+        prune_file(llama, out, amount=0.4, verify=True, verify_data=root / "tokens.npz", verify_tol=(0.1, 0.0))
+    assert not out.exists()
