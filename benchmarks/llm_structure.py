@@ -14,7 +14,7 @@ pruned Hugging Face folder, which is measured against the dense one:
   by :func:`arrayprune.adapters.pipeline.evaluate.evaluate` (``arrayprune eval``), on
   the model's ``heldout.npz`` (files of the standard library it never saw);
 * **latency**: ``transformers`` forward of the loaded model (float32, ``torch.no_grad``)
-  on 8 held-out sequences of 128 tokens, dense and pruned alternating in one process,
+  on 4 held-out sequences of 128 tokens, one thread, dense and pruned alternating in one process,
   medians (:func:`benchmarks.timing.compare`); the ratio pruned / dense;
 * **parameters removed**: the fraction of the dense model's parameters (all of them,
   embeddings included) that the output no longer has.
@@ -66,7 +66,7 @@ from . import llm_models
 from .timing import Settings, compare
 
 KINDS = ("channels", "heads", "layers", "experts")
-LATENCY_ROWS = 8
+LATENCY_ROWS = 4
 
 
 @dataclass
@@ -99,11 +99,13 @@ def torch_pruning_channels(dense: Path, out: Path, kind: str, amount: float, ref
         import torch_pruning as tp
     except ImportError:
         return "torch-pruning is not installed (pip install torch-pruning==1.6.1)"
-    if kind != "channels":
+    if kind == "heads":
         return (
-            "Torch-Pruning runs MLP channels here: with num_heads (heads) its dependency graph did not finish "
-            "building in 280 s even on a 2-layer Llama (transformers 5)"
+            "with num_heads, Torch-Pruning's dependency graph did not finish building in 280 s even on a 2-layer "
+            "Llama (transformers 5): run for MLP channels only"
         )
+    if kind != "channels":
+        return f"Torch-Pruning's LLM recipe removes channels and heads, not {kind}"
     model = transformers.AutoModelForCausalLM.from_pretrained(dense).eval()
     config = model.config
     if not hasattr(model.model.layers[0].mlp, "gate_proj"):
@@ -162,6 +164,8 @@ def latency(dense: Path, pruned: Path, tokens: Path) -> dict[str, float]:
     import transformers
 
     ids = torch.from_numpy(np.load(tokens)["input_ids"][:LATENCY_ROWS])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: steadier on a shared machine
     models = {
         "dense": transformers.AutoModelForCausalLM.from_pretrained(dense).eval(),
         "pruned": transformers.AutoModelForCausalLM.from_pretrained(pruned).eval(),
@@ -174,7 +178,8 @@ def latency(dense: Path, pruned: Path, tokens: Path) -> dict[str, float]:
 
         return run
 
-    timings = compare({k: forward(m) for k, m in models.items()}, Settings(min_sample_s=0.05, repeats=9, max_bench_s=3.0))
+    timings = compare({k: forward(m) for k, m in models.items()}, Settings(min_sample_s=0.05, repeats=7, max_bench_s=2.0))
+    torch.set_num_threads(threads)
     dense_s, pruned_s = timings["dense"].median, timings["pruned"].median
     return {"dense_ms": 1e3 * dense_s, "pruned_ms": 1e3 * pruned_s, "ratio": pruned_s / dense_s}
 
@@ -202,8 +207,8 @@ def _run_command(template: str, values: dict[str, Any]) -> str | None:
 
 
 def bench_model(name: str, kinds: list[str], amounts: list[float], table: dict[str, Method], work: Path,
-                log: Callable[[str], None]) -> tuple[dict[str, Any], list[Row]]:  # fmt: skip
-    model = llm_models.trained(name, log=log)
+                log: Callable[[str], None], steps: int | None = None) -> tuple[dict[str, Any], list[Row]]:  # fmt: skip
+    model = llm_models.trained(name, steps=steps, log=log)
     dense = model.model
     base = evaluate(dense, model.heldout_tokens)
     dense_params = parameters(dense)
@@ -273,7 +278,7 @@ def report(models: list[dict[str, Any]], rows: list[Row], table: dict[str, Metho
         *[f"| {m['model']} | {m['parameters'] / 1e6:.2f}M | {m['perplexity']:.3f} |" for m in models],
         "",
         "Amount: the fraction of the units of that kind removed (per layer); parameters removed: of the whole "
-        "model. Latency: pruned / dense forward time, 8 x 128 tokens, medians of alternating runs.",
+        "model. Latency: pruned / dense forward time, 4 x 128 tokens, one thread, medians of alternating runs.",
         "",
         "| model | units | amount | method | parameters removed | perplexity | KL to dense | cosine | latency | "
         "dense ms |",
@@ -307,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default="a,b,c,d")
     parser.add_argument("--command", action="append", default=[], metavar="NAME=TEMPLATE")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--steps", type=int, default=None, help="train the models this long (a smoke test)")
     args = parser.parse_args(argv)
     extra = dict(c.split("=", 1) for c in args.command)
     table = {k: v for k, v in methods(extra).items() if k in args.methods.split(",") or k in extra}
@@ -314,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     infos, rows = [], []
     with tempfile.TemporaryDirectory(prefix="llm-structure-") as work:
         for name in args.models.split(","):
-            info, got = bench_model(name, args.kinds.split(","), amounts, table, Path(work), print)
+            info, got = bench_model(name, args.kinds.split(","), amounts, table, Path(work), print, args.steps)
             infos.append(info)
             rows.extend(got)
     args.out.mkdir(parents=True, exist_ok=True)
