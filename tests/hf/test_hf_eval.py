@@ -2,8 +2,8 @@
 
 Every figure is checked against a full in-memory forward of the model loaded by
 ``from_pretrained`` (float64 NumPy on its logits and last hidden states), on sharded
-random-init Llama, GPT-2 (tied embeddings, learned positions) and Mixtral (experts stored
-one per tensor, fused in the module) folders.
+random-init Llama, GPT-2 (tied embeddings, learned positions), Mixtral and Qwen3-MoE
+(experts stored one per tensor, fused in the module) folders.
 """
 
 from __future__ import annotations
@@ -45,6 +45,17 @@ def _mixtral(folder):
     return folder
 
 
+def _qwen3_moe(folder):
+    config = transformers.Qwen3MoeConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2, vocab_size=VOCAB,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(3)
+    transformers.Qwen3MoeForCausalLM(config).eval().save_pretrained(folder, max_shard_size="20KB")
+    return folder
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval")
@@ -54,6 +65,7 @@ def models(tmp_path_factory):
         "llama": save_sharded_llama(root / "llama"),
         "gpt2": _gpt2(root / "gpt2"),
         "mixtral": _mixtral(root / "mixtral"),
+        "qwen3_moe": _qwen3_moe(root / "qwen3_moe"),
     }
     return root, folders, ids
 
@@ -99,7 +111,7 @@ def _reference(folder, ids, dense=None, mask=None):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "gpt2", "mixtral"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "mixtral", "qwen3_moe"])
 def test_loss_equals_a_whole_forward_of_transformers(models, family):
     root, folders, ids = models
     folder = folders[family]
