@@ -13,7 +13,7 @@ left out; every tenth file in sorted order held out for evaluation):
 * ``mixtral``: Mixtral-style, hidden 192, 4 layers, 6 heads over 2 KV heads, 8 experts of
   intermediate 192, 2 per token: 4.1M parameters.
 
-150 steps of 8 sequences of 128 bytes (AdamW, warm-up then cosine decay): 0.15M tokens,
+500 steps of 8 sequences of 128 bytes (AdamW, warm-up then cosine decay): 0.5M tokens,
 one thread, a few minutes each.
 
 The vocabulary is the 256 byte values plus ``<bos>`` (256), ``<eos>`` (257, between
@@ -61,7 +61,7 @@ class Recipe:
 
     name: str
     config: dict[str, Any]
-    steps: int = 150
+    steps: int = 500
     batch: int = 8
     lr: float = 3e-3
     warmup: int = 30

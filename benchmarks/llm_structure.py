@@ -243,12 +243,17 @@ def bench_model(name: str, kinds: list[str], amounts: list[float], table: dict[s
                     continue
                 if method.name == "a":
                     reference = out
-                got = evaluate(out, model.heldout_tokens, compare=dense)
                 row.removed = 1 - parameters(out) / dense_params
-                row.figures.update(
-                    perplexity=got.perplexity, kl_to_dense=got.kl_to_dense, cosine_to_dense=got.cosine_to_dense,
-                    **latency(dense, out, model.heldout_tokens),
-                )
+                try:
+                    got = evaluate(out, model.heldout_tokens, compare=dense)
+                    row.figures.update(
+                        perplexity=got.perplexity, kl_to_dense=got.kl_to_dense, cosine_to_dense=got.cosine_to_dense,
+                        **latency(dense, out, model.heldout_tokens),
+                    )
+                except (ValueError, RuntimeError) as exc:  # written, but transformers cannot run it
+                    row.status = f"written ({100 * row.removed:.1f}% removed), not loadable: {str(exc).splitlines()[0]}"
+                    log(f"  {kind} {amount} {method.name}: {row.status}")
+                    continue
                 log(f"  {kind} {amount} {method.name}: removed {100 * row.removed:.1f}% of parameters, "
                     f"perplexity {got.perplexity:.3f}, latency x{row.figures['ratio']:.2f}")  # fmt: skip
     return info, rows
@@ -263,7 +268,7 @@ def report(models: list[dict[str, Any]], rows: list[Row], table: dict[str, Metho
     lines = [
         f"# Structured pruning of trained language models ({_machine()})",
         "",
-        f"Command: `python -m benchmarks.llm_structure {' '.join(argv)}`".rstrip() + "",
+        f"Command: `{' '.join(['python -m benchmarks.llm_structure', *argv])}`",
         "",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; Python {platform.python_version()}, "
         f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads), transformers {transformers.__version__}, "
