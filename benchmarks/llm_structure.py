@@ -33,8 +33,8 @@ Methods (a name, a label, and a command template or an in-process function):
   loaded by ``from_pretrained``, removing the same number of units as ``a`` did (so the
   same parameter count), written with ``save_pretrained`` and its ``config.json`` sizes
   updated. For MLP channels the other layers are left out of its groups (``ignored_layers``);
-  for heads its dependency graph over ``num_heads`` did not finish building here (see
-  the results), so ``d`` runs channels only and says so.
+  for heads, grouping a ``q_proj``'s output channels did not finish (its index mappings
+  loop, minutes on the 3M-parameter Llama), so ``d`` runs channels only and says so.
 
 A method that refuses (a kind it does not have yet, a family it does not know) is a row
 with its one-line reason. Writes ``llm-structure-<machine>.md`` and ``.json`` to ``--out``.
@@ -101,8 +101,9 @@ def torch_pruning_channels(dense: Path, out: Path, kind: str, amount: float, ref
         return "torch-pruning is not installed (pip install torch-pruning==1.6.1)"
     if kind == "heads":
         return (
-            "with num_heads, Torch-Pruning's dependency graph did not finish building in 280 s even on a 2-layer "
-            "Llama (transformers 5): run for MLP channels only"
+            "with num_heads, Torch-Pruning 1.6.1 does not finish grouping a q_proj's output channels "
+            "(get_pruning_group loops in _fix_dependency_graph_non_recursive for minutes; transformers 5 Llama): "
+            "run for MLP channels only"
         )
     if kind != "channels":
         return f"Torch-Pruning's LLM recipe removes channels and heads, not {kind}"
