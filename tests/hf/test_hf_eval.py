@@ -236,6 +236,7 @@ def test_prune_verify_on_a_folder_runs_eval_against_the_input(models, tmp_path):
     assert proc.stdout.splitlines()[-1] == f"verify: {want.summary()}"
 
 
+@pytest.mark.slow
 def test_prune_verify_on_a_folder_checks_its_tokens_before_writing(models, tmp_path):
     root, folders, _ = models
     llama, out = folders["llama"], tmp_path / "out"
