@@ -37,7 +37,9 @@ Methods (a name, a label, and a command template or an in-process function):
   loop, minutes on the 3M-parameter Llama), so ``d`` runs channels only and says so.
 
 A method that refuses (a kind it does not have yet, a family it does not know) is a row
-with its one-line reason. Writes ``llm-structure-<machine>.md`` and ``.json`` to ``--out``.
+with its one-line reason. Writes ``llm-structure-<machine>.md``, ``.json`` and ``.png``
+(perplexity against parameters removed; matplotlib) to ``--out``; ``--replot JSON``
+draws the PNG of a saved run again.
 """
 
 from __future__ import annotations
@@ -305,6 +307,37 @@ def report(models: list[dict[str, Any]], rows: list[Row], table: dict[str, Metho
     return "\n".join(lines)
 
 
+def plot(models: list[dict[str, Any]], rows: list[dict[str, Any]], labels: dict[str, str], path: Path) -> bool:
+    """Held-out perplexity against the fraction of parameters removed: one line per model, units and method."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    dense = {m["model"]: m["perplexity"] for m in models}
+    lines: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
+    for r in rows:
+        if r["status"] == "ok":
+            lines.setdefault((r["model"], r["kind"], r["method"]), []).append((100 * r["removed"], r["figures"]["perplexity"]))
+    for (model, kind, method), points in sorted(lines.items()):
+        xs, ys = zip(*sorted([(0.0, dense[model]), *points]), strict=True)
+        style = "--" if method == "d" else "-"
+        ax.plot(xs, ys, style, marker="o", label=f"{model}, {kind}: {labels.get(method, method)}")
+    for value in dense.values():
+        ax.axhline(value, color="grey", lw=0.5)
+    ax.set_xlabel("parameters removed (% of the model)")
+    ax.set_ylabel("held-out perplexity (per byte)")
+    ax.set_title("Structured pruning of the trained byte-level models")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def _machine() -> str:
     return f"cpu-{platform.machine()}-{os.cpu_count()}cores"
 
@@ -319,7 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--command", action="append", default=[], metavar="NAME=TEMPLATE")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--steps", type=int, default=None, help="train the models this long (a smoke test)")
+    parser.add_argument("--replot", type=Path, default=None, metavar="JSON", help="only draw the PNG of a run's JSON")
     args = parser.parse_args(argv)
+    labels = {k: m.label.replace("`", "") for k, m in methods({}).items()}
+    if args.replot is not None:
+        saved = json.loads(args.replot.read_text())
+        plot(saved["models"], saved["rows"], labels, args.replot.with_suffix(".png"))
+        return 0
     extra = dict(c.split("=", 1) for c in args.command)
     table = {k: v for k, v in methods(extra).items() if k in args.methods.split(",") or k in extra}
     amounts = [float(a) for a in args.amounts.split(",")]
@@ -335,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     stem.with_suffix(".json").write_text(json.dumps(
         {"command": ["python", "-m", "benchmarks.llm_structure", *argv], "models": infos,
          "rows": [r.__dict__ for r in rows]}, indent=2, default=str) + "\n")  # fmt: skip
+    plot(infos, [r.__dict__ for r in rows], labels, stem.with_suffix(".png"))
     print(f"-> {stem}.md")
     return 0
 
