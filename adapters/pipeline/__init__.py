@@ -11,7 +11,8 @@ Its modules import downwards only, in six layers (a test checks it:
        |             shrink_checkpoint.py (--shrink on ONNX and on folders)
        |
     the job          storage.py (the input, opened), scoring.py (each target's method and
-       |             scores), prune_result.py (what a run returns)
+       |             scores), prune_result.py (what a run returns), evaluate.py (arrayprune
+       |             eval: perplexity and KL of a Hugging Face folder, layer by layer)
        |
     engines          calibration.py (onnxruntime statistics), hf_calibration.py (transformers,
        |             layer by layer), reconstruction.py (SparseGPT through a graph),
