@@ -35,8 +35,6 @@ from typing import Any, NamedTuple, cast
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.passes.shape_prop import ShapeProp
 
 from ._base import pruning_hooks
 
@@ -124,12 +122,22 @@ class _Layout(NamedTuple):
         return tuple(s.root().channels for s in self.spaces)
 
 
+_SHAPE = "arrayprune_shape"
+
+
 def _shape(node: Any) -> tuple[int, ...] | None:
-    if not isinstance(node, fx.Node):
-        return None
-    meta = node.meta.get("tensor_meta")
-    shape = getattr(meta, "shape", None)
-    return None if shape is None else tuple(int(d) for d in shape)
+    """The shape of the tensor a node computed on the example inputs (None: not a tensor)."""
+    return node.meta.get(_SHAPE) if isinstance(node, fx.Node) else None
+
+
+class _Shapes(fx.Interpreter):
+    """Runs the traced graph once, writing each tensor's shape on its node."""
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        if isinstance(result, torch.Tensor):
+            n.meta[_SHAPE] = tuple(int(d) for d in result.shape)
+        return result
 
 
 def _what(node: fx.Node) -> str:
@@ -791,10 +799,7 @@ def trace(model: nn.Module, example_inputs: Any, leaf_modules: Iterable[Any] = (
     try:
         model.eval()
         with torch.no_grad():
-            try:  # shapes without computing: fake tensors
-                ShapeProp(gm, fake_mode=FakeTensorMode(allow_non_fake_inputs=True)).propagate(*inputs)
-            except Exception:  # an operation fake tensors do not cover: run it for real
-                ShapeProp(gm).propagate(*inputs)
+            _Shapes(gm).run(*inputs)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RuntimeError(f"{type(model).__name__} does not run on example_inputs: {first}") from None
