@@ -15,9 +15,10 @@ slices (the same modules, the same state-dict keys); ``torch.export`` lowers mod
 ATen operators on lifted parameters, and mapping those back to modules and attributes
 needs its metadata. ``symbolic_trace`` also needs no compilation (milliseconds for a
 ResNet), and a module it cannot trace through (data-dependent control flow) is kept as
-one leaf, whose channels are left with that reason. The example inputs are run once,
-without gradients and in evaluation mode (restored after), for the shapes the
-rules need.
+one leaf, whose channels are left with that reason. The example inputs give the shapes the rules
+need: the graph runs once on PyTorch's ``meta`` device (shapes without values), or for
+real where something needs values, without gradients and in evaluation mode (restored
+after).
 
 Every operation is looked up in two tables, :data:`MODULE_RULES` (module type, searched
 along the type's MRO) and :data:`FUNCTION_RULES` (a function, or a method's name); an
@@ -131,13 +132,36 @@ def _shape(node: Any) -> tuple[int, ...] | None:
 
 
 class _Shapes(fx.Interpreter):
-    """Runs the traced graph once, writing each tensor's shape on its node."""
+    """Runs the traced graph once, writing each tensor's shape on its node.
+
+    With ``meta=True`` every tensor is on PyTorch's ``meta`` device (shapes, no values:
+    nothing is computed); a graph that needs values (data-dependent branches in a
+    module kept whole) fails there and runs for real.
+    """
+
+    def __init__(self, gm: fx.GraphModule, meta: bool) -> None:
+        super().__init__(gm)
+        self.on_meta = meta
 
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
         if isinstance(result, torch.Tensor):
             n.meta[_SHAPE] = tuple(int(d) for d in result.shape)
         return result
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if not self.on_meta:
+            return super().call_module(target, args, kwargs)
+        module = self.fetch_attr(target)
+        tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+        meta = {k: torch.empty_like(v, device="meta") for k, v in tensors.items()}
+        return torch.func.functional_call(module, meta, args, kwargs)
+
+    def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
+        value = super().get_attr(target, args, kwargs)
+        if self.on_meta and isinstance(value, torch.Tensor):
+            return torch.empty_like(value, device="meta")
+        return value
 
 
 def _what(node: fx.Node) -> str:
@@ -799,7 +823,10 @@ def trace(model: nn.Module, example_inputs: Any, leaf_modules: Iterable[Any] = (
     try:
         model.eval()
         with torch.no_grad():
-            _Shapes(gm).run(*inputs)
+            try:  # shapes without computing
+                _Shapes(gm, meta=True).run(*[torch.empty_like(t, device="meta") for t in inputs])
+            except Exception:  # something needs values: run it for real
+                _Shapes(gm, meta=False).run(*inputs)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RuntimeError(f"{type(model).__name__} does not run on example_inputs: {first}") from None

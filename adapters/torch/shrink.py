@@ -20,6 +20,7 @@ scale and shift are masked as well).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -28,6 +29,7 @@ from torch import nn
 
 from arrayprune import amount as _amount
 from arrayprune.groups import ChannelGroup, Member, choose_channels, group_scores, resolve_method
+from arrayprune.methods import LnStructured
 
 from ._base import pruning_hooks
 from ._groups import Slot, TorchGroup, channel_groups
@@ -80,6 +82,11 @@ def _kept_by_score(
             scores[key] = given.detach().narrow(slot.axis, slot.offset, group.channels)
         members.append(Member(key, slot.axis, slot.weight))
     core_group = ChannelGroup(members, group.channels, group.name)
+    n = getattr(method, "n", None) if isinstance(method, LnStructured) else None
+    if isinstance(n, (int, float)) and not isinstance(n, bool) and 0 < n < math.inf and len(members) > 1:
+        # the norm of the concatenation, from each member's own norms (no copy of the members)
+        total = sum(method.channel_scores(scores.get(m.key, arrays[m.key]), m.axis) ** n for m in core_group.weights)
+        return choose_channels(total ** (1.0 / n), amount)
     return choose_channels(group_scores(arrays, core_group, method, importance_scores=scores), amount)
 
 
@@ -149,14 +156,14 @@ def _new_sizes(module: nn.Module) -> None:
         module.num_parameters = module.weight.numel()
 
 
-def _owners(model: nn.Module, name: str) -> list[tuple[nn.Module, str, bool]]:
-    """Every (module, attribute, is a parameter) holding the tensor named `name` (tied ones too)."""
-    module, attr = _owner(model, name)
-    target: Any = module._parameters.get(attr, module._buffers.get(attr))
-    found = []
+def _holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str, bool]]]:
+    """By tensor identity: every (module, attribute, is a parameter) holding it (tied ones too)."""
+    found: dict[int, list[tuple[nn.Module, str, bool]]] = {}
     for m in model.modules():
-        found += [(m, a, True) for a, t in m._parameters.items() if t is target]
-        found += [(m, a, False) for a, t in m._buffers.items() if t is target]
+        for a, t in m._parameters.items():
+            found.setdefault(id(t), []).append((m, a, True))
+        for a, t in m._buffers.items():
+            found.setdefault(id(t), []).append((m, a, False))
     return found
 
 
@@ -176,8 +183,10 @@ def _slice(model: nn.Module, groups: list[TorchGroup], kept: list[torch.Tensor])
     by_param: dict[str, list[tuple[int, torch.Tensor]]] = {}
     for (param, axis), parts in cuts.items():
         by_param.setdefault(param, []).append((axis, torch.sort(torch.cat(parts)).values))
+    holders = _holders(model)
     for param, items in by_param.items():
-        owners = _owners(model, param)
+        module, attr = _owner(model, param)
+        owners = holders[id(module._parameters.get(attr, module._buffers.get(attr)))]
         holder, attr, is_param = owners[0]
         old = holder._parameters[attr] if is_param else holder._buffers[attr]
         assert old is not None
