@@ -85,7 +85,8 @@ def _kept_by_score(
     n = getattr(method, "n", None) if isinstance(method, LnStructured) else None
     if isinstance(n, (int, float)) and not isinstance(n, bool) and 0 < n < math.inf and len(members) > 1:
         # the norm of the concatenation, from each member's own norms (no copy of the members)
-        total = sum(method.channel_scores(scores.get(m.key, arrays[m.key]), m.axis) ** n for m in core_group.weights)
+        parts = [(str(m.key), m.axis) for m in core_group.weights]
+        total = sum(method.channel_scores(scores.get(k, arrays[k]), axis) ** n for k, axis in parts)
         return choose_channels(total ** (1.0 / n), amount)
     return choose_channels(group_scores(arrays, core_group, method, importance_scores=scores), amount)
 
@@ -160,10 +161,9 @@ def _holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str, bool]]]:
     """By tensor identity: every (module, attribute, is a parameter) holding it (tied ones too)."""
     found: dict[int, list[tuple[nn.Module, str, bool]]] = {}
     for m in model.modules():
-        for a, t in m._parameters.items():
-            found.setdefault(id(t), []).append((m, a, True))
-        for a, t in m._buffers.items():
-            found.setdefault(id(t), []).append((m, a, False))
+        for is_param, tensors in ((True, m._parameters), (False, m._buffers)):
+            for a, t in tensors.items():
+                found.setdefault(id(t), []).append((m, a, is_param))
     return found
 
 
