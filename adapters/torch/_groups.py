@@ -5,7 +5,8 @@ producers (``Conv*d``, ``ConvTranspose*d``, ``Linear``), everything that carries
 channel by channel (biases, norm scales, shifts and running statistics, a depthwise
 convolution's filters, a parameter added to them) and the input columns of every
 consumer. Element-wise operations, activations, pools and flattening after a global pool
-carry a group on; a residual ``Add``/``Mul`` joins the groups of its operands into one (a
+carry a group on; a ``GroupNorm`` makes its groups of channels go whole; a residual
+``Add``/``Mul`` joins the groups of its operands into one (a
 ResNet stage's trunk is one group); ``torch.cat`` along the channels lays several groups
 side by side (each consumer's columns are members at an offset).
 
@@ -83,12 +84,16 @@ class TorchGroup:
         Every tensor that holds them.
     reason : str or None
         Why the group cannot shrink (one line), or None when it can.
+    block : int, default 1
+        Channels go only in whole blocks of this many (consecutive) channels: the
+        groups of a ``GroupNorm`` they pass through.
     """
 
     name: str
     channels: int
     members: tuple[Slot, ...]
     reason: str | None = None
+    block: int = 1
 
     @property
     def shrinkable(self) -> bool:
@@ -104,6 +109,7 @@ class _Space:
         self.name, self.channels, self.order = name, channels, order
         self.slots: list[Slot] = []
         self.reasons: list[str] = []
+        self.block = 1  # channels that go only together (a GroupNorm's groups)
 
     def root(self) -> _Space:
         s = self
@@ -229,7 +235,17 @@ class _Walk:
         rb.parent = ra
         ra.slots.extend(rb.slots)
         ra.reasons.extend(rb.reasons)
+        self.set_block(ra, rb.block)
         return ra
+
+    def set_block(self, space: _Space, block: int) -> None:
+        """Channels of `space` go in whole blocks of `block` (and of any block already set)."""
+        root = space.root()
+        joint = math.lcm(root.block, block)
+        if root.channels % joint:
+            self.lock(root, f"its GroupNorm groups ({root.block} and {block} channels) do not tile its channels")
+        else:
+            root.block = joint
 
     def claim(self, space: _Space, slot: Slot) -> None:
         """Make `slot` a member of `space`; the same entries claimed twice join the groups."""
@@ -382,14 +398,16 @@ def _batch_norm(walk: _Walk, node: fx.Node) -> _Layout | None:
 
 
 def _group_norm(walk: _Walk, node: fx.Node) -> _Layout | None:
+    """GroupNorm: each of its groups is normalized alone, so whole groups can go."""
     m: Any = walk.gm_modules[str(node.target)]
-    if m.num_groups != m.num_channels:
-        reason = (
-            f"{node.target} (GroupNorm, {m.num_groups} groups) normalizes channels together: "
-            "removing some changes the others"
-        )
-        walk.refuse(node, reason)
-        return None
+    block = m.num_channels // m.num_groups
+    inp = walk.layout(_first(node))
+    if inp is not None and block > 1:
+        if any(w % block for w in inp.widths()):
+            walk.refuse(node, f"{node.target} (GroupNorm) normalizes groups of {block} channels across its inputs")
+            return None
+        for s in inp.spaces:
+            walk.set_block(s, block)
     return _per_channel(walk, node, ("weight", "bias"))
 
 
@@ -904,5 +922,5 @@ def channel_groups(model: nn.Module, example_inputs: Any, *, leaf_modules: Itera
         reason = root.reasons[0] if root.reasons else None
         if reason is None and not any(slot.weight for slot in slots):
             reason = "no layer weight holds them"
-        out.append(TorchGroup(root.name, root.channels, slots, reason))
+        out.append(TorchGroup(root.name, root.channels, slots, reason, root.block))
     return out

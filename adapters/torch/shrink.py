@@ -83,12 +83,21 @@ def _kept_by_score(
         members.append(Member(key, slot.axis, slot.weight))
     core_group = ChannelGroup(members, group.channels, group.name)
     n = getattr(method, "n", None) if isinstance(method, LnStructured) else None
-    if isinstance(n, (int, float)) and not isinstance(n, bool) and 0 < n < math.inf and len(members) > 1:
+    power = float(n) if isinstance(n, (int, float)) and not isinstance(n, bool) and 0 < n < math.inf else None
+    if power is not None and len(members) > 1:
         # the norm of the concatenation, from each member's own norms (no copy of the members)
         parts = [(str(m.key), m.axis) for m in core_group.weights]
-        total = sum(method.channel_scores(scores.get(k, arrays[k]), axis) ** n for k, axis in parts)
-        return choose_channels(total ** (1.0 / n), amount)
-    return choose_channels(group_scores(arrays, core_group, method, importance_scores=scores), amount)
+        total = sum(method.channel_scores(scores.get(k, arrays[k]), axis) ** power for k, axis in parts)
+        channel = total ** (1.0 / power)
+    else:
+        channel = group_scores(arrays, core_group, method, importance_scores=scores)
+    if group.block == 1:
+        return choose_channels(channel, amount)
+    # whole blocks (a GroupNorm's groups): a block scores as the norm of its channels' scores
+    p = power or 1.0
+    blocks = (channel.abs().reshape(-1, group.block) ** p).sum(dim=1) ** (1.0 / p)
+    kept = choose_channels(blocks, amount)
+    return (kept[:, None] * group.block + torch.arange(group.block, device=kept.device)).flatten()
 
 
 def _kept_by_masks(model: nn.Module, group: TorchGroup) -> torch.Tensor:
@@ -152,7 +161,9 @@ def _new_sizes(module: nn.Module) -> None:
         if t is not None:
             module.num_features = t.shape[0]
     elif isinstance(module, nn.GroupNorm):
-        module.num_groups = module.num_channels = module.weight.shape[0]
+        per_group = module.num_channels // module.num_groups
+        module.num_channels = module.weight.shape[0]
+        module.num_groups = module.num_channels // per_group
     elif isinstance(module, nn.PReLU):
         module.num_parameters = module.weight.numel()
 
@@ -271,10 +282,11 @@ def shrink(
     convolution weights only). Groups that cannot shrink keep their channels; their
     reasons are what :func:`channel_groups` says: the model's inputs and outputs,
     ``nn.MultiheadAttention`` (its heads and width stay: ``embed_dim`` sets the head
-    size, but the MLP around it shrinks), ``LayerNorm`` or ``GroupNorm`` over the
-    channels, grouped convolutions, modules that cannot be traced or are named in
-    `leaf_modules`, operations the tables do not know, and reshapes that write the
-    channel count as a constant.
+    size, but the MLP around it shrinks), ``LayerNorm`` over the channels, grouped
+    convolutions, modules that cannot be traced or are named in `leaf_modules`,
+    operations the tables do not know, and reshapes that write the channel count as a
+    constant. A ``GroupNorm`` makes its groups of channels go whole: amounts count
+    them.
 
     Parameters
     ----------
@@ -340,13 +352,23 @@ def shrink(
                        for h in m._forward_pre_hooks.values()):  # fmt: skip
                 raise ValueError("shrink() needs an amount, or pruning masks on the model (it has none)")
             kept = [_kept_by_masks(model, g) for g in open_groups]
+            for g, keep in zip(open_groups, kept, strict=True):
+                whole = torch.zeros(g.channels, dtype=torch.bool)
+                whole[keep] = True
+                split = whole.reshape(-1, g.block).any(dim=1) != whole.reshape(-1, g.block).all(dim=1)
+                if bool(split.any()):
+                    raise ValueError(
+                        f"group {g.name!r}: the masks remove part of GroupNorm group {int(torch.nonzero(split)[0])} "
+                        f"({g.block} channels each); its groups go whole"
+                    )
             _check_partial(model, open_groups, kept)
         else:
             amounts = _amounts(amount, open_groups)
             chosen = resolve_method(method, **method_args)
             for g in open_groups:
                 a = amounts[g.name]
-                _amount.validate_pruning_amount(_amount.compute_nparams_toprune(a, g.channels), g.channels)
+                units = g.channels // g.block
+                _amount.validate_pruning_amount(_amount.compute_nparams_toprune(a, units), units)
                 for slot in g.members:
                     given = scores.get(slot.param)
                     if given is not None and tuple(given.shape) != tuple(_value(*_owner(model, slot.param)).shape):

@@ -246,6 +246,41 @@ def test_layer_norm_and_grouped_conv_are_left():
     assert groups[3].shrinkable and groups[4].reason == "they are an output of the model"
 
 
+def test_group_norm_groups_go_whole():
+    torch.manual_seed(8)
+    net = nn.Sequential(
+        nn.Conv2d(3, 12, 3), nn.GroupNorm(4, 12), nn.ReLU(), nn.Conv2d(12, 6, 3), nn.GroupNorm(6, 6), nn.Conv2d(6, 2, 1)
+    ).double()
+    with torch.no_grad():
+        for gn in (net[1], net[4]):
+            gn.weight.normal_()
+            gn.bias.normal_()
+    x = torch.randn(2, 3, 9, 9, dtype=torch.float64)
+    groups = prune.channel_groups(net, x)
+    assert [(g.name, g.block) for g in groups] == [("input_1", 1), ("0", 3), ("3", 1), ("5", 1)]
+    dense = copy.deepcopy(net)
+    prune.shrink(net, x, 0.5)
+    assert (net[1].num_groups, net[1].num_channels, net[3].in_channels) == (2, 6, 6)
+    assert (net[4].num_groups, net[4].num_channels, net[3].out_channels) == (3, 3, 3)
+    # the kept blocks: the two of largest L2 norm over the conv rows and columns
+    rows = torch.cat([dense[0].weight.flatten(1), dense[3].weight.transpose(0, 1).flatten(1)], dim=1)
+    blocks = rows.detach().norm(dim=1).reshape(4, 3).norm(dim=1)
+    top = np.sort(np.argsort(blocks.numpy(), kind="stable")[2:])
+    kept = (top[:, None] * 3 + np.arange(3)).flatten()
+    np.testing.assert_array_equal(net[0].weight.detach().numpy(), dense[0].weight.detach().numpy()[kept])
+    zeroed = _zeroed(dense, [g for g in groups if g.shrinkable], [kept, _numpy_kept(_params(dense), groups[2], 0.5)])
+    with torch.no_grad():
+        np.testing.assert_allclose(net(x).numpy(), zeroed(x).numpy(), atol=ATOL)
+
+
+def test_group_norm_refuses_masks_splitting_its_groups():
+    net = nn.Sequential(nn.Conv2d(3, 8, 1), nn.GroupNorm(2, 8), nn.Conv2d(8, 2, 1))
+    rows = torch.tensor([0, 1, 1, 1, 1, 1, 1, 1.0])[:, None, None, None]
+    prune.custom_from_mask(net[0], "weight", rows.expand(8, 3, 1, 1))
+    with pytest.raises(ValueError, match=r"^group '0': the masks remove part of GroupNorm group 0 \(4 channels each\)"):
+        prune.shrink(net, torch.randn(1, 3, 4, 4))
+
+
 def test_residual_mul_and_functional_ops_join_groups():
     class Net(nn.Module):
         def __init__(self) -> None:
