@@ -777,11 +777,11 @@ FUNCTION_RULES: dict[Any, Rule] = {
 class _Tracer(fx.Tracer):
     """``torch.fx``'s tracer; a module it cannot trace through, or one named a leaf, stays whole."""
 
-    def __init__(self, leaves: tuple[Any, ...]) -> None:
+    def __init__(self, leaves: tuple[Any, ...], tried: dict[int, bool] | None = None) -> None:
         super().__init__()
         self.leaves = leaves
         self.untraceable: dict[int, str] = {}
-        self._tried: dict[int, bool] = {}
+        self._tried: dict[int, bool] = {} if tried is None else tried  # shared with the trial tracers
 
     def named_leaf(self, m: nn.Module) -> bool:
         """Whether `m` is one of the modules or types the caller keeps whole."""
@@ -796,7 +796,7 @@ class _Tracer(fx.Tracer):
             return False
         if id(m) not in self._tried:
             try:
-                _Tracer(self.leaves).trace(m)
+                _Tracer(self.leaves, self._tried).trace(m)
                 self._tried[id(m)] = False
             except Exception as e:  # any failure of fx inside the module: keep it whole
                 self._tried[id(m)] = True
