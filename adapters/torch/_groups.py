@@ -576,7 +576,7 @@ def _elementwise(walk: _Walk, node: fx.Node) -> _Layout | None:
 
 def _literal_sizes(node: fx.Node) -> tuple[Any, ...]:
     """The target shape of ``reshape``/``view`` as written (ints, or nodes computed in the trace)."""
-    args = node.args[1:] if node.op == "call_method" else node.args[1:]
+    args = node.args[1:]  # torch.reshape(x, shape) and x.reshape(*shape) alike
     if "shape" in node.kwargs:
         args = (node.kwargs["shape"],)
     if len(args) == 1 and isinstance(args[0], (tuple, list)):

@@ -395,6 +395,19 @@ def test_partial_mask_is_refused_naming_the_group():
 # --------------------------------------------------------------------------------------
 
 
+def test_an_amount_on_a_pruned_model_scores_the_masked_weights():
+    torch.manual_seed(9)
+    net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    w = net[0].weight.detach().clone()
+    prune.custom_from_mask(net[0], "weight", torch.tensor([0, 1, 1, 1, 1, 1.0])[:, None].expand(6, 4))
+    prune.l1_unstructured(net[2], "weight", amount=2)  # baked, not refused: an amount decides
+    masked2 = net[2].weight.detach().clone()
+    prune.shrink(net, torch.randn(3, 4), 1, importance_scores={"2.weight": torch.ones(2, 6)})
+    assert not prune.is_pruned(net) and sorted(net.state_dict()) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    kept = [i for i in range(6) if i != 0]  # row 0 is masked: the lowest norm
+    assert torch.equal(net[0].weight, w[kept]) and torch.equal(net[2].weight, masked2[:, kept])
+
+
 def test_importance_scores_choose_the_channels():
     net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
     scores = {"0.weight": torch.arange(24.0).reshape(6, 4).flip(0), "2.weight": torch.zeros(2, 6)}
