@@ -137,6 +137,34 @@ def _shape(node: Any) -> tuple[int, ...] | None:
     return node.meta.get(_SHAPE) if isinstance(node, fx.Node) else None
 
 
+def _meta_like(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+
+def _conv_shape(m: Any, x: torch.Tensor) -> torch.Tensor:
+    return m._conv_forward(x, _meta_like(m.weight), _meta_like(m.bias))
+
+
+def _linear_shape(m: Any, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, cast(torch.Tensor, _meta_like(m.weight)), _meta_like(m.bias))
+
+
+def _same_shape(m: Any, x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+#: Module type -> its output on the meta device, without swapping its tensors in and out.
+_META_SHORTCUTS: dict[type, Callable[[Any, torch.Tensor], torch.Tensor]] = {
+    **dict.fromkeys((nn.Conv1d, nn.Conv2d, nn.Conv3d), _conv_shape),
+    nn.Linear: _linear_shape,
+    **dict.fromkeys(
+        (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm1d,
+         nn.InstanceNorm2d, nn.InstanceNorm3d, nn.PReLU),
+        _same_shape,
+    ),
+}  # fmt: skip
+
+
 class _Shapes(fx.Interpreter):
     """Runs the traced graph once, writing each tensor's shape on its node.
 
@@ -160,6 +188,11 @@ class _Shapes(fx.Interpreter):
             return super().call_module(target, args, kwargs)
         module = self.fetch_attr(target)
         tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+        if not tensors:  # pools, activations, dropout: nothing to put on the meta device
+            return module(*args, **kwargs)
+        shortcut = _META_SHORTCUTS.get(type(module))
+        if shortcut is not None and not kwargs and len(args) == 1:
+            return shortcut(module, args[0])
         meta = {k: torch.empty_like(v, device="meta") for k, v in tensors.items()}
         return torch.func.functional_call(module, meta, args, kwargs)
 
