@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-import arrayprune
 from arrayprune.adapters.formats import FormatError
 from arrayprune.adapters.formats.errors import write_failure
 from arrayprune.adapters.formats.files import read_json
@@ -36,7 +35,8 @@ from arrayprune.adapters.pipeline.hf_calibration import (
     token_problems,
     workdir_beside,
 )
-from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS
+from arrayprune.adapters.pipeline.method_names import reconstructs
+from arrayprune.adapters.pipeline.request import method_arguments
 from arrayprune.adapters.pipeline.scoring import method_for, scores_for
 from arrayprune.adapters.roles.hf_config import CONFIG_MAX_BYTES, CONFIG_NAME
 
@@ -105,7 +105,7 @@ def input_refusal(spec: Any, src: str, kind: str) -> str | None:
         return (
             "--calibration runs the model: IN must be an ONNX model, or a Hugging Face folder (config.json beside "
             "the safetensors weights) run with transformers layer by layer on token ids"
-            + ("" if _reconstructs(spec) else " (or use --input-norms)")
+            + ("" if reconstructs(spec.method) else " (or use --input-norms)")
         )
     return None
 
@@ -123,12 +123,6 @@ def calibration_needed(method: str, src: str) -> str:
         "(weight name -> K x K), or --calibration tokens.npz with a Hugging Face folder (config.json beside "
         "the weights) as IN"
     )
-
-
-def _reconstructs(spec: Any) -> bool:
-    """Whether the request's method updates the weights it keeps (no --input-norms for it)."""
-
-    return spec.method in RECONSTRUCTIONS
 
 
 def leave_outside_layers(storage: Any, spec: Any, plan: list[Any]) -> list[Any]:
@@ -275,8 +269,7 @@ def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextli
                 f"the Hessian of {entry.name!r} is all zero: it says nothing about which weights matter", spec.hessians
             )
     files = stack.enter_context(TensorFiles())
-    options = {"n": spec.nm[0], "m": spec.nm[1]} if spec.nm is not None else {"amount": spec.amount}
-    solve = arrayprune.RECONSTRUCTIONS[spec.method]
+    method = spec.method_class()(**method_arguments(spec))
 
     def reconstructed(entry: Any) -> Callable[[], np.ndarray]:
         def compute() -> np.ndarray:
@@ -284,7 +277,7 @@ def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextli
 
             value = files.load(entry.value)
             weight = value.to(torch.float32).numpy() if isinstance(value, torch.Tensor) else value
-            new, _ = solve(weight, hessians[entry.name], reduction_axis=entry.role.reduction_axis, **options)
+            new, _ = method.reconstruct(weight, hessians[entry.name], reduction_axis=entry.role.reduction_axis)
             return _stored(torch.from_numpy(np.asarray(new, dtype=np.float32)), entry.value.code).reshape(-1)
 
         return compute

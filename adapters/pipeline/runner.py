@@ -60,6 +60,7 @@ from arrayprune.adapters.pipeline.hf_stage import (
     outside_note,
 )
 from arrayprune.adapters.pipeline.hooks import Hooks
+from arrayprune.adapters.pipeline.method_names import reconstructs
 from arrayprune.adapters.pipeline.option_files import option_file_problems, problem_of
 from arrayprune.adapters.pipeline.outputs import check_not_input, check_output_name, check_whole_output
 from arrayprune.adapters.pipeline.prune_result import (
@@ -70,7 +71,6 @@ from arrayprune.adapters.pipeline.prune_result import (
     nm_warnings,
 )
 from arrayprune.adapters.pipeline.reconstruct_stage import input_refusal, reconstruct
-from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS
 from arrayprune.adapters.pipeline.request import PruneSpec, method_arguments, spec_from
 from arrayprune.adapters.pipeline.scoring import input_norms, method_for, scores_for, target_scores
 from arrayprune.adapters.pipeline.shrinking import run_shrink
@@ -230,7 +230,7 @@ def _write_whole(
 ) -> PruneSummary:
     """Prune in memory, write `dst` atomically (with the provenance record `made`), count the zeros written."""
     src, params = storage.src, storage.params
-    if spec.method in RECONSTRUCTIONS:  # weights pruned and updated (reconstruct_stage)
+    if reconstructs(spec.method):  # weights pruned and updated (reconstruct_stage)
         folded = out_params = reconstruct(storage, targets, spec, hooks, lambda t, s: _global_masks(t, s, src, hooks))
     elif spec.keep_masks or mp.is_pruned(params):
         masked = _prune_params(params, targets, spec, src, norms, hooks)
@@ -353,7 +353,7 @@ def _allocate(
 
     if norms is None and isinstance(storage, StreamedCheckpoint) and spec.calibration:  # tokens: run layer by layer
         norms = dense_input_norms(storage, targets, spec, hooks) if spec.allocation == OWL else None
-    elif norms is None and spec.method not in RECONSTRUCTIONS:
+    elif norms is None and not reconstructs(spec.method):
         norms = input_norms(spec, storage, targets, src, hooks)
     result.allocation = allocate(spec, storage, targets, norms, src, hooks)
     result.notes.extend(result.allocation.notes)
@@ -532,7 +532,7 @@ def _run(src: str, dst: Any, spec: PruneSpec, hooks: Hooks, early: list[Exceptio
     plan = plan_for(storage, spec)
     targets = selected_targets(plan, src)
     layerwise = isinstance(storage, StreamedCheckpoint) and spec.calibration  # hf_stage calibrates
-    norms = None if spec.method in RECONSTRUCTIONS or layerwise else input_norms(spec, storage, targets, src, hooks)
+    norms = None if reconstructs(spec.method) or layerwise else input_norms(spec, storage, targets, src, hooks)
     prepared = verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written
     notes, warnings = _notes(spec, plan), nm_warnings(spec, targets)
     result = PruneResult(src, dst, storage.kind, spec, plan, notes=notes, warnings=warnings)

@@ -30,11 +30,12 @@ def plan_for(storage: Any, spec: PruneSpec, *, reach: bool = True) -> list[PlanE
     plan = make_plan(
         storage.params,
         storage.roles,
-        method=spec.mask_method,
+        method=spec.method,
         include=spec.include,
         exclude=spec.exclude,
         min_size=spec.min_size,
         dim=spec.dim,
+        nm=spec.nm is not None,
     )
     for e in plan:
         if e.prune and e.dim is not None and e.shape:
