@@ -44,7 +44,7 @@ from arrayprune.adapters.pipeline.method_names import reconstructs
 from arrayprune.adapters.pipeline.reconstruction import onnx_sparsegpt
 from arrayprune.adapters.pipeline.request import PruneSpec
 from arrayprune.adapters.pipeline.scan import OnnxTrials, ScanResult
-from arrayprune.adapters.pipeline.scoring import input_norms, method_for, scores_for
+from arrayprune.adapters.pipeline.scoring import method_for, scores_for
 from arrayprune.adapters.pipeline.stream_pruning import read_whole
 from arrayprune.adapters.plan import file_roles, make_plan
 from arrayprune.allocation import _bounds, counts_near
@@ -149,9 +149,6 @@ def _step(target: Any, method: str) -> int:
 
 def _owl_scores(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any) -> list[Any]:
     """The scores OWL counts outliers among: Wanda's where input norms exist, else magnitudes."""
-    if norms is None and reconstructs(spec.method):  # its Hessians' activations give the norms too
-
-        norms = input_norms(spec, storage, targets, src, hooks)
     scores = []
     for t in targets:
         value = np.asarray(t.value)
@@ -186,10 +183,6 @@ def _owl_ratios(
     read at a time (a streamed checkpoint's whole, as the in-memory path reads it)."""
     if not getattr(storage, "streamed", False):
         return [arrayprune.outlier_ratio(s, m) for s in _owl_scores(spec, storage, targets, norms, src, hooks)]
-    if norms is None and reconstructs(spec.method):
-
-        norms = input_norms(spec, storage, targets, src, hooks)
-
     ratios = []
     with TensorFiles() as files:
         for t in targets:

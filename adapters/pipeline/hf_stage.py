@@ -14,7 +14,6 @@ an input cannot be calibrated on tokens, before anything is read.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,7 +27,6 @@ from arrayprune.adapters.formats.safetensors_stream import TensorFiles
 from arrayprune.adapters.pipeline.calibration import _read_npz, read_calibration
 from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
 from arrayprune.adapters.pipeline.hf_calibration import (
-    _skeleton,
     _stored,
     calibrate_checkpoint,
     hf_folder,
@@ -47,8 +45,6 @@ __all__ = [
     "dense_input_norms",
     "given_hessians",
     "input_refusal",
-    "leave_outside_layers",
-    "outside_note",
 ]
 
 
@@ -94,7 +90,6 @@ def calibration_problems(spec: Any, src: str) -> list[Exception]:
 
 
 #: The reason of a weight left because layer-by-layer calibration does not reach it.
-OUTSIDE = "outside the model's layers: calibrated layer by layer, only the weights inside them are pruned"
 
 
 def input_refusal(spec: Any, src: str, kind: str) -> str | None:
@@ -122,52 +117,6 @@ def calibration_needed(method: str, src: str) -> str:
         f"--method {method} needs calibration data on this safetensors input: give --hessians hessians.npz "
         "(weight name -> K x K), or --calibration tokens.npz with a Hugging Face folder (config.json beside "
         "the weights) as IN"
-    )
-
-
-def leave_outside_layers(storage: Any, spec: Any, plan: list[Any]) -> list[Any]:
-    """`plan` with the weights outside the model's decoder (or encoder) layers left, when calibrated on tokens.
-
-    `storage` is a safetensors checkpoint (one file or sharded).
-
-    Layer by layer, calibration reaches the weights inside the repeated layers only; the
-    others the plan selects (``lm_head``, a pooler, classifier heads) are left with the
-    reason :data:`OUTSIDE` and copied unchanged, as llmcompressor leaves ``lm_head``. Any
-    other request: `plan` as it is.
-
-    Raises
-    ------
-    PruneError
-        Missing transformers, or a ``config.json`` transformers cannot build: one line.
-    """
-    if not spec.calibration or spec.hessians:
-        return plan
-    if not any(entry.prune for entry in plan) or hf_folder(os.fspath(storage.src)) is None:
-        return plan
-    from arrayprune.adapters.torch.calibration import layer_list  # torch, once a model is built
-
-    try:
-        prefix, layers = layer_list(*_skeleton(hf_folder(os.fspath(storage.src))))
-    except (ValueError, TypeError, RuntimeError) as exc:
-        raise PruneError(f"--calibration: {error_text(exc)}", storage.src) from None
-    inside = {f"{prefix}.{index}." if prefix else f"{index}." for index in range(len(layers))}
-    return [
-        dataclasses.replace(entry, prune=False, reason=OUTSIDE)
-        if entry.prune and not any(entry.name.startswith(p) for p in inside)
-        else entry
-        for entry in plan
-    ]
-
-
-def outside_note(plan: list[Any]) -> str | None:
-    """The note naming the weights :func:`leave_outside_layers` left; None if it left none."""
-    left = [entry.name for entry in plan if entry.reason == OUTSIDE]
-    if not left:
-        return None
-    shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
-    return (
-        f"left {len(left)} weight{'s' if len(left) > 1 else ''} outside the model's layers unchanged ({shown}): "
-        "calibration layer by layer does not reach them"
     )
 
 

@@ -178,10 +178,10 @@ PIPELINE_LAYERS = (
     ("errors", "hooks", "devices"),
     ("request", "method_names", "allocation_request", "shrink_request", "reconstruction_methods"),
     ("calibration", "hf_calibration", "reconstruction", "stream_pruning"),
-    ("storage", "scoring", "prune_result"),
+    ("storage", "scoring", "prune_result", "targets", "job"),
+    ("hf_stage", "reconstruct_stage"),
     (
-        "targets", "outputs", "option_files", "verify_stage", "hf_stage", "reconstruct_stage", "allocation", "scan",
-        "shrinking", "shrink_checkpoint",
+        "calibrate", "outputs", "option_files", "verify_stage", "allocation", "scan", "shrinking", "shrink_checkpoint",
     ),
     ("runner",),
 )  # fmt: skip
