@@ -40,6 +40,7 @@ from arrayprune.adapters.formats.safetensors_stream import TensorFiles
 from arrayprune.adapters.pipeline.allocation_request import OWL
 from arrayprune.adapters.pipeline.calibration import read_calibration, wanda_scores_for
 from arrayprune.adapters.pipeline.errors import PruneError, error_text
+from arrayprune.adapters.pipeline.job import Job
 from arrayprune.adapters.pipeline.method_names import reconstructs
 from arrayprune.adapters.pipeline.reconstruction import onnx_sparsegpt
 from arrayprune.adapters.pipeline.request import PruneSpec
@@ -223,23 +224,16 @@ def _scan_curves(spec: Any, targets: list[Any]) -> tuple[list[list[float]], Any,
     return curves, scan, notes
 
 
-def allocate(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any) -> Allocation:
+def allocate(job: Job, norms: Mapping | None) -> Allocation:
     """The stage: each target's count of pruned entries, from a scan's curves or OWL.
 
     Parameters
     ----------
-    spec : PruneSpec
-        The checked request (``spec.allocation`` set).
-    storage : WholeFile
-        The input, in memory.
-    targets : list of PlanEntry
-        The weights to prune.
+    job : Job
+        The job (its request with ``allocation`` set); its hooks are told of the stage.
     norms : mapping or None
-        Wanda's input norms, where the request computed them.
-    src : str
-        The input, for messages.
-    hooks : Hooks
-        Told of the stage.
+        The dense model's input norms, where the calibrate stage gives them
+        (:func:`~arrayprune.adapters.pipeline.calibrate.dense_norms`).
 
     Returns
     -------
@@ -250,6 +244,7 @@ def allocate(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None,
     PruneError
         An unreadable scan, a target without a curve, bounds that cannot hold the total.
     """
+    spec, storage, targets, src, hooks = job.spec, job.storage, job.targets, job.src, job.hooks
     sizes = [math.prod(t.shape) for t in targets]
     steps = [_step(t, spec.method) for t in targets]
     bounds = {"min_sparsity": spec.min_sparsity, "max_sparsity": spec.max_sparsity, "steps": steps}

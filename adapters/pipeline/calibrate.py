@@ -89,18 +89,18 @@ def _norms(job: Job) -> Mapping | None:
 def _file_compress(job: Job, stack: contextlib.ExitStack, global_masks: GlobalMasks) -> Any:
     if not job.spec.hessians:
         return None
-    return given_hessians(job.storage, job.targets, job.spec, stack)
+    return given_hessians(job, stack)
 
 
 def _layerwise_norms(job: Job, allocation: bool) -> Mapping | None:
     # Pruning takes its norms layer by layer, from the pruned model; OWL counts outliers on the dense one.
     if allocation and job.spec.allocation == OWL:
-        return dense_input_norms(job.storage, job.targets, job.spec, job.hooks)
+        return dense_input_norms(job)
     return None
 
 
 def _layerwise_compress(job: Job, stack: contextlib.ExitStack, global_masks: GlobalMasks) -> Any:
-    return calibrated(job.storage, job.targets, job.spec, job.hooks, job.dst or "", stack)
+    return calibrated(job, stack)
 
 
 def _graph_norms(job: Job, allocation: bool) -> Mapping | None:
@@ -113,7 +113,7 @@ def _graph_norms(job: Job, allocation: bool) -> Mapping | None:
 def _graph_compress(job: Job, stack: contextlib.ExitStack, global_masks: GlobalMasks) -> Any:
     if not job.solves:
         return None
-    return reconstruct(job.storage, job.targets, job.spec, job.hooks, global_masks)
+    return reconstruct(job, global_masks)
 
 
 #: The runners, in the order they are tried (:func:`runner_for`).

@@ -33,8 +33,8 @@ from arrayprune.adapters.pipeline.hf_calibration import (
     token_problems,
     workdir_beside,
 )
+from arrayprune.adapters.pipeline.job import Job
 from arrayprune.adapters.pipeline.method_names import reconstructs
-from arrayprune.adapters.pipeline.request import method_arguments
 from arrayprune.adapters.pipeline.scoring import method_for, scores_for
 from arrayprune.adapters.roles.hf_config import CONFIG_MAX_BYTES, CONFIG_NAME
 
@@ -126,17 +126,10 @@ def _masking(target: Any, spec: Any, norms: Mapping, value: Any) -> tuple[Any, A
     return method_for(target, spec), scores_for(target, norms, value)
 
 
-def calibrated(
-    storage: Any,
-    targets: list[Any],
-    spec: Any,
-    hooks: Any,
-    dst: str,
-    stack: contextlib.ExitStack,
-) -> dict[str, Callable[[], np.ndarray]] | None:
-    """The targets pruned layer by layer or from ``hessians`` (weight name -> its entries); None without either.
+def calibrated(job: Job, stack: contextlib.ExitStack) -> dict[str, Callable[[], np.ndarray]] | None:
+    """The job's targets pruned layer by layer or from ``hessians`` (weight name -> its entries); None without either.
 
-    The temporary folder lives as long as `stack`.
+    The temporary folder (beside the job's output) lives as long as `stack`.
 
     Raises
     ------
@@ -144,8 +137,9 @@ def calibrated(
         Missing transformers (naming the extra), bad token ids, a model that cannot be
         built or run, a target outside the model's layers: one line, nothing written.
     """
+    storage, targets, spec, hooks, dst = job.storage, job.targets, job.spec, job.hooks, job.dst or ""
     if spec.hessians:
-        return given_hessians(storage, targets, spec, stack)
+        return given_hessians(job, stack)
     if not spec.calibration:
         return None
 
@@ -159,7 +153,7 @@ def calibrated(
         raise PruneError(f"--calibration: {error_text(exc)}", storage.src) from None
 
 
-def dense_input_norms(storage: Any, targets: list[Any], spec: Any, hooks: Any) -> dict[str, np.ndarray]:
+def dense_input_norms(job: Job) -> dict[str, np.ndarray]:
     """Every target's input norms from the dense model run layer by layer on ``calibration``'s tokens.
 
     What ``--allocation owl`` ranks outliers by (Wanda's scores, as ONNX calibration
@@ -172,6 +166,7 @@ def dense_input_norms(storage: Any, targets: list[Any], spec: Any, hooks: Any) -
         As :func:`calibrated`.
     """
 
+    storage, targets, spec, hooks = job.storage, job.targets, job.spec, job.hooks
     optional_module("transformers", "transformers", "--calibration on a Hugging Face checkpoint")
     norms: dict[str, np.ndarray] = {}
     hooks.stage("allocation: input norms of the dense model")
@@ -182,7 +177,7 @@ def dense_input_norms(storage: Any, targets: list[Any], spec: Any, hooks: Any) -
     return norms
 
 
-def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextlib.ExitStack) -> dict[str, Callable]:
+def given_hessians(job: Job, stack: contextlib.ExitStack) -> dict[str, Callable]:
     """``--hessians``: each target pruned by SparseGPT with its Hessian from the file, when written.
 
     Every Hessian is checked (present, ``K x K`` for the weight's reduction axis,
@@ -194,6 +189,7 @@ def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextli
     PruneError
         One line naming the weight or the file.
     """
+    storage, targets, spec = job.storage, job.targets, job.spec
 
     try:
         hessians = _read_npz(spec.hessians)
@@ -218,7 +214,6 @@ def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextli
                 f"the Hessian of {entry.name!r} is all zero: it says nothing about which weights matter", spec.hessians
             )
     files = stack.enter_context(TensorFiles())
-    method = spec.method_class()(**method_arguments(spec))
 
     def reconstructed(entry: Any) -> Callable[[], np.ndarray]:
         def compute() -> np.ndarray:
@@ -226,6 +221,7 @@ def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextli
 
             value = files.load(entry.value)
             weight = value.to(torch.float32).numpy() if isinstance(value, torch.Tensor) else value
+            method = job.method_for(entry)  # its amount (an allocation's, if any), or the pattern
             new, _ = method.reconstruct(weight, hessians[entry.name], reduction_axis=entry.role.reduction_axis)
             return _stored(torch.from_numpy(np.asarray(new, dtype=np.float32)), entry.value.code).reshape(-1)
 

@@ -31,6 +31,7 @@ from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.pipeline import hf_stage
 from arrayprune.adapters.pipeline.calibration import read_calibration
 from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
+from arrayprune.adapters.pipeline.job import Job
 from arrayprune.adapters.pipeline.method_names import reconstructs
 from arrayprune.adapters.pipeline.reconstruction import amounts_from_masks, onnx_sparsegpt
 from arrayprune.adapters.pipeline.reconstruction_methods import GRAPH_FORMATS, elsewhere, refusal
@@ -62,25 +63,14 @@ def input_refusal(spec: Any, src: str) -> str | None:
     )
 
 
-def reconstruct(
-    storage: Any,
-    targets: list[Any],
-    spec: Any,
-    hooks: Any,
-    global_masks: Callable[[list[Any], Any], list[Any]],
-) -> Mapping:
-    """The stage: the storage's params with every target pruned and updated by the engine.
+def reconstruct(job: Job, global_masks: Callable[[list[Any], Any], list[Any]]) -> Mapping:
+    """The runner: the job's params with every target pruned and updated by the method's solver.
 
     Parameters
     ----------
-    storage : WholeFile
-        The input, read whole (its ``wf`` is handed to the engine; not modified).
-    targets : list of PlanEntry
-        The weights to prune, from the plan.
-    spec : PruneSpec
-        The checked request (a method with a solver).
-    hooks : Hooks
-        Told of the calibration stage.
+    job : Job
+        The job: an ONNX graph read whole (its ``wf`` is handed to the engine; not
+        modified), a method with a solver; its hooks are told of the calibration.
     global_masks : callable
         ``global_masks(targets, spec)``: the pipeline's global ranking (keep masks),
         called when ``spec.global_``.
@@ -96,7 +86,7 @@ def reconstruct(
         Unreadable calibration data, data that does not fit the graph, a target the
         engine cannot reconstruct: one line; nothing is written.
     """
-
+    storage, targets, spec, hooks = job.storage, job.targets, job.spec, job.hooks
     if storage.kind not in GRAPH_FORMATS:
         kind = storage.kind
         raise PruneError(f"--method {spec.method} writes {kind} as {kind}: give OUT the input's suffix", storage.src)

@@ -339,7 +339,7 @@ def _allocate(job: Job, result: PruneResult, norms: Mapping | None = None) -> Jo
     """
     if norms is None:
         norms = dense_norms(job, allocation=True)
-    result.allocation = allocate(job.spec, job.storage, job.targets, norms, job.src, job.hooks)
+    result.allocation = allocate(job, norms)
     result.notes.extend(result.allocation.notes)
     return job.with_amounts(result.allocation.amounts)
 
