@@ -5,16 +5,17 @@ Its modules import downwards only, in seven layers (a test checks it:
 
     runner.py        the sequence of stages: prune_file, prune_checkpoint, run
        |
-    stages           calibrate.py (the runners x statistics table), allocation.py, scan.py,
-       |             outputs.py, option_files.py, verify_stage.py, shrinking.py and
-       |             shrink_checkpoint.py (--shrink on ONNX and on folders): each takes the job
+    stages           calibrate.py (the runners x statistics table), allocation.py,
+       |             option_files.py, verify_stage.py, shrinking.py and shrink_checkpoint.py
+       |             (--shrink on ONNX and on folders)
        |
     runners          hf_stage.py (Hugging Face folders layer by layer, given Hessians),
        |             reconstruct_stage.py (a solver's Hessians through an ONNX graph)
        |
     the job          job.py (Job: the request resolved once on its input), storage.py (the
        |             input, opened), targets.py (the plan, what is pruned), scoring.py (each
-       |             target's method and scores), prune_result.py (what a run returns)
+       |             target's method and scores), prune_result.py (what a run returns),
+       |             outputs.py (OUT checked), scan.py (error curves: the scan verb, allocations)
        |
     engines          calibration.py (onnxruntime statistics), hf_calibration.py (transformers,
        |             layer by layer), reconstruction.py (SparseGPT through a graph),
