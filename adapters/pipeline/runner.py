@@ -60,9 +60,7 @@ from arrayprune.adapters.pipeline.allocation import allocate
 from arrayprune.adapters.pipeline.calibrate import compress, dense_norms
 from arrayprune.adapters.pipeline.devices import Device, device_problem, onnx_device, parse_device
 from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module, raise_problems
-from arrayprune.adapters.pipeline.hf_stage import (
-    calibration_problems,
-)
+from arrayprune.adapters.pipeline.hf_stage import calibration_problems
 from arrayprune.adapters.pipeline.hooks import Hooks
 from arrayprune.adapters.pipeline.job import Job
 from arrayprune.adapters.pipeline.option_files import option_file_problems, problem_of
