@@ -54,7 +54,7 @@ from .roles.onnx_graph import _onnx
 from .roles.onnx_groups import KINDS, OnnxGroups, View, onnx_groups
 from .trees import _rebuild
 
-__all__ = ["ShrinkReport", "shrink_onnx", "shrink_arrays"]
+__all__ = ["ShrinkReport", "shrink_onnx", "shrink_arrays", "zeroed_onnx", "source_names"]
 
 
 @dataclass(frozen=True)
@@ -319,11 +319,75 @@ def shrink_onnx(
     return out, report
 
 
-def _source_arrays(onnx: Any, model: Any, found: OnnxGroups, views: dict[str, View]) -> dict[str, np.ndarray]:
-    """The arrays the members and shapes of `found` are read from: initializers and ``Constant`` values."""
+def source_names(found: OnnxGroups) -> set[str]:
+    """The initializers (and ``Constant`` outputs) that the members and shapes of `found` are read from."""
+    views = {k: v for g in found.groups for k, v in g.views}
     names = {str(m.key) for g in found.groups for m in g.group.members if str(m.key) not in views}
     names |= {name for g in found.groups for name, _, _ in g.shapes if name not in views}
-    names |= {v.source for v in views.values()}
+    return names | {v.source for v in views.values()}
+
+
+def zeroed_onnx(model: Any, report: ShrinkReport) -> Any:
+    """The dense model with the channels :func:`shrink_onnx` dropped zeroed where the closing layers read them.
+
+    For each group, the input channels of its closing layers (``MatMul``/``Gemm`` B rows,
+    ``Conv`` W input channels; for heads, the output projection's rows of each dropped
+    head) are set to zero: the dense model then computes what the shrunk one computes,
+    since whatever a dropped channel holds after biases, norms and residual additions is
+    multiplied by zero. A closing member that is a private copy of a shared initializer
+    is zeroed in a copy read by that layer alone.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The dense model given to :func:`shrink_onnx` (its member data loaded); not modified.
+    report : ShrinkReport
+        What :func:`shrink_onnx` returned for it.
+
+    Returns
+    -------
+    onnx.ModelProto
+        The zeroed copy.
+    """
+    onnx = _onnx()
+    found = report.groups
+    views: dict[str, View] = {k: v for og in found.groups for k, v in og.views}
+    sources = _source_arrays(onnx, model, found, views)
+    out = copy.deepcopy(model)
+    graph = out.graph
+    zero: dict[str, np.ndarray] = {}
+    for og in found.groups:
+        kept = np.asarray(report.kept[og.group.name], dtype=np.int64)
+        dropped = np.setdiff1d(np.arange(og.group.channels), kept)
+        axes = {str(m.key): m.axis for m in og.group.members}
+        for key in og.closing:
+            view = views.get(key)
+            name, axis, block = (key, axes[key], 1) if view is None else (
+                key if view.rewire else view.source, view.axis, view.block
+            )
+            a = zero.get(name)
+            if a is None:
+                a = np.array(sources[view.source if view is not None else key], copy=True)
+            index: list[Any] = [slice(None)] * a.ndim
+            index[axis] = (dropped[:, None] * block + np.arange(block)).reshape(-1)
+            a[tuple(index)] = 0
+            zero[name] = a
+            if view is not None and view.rewire is not None:
+                node, slot = view.rewire
+                graph.node[node].input[slot] = key
+    known = {t.name for t in graph.initializer}
+    for t in graph.initializer:
+        if t.name in zero:
+            t.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(zero[t.name]), t.name))
+    for name, a in zero.items():
+        if name not in known:
+            graph.initializer.append(onnx.numpy_helper.from_array(np.ascontiguousarray(a), name))
+    return out
+
+
+def _source_arrays(onnx: Any, model: Any, found: OnnxGroups, views: dict[str, View]) -> dict[str, np.ndarray]:
+    """The arrays the members and shapes of `found` are read from: initializers and ``Constant`` values."""
+    names = source_names(found)
     inits = {t.name: t for t in model.graph.initializer}
     constants = {
         n.output[0]: a.t

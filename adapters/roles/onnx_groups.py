@@ -181,6 +181,11 @@ class OnnxGroup:
     closing: tuple[str, ...] = ()
     kind: str = "channels"
 
+    @property
+    def unit(self) -> str:
+        """What a channel of the group is, for people: ``"channels"`` or ``"heads"``."""
+        return "heads" if self.kind == "heads" else "channels"
+
 
 @dataclass(frozen=True)
 class LeftGroup:
@@ -197,7 +202,7 @@ class LeftGroup:
     channels : int
         Its output channels (heads with ``kind="heads"``).
     reason : str
-        Why they stay (``"residual Add: Add '/0/Add' reads the graph input 'x'"``).
+        Why they stay (``"residual Add: Add '/0/Add' also reads 'x'"``).
     """
 
     name: str
@@ -589,7 +594,7 @@ class _Trace:
         m = self.m
         if name in m.inputs:
             what = "residual Add" if via.op_type == "Add" else m.label(via)
-            raise _Left(f"{what}: {m.label(via)} reads the graph input {name!r}")
+            raise _Left(f"{what}: {m.label(via)} also reads {name!r}")  # a graph input
         if not self.add_value(name, ax, block):
             return
         node = m.made_by.get(name)

@@ -90,7 +90,9 @@ def check(model: onnx.ModelProto, x: np.ndarray, amount, expected_drop: int, **k
 
     new = {t.name: t for t in small.graph.initializer}
     assert list(new) == [t.name for t in model.graph.initializer]
-    shapes = {name: (i, len(report.kept[g.group.name])) for g in report.groups.groups for name, i in g.shapes}
+    shapes = {
+        name: (i, f * len(report.kept[g.group.name])) for g in report.groups.groups for name, i, f in g.shapes
+    }
     for t in model.graph.initializer:
         if t.name in shapes:  # a Reshape target: the channel count follows
             i, n = shapes[t.name]
