@@ -202,7 +202,9 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
         return PruneResult(src, None, kind, spec, plan, notes=shrink_notes(spec), shrink=ShrinkResult(found, shown))
     if not found.groups:
         if found.kind == "heads":
-            raise PruneError("--shrink --groups heads: no attention block in the graph (--dry-run --shrink says why)", src)
+            raise PruneError(
+                "--shrink --groups heads: no attention block in the graph (--dry-run --shrink says why)", src
+            )
         raise PruneError("--shrink: no channel group in the graph (--dry-run --shrink says why)", src)
 
     hooks.stage(f"shrinking {len(found.groups)} channel groups")

@@ -92,9 +92,12 @@ KINDS = ("channels", "heads")
 
 _UNARY = {
     "Relu", "LeakyRelu", "Gelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Elu", "Selu", "Celu",
-    "Softplus", "Softsign", "Mish", "Neg", "Abs", "Sqrt", "Exp", "Cast", "Identity", "Dropout", "Clip",
+    "Softplus", "Softsign", "Mish", "Neg", "Abs", "Sqrt", "Exp", "Cast", "Identity", "Dropout", "Clip", "IsNaN",
+    "Not",
 }  # fmt: skip
 _BINARY = {"Add", "Sub", "Mul", "Div"}
+#: Element-wise selection: ``Where(condition, x, y)``, all three broadcast together.
+_SELECT = {"Where"}
 #: Pools over every axis after the channels: ``[N, C, ...] -> [N, C, 1, ...]``.
 _GLOBAL_POOLS = {"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"}
 #: Pools of each channel over a window: ``[N, C, ...] -> [N, C, ...]``.
@@ -105,6 +108,11 @@ _REDUCE = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceL1", "Red
 _SOFTMAX = {"Softmax", "LogSoftmax"}
 #: Norms of each channel on its own: their per-channel inputs are members.
 _CHANNEL_NORMS = {"BatchNormalization", "InstanceNormalization"}
+#: Norms whose statistics mix the channels: removing one changes the others' outputs.
+_MIXING_NORMS = {
+    "LayerNormalization", "GroupNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
+    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "LpNormalization",
+}  # fmt: skip
 
 Dim = int | str | None
 
@@ -308,7 +316,7 @@ class _Model:
         self.roles = onnx_roles(model)
         self.shapes: dict[str, tuple[Dim, ...]] = {}
         try:
-            inferred = onnx.shape_inference.infer_shapes(model).graph
+            inferred = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
         except Exception:  # noqa: BLE001 - no shapes from inference: shape checks then leave
             inferred = g
         for v in [*inferred.value_info, *inferred.input, *inferred.output]:
@@ -377,29 +385,40 @@ def _product(dims: Any) -> tuple[int, tuple[str, ...]] | None:
 
 
 def _map_axis(
-    shape_in: tuple[Dim, ...], p: int, block: int, channels: int, shape_out: tuple[Dim, ...]
-) -> tuple[int, int] | None:
-    """Where a reshape puts channels held on axis `p` of `shape_in` in blocks of `block`.
+    shape_in: tuple[Dim, ...], p: int, block: int, lead: int, channels: int, shape_out: tuple[Dim, ...]
+) -> tuple[int, int, int] | None:
+    """Where a reshape puts channels held on axis `p` of `shape_in`.
 
-    Channel c occupies, within each slice of the axes before `p`, the contiguous run of
-    ``block * prod(shape_in[p+1:])`` entries at ``c`` times that: the output holds it on
-    axis q with the same axes' product before it, as ``out[q] = channels * b`` and a run
-    of ``b * prod(out[q+1:])``. Returns ``(q, b)``, or None if no axis keeps the channels whole.
+    Axis `p` holds ``lead * channels * block`` entries: channel c is the runs of
+    ``block * prod(shape_in[p+1:])`` entries at ``(l * channels + c)`` times that, for
+    each ``l < lead`` (``lead > 1`` where a batch axis was merged in front of the
+    channels, as ``[B, H, T, D] -> [B*H, T, D]``). The output holds them on the axis q
+    with ``out[q] = lead' * channels * b`` and a run of ``b * prod(out[q+1:])`` entries,
+    the axes before q (and ``lead'``) making the same count as before (checked where
+    both are known numbers). Returns ``(q, b, lead')``, or None if no axis keeps each
+    channel's runs whole.
     """
     outer = _product(shape_in[:p])
     inner = _product(shape_in[p + 1 :])
-    if outer is None or inner is None or shape_in[p] != channels * block:
+    if outer is None or inner is None or shape_in[p] != lead * channels * block:
         return None
     run = (inner[0] * block, inner[1])
     for q, d in enumerate(shape_out):
-        if _product(shape_out[:q]) != outer:
+        if not isinstance(d, int) or isinstance(d, bool) or d <= 0 or d % channels:
             continue
-        if not isinstance(d, int) or isinstance(d, bool) or d % channels:
-            continue
-        b = d // channels
         rest = _product(shape_out[q + 1 :])
-        if rest is not None and (rest[0] * b, rest[1]) == run:
-            return q, b
+        if rest is None or rest[1] != run[1] or run[0] % rest[0]:
+            continue
+        b = run[0] // rest[0]
+        if (d // channels) % b:
+            continue
+        lead_out = d // channels // b
+        before = _product(shape_out[:q])
+        if before is None:
+            continue
+        if not outer[1] and not before[1] and outer[0] * lead != before[0] * lead_out:
+            continue
+        return q, b, lead_out
     return None
 
 
@@ -465,7 +484,7 @@ class _Trace:
     def __init__(self, m: _Model, channels: int):
         self.m, self.channels = m, channels
         self.members: list[Member] = []
-        self.values: dict[str, tuple[int, int]] = {}
+        self.values: dict[str, tuple[int, int, int]] = {}  # value -> (axis, block, lead)
         self.queue: list[str] = []
         self.done: set[int] = set()
         self.consumers: list[str] = []
@@ -478,17 +497,26 @@ class _Trace:
 
     # ---------------------------------------------------------------- helpers
 
-    def add_value(self, name: str, ax: int, block: int = 1) -> bool:
+    def add_value(self, name: str, ax: int, block: int = 1, lead: int = 1) -> bool:
         """Record that `name` holds the channels; False if it was known."""
         if name in self.values:
-            if self.values[name] != (ax, block):
+            if self.values[name] != (ax, block, lead):
                 raise _Left(f"{name!r} holds the channels on two axes")
             return False
         if name in self.m.inputs:
             raise _Left(f"{name!r} is a graph input")
-        self.values[name] = (ax, block)
+        self.values[name] = (ax, block, lead)
         self.queue.append(name)
         return True
+
+    def lead(self, name: str) -> int:
+        """How many times a merged batch axis repeats the channels of group value `name`."""
+        return self.values[name][2]
+
+    def plain(self, name: str, node: Any) -> None:
+        """Refuse a value whose channels share their axis with a merged batch axis."""
+        if self.values[name][2] != 1:
+            raise _Left(f"{self.m.label(node)} reads channels merged with a batch axis")
 
     def rank(self, name: str) -> int:
         s = self.m.shape(name)
@@ -541,18 +569,22 @@ class _Trace:
             return False
         return len(s) + ax < 0 or s[ax] == 1
 
-    def binary(self, node: Any, ax: int, block: int) -> None:
+    def binary(self, node: Any, ax: int, block: int, lead: int) -> None:
         """Take an element-wise node: constants are members, activations join the group."""
         m = self.m
         for slot, x in enumerate(node.input):
+            if not x:
+                continue
             if x in self.values:
-                if self.values[x] != (ax, block):
+                if self.values[x] != (ax, block, lead):
                     raise _Left(f"{m.label(node)} combines the channels on different axes")
             elif m.dims(x) is not None:
+                if lead != 1 and m.dims(x) and len(m.dims(x) or ()) + ax >= 0 and (m.dims(x) or ())[ax] != 1:
+                    raise _Left(f"{m.label(node)} applies a constant to channels merged with a batch axis")
                 self.constant_member(node, slot, ax, block)
             elif not self.broadcast(x, ax):
-                self.back(x, ax, block, node)
-        self.add_value(node.output[0], ax, block)
+                self.back(x, ax, block, node, lead)
+        self.add_value(node.output[0], ax, block, lead)
 
     def consumer(self, node: Any, slot: int, axis: int, block: int) -> None:
         """`node` reads the channels through its weight's `axis`: a member, and a consumer."""
@@ -589,13 +621,13 @@ class _Trace:
         self.producers.append(node)
         self.done.add(m.index[id(node)])
 
-    def back(self, name: str, ax: int, block: int, via: Any) -> None:
+    def back(self, name: str, ax: int, block: int, via: Any, lead: int = 1) -> None:
         """Value `name` joins the group (read by `via` beside a group value): trace it back."""
         m = self.m
         if name in m.inputs:
             what = "residual Add" if via.op_type == "Add" else m.label(via)
             raise _Left(f"{what}: {m.label(via)} also reads {name!r}")  # a graph input
-        if not self.add_value(name, ax, block):
+        if not self.add_value(name, ax, block, lead):
             return
         node = m.made_by.get(name)
         if node is None:
@@ -603,8 +635,12 @@ class _Trace:
         idx = m.index[id(node)]
         if idx in self.done:
             return
+        if node.op_type in _MIXING_NORMS:
+            raise _Left(f"{name!r} comes from {m.label(node)}, a norm over the channels")
         found = _BACK.get(node.op_type)
         if found is None or _producer(m, node) is not None:
+            if lead != 1:
+                raise _Left(f"{name!r} holds channels merged with a batch axis, made by {m.label(node)}")
             self.produced(node, ax, block)
             return
         self.done.add(idx)
@@ -614,20 +650,23 @@ class _Trace:
 
     def back_unary(self, node: Any, ax: int, block: int) -> None:
         self.check_unary(node, ax)
-        self.back(node.input[0], ax, block, node)
+        self.back(node.input[0], ax, block, node, self.lead(node.output[0]))
 
     def back_binary(self, node: Any, ax: int, block: int) -> None:
-        self.binary(node, ax, block)
+        self.binary(node, ax, block, self.lead(node.output[0]))
 
     def back_norm(self, node: Any, ax: int, block: int) -> None:
+        self.plain(node.output[0], node)
         self.norm_members(node, node.output[0], ax, block)
         self.back(node.input[0], ax, block, node)
 
     def back_pool(self, node: Any, ax: int, block: int) -> None:
+        self.plain(node.output[0], node)
         self.check_pool(node, node.output[0], ax, block)
         self.back(node.input[0], ax, block, node)
 
     def back_conv(self, node: Any, ax: int, block: int) -> None:
+        self.plain(node.output[0], node)
         if not self.depthwise_members(node, node.output[0], ax, block):
             self.produced(node, ax, block)
             return
@@ -636,12 +675,13 @@ class _Trace:
     def back_transpose(self, node: Any, ax: int, block: int) -> None:
         r = self.rank(node.output[0])
         perm = _attr(self.m.onnx, node, "perm") or list(range(r))[::-1]
-        self.back(node.input[0], perm[ax % r] - r, block, node)
+        self.back(node.input[0], perm[ax % r] - r, block, node, self.lead(node.output[0]))
 
     def back_reshape(self, node: Any, ax: int, block: int) -> None:
-        q, b = self.reshaped(node, node.output[0], ax, block, node.input[0])
-        self.back(node.input[0], q, b, node)
-        self.reshape_target(node, node.input[0], q, b, node.output[0], ax, block)
+        lead = self.lead(node.output[0])
+        q, b, lead_in = self.reshaped(node, node.output[0], ax, block, lead, node.input[0])
+        self.back(node.input[0], q, b, node, lead_in)
+        self.reshape_target(node, node.input[0], q, b * lead_in, node.output[0], ax, block * lead)
 
     # ---------------------------------------------------------------- checks shared by both directions
 
@@ -697,17 +737,17 @@ class _Trace:
             raise _Left(f"depthwise {m.label(node)} with a channel multiplier of {dims[0] // channels}")
         raise _Left(f"grouped {m.label(node)} (group={groups})")
 
-    def reshaped(self, node: Any, src: str, ax: int, block: int, dst: str) -> tuple[int, int]:
-        """(axis, block) of the channels in `dst`, the other side of Reshape `node` from `src`."""
+    def reshaped(self, node: Any, src: str, ax: int, block: int, lead: int, dst: str) -> tuple[int, int, int]:
+        """(axis, block, lead) of the channels in `dst`, the other side of Reshape `node` from `src`."""
         m = self.m
         s_in, s_out = m.shape(src), m.shape(dst)
         if s_in is None or s_out is None:
             raise _Left(f"the shapes around {m.label(node)} are unknown")
-        found = _map_axis(s_in, ax % len(s_in), block, self.channels, s_out)
+        found = _map_axis(s_in, ax % len(s_in), block, lead, self.channels, s_out)
         if found is None:
             raise _Left(f"{m.label(node)} mixes the channels with other axes ({list(s_in)} -> {list(s_out)})")
-        q, b = found
-        return q - len(s_out), b
+        q, b, lead_out = found
+        return q - len(s_out), b, lead_out
 
     def reshape_target(self, node: Any, src: str, ax_in: int, b_in: int, dst: str, ax_out: int, b_out: int) -> None:
         """Have the target shape of Reshape `node` (from `src` to `dst`) follow the channel count."""
@@ -740,15 +780,17 @@ class _Trace:
         self.check_unary(node, ax)
         if name in self.pooled:
             self.pooled.add(node.output[0])
-        self.add_value(node.output[0], ax, block)
+        self.add_value(node.output[0], ax, block, self.lead(name))
 
     def global_pool(self, node: Any, name: str, ax: int, block: int) -> None:
+        self.plain(name, node)
         if ax != 1 - self.rank(name) or block != 1:
             raise _Left(f"{self.m.label(node)} pools axes after 1, not after the channel axis")
         self.pooled.add(node.output[0])
         self.add_value(node.output[0], ax)
 
     def pool(self, node: Any, name: str, ax: int, block: int) -> None:
+        self.plain(name, node)
         self.check_pool(node, name, ax, block)
         self.add_value(node.output[0], ax)
 
@@ -776,17 +818,18 @@ class _Trace:
             out_ax = p - sum(a < p for a in reduced) - (r - len(reduced))
         if name in self.pooled or set(range(p + 1, r)) <= reduced:
             self.pooled.add(node.output[0])
-        self.add_value(node.output[0], out_ax, block)
+        self.add_value(node.output[0], out_ax, block, self.lead(name))
 
     def reshape(self, node: Any, name: str, ax: int, block: int) -> None:
-        out = node.output[0]
-        q, b = self.reshaped(node, name, ax, block, out)
-        self.reshape_target(node, name, ax, block, out, q, b)
+        out, lead = node.output[0], self.lead(name)
+        q, b, lead_out = self.reshaped(node, name, ax, block, lead, out)
+        self.reshape_target(node, name, ax, block * lead, out, q, b * lead_out)
         if name in self.pooled and b == 1 and q == -1:
             self.pooled.add(out)
-        self.add_value(out, q, b)
+        self.add_value(out, q, b, lead_out)
 
     def flatten(self, node: Any, name: str, ax: int, block: int) -> None:
+        self.plain(name, node)
         r = self.rank(name)
         axis = int(_attr(self.m.onnx, node, "axis", 1))
         if name not in self.pooled or r + ax != (axis if axis >= 0 else r + axis) or block != 1:
@@ -796,12 +839,13 @@ class _Trace:
     def transpose(self, node: Any, name: str, ax: int, block: int) -> None:
         r = self.rank(name)
         perm = list(_attr(self.m.onnx, node, "perm") or list(range(r))[::-1])
-        self.add_value(node.output[0], perm.index(ax % r) - r, block)
+        self.add_value(node.output[0], perm.index(ax % r) - r, block, self.lead(name))
 
     def elementwise(self, node: Any, name: str, ax: int, block: int) -> None:
-        self.binary(node, ax, block)
+        self.binary(node, ax, block, self.lead(name))
 
     def batch_norm(self, node: Any, name: str, ax: int, block: int) -> None:
+        self.plain(name, node)
         self.norm_members(node, name, ax, block)
         self.add_value(node.output[0], ax)
 
@@ -809,6 +853,7 @@ class _Trace:
         m = self.m
         i = list(node.input).index(name)
         if m.dims(node.input[1]) is not None and i == 0:  # a layer: it closes the group
+            self.plain(name, node)
             dims = m.dims(node.input[1])
             if ax != -1:
                 raise _Left(f"{m.label(node)} reduces the last axis, not the channel axis")
@@ -822,14 +867,15 @@ class _Trace:
         r = self.rank(name)
         if ax >= -2 or r < 3:
             raise _Left(f"{m.label(node)} reads the channels on a matrix axis, not a batch axis")
-        other = node.input[1 - i]
+        other, lead = node.input[1 - i], self.lead(name)
         if not self.broadcast(other, ax):
-            self.back(other, ax, block, node)
-        self.add_value(node.output[0], ax, block)
+            self.back(other, ax, block, node, lead)
+        self.add_value(node.output[0], ax, block, lead)
 
     def gemm(self, node: Any, name: str, ax: int, block: int) -> None:
         m = self.m
         w = node.input[1]
+        self.plain(name, node)
         if node.input[0] != name or m.dims(w) is None:
             raise _Left(f"{m.label(node)} reads {name!r} as B")
         if int(_attr(m.onnx, node, "transA", 0)) or ax != -1:
@@ -844,6 +890,7 @@ class _Trace:
         m, channels = self.m, self.channels
         w = node.input[1]
         dims = m.dims(w)
+        self.plain(name, node)
         if node.input[0] != name or dims is None:
             raise _Left(f"{m.label(node)} W {w!r} is not an initializer")
         if ax != 1 - len(dims) or block != 1:
@@ -869,6 +916,8 @@ class _Trace:
         if found is None or (found[1] and i != 0):
             if node.op_type == "Concat":
                 raise _Left(f"{self.m.label(node)} joins {name!r} with other channels")
+            if node.op_type in _MIXING_NORMS:
+                raise _Left(f"{self.m.label(node)} normalizes over the channels of {name!r}")
             raise _Left(f"{self.m.label(node)} reads {name!r}")
         self.done.add(idx)
         found[0](self, node, name, ax, block)
@@ -880,7 +929,7 @@ class _Trace:
         m = self.m
         while self.queue:
             name = self.queue.pop(0)
-            ax, block = self.values[name]
+            ax, block, _ = self.values[name]
             if name in m.outputs:
                 raise _Left(f"{name!r} is a graph output")
             if name in m.in_subgraph:
@@ -907,7 +956,7 @@ _STEPS: dict[str, tuple[_Step, bool]] = {
     "Reshape": (_Trace.reshape, True),
     "Flatten": (_Trace.flatten, True),
     "Transpose": (_Trace.transpose, True),
-    **{op: (_Trace.elementwise, False) for op in _BINARY},
+    **{op: (_Trace.elementwise, False) for op in _BINARY | _SELECT},
     **{op: (_Trace.batch_norm, True) for op in _CHANNEL_NORMS},
     "MatMul": (_Trace.matmul, False),
     "Gemm": (_Trace.gemm, False),
@@ -921,7 +970,7 @@ _STEPS: dict[str, tuple[_Step, bool]] = {
 #: Producers (``MatMul``, ``Gemm``, a ``Conv`` with ``group=1``) end the way back.
 _BACK: dict[str, _Back] = {
     **{op: _Trace.back_unary for op in _UNARY | _SOFTMAX},
-    **{op: _Trace.back_binary for op in _BINARY},
+    **{op: _Trace.back_binary for op in _BINARY | _SELECT},
     **{op: _Trace.back_norm for op in _CHANNEL_NORMS},
     **{op: _Trace.back_pool for op in _POOLS},
     "Conv": _Trace.back_conv,
@@ -1031,7 +1080,7 @@ def onnx_groups(model: Any, kind: str = "channels") -> OnnxGroups:
                 group,
                 m.label(node),
                 tuple(trace.consumers),
-                tuple((v, a, b) for v, (a, b) in trace.values.items()),
+                tuple((v, a, b * lead) for v, (a, b, lead) in trace.values.items()),
                 tuple(trace.depthwise),
                 tuple(trace.shapes),
                 tuple(m.label(p) for p in trace.producers),
