@@ -99,6 +99,13 @@ def expected_after(model, report) -> int:
             name = m.key if view.rewire else view.source
             shapes.setdefault(name, list(shapes[view.source]))
             shapes[name][view.axis] = kept * view.block
+    constants = {n.output[0]: onnx.helper.get_attribute_value(n.attribute[0]) for n in model.graph.node
+                 if n.op_type == "Constant" and n.attribute[0].name == "value"}  # fmt: skip
+    for g in report.groups.groups:
+        for name, _, _ in g.shapes:  # a private copy of a shared Reshape target: an initializer of its own
+            if name in views:
+                source = views[name].source
+                shapes[name] = list(shapes[source]) if source in shapes else list(constants[source].dims)
     for name in report.removed:
         shapes.pop(name, None)
     return sum(int(np.prod(s)) for s in shapes.values())
