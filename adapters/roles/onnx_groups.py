@@ -314,17 +314,7 @@ class _Model:
             self.reads[self.alias.get(x, x)] += 1
         self.names = set(self.inits) | set(self.made_by) | {v.name for v in g.input}
         self.roles = onnx_roles(model)
-        self.shapes: dict[str, tuple[Dim, ...]] = {}
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
-        except Exception:  # noqa: BLE001 - no shapes from inference: shape checks then leave
-            inferred = g
-        for v in [*inferred.value_info, *inferred.input, *inferred.output]:
-            t = v.type.tensor_type
-            if t.HasField("shape"):
-                self.shapes[v.name] = tuple(
-                    d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim
-                )
+        self.shapes: dict[str, tuple[Dim, ...]] = _inferred_shapes(onnx, model)
 
     def uses(self, name: str) -> int:
         n = len(self.consumers.get(name, ())) + (name in self.outputs) + (name in self.in_subgraph)
@@ -369,6 +359,97 @@ class _Model:
         """The inferred shape of a value (ints, symbols, None where unknown), None if unknown."""
         dims = self.dims(name)
         return dims if dims is not None else self.shapes.get(name)
+
+
+#: Constants up to this many entries are folded (evaluated) before shape inference.
+_SMALL = 4096
+
+
+def _fold_small(onnx: Any, model: Any) -> tuple[dict[str, Any], set[int]]:
+    """Evaluate the main graph's nodes whose inputs are all small constants (shape
+    arithmetic: ``Shape`` of nothing, ``ConstantOfShape``, ``Equal``, ``Where``, ...), with
+    onnx's reference evaluator; returns (name -> array, indices of the folded nodes)."""
+    import numpy as np
+    from onnx.reference import ReferenceEvaluator
+
+    g = model.graph
+    values: dict[str, Any] = {}
+    for t in g.initializer:
+        if int(np.prod(t.dims)) <= _SMALL and t.data_location != onnx.TensorProto.EXTERNAL:
+            values[t.name] = onnx.numpy_helper.to_array(t)
+    folded: set[int] = set()
+    for i, node in enumerate(g.node):
+        if node.domain not in ("", "ai.onnx") or any(a.type in (5, 10) for a in node.attribute):
+            continue  # another domain, or a subgraph
+        if not all(x == "" or x in values for x in node.input) or not node.output:
+            continue
+        feeds = {x: values[x] for x in node.input if x}
+        try:
+            inputs = [onnx.helper.make_tensor_value_info(x, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                      for x, v in feeds.items()]  # fmt: skip
+            outputs = [onnx.helper.make_tensor_value_info(o, 0, None) for o in node.output if o]
+            tiny = onnx.helper.make_model(
+                onnx.helper.make_graph([node], "fold", inputs, outputs), opset_imports=model.opset_import
+            )
+            results = ReferenceEvaluator(tiny).run(None, feeds)
+        except Exception:  # noqa: BLE001 - what the evaluator cannot run stays unknown
+            continue
+        if any(np.asarray(r).size > _SMALL for r in results):
+            continue
+        for o, r in zip([o for o in node.output if o], results, strict=True):
+            values[o] = np.asarray(r)
+        folded.add(i)
+    return {k: v for k, v in values.items() if k not in {t.name for t in g.initializer}}, folded
+
+
+def _inferred_shapes(onnx: Any, model: Any) -> dict[str, tuple[Dim, ...]]:
+    """The shapes of the main graph's values: onnx's inference with data propagation, run
+    on the graph alone (large initializers as typed inputs, no data) after small constant
+    subgraphs are folded, so that shapes computed at run time from constants are known."""
+    import numpy as np
+
+    g = model.graph
+    try:
+        consts, folded = _fold_small(onnx, model)
+    except Exception:  # noqa: BLE001 - no folding: inference on the graph as it is
+        consts, folded = {}, set()
+    inputs = {v.name for v in g.input}
+    external = onnx.TensorProto.EXTERNAL
+    small = [t for t in g.initializer if int(np.prod(t.dims)) <= _SMALL and t.data_location != external]
+    small_names = {t.name for t in small}
+    typed = [
+        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+        for t in g.initializer if t.name not in small_names and t.name not in inputs
+    ]  # fmt: skip
+    folded_inits = []
+    for name, value in consts.items():
+        try:
+            folded_inits.append(onnx.numpy_helper.from_array(np.asarray(value), name))
+        except Exception:  # noqa: BLE001 - a value the format cannot hold: its node stays
+            folded = {i for i in folded if name not in g.node[i].output}
+    folded_names = {t.name for t in folded_inits}
+    nodes = [n for i, n in enumerate(g.node) if i not in folded or not set(n.output) <= folded_names]
+    keep = {o for n in nodes for o in n.output}
+    folded_inits = [t for t in folded_inits if t.name not in keep]
+    graph = onnx.helper.make_graph(
+        nodes, g.name or "graph", [*g.input, *typed], list(g.output), [*small, *folded_inits], value_info=g.value_info
+    )
+    light = onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+    light.functions.extend(model.functions)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True).graph
+    except Exception:  # noqa: BLE001 - no shapes from inference: shape checks then leave
+        inferred = g
+    shapes: dict[str, tuple[Dim, ...]] = {}
+    for v in [*inferred.value_info, *inferred.input, *inferred.output]:
+        t = v.type.tensor_type
+        if t.HasField("shape"):
+            shapes[v.name] = tuple(
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim
+            )
+    for name, value in consts.items():
+        shapes[name] = tuple(int(d) for d in np.shape(value))
+    return shapes
 
 
 def _product(dims: Any) -> tuple[int, tuple[str, ...]] | None:
