@@ -122,13 +122,15 @@ def _params(model) -> int:
     return sum(int(np.prod(t.dims)) for t in model.graph.initializer)
 
 
-def _session(model, threads: int):
+def _session(model, threads: int, spin: bool = True):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if not spin:  # several sessions alternate: one's spinning workers would starve the next
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
@@ -572,7 +574,7 @@ def _layouts() -> dict:
                 num.update({a.query: a.num_attention_heads, a.key: a.num_attention_heads, a.value: a.num_attention_heads})
             kw = {
                 "ignored_layers": linears(m, lambda n: n.endswith(("query", "key", "value"))),
-                "num_heads": num, "prune_num_heads": True, "prune_head_dims": False, "pruning_ratio": 0.0,
+                "num_heads": num, "prune_num_heads": True, "prune_head_dims": False,
             }  # fmt: skip
 
             def fix(pruner):
@@ -635,10 +637,9 @@ def _torch_pruning(build, amount: float):
 
     module, x, kw, fix = build()
     kw = dict(kw)
-    if kw.pop("prune_num_heads", False):
+    if kw.pop("prune_num_heads", False):  # only q/k/v are roots: the ratio applies to their heads
         kw.update(prune_num_heads=True, head_pruning_ratio=amount)
-    else:
-        kw["pruning_ratio"] = amount
+    kw["pruning_ratio"] = amount
     t0 = time.perf_counter()
     pruner = tp.pruner.MetaPruner(module, x, importance=tp.importance.GroupMagnitudeImportance(p=2), **kw)
     pruner.step()
@@ -686,7 +687,7 @@ def bench_layout(name: str, amounts: list[float], rounds: int, threads: int, war
             models["onnxsim"] = peer
         outs = {k: _session(m, threads).run(None, {"x": xn})[0] for k, m in models.items()}
         masked = _session(zeroed_onnx(dense, report), threads).run(None, {"x": xn})[0]
-        samples = _time({k: _session(m, threads) for k, m in models.items()}, xn, rounds, warmup)
+        samples = _time({k: _session(m, threads, spin=False) for k, m in models.items()}, xn, rounds, warmup)
         med = {k: statistics.median(v) for k, v in samples.items()}
         row = {
             "amount": amount,
@@ -718,7 +719,9 @@ def write_layouts(results: list[dict], args, out: Path, started: str) -> None:
         f"- date: {started} (UTC); revision {_rev()}",
         f"- versions: {_versions()}, torch-pruning {metadata.version('torch-pruning')}",
         f"- CPU: {_cpu()}, {os.cpu_count()} cores (shared with other jobs); onnxruntime CPUExecutionProvider, "
-        f"intra_op_num_threads={args.threads.split(',')[0]}, inter_op_num_threads=1",
+        f"intra_op_num_threads={args.threads.split(',')[0]}, inter_op_num_threads=1, spinning off "
+        "(`session.intra_op.allow_spinning=0`: with it on, the sessions that alternate starve each other and "
+        "a 1.7 ms model measured 25 ms at random)",
         f"- timing: {args.warmup} warm-up rounds, then {args.rounds} rounds running every model once on the "
         "same input in a rotating order; medians",
         "- models: random weights (`torch.manual_seed(0)`), BatchNorm statistics randomized, exported by "
