@@ -251,21 +251,11 @@ def shrink_onnx(
 
     out = copy.deepcopy(model)
     graph = out.graph
-    new_data: dict[str, np.ndarray] = {}
-    for key, value in small.items():
-        if value is arrays[key]:
-            continue
-        view = views.get(key)
-        if view is None:
-            new_data[key] = np.asarray(value)
-            continue
-        whole = _unview(np.asarray(value), view)
-        if view.rewire is None:
-            new_data[view.source] = whole
-        else:
-            new_data[key] = whole
-            node, slot = view.rewire
-            graph.node[node].input[slot] = key
+    new_data = _sliced(found, views, sources, [np.asarray(k) for k in kept])
+    for v in views.values():
+        if v.copy is not None and v.copy in new_data and v.rewire is not None:
+            node, slot = v.rewire
+            graph.node[node].input[slot] = v.copy
     new_channels: dict[Any, int] = {og.group.name: int(k.shape[0]) for og, k in zip(found.groups, kept, strict=True)}
     for og in found.groups:
         n = new_channels[og.group.name]
@@ -304,7 +294,7 @@ def shrink_onnx(
         for idx in og.depthwise:
             for a in graph.node[idx].attribute:
                 if a.name == "group":
-                    a.i = new_channels[og.group.name]
+                    a.i -= dropped
     removed = _drop_unused(graph, {v.source for v in views.values()})
     before = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     after = sum(int(np.prod(t.dims)) for t in graph.initializer)
@@ -362,19 +352,21 @@ def zeroed_onnx(model: Any, report: ShrinkReport) -> Any:
         axes = {str(m.key): m.axis for m in og.group.members}
         for key in og.closing:
             view = views.get(key)
-            name, axis, block = (key, axes[key], 1) if view is None else (
-                key if view.rewire else view.source, view.axis, view.block
-            )
+            if view is None:
+                name, source, axis, start, block = key, key, axes[key], 0, 1
+            else:
+                name, source = view.copy or view.source, view.source
+                axis, start, block = view.axis, view.start, view.block
             a = zero.get(name)
             if a is None:
-                a = np.array(sources[view.source if view is not None else key], copy=True)
+                a = np.array(sources[source], copy=True)
             index: list[Any] = [slice(None)] * a.ndim
-            index[axis] = (dropped[:, None] * block + np.arange(block)).reshape(-1)
+            index[axis] = _entries(dropped, start, block)
             a[tuple(index)] = 0
             zero[name] = a
-            if view is not None and view.rewire is not None:
+            if view is not None and view.copy is not None and view.rewire is not None:
                 node, slot = view.rewire
-                graph.node[node].input[slot] = key
+                graph.node[node].input[slot] = view.copy
     known = {t.name for t in graph.initializer}
     for t in graph.initializer:
         if t.name in zero:
@@ -406,20 +398,54 @@ def _source_arrays(onnx: Any, model: Any, found: OnnxGroups, views: dict[str, Vi
 
 
 def _view_array(sources: Mapping, view: View, channels: int) -> np.ndarray:
-    """The member a view names: its source (a copy where it is private), the channel axis in blocks."""
-    a = sources[view.source]
-    if view.rewire is not None:
-        a = np.array(a, copy=True)
+    """The member a view names, for scoring: the range of its source's axis that holds the
+    channels, that axis split into ``[channels, block]``."""
+    a = np.asarray(sources[view.source])
+    width = channels * view.block
+    if view.start or a.shape[view.axis] != width:
+        index: list[Any] = [slice(None)] * a.ndim
+        index[view.axis] = slice(view.start, view.start + width)
+        a = a[tuple(index)]
     if view.block > 1:
         a = a.reshape(a.shape[: view.axis] + (channels, view.block) + a.shape[view.axis + 1 :])
     return a
 
 
-def _unview(a: np.ndarray, view: View) -> np.ndarray:
-    """The inverse of :func:`_view_array`'s reshape, on a shrunk member."""
-    if view.block > 1:
-        a = a.reshape(a.shape[: view.axis] + (a.shape[view.axis] * view.block,) + a.shape[view.axis + 2 :])
-    return a
+def _entries(dropped: np.ndarray, start: int, block: int) -> np.ndarray:
+    """The entries of an axis that dropped channels hold (channel c: ``start + c*block + j``)."""
+    return (start + dropped[:, None] * block + np.arange(block)).reshape(-1)
+
+
+def _sliced(found: OnnxGroups, views: dict[str, View], sources: Mapping, kept: list[np.ndarray]) -> dict:
+    """Every tensor the groups slice (initializers, private copies), with the dropped
+    entries of each axis removed at once: a tensor may lose channels of several groups,
+    on one axis (ranges a ``Concat`` joined) or on several."""
+    drops: dict[str, dict[int, list[np.ndarray]]] = {}
+    base: dict[str, np.ndarray] = {}
+    for og, k in zip(found.groups, kept, strict=True):
+        dropped = np.setdiff1d(np.arange(og.group.channels), k)
+        for mem in og.group.members:
+            key = str(mem.key)
+            view = views.get(key)
+            if view is None:
+                tensor, axis, start, block = key, mem.axis % max(np.ndim(sources[key]), 1), 0, 1
+                base.setdefault(tensor, sources[key])
+            else:
+                tensor, axis, start, block = view.copy or view.source, view.axis, view.start, view.block
+                base.setdefault(tensor, sources[view.source])
+            drops.setdefault(tensor, {}).setdefault(axis, []).append(_entries(dropped, start, block))
+    out = {}
+    for tensor, per_axis in drops.items():
+        a = np.asarray(base[tensor])
+        changed = False
+        for axis, parts in per_axis.items():
+            gone = np.unique(np.concatenate(parts))
+            if gone.size:
+                a = np.delete(a, gone, axis=axis)
+                changed = True
+        if changed:
+            out[tensor] = a
+    return out
 
 
 def _drop_unused(graph: Any, candidates: set[str]) -> list[str]:

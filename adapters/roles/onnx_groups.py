@@ -102,6 +102,8 @@ _SELECT = {"Where"}
 _GLOBAL_POOLS = {"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"}
 #: Pools of each channel over a window: ``[N, C, ...] -> [N, C, ...]``.
 _POOLS = {"MaxPool", "AveragePool", "LpPool"}
+#: Resizing of each channel on its own when the channel axis keeps its size (scale 1).
+_RESIZE = {"Resize", "Upsample"}
 #: Reductions of each channel on its own when their axes leave the channel axis out.
 _REDUCE = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceL1", "ReduceL2"}
 #: Softmax over one axis: followed when that axis is not the channel axis.
@@ -132,14 +134,22 @@ class View:
         into ``[channels, block]`` (the channels on `axis`, the block right after it).
     rewire : tuple of (int, int), optional
         ``(node index, input index)``: `source` is shared (read by other operators too,
-        or through ``Identity``), so the member is a private copy, stored under the
-        member's own key and read by that operator input alone.
+        or through ``Identity``), so that operator input reads a private copy instead.
+    start : int, default 0
+        Where the member's entries begin along `axis` (after a ``Concat``, the channels
+        of one of its inputs are a range of the reader's input channels); the member is
+        the ``channels * block`` entries from there.
+    copy : str, optional
+        The name of the private copy (with `rewire`): one per operator input, shared by
+        every group that slices it.
     """
 
     source: str
     axis: int
     block: int = 1
     rewire: tuple[int, int] | None = None
+    start: int = 0
+    copy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -313,6 +323,7 @@ class _Model:
         for x in self.outputs:
             self.reads[self.alias.get(x, x)] += 1
         self.names = set(self.inits) | set(self.made_by) | {v.name for v in g.input}
+        self.copies: dict[tuple[int, int], str] = {}
         self.roles = onnx_roles(model)
         self.shapes: dict[str, tuple[Dim, ...]] = _inferred_shapes(onnx, model)
 
@@ -322,6 +333,12 @@ class _Model:
 
     def label(self, node: Any) -> str:
         return _node_label(node)
+
+    def copy_of(self, where: tuple[int, int], source: str) -> str:
+        """The name of the private copy of `source` that input ``where = (node, slot)`` reads."""
+        if where not in self.copies:
+            self.copies[where] = self.fresh(source)
+        return self.copies[where]
 
     def fresh(self, base: str) -> str:
         """A name not yet used in the graph, from `base`."""
@@ -575,6 +592,10 @@ class _Trace:
         self.views: dict[str, View] = {}
         self.closing: list[str] = []
         self.pooled: set[str] = set()  # values whose axes after the channel axis all have size 1
+        # values where a Concat joined the channels with others: value -> (first entry, axis size)
+        self.offset: dict[str, tuple[int, int]] = {}
+        self.at: int | None = None  # the first entry of the value a handler takes (None: the whole axis)
+        self.total = 0  # and the size of its axis
 
     # ---------------------------------------------------------------- helpers
 
@@ -589,6 +610,10 @@ class _Trace:
         self.values[name] = (ax, block, lead)
         self.queue.append(name)
         return True
+
+    def width(self, block: int = 1) -> int:
+        """The size of the channel axis of the value at hand: the group's, or a Concat's."""
+        return self.total if self.at is not None else self.channels * block
 
     def lead(self, name: str) -> int:
         """How many times a merged batch axis repeats the channels of group value `name`."""
@@ -606,7 +631,8 @@ class _Trace:
         return len(s)
 
     def member(self, node: Any, slot: int, axis: int, weight: bool, block: int = 1, what: str = "weight") -> str:
-        """Make input `slot` of `node` (an initializer, maybe through ``Identity``) a member."""
+        """Make input `slot` of `node` (an initializer, maybe through ``Identity``) a member
+        (from entry :attr:`at` of its axis, where a ``Concat`` put the channels)."""
         m = self.m
         name = node.input[slot]
         src = m.alias.get(name, name)
@@ -614,15 +640,19 @@ class _Trace:
             raise _Left(f"{what} {name!r} of {m.label(node)} is not an initializer")
         dims = m.init_dims(src)
         p = axis % len(dims) if dims else 0
-        if not dims or dims[p] != self.channels * block:
+        start = self.at
+        if not dims or dims[p] != (self.total if start is not None else self.channels * block):
             raise _Left(f"{what} {name!r} of shape {list(dims)} does not hold {self.channels} channels on axis {p}")
+        start = start or 0
         shared = m.reads[src] > 1 or name != src
-        if not shared and block == 1:
+        whole = dims[p] == self.channels * block
+        if not shared and block == 1 and whole:
             key = src
         else:
             key = m.fresh(src)
-            rewire = (m.index[id(node)], slot) if shared else None
-            self.views[key] = View(src, p, block, rewire)
+            where = (m.index[id(node)], slot)
+            copy = m.copy_of(where, src) if shared else None
+            self.views[key] = View(src, p, block, where if shared else None, start, copy)
         self.members.append(Member(key, p, weight))
         return key
 
@@ -635,7 +665,7 @@ class _Trace:
         p = len(dims) + ax
         if p < 0 or dims[p] == 1:
             return  # broadcast over the channels: untouched
-        if dims[p] != self.channels * block:
+        if dims[p] != (self.total if self.at is not None else self.channels * block):
             raise _Left(
                 f"{m.label(node)} constant {name!r} of shape {list(dims)} does not fit {self.channels} channels"
             )
@@ -664,7 +694,12 @@ class _Trace:
                     raise _Left(f"{m.label(node)} applies a constant to channels merged with a batch axis")
                 self.constant_member(node, slot, ax, block)
             elif not self.broadcast(x, ax):
+                if self.at is not None:
+                    raise _Left(f"{m.label(node)} combines channels a Concat joined with {x!r}")
                 self.back(x, ax, block, node, lead)
+        joined = (self.at, self.total)
+        if self.at is not None and any(self.offset.get(x) != joined for x in node.input if x in self.values):
+            raise _Left(f"{m.label(node)} combines channels at different places of a Concat")
         self.add_value(node.output[0], ax, block, lead)
 
     def consumer(self, node: Any, slot: int, axis: int, block: int) -> None:
@@ -808,6 +843,7 @@ class _Trace:
             return False
         if ax != 1 - len(dims) or block != 1:
             raise _Left(f"{m.label(node)} reads channels on axis 1, not the channel axis")
+        channels = self.width()
         if groups == channels and dims[1] == 1 and dims[0] == channels:
             self.member(node, 1, 0, True, 1, "depthwise weight")
             if len(node.input) > 2 and node.input[2]:
@@ -869,6 +905,21 @@ class _Trace:
             raise _Left(f"{self.m.label(node)} pools axes after 1, not after the channel axis")
         self.pooled.add(node.output[0])
         self.add_value(node.output[0], ax)
+
+    def resize(self, node: Any, name: str, ax: int, block: int) -> None:
+        m = self.m
+        self.plain(name, node)
+        r = self.rank(name)
+        slot = 1 if node.op_type == "Upsample" else 2
+        scales = None
+        if len(node.input) > slot and node.input[slot]:
+            t = m.main.constants.get(m.alias.get(node.input[slot], node.input[slot]))
+            scales = None if t is None else [float(v) for v in m.onnx.numpy_helper.to_array(t).reshape(-1)]
+        if node.op_type == "Resize" and len(node.input) > 3 and node.input[3]:
+            raise _Left(f"{m.label(node)} resizes to sizes given as an input")
+        if scales is None or len(scales) != r or scales[ax % r] != 1.0:
+            raise _Left(f"{m.label(node)} does not keep the channel axis (scales {scales})")
+        self.add_value(node.output[0], ax, block)
 
     def pool(self, node: Any, name: str, ax: int, block: int) -> None:
         self.plain(name, node)
@@ -938,7 +989,7 @@ class _Trace:
             dims = m.dims(node.input[1])
             if ax != -1:
                 raise _Left(f"{m.label(node)} reduces the last axis, not the channel axis")
-            if dims is None or len(dims) != 2 or dims[0] != self.channels * block:
+            if dims is None or len(dims) != 2 or dims[0] != self.width(block):
                 w = node.input[1]
                 raise _Left(f"{m.label(node)} B {w!r} is not a [K, N] initializer with K = {self.channels * block}")
             self.consumer(node, 1, 0, block)
@@ -963,12 +1014,12 @@ class _Trace:
             raise _Left(f"{m.label(node)} with transA=1")
         dims = m.dims(w)
         k_axis = 1 if int(_attr(m.onnx, node, "transB", 0)) else 0
-        if dims is None or len(dims) != 2 or dims[k_axis] != self.channels * block:
+        if dims is None or len(dims) != 2 or dims[k_axis] != self.width(block):
             raise _Left(f"{m.label(node)} B {w!r} is not an initializer with {self.channels} input features")
         self.consumer(node, 1, k_axis, block)
 
     def conv(self, node: Any, name: str, ax: int, block: int) -> None:
-        m, channels = self.m, self.channels
+        m = self.m
         w = node.input[1]
         dims = m.dims(w)
         self.plain(name, node)
@@ -979,9 +1030,32 @@ class _Trace:
         if self.depthwise_members(node, name, ax, block):
             self.add_value(node.output[0], ax)
             return
-        if dims[1] != channels:
-            raise _Left(f"{m.label(node)} W {w!r} has {dims[1]} input channels, not {channels}")
+        if dims[1] != self.width():
+            raise _Left(f"{m.label(node)} W {w!r} has {dims[1]} input channels, not {self.width()}")
         self.consumer(node, 1, 1, 1)
+
+    def concat(self, node: Any, name: str, ax: int, block: int) -> None:
+        """The channels go on at an offset of the joined axis: readers see a range of their inputs."""
+        m = self.m
+        r = self.rank(name)
+        axis = int(_attr(m.onnx, node, "axis", 0)) % r
+        if axis != ax % r:
+            raise _Left(f"{m.label(node)} joins {name!r} along another axis than the channels'")
+        if block != 1 or self.lead(name) != 1:
+            raise _Left(f"{m.label(node)} joins channels in blocks or merged with a batch axis")
+        if list(node.input).count(name) != 1:
+            raise _Left(f"{m.label(node)} reads {name!r} twice")
+        sizes = []
+        for x in node.input:
+            s = m.shape(x)
+            d = s[axis] if s is not None and len(s) == r else None
+            if not isinstance(d, int):
+                raise _Left(f"the size of {x!r} along the axis {m.label(node)} joins is unknown")
+            sizes.append(d)
+        i = list(node.input).index(name)
+        start = sum(sizes[:i]) + (self.at or 0)
+        self.add_value(node.output[0], ax)
+        self.offset[node.output[0]] = (start, sum(sizes))
 
     def shape_read(self, node: Any, name: str, ax: int, block: int) -> None:
         raise _Left(f"its shape is read ({self.m.label(node)})")
@@ -995,13 +1069,20 @@ class _Trace:
             return
         found = _STEPS.get(node.op_type)
         if found is None or (found[1] and i != 0):
-            if node.op_type == "Concat":
-                raise _Left(f"{self.m.label(node)} joins {name!r} with other channels")
             if node.op_type in _MIXING_NORMS:
                 raise _Left(f"{self.m.label(node)} normalizes over the channels of {name!r}")
             raise _Left(f"{self.m.label(node)} reads {name!r}")
+        joined = self.offset.get(name)
+        if joined is not None and node.op_type not in _JOINED:
+            raise _Left(f"{self.m.label(node)} reads {name!r}, whose channels a Concat joined with others")
+        self.at, self.total = joined if joined is not None else (None, 0)
         self.done.add(idx)
         found[0](self, node, name, ax, block)
+        if joined is not None:
+            for o in node.output:
+                if o in self.values and o not in self.offset:
+                    self.offset[o] = joined
+        self.at, self.total = None, 0
 
     def run(self, start: Any, ax: int, block: int) -> None:
         """Take producer `start` and follow its output until every value is closed."""
@@ -1033,6 +1114,7 @@ _STEPS: dict[str, tuple[_Step, bool]] = {
     **{op: (_Trace.unary, True) for op in _UNARY | _SOFTMAX},
     **{op: (_Trace.global_pool, True) for op in _GLOBAL_POOLS},
     **{op: (_Trace.pool, True) for op in _POOLS},
+    **{op: (_Trace.resize, True) for op in _RESIZE},
     **{op: (_Trace.reduce, True) for op in _REDUCE},
     "Reshape": (_Trace.reshape, True),
     "Flatten": (_Trace.flatten, True),
@@ -1042,9 +1124,14 @@ _STEPS: dict[str, tuple[_Step, bool]] = {
     "MatMul": (_Trace.matmul, False),
     "Gemm": (_Trace.gemm, False),
     "Conv": (_Trace.conv, False),
+    "Concat": (_Trace.concat, False),
     "Shape": (_Trace.shape_read, False),
     "Size": (_Trace.shape_read, False),
 }
+
+#: Op types that take channels a ``Concat`` joined with others (at an offset of the axis).
+_JOINED = _UNARY | _POOLS | _GLOBAL_POOLS | _RESIZE | _CHANNEL_NORMS | _BINARY
+_JOINED |= {"Conv", "MatMul", "Gemm", "Concat", "Flatten"}
 
 #: Op type -> the :class:`_Trace` method that takes a node of that type whose output
 #: joins a group from the other side (a residual branch): it goes on to the node's inputs.

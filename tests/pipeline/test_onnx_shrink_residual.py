@@ -90,15 +90,15 @@ def expected_after(model, report) -> int:
     shapes = {t.name: list(t.dims) for t in model.graph.initializer}
     views = {k: v for g in report.groups.groups for k, v in g.views}
     for g in report.groups.groups:
-        kept = len(report.kept[g.group.name])
+        dropped = g.group.channels - len(report.kept[g.group.name])
         for m in g.group.members:
             view = views.get(m.key)
             if view is None:
-                shapes[m.key][m.axis] = kept
+                shapes[m.key][m.axis] -= dropped
                 continue
-            name = m.key if view.rewire else view.source
+            name = view.copy or view.source
             shapes.setdefault(name, list(shapes[view.source]))
-            shapes[name][view.axis] = kept * view.block
+            shapes[name][view.axis] -= dropped * view.block
     constants = {n.output[0]: onnx.helper.get_attribute_value(n.attribute[0]) for n in model.graph.node
                  if n.op_type == "Constant" and n.attribute[0].name == "value"}  # fmt: skip
     for g in report.groups.groups:
@@ -320,3 +320,54 @@ def test_bert_with_shared_zero_biases_shrinks_its_ffns(dynamo):
     # per layer: 32 of 64 channels, each 32 (W1 column) + 1 (bias copy) + 32 (W2 row); the shared
     # 64-entry bias goes, two 32-entry copies come
     assert report.params_before - report.params_after == 2 * 32 * 65 - 32 * 2 + 64 - 64
+
+
+# ---------------------------------------------------------------- a U-Net with Concat skips
+
+
+class UNet(torch.nn.Module):
+    """Two encoder levels, an upsampled decoder level joined to the skip by ``torch.cat``."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.enc1, self.enc2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 16, 3, padding=1)
+        self.bn = nn.BatchNorm2d(24)
+        self.dec, self.out = nn.Conv2d(24, 8, 3, padding=1), nn.Conv2d(8, 2, 1)
+
+    def forward(self, x):
+        f = torch.nn.functional
+        e1 = torch.relu(self.enc1(x))
+        e2 = torch.relu(self.enc2(f.max_pool2d(e1, 2)))
+        up = f.interpolate(e2, scale_factor=2.0, mode="nearest")
+        return self.out(torch.relu(self.dec(self.bn(torch.cat([up, e1], dim=1)))))
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.slow
+def test_unet_concat_skips(dynamo):
+    torch.manual_seed(0)
+    net = UNet()
+    with torch.no_grad():
+        net.bn.running_mean.uniform_(-1, 1)
+        net.bn.running_var.uniform_(0.5, 2)
+        net.bn.bias.uniform_(-1, 1)
+    model = export(net.eval(), torch.randn(2, 3, 16, 16), dynamo=dynamo)
+    found = onnx_groups(model)
+    # enc1 (into enc2, and the Concat's channels 16-23), enc2 (the Concat's 0-15), dec; out is a graph output
+    assert [g.group.channels for g in found.groups] == [8, 16, 8]
+    assert [lf.reason for lf in found.left] == ["'y' is a graph output"]
+    starts = {g.group.channels: sorted({v.start for v in dict(g.views).values()}) for g in found.groups[:2]}
+    assert starts == {8: [16], 16: [0]}  # the BatchNormalization's 24 statistics and dec's input channels
+    small, report = shrink_onnx(model, 0.5)
+    onnx.checker.check_model(small, full_check=True)
+    d1, d2, d3 = (np.setdiff1d(np.arange(g.group.channels), report.kept[g.group.name]) for g in found.groups)
+    convs = [n.name for n in model.graph.node if n.op_type == "Conv"]
+    readers = {convs[1]: d1, convs[2]: np.concatenate([d2, 16 + d1]), convs[3]: d3}
+    x = np.random.default_rng(5).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    # dropped channels still carry the BatchNorm shift into dec: zeroing dec's input columns removes it
+    np.testing.assert_allclose(run(small, x), run(zero_inputs(model, readers), x), rtol=1e-4, atol=1e-5)
+    assert report.params_after == expected_after(model, report)
+    (bn,) = [n for n in small.graph.node if n.op_type == "BatchNormalization"] or [None]
+    if bn is not None:
+        assert [int(np.prod(t.dims)) for t in small.graph.initializer if t.name == bn.input[1]] == [12]
