@@ -51,7 +51,12 @@ Followed (forward, and backward from a value that joins the group)
   and back): its constant target shape follows the channel count where it states it;
   ``Flatten`` after a global pool or reduction; ``Transpose`` (the channel axis moves);
 * ``MatMul`` of two activations with the channels on a batch axis of both (attention
-  scores and their product with the values).
+  scores and their product with the values);
+* ``Resize``/``Upsample`` with scale 1 on the channel axis;
+* ``Concat`` along the channel axis: the input's channels are a range of the output's
+  (:attr:`View.start`); element-wise operators with constants, pools, per-channel norms,
+  depthwise convolutions and the closing layers after it take that range (a U-Net's
+  skip); another activation joining them, or a reshape, leaves the group.
 
 An initializer member read by several operators (torch.onnx.export shares one zero bias
 per shape across layers), or read through ``Identity``, gets a private copy for the
@@ -66,7 +71,7 @@ the channel's block size), ``Gemm`` A with ``transA=0`` (B axis 0, or 1 with
 Left
 ----
 Everything else leaves the producers' channels as they are, with the reason: a graph
-input or graph output holding the channels, ``Concat``, a norm over the channels
+input or graph output holding the channels, a ``Concat`` along another axis, a norm over the channels
 (``LayerNormalization``, ``GroupNormalization``), ``Shape``, a reshape that mixes the
 channels with other axes, a grouped (not depthwise) ``Conv``, a depthwise ``Conv`` with a
 channel multiplier, a value read inside a subgraph, a per-channel constant that is a
