@@ -1246,8 +1246,13 @@ def onnx_groups(model: Any, kind: str = "channels") -> OnnxGroups:
                 pw = _producer(m, p)
                 out.left.append(LeftGroup(name_of(p), m.label(p), pw[0] if pw else "", channels, str(exc)))
             continue
+        try:
+            group = ChannelGroup(trace.members, channels, name=name_of(node))
+        except ValueError as exc:  # a tensor met twice on one axis: not a group this can shrink
+            out.left.append(LeftGroup(name_of(node), m.label(node), w, channels, str(exc)))
+            claimed.add(idx)
+            continue
         claimed.update(m.index[id(p)] for p in trace.producers)
-        group = ChannelGroup(trace.members, channels, name=name_of(node))
         out.groups.append(
             OnnxGroup(
                 group,
