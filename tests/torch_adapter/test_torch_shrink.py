@@ -106,6 +106,15 @@ def _check_shrink(dense: nn.Module, x: torch.Tensor, amount: float, reference: n
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small", pytest.param("vit_b_16", marks=pytest.mark.slow)])
+def test_layouts_agree_with_the_onnx_tests_layouts(name):
+    """Two transcriptions of torchvision, made apart: the same state-dict keys and shapes."""
+    vision_layouts = pytest.importorskip("vision_layouts")
+    with torch.device("meta"):
+        ours, theirs = getattr(L, name)(), getattr(vision_layouts, name)()
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("amount", [0.3, 0.5])
 def test_resnet18_shrinks_every_group_and_its_trunks(amount):
