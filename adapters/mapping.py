@@ -96,12 +96,13 @@ from arrayprune.adapters.trees import (
 )
 from arrayprune.functional import mask_for
 from arrayprune.global_pruning import global_unstructured as _core_global_unstructured
+from arrayprune.method_parts import solver_of
 from arrayprune.registry import METHODS
 from arrayprune.schedules import prune_to_sparsity as _core_prune_to_sparsity
 
 __all__ = [
     "prune",
-    *METHODS,
+    *(name for name, cls in METHODS.items() if solver_of(cls) is None),  # the verbs below
     "prune_to_sparsity",
     "global_unstructured",
     "remove",

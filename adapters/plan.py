@@ -142,6 +142,7 @@ def make_plan(
     exclude: Iterable[str] = (),
     min_size: int = 0,
     dim: int | None = None,
+    nm: bool = False,
 ) -> list[PlanEntry]:
     """The plan: every tensor of `params` in file order, with what would happen to it.
 
@@ -161,6 +162,9 @@ def make_plan(
         Tensors with fewer entries are left alone.
     dim : int, optional
         The axis for every tensor, overriding each weight's own.
+    nm : bool, default False
+        An N:M pattern is asked of a method that takes no ``dim`` (SparseGPT's
+        ``n`` and ``m``): each weight is planned on its reduction axis all the same.
 
     Returns
     -------
@@ -168,10 +172,10 @@ def make_plan(
         One entry per tensor (tied names: one entry listing the others).
     """
     include, exclude = list(include), list(exclude)
-    takes_dim = "dim" in {p.name for p in constructor_parameters(arrayprune.METHODS[method])}
+    takes_dim = nm or "dim" in {p.name for p in constructor_parameters(arrayprune.METHODS[method])}
     cls = arrayprune.METHODS[method]
-    # Which of a weight's axes the method's `dim` names: its pattern's say.
-    on_output = pattern_of(cls).dim_axis == "output"
+    # Which of a weight's axes the method's `dim` names: its pattern's say (N:M: the reduction).
+    on_output = pattern_of(cls).dim_axis == "output" and not nm
     groups: dict[Any, list[tuple[tuple, Any]]] = {}
     for path, value, pruned in _tensors(params):
         key = ("pruned", path) if pruned else alias_key(value)

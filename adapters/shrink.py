@@ -51,10 +51,10 @@ from arrayprune.registry import METHODS
 
 from .plan import stream_seed
 from .roles.onnx_graph import _onnx
-from .roles.onnx_groups import OnnxGroups, onnx_groups
+from .roles.onnx_groups import KINDS, OnnxGroups, View, onnx_groups
 from .trees import _rebuild
 
-__all__ = ["ShrinkReport", "shrink_onnx", "shrink_arrays"]
+__all__ = ["ShrinkReport", "shrink_onnx", "shrink_arrays", "zeroed_onnx", "source_names"]
 
 
 @dataclass(frozen=True)
@@ -69,12 +69,19 @@ class ShrinkReport:
         Per group name, the channels kept (ascending).
     params_before, params_after : int
         Entries of all initializers of the main graph, before and after.
+    changed : tuple of str
+        The initializers whose data changed, or that were added (private copies of
+        shared initializers, under the member's key).
+    removed : tuple of str
+        The initializers and ``Identity``/``Constant`` outputs no longer read, removed.
     """
 
     groups: OnnxGroups
     kept: dict
     params_before: int
     params_after: int
+    changed: tuple = ()
+    removed: tuple = ()
 
 
 def _per_group_methods(groups: Sequence[ChannelGroup], method: Any, method_args: dict) -> list[Any]:
@@ -159,7 +166,13 @@ def _check_method(method: Any, method_args: dict) -> None:
 
 
 def shrink_onnx(
-    model: Any, amount: int | float, method: Any = "ln_structured", *, global_: bool = False, **method_args: Any
+    model: Any,
+    amount: int | float,
+    method: Any = "ln_structured",
+    *,
+    global_: bool = False,
+    kind: str = "channels",
+    **method_args: Any,
 ) -> tuple[Any, ShrinkReport]:
     """A smaller ONNX model: ``amount`` of the channels of every group removed.
 
@@ -175,6 +188,10 @@ def shrink_onnx(
     global_ : bool, default False
         `amount` of all the groups' channels, ranked across groups (different counts
         per group, each keeps at least one; see :func:`shrink_arrays`).
+    kind : {"channels", "heads"}, default "channels"
+        What goes: layer channels (groups joined through residual connections), or
+        whole attention heads (``amount`` of each attention block's heads; see
+        :func:`~arrayprune.adapters.roles.onnx_groups.onnx_groups`).
     **method_args
         Constructor arguments of a method given by name.
 
@@ -184,9 +201,11 @@ def shrink_onnx(
         The new model (every initializer outside the groups, every node, name, input,
         output and attribute unchanged, but for the ``group`` of depthwise
         convolutions and the channel count in ``Reshape`` target shapes; member
-        initializers sliced under their own names; the shapes of
-        the activations in the groups, where ``value_info`` states them, updated) and
-        what was done.
+        initializers sliced under their own names; a shared initializer (or one read
+        through ``Identity``) that a group slices is copied for the operator in the
+        group, under a new name, and the original, or the ``Identity``, is removed once
+        nothing reads it; the shapes of the activations in the groups, where
+        ``value_info`` states them, updated) and what was done.
 
     Raises
     ------
@@ -203,9 +222,10 @@ def shrink_onnx(
         raise TypeError(f"expected an onnx.ModelProto, got {type(model).__name__}")
     _amount.validate_pruning_amount_init(amount)
     _check_method(method, dict(method_args))
-    found = onnx_groups(model)
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    found = onnx_groups(model, kind)
     groups = [g.group for g in found.groups]
-    inits = {t.name: t for t in model.graph.initializer}
     if global_:
         total = sum(g.channels for g in groups)
         k = _amount.compute_nparams_toprune(amount, total)
@@ -219,34 +239,63 @@ def shrink_onnx(
         _amount.validate_pruning_amount(k, g.channels)
         if k >= g.channels:
             raise ValueError(f"amount={amount} would remove every channel of group {g.name!r} ({g.channels})")
-    names = list(dict.fromkeys(mem.key for g in groups for mem in g.members))
-    for name in names:
-        if inits[name].data_location == onnx.TensorProto.EXTERNAL:
-            raise ValueError(f"initializer {name!r} has external data that is not loaded (onnx.load its folder)")
-    arrays = {name: onnx.numpy_helper.to_array(inits[name]) for name in names}
+    views: dict[str, View] = {k: v for og in found.groups for k, v in og.views}
+    sources = _source_arrays(onnx, model, found, views)
+    arrays: dict[str, Any] = {}
+    for og in found.groups:
+        for mem in og.group.members:
+            key = str(mem.key)
+            if key not in arrays:
+                arrays[key] = _view_array(sources, views[key], og.group.channels) if key in views else sources[key]
     small, kept = shrink_arrays(arrays, groups, amount, method, global_=global_, **method_args)
 
     out = copy.deepcopy(model)
     graph = out.graph
-    for t in graph.initializer:
-        if t.name in small and small[t.name] is not arrays[t.name]:
-            t.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(small[t.name]), t.name))
+    new_data = _sliced(found, views, sources, [np.asarray(k) for k in kept])
+    for v in views.values():
+        if v.copy is not None and v.copy in new_data and v.rewire is not None:
+            node, slot = v.rewire
+            graph.node[node].input[slot] = v.copy
     new_channels: dict[Any, int] = {og.group.name: int(k.shape[0]) for og, k in zip(found.groups, kept, strict=True)}
-    sizes: dict[Any, tuple[int, ...]] = {n: tuple(small[n].shape) for n in names}
+    for og in found.groups:
+        n = new_channels[og.group.name]
+        for shape_name, index, factor in og.shapes:
+            view = views.get(shape_name)
+            if view is not None:  # a private copy of a shared target shape
+                value = new_data.get(shape_name, np.array(sources[view.source], copy=True))
+                node, slot = view.rewire or (0, 0)
+                graph.node[node].input[slot] = shape_name
+            else:
+                value = new_data.get(shape_name, np.array(sources[shape_name], copy=True))
+            value.reshape(-1)[index] = n * factor
+            new_data[shape_name] = value
+    known = {t.name for t in graph.initializer}
+    constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant" and n.output}
+    for t in graph.initializer:
+        if t.name in new_data:
+            t.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(new_data[t.name]), t.name))
+    for name, value in new_data.items():
+        if name in constants:
+            for a in constants[name].attribute:
+                if a.name == "value":
+                    a.t.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(value), a.t.name))
+        elif name not in known:
+            graph.initializer.append(onnx.numpy_helper.from_array(np.ascontiguousarray(value), name))
+    sizes = {name: tuple(v.shape) for name, v in new_data.items()}
     for v in [*graph.input, *graph.value_info]:  # initializers listed as inputs (IR < 4) or with shapes
         if v.name in sizes:
             _set_shape(v, sizes[v.name])
     value_info = {v.name: v for v in graph.value_info}
-    for og in found.groups:
-        for value, axis in og.values:
+    for og, k in zip(found.groups, kept, strict=True):
+        dropped = og.group.channels - int(k.shape[0])
+        for value, axis, block in og.values:
             if value in value_info:
-                _set_dim(value_info[value], axis, new_channels[og.group.name])
+                _shrink_dim(value_info[value], axis, dropped * block)
         for idx in og.depthwise:
             for a in graph.node[idx].attribute:
                 if a.name == "group":
-                    a.i = new_channels[og.group.name]
-        for shape_name, index in og.shapes:
-            _set_shape_entry(onnx, graph, shape_name, index, new_channels[og.group.name])
+                    a.i -= dropped
+    removed = _drop_unused(graph, {v.source for v in views.values()})
     before = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     after = sum(int(np.prod(t.dims)) for t in graph.initializer)
     report = ShrinkReport(
@@ -254,33 +303,205 @@ def shrink_onnx(
         {g.group.name: [int(i) for i in np.asarray(k)] for g, k in zip(found.groups, kept, strict=True)},
         before,
         after,
+        tuple(n for n in new_data if n not in constants),
+        tuple(removed),
     )
     return out, report
 
 
-def _set_shape_entry(onnx: Any, graph: Any, name: str, index: int, n: int) -> None:
-    """Set entry `index` of the integer constant `name` (an initializer or a ``Constant``
-    output, a ``Reshape`` target shape) to `n`."""
-    tensors = [t for t in graph.initializer if t.name == name]
-    tensors += [
-        a.t for node in graph.node if node.op_type == "Constant" and node.output[:1] == [name]
-        for a in node.attribute if a.name == "value"
-    ]  # fmt: skip
-    for t in tensors:
-        value = onnx.numpy_helper.to_array(t).copy()
-        value.reshape(-1)[index] = n
-        t.CopyFrom(onnx.numpy_helper.from_array(value, t.name))
+def source_names(found: OnnxGroups) -> set[str]:
+    """The initializers (and ``Constant`` outputs) that the members and shapes of `found` are read from."""
+    views = {k: v for g in found.groups for k, v in g.views}
+    names = {str(m.key) for g in found.groups for m in g.group.members if str(m.key) not in views}
+    names |= {name for g in found.groups for name, _, _ in g.shapes if name not in views}
+    return names | {v.source for v in views.values()}
 
 
-def _set_dim(v: Any, axis: int, n: int) -> None:
+def zeroed_onnx(model: Any, report: ShrinkReport) -> Any:
+    """The dense model with the channels :func:`shrink_onnx` dropped zeroed where the closing layers read them.
+
+    For each group, the input channels of its closing layers (``MatMul``/``Gemm`` B rows,
+    ``Conv`` W input channels; for heads, the output projection's rows of each dropped
+    head) are set to zero: the dense model then computes what the shrunk one computes,
+    since whatever a dropped channel holds after biases, norms and residual additions is
+    multiplied by zero. A closing member that is a private copy of a shared initializer
+    is zeroed in a copy read by that layer alone.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The dense model given to :func:`shrink_onnx` (its member data loaded); not modified.
+    report : ShrinkReport
+        What :func:`shrink_onnx` returned for it.
+
+    Returns
+    -------
+    onnx.ModelProto
+        The zeroed copy.
+    """
+    onnx = _onnx()
+    found = report.groups
+    views: dict[str, View] = {k: v for og in found.groups for k, v in og.views}
+    sources = _source_arrays(onnx, model, found, views)
+    out = copy.deepcopy(model)
+    graph = out.graph
+    zero: dict[str, np.ndarray] = {}
+    for og in found.groups:
+        kept = np.asarray(report.kept[og.group.name], dtype=np.int64)
+        dropped = np.setdiff1d(np.arange(og.group.channels), kept)
+        axes = {str(m.key): m.axis for m in og.group.members}
+        for key in og.closing:
+            view = views.get(key)
+            if view is None:
+                name, source, axis, start, block = key, key, axes[key], 0, 1
+            else:
+                name, source = view.copy or view.source, view.source
+                axis, start, block = view.axis, view.start, view.block
+            a = zero.get(name)
+            if a is None:
+                a = np.array(sources[source], copy=True)
+            index: list[Any] = [slice(None)] * a.ndim
+            index[axis] = _entries(dropped, start, block)
+            a[tuple(index)] = 0
+            zero[name] = a
+            if view is not None and view.copy is not None and view.rewire is not None:
+                node, slot = view.rewire
+                graph.node[node].input[slot] = view.copy
+    known = {t.name for t in graph.initializer}
+    for t in graph.initializer:
+        if t.name in zero:
+            t.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(zero[t.name]), t.name))
+    for name, a in zero.items():
+        if name not in known:
+            graph.initializer.append(onnx.numpy_helper.from_array(np.ascontiguousarray(a), name))
+    return out
+
+
+def _source_arrays(onnx: Any, model: Any, found: OnnxGroups, views: dict[str, View]) -> dict[str, np.ndarray]:
+    """The arrays the members and shapes of `found` are read from: initializers and ``Constant`` values."""
+    names = source_names(found)
+    inits = {t.name: t for t in model.graph.initializer}
+    constants = {
+        n.output[0]: a.t
+        for n in model.graph.node if n.op_type == "Constant" and n.output
+        for a in n.attribute if a.name == "value"
+    }  # fmt: skip
+    out = {}
+    for name in sorted(names):
+        t = inits.get(name, constants.get(name))
+        if t is None:
+            raise ValueError(f"{name!r} is neither an initializer nor a Constant of the model")
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            raise ValueError(f"initializer {name!r} has external data that is not loaded (onnx.load its folder)")
+        out[name] = onnx.numpy_helper.to_array(t)
+    return out
+
+
+def _view_array(sources: Mapping, view: View, channels: int) -> np.ndarray:
+    """The member a view names, for scoring: the range of its source's axis that holds the
+    channels, that axis split into ``[channels, block]``."""
+    a = np.asarray(sources[view.source])
+    width = channels * view.block
+    if view.start or a.shape[view.axis] != width:
+        index: list[Any] = [slice(None)] * a.ndim
+        index[view.axis] = slice(view.start, view.start + width)
+        a = a[tuple(index)]
+    if view.block > 1:
+        a = a.reshape(a.shape[: view.axis] + (channels, view.block) + a.shape[view.axis + 1 :])
+    return a
+
+
+def _entries(dropped: np.ndarray, start: int, block: int) -> np.ndarray:
+    """The entries of an axis that dropped channels hold (channel c: ``start + c*block + j``)."""
+    return (start + dropped[:, None] * block + np.arange(block)).reshape(-1)
+
+
+def _sliced(found: OnnxGroups, views: dict[str, View], sources: Mapping, kept: list[np.ndarray]) -> dict:
+    """Every tensor the groups slice (initializers, private copies), with the dropped
+    entries of each axis removed at once: a tensor may lose channels of several groups,
+    on one axis (ranges a ``Concat`` joined) or on several."""
+    drops: dict[str, dict[int, list[np.ndarray]]] = {}
+    base: dict[str, np.ndarray] = {}
+    for og, k in zip(found.groups, kept, strict=True):
+        dropped = np.setdiff1d(np.arange(og.group.channels), k)
+        for mem in og.group.members:
+            key = str(mem.key)
+            view = views.get(key)
+            if view is None:
+                tensor, axis, start, block = key, mem.axis % max(np.ndim(sources[key]), 1), 0, 1
+                base.setdefault(tensor, sources[key])
+            else:
+                tensor, axis, start, block = view.copy or view.source, view.axis, view.start, view.block
+                base.setdefault(tensor, sources[view.source])
+            drops.setdefault(tensor, {}).setdefault(axis, []).append(_entries(dropped, start, block))
+    out = {}
+    for tensor, per_axis in drops.items():
+        a = np.asarray(base[tensor])
+        changed = False
+        for axis, parts in per_axis.items():
+            gone = np.unique(np.concatenate(parts))
+            if gone.size:
+                a = np.delete(a, gone, axis=axis)
+                changed = True
+        if changed:
+            out[tensor] = a
+    return out
+
+
+def _drop_unused(graph: Any, candidates: set[str]) -> list[str]:
+    """Remove what the private copies left unread: ``Identity`` and ``Constant`` nodes
+    whose outputs nothing reads, then the initializers among `candidates` nothing reads."""
+    outputs = {v.name for v in graph.output}
+    removed: list[str] = []
+    while True:
+        read = {x for n in graph.node for x in n.input} | outputs | _subgraph_reads(graph)
+        identities = {n.output[0] for n in graph.node if n.op_type == "Identity" and n.output}
+        dead = [
+            i for i, n in enumerate(graph.node)
+            if n.output and n.output[0] not in read and (
+                (n.op_type == "Identity" and (n.input[0] in candidates or n.input[0] in identities))
+                or (n.op_type == "Constant" and n.output[0] in candidates)
+            )
+        ]  # fmt: skip
+        if not dead:
+            break
+        for i in reversed(dead):
+            removed.append(graph.node[i].output[0])
+            del graph.node[i]
+    read = {x for n in graph.node for x in n.input} | outputs | _subgraph_reads(graph)
+    keep = [t for t in graph.initializer if t.name in read or t.name not in candidates]
+    if len(keep) != len(graph.initializer):
+        removed += [t.name for t in graph.initializer if t.name not in read and t.name in candidates]
+        kept_names = {t.name for t in keep}
+        inputs = [v for v in graph.input if v.name in kept_names or v.name not in candidates]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+        del graph.input[:]
+        graph.input.extend(inputs)
+    return removed
+
+
+def _subgraph_reads(graph: Any) -> set[str]:
+    """Names read by nodes of subgraphs (any depth)."""
+    out: set[str] = set()
+    for n in graph.node:
+        for a in n.attribute:
+            for sub in [a.g] if a.HasField("g") else list(a.graphs):
+                out |= {x for m in sub.node for x in m.input} | _subgraph_reads(sub)
+    return out
+
+
+def _shrink_dim(v: Any, axis: int, by: int) -> None:
     t = v.type.tensor_type
     if not t.HasField("shape"):
         return
     dims = t.shape.dim
     if -len(dims) <= axis < len(dims):
         d = dims[axis]
-        d.Clear()
-        d.dim_value = n
+        if d.HasField("dim_value"):
+            n = d.dim_value - by
+            d.Clear()
+            d.dim_value = n
 
 
 def _set_shape(v: Any, shape: tuple[int, ...]) -> None:

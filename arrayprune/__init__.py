@@ -35,14 +35,7 @@ from .methods import (
 )
 from .norms import channel_norms
 from .patterns import BlockUnstructured, NMStructured, is_nm_sparse
-from .reconstruction import (
-    RECONSTRUCTIONS,
-    HessianAccumulator,
-    register_reconstruction,
-    sparsegpt,
-    unfold_patches,
-    unregister_reconstruction,
-)
+from .reconstruction import HessianAccumulator, ReconstructionMethod, SparseGPT, sparsegpt, unfold_patches
 from .registry import METHODS
 from .schedules import (
     ConstantSparsity,
@@ -69,7 +62,8 @@ __all__ = [
     "PruningContainer",
     "combine_masks",
     "mask_for",
-    # Every method of the table is exported twice: its class and its functional verb.
+    # Every method of the table is exported twice, its class and its functional verb; a
+    # method with a solver (SparseGPT) once: its verb is the solver, `sparsegpt`.
     "Identity",
     "RandomUnstructured",
     "L1Unstructured",
@@ -79,6 +73,8 @@ __all__ = [
     "NMStructured",
     "BlockUnstructured",
     "Wanda",
+    "SparseGPT",
+    "ReconstructionMethod",
     *(name for name in _functional.__all__ if name != "mask_for"),
     "global_unstructured",
     "allocate_from_curves",
@@ -88,9 +84,6 @@ __all__ = [
     "ChannelGroup",
     "wanda_scores",
     "sparsegpt",
-    "RECONSTRUCTIONS",
-    "register_reconstruction",
-    "unregister_reconstruction",
     "HessianAccumulator",
     "unfold_patches",
     "is_nm_sparse",

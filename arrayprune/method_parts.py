@@ -18,6 +18,8 @@ score               elementwise  ranks by
 ``CHANNEL_NORM``    no           a channel's L``n`` norm
 ``BLOCK_NORM``      no           a block's power mean of ``|x|``
 ``WANDA``           yes          ``|W| * ||X||`` (input norms from calibration)
+``HESSIAN``         yes          the solver's choice from a layer's Hessian (calibration);
+                                 ``|x|`` without one
 ``GIVEN_MASK``      yes          a mask given by the caller (nothing is ranked)
 ``NOTHING``         yes          nothing: no entry is pruned
 ==================  ==========  ===========================================================
@@ -56,6 +58,7 @@ __all__ = [
     "CHANNEL_NORM",
     "BLOCK_NORM",
     "WANDA",
+    "HESSIAN",
     "GIVEN_MASK",
     "NOTHING",
     "UNSTRUCTURED",
@@ -65,6 +68,7 @@ __all__ = [
     "BLOCKS",
     "GIVEN",
     "score_of",
+    "solver_of",
     "pattern_of",
     "flags_of",
     "check_method",
@@ -89,9 +93,15 @@ class Score:
         The values (or importance scores) are read at all (False for random draws and
         given masks): verbs then offer ``importance_scores``.
     needs_calibration : bool
-        Its importance scores come from calibration data (Wanda's input norms).
+        It ranks by a statistic of calibration data (Wanda's input norms, a Hessian).
     needs_seed : bool
         It draws random numbers (a seed or generator; one stream per tensor in files).
+    statistic : {None, 'input_norms', 'hessian'}
+        The statistic of calibration data it needs: none; the L2 norm of each input
+        feature of a layer (importance scores ``|W| * ||X||``); or the Hessian ``X^T X``
+        of a layer's inputs, which a method with a solver (``SOLVE``, see
+        :class:`~arrayprune.reconstruction.ReconstructionMethod`) prunes and updates
+        the kept weights from.
     """
 
     name: str
@@ -100,6 +110,7 @@ class Score:
     uses_values: bool = True
     needs_calibration: bool = False
     needs_seed: bool = False
+    statistic: str | None = None
 
 
 @dataclass(frozen=True)
@@ -162,7 +173,8 @@ MAGNITUDE = Score("magnitude", elementwise=True, magnitude=True)
 RANDOM = Score("random", elementwise=False, uses_values=False, needs_seed=True)
 CHANNEL_NORM = Score("channel norm", elementwise=False)
 BLOCK_NORM = Score("block norm", elementwise=False)
-WANDA = Score("wanda", elementwise=True, magnitude=True, needs_calibration=True)
+WANDA = Score("wanda", elementwise=True, magnitude=True, needs_calibration=True, statistic="input_norms")
+HESSIAN = Score("hessian", elementwise=True, magnitude=True, needs_calibration=True, statistic="hessian")
 GIVEN_MASK = Score("given mask", elementwise=True, uses_values=False)
 NOTHING = Score("nothing", elementwise=True, uses_values=False)
 
@@ -182,6 +194,13 @@ def score_of(method: Any) -> Score:
         return score
     uses = bool(getattr(method, "USES_SCORES", True))
     return Score("undeclared", elementwise=False, uses_values=uses)
+
+
+def solver_of(method: Any) -> Any:
+    """The solver a method (class or instance) carries to update the weights it keeps
+    (``SOLVE``, see :class:`~arrayprune.reconstruction.ReconstructionMethod`); None for a
+    method that only masks."""
+    return getattr(method, "SOLVE", None)
 
 
 def pattern_of(method: Any) -> Pattern:

@@ -11,7 +11,9 @@ surgeon updates with the Cholesky factor of ``H^-1``), so that ``X W'^T`` stays 
 * :class:`HessianAccumulator` keeps the running ``X^T X`` of calibration batches (the
   activations are never stored whole);
 * :func:`unfold_patches` turns convolution inputs into the rows ``X`` of the layer's
-  matrix product (im2col), one matrix per group.
+  matrix product (im2col), one matrix per group;
+* :class:`SparseGPT` is the method of the table (``--method sparsegpt``), and
+  :class:`ReconstructionMethod` the base of any method that carries such a solver.
 """
 
 from __future__ import annotations
@@ -19,28 +21,26 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import array_api_compat as apc
 import array_api_extra as xpx
 
 from . import amount as _amount
+from . import method_parts as _parts
 from ._namespace import namespace, widest_float
+from .methods import UnstructuredPruningMethod
 from .patterns import NMStructured, _check_nm
-from .registry import METHODS
 from .selection import smallest_magnitude_keep
 
 __all__ = [
-    "RECONSTRUCTIONS",
     "HessianAccumulator",
+    "ReconstructionMethod",
+    "SparseGPT",
     "check_sparsegpt_options",
-    "register_reconstruction",
-    "solver_options",
     "sparsegpt",
     "unfold_patches",
-    "unregister_reconstruction",
 ]
 
 Array = Any
@@ -530,61 +530,148 @@ def _pair(name: str, value: Any, low: int) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------------------
-# The table of reconstructions
+# Reconstruction methods: rows of arrayprune.METHODS that carry a solver
 # --------------------------------------------------------------------------------------
 
-#: A reconstruction prunes a layer weight from its Hessian and updates the entries it
-#: keeps: ``solve(weight, hessian, amount=None, *, n=None, m=None, reduction_axis=-1,
-#: **options) -> (new_weight, keep_mask)``, with the arguments and results of
-#: :func:`sparsegpt`. Every surface that calibrates a model takes a reconstruction by its
-#: name from here: the command line's ``--method`` and :func:`prune_file` (ONNX graphs,
-#: Hugging Face folders layer by layer, given Hessians), scans, and the PyTorch
-#: adapter's :func:`~arrayprune.adapters.torch.reconstruct`.
-_RECONSTRUCTIONS: dict[str, Any] = {"sparsegpt": sparsegpt}
 
-RECONSTRUCTIONS: Mapping[str, Any] = MappingProxyType(_RECONSTRUCTIONS)
-"""Read-only mapping of reconstruction names (``"sparsegpt"``, ...) to their solvers."""
+class ReconstructionMethod(UnstructuredPruningMethod):
+    """Base of the methods that prune a layer weight from its Hessian and update the kept entries.
 
+    Such a method is a row of :data:`arrayprune.METHODS` like any other: its score is
+    :data:`~arrayprune.method_parts.HESSIAN` (it needs the Hessian ``X^T X`` of the
+    layer's inputs, a statistic of calibration data), and it carries a solver,
+    ``SOLVE(weight, hessian, amount=None, *, n=None, m=None, reduction_axis=-1,
+    **options) -> (new_weight, keep_mask)``, with the arguments and results of
+    :func:`sparsegpt`. Its constructor takes ``amount`` (or ``n`` and ``m``) and then the
+    solver's own options, kept as attributes of the same names. Every surface that
+    calibrates a model runs the solver through :meth:`reconstruct`: the command line's
+    ``--method`` and ``prune_file`` (ONNX graphs, Hugging Face folders layer by layer,
+    given Hessians), scans, and the PyTorch adapter's ``prune.reconstruct``.
 
-def register_reconstruction(name: str, solve: Any) -> None:
-    """Add a reconstruction while the program runs (a plug-in, a test).
+    Without a Hessian (a container, a global ranking, a plan) the method ranks by
+    magnitude: the ``amount`` entries of smallest ``|x|``, as
+    :class:`~arrayprune.L1Unstructured`, or ``n`` of every ``m`` consecutive entries
+    along the last axis, as :class:`~arrayprune.NMStructured`. The command line ranks
+    weights by magnitude in this way for ``--global`` and gives each weight's count to
+    the solver.
 
     Parameters
     ----------
-    name : str
-        Its name (``"obc"``): a Python identifier, not a method of
-        :data:`arrayprune.METHODS` nor a reconstruction already.
-    solve : callable
-        ``solve(weight, hessian, amount=None, *, n=None, m=None, reduction_axis=-1,
-        **options)`` returning ``(new_weight, keep_mask)`` as :func:`sparsegpt` does;
-        options it does not take (``block_size``, ``damp``) are not passed to it.
+    amount : int or float, optional
+        Fraction in ``[0, 1]`` of each weight's entries to prune, or their number.
+    n, m : int, optional
+        The N:M pattern along the reduction axis, instead of `amount`.
 
     Raises
     ------
-    ValueError
-        If `name` is taken or no identifier.
-    TypeError
-        If `solve` is not callable.
+    TypeError, ValueError
+        For a bad amount or pattern (both or neither given).
     """
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"a reconstruction's name is a Python identifier, got {name!r}")
-    if name in METHODS or name in _RECONSTRUCTIONS:
-        raise ValueError(f"{name!r} is already a method or a reconstruction")
-    if not callable(solve):
-        raise TypeError(f"a reconstruction is a callable, got {type(solve).__name__}")
-    _RECONSTRUCTIONS[name] = solve
+
+    SCORE: ClassVar[_parts.Score] = _parts.HESSIAN
+    FLAGS: ClassVar[Mapping[str, _parts.Flag]] = {
+        "amount": _parts.Flag("--amount", float, "fraction (0..1) of each weight's entries to prune, or their number"),
+        "n": _parts.Flag("--nm", str, "N:M, N zeros in every M consecutive entries of the reduction axis"),
+        "m": _parts.Flag("--nm", str, "N:M, N zeros in every M consecutive entries of the reduction axis"),
+    }
+
+    #: The solver: ``SOLVE(weight, hessian, amount, *, n, m, reduction_axis, **options)``.
+    SOLVE: ClassVar[Callable[..., tuple[Array, Array]]]
+
+    def __init__(self, amount: int | float | None = None, n: int | None = None, m: int | None = None):
+        pattern = _check_pattern(amount, n, m)
+        if pattern is None:
+            super().__init__(amount)  # type: ignore[arg-type]  # checked: not None
+        else:
+            self.amount = None  # type: ignore[assignment]
+        self.n: int | None = None if pattern is None else pattern[0]
+        self.m: int | None = None if pattern is None else pattern[1]
+
+    def options(self) -> dict[str, Any]:
+        """The constructor's arguments, as this method holds them (a copy with another amount:
+        ``type(method)(**{**method.options(), "amount": k})``)."""
+        return {p.name: getattr(self, p.name) for p in _constructor_parameters(type(self))}
+
+    def reconstruct(self, weight: Array, hessian: Array, reduction_axis: int = -1) -> tuple[Array, Array]:
+        """Prune `weight` from `hessian` and update the entries it keeps: ``(new_weight, keep_mask)``.
+
+        Parameters
+        ----------
+        weight : array
+            A floating layer weight (see :func:`sparsegpt`).
+        hessian : array
+            ``K x K``, the Hessian of the layer's inputs (``K`` the reduction's length).
+        reduction_axis : int, default -1
+            The input axis of a 2-D weight.
+        """
+        solve = type(self).SOLVE
+        own = {k: v for k, v in self.options().items() if k not in ("amount", "n", "m")}
+        return solve(weight, hessian, self.amount, n=self.n, m=self.m, reduction_axis=reduction_axis, **own)
+
+    def count(self, available: int | None) -> int:
+        if self.n is not None:
+            raise TypeError(f"an {self.n}:{self.m} pattern prunes no amount of a whole array")
+        return super().count(available)
+
+    def keep_masks(self, scores: list[Array], eligible_masks: list[Array | None]) -> list[Array]:
+        if self.n is None:
+            return super().keep_masks(scores, eligible_masks)
+        pattern = NMStructured(self.n, self.m if self.m is not None else 0)
+        return [
+            pattern.keep_mask(s) if e is None else _as_keep(pattern.compute_mask(s, e))
+            for s, e in zip(scores, eligible_masks, strict=True)
+        ]
 
 
-def unregister_reconstruction(name: str) -> None:
-    """Remove a reconstruction added by :func:`register_reconstruction` (not SparseGPT)."""
-    if name == "sparsegpt" or name not in _RECONSTRUCTIONS:
-        raise ValueError(f"{name!r} is not a registered reconstruction")
-    del _RECONSTRUCTIONS[name]
+def _as_keep(mask: Array) -> Array:
+    xp = namespace(mask)
+    return mask if xp.isdtype(mask.dtype, "bool") else mask != 0
 
 
-def solver_options(solve: Any, options: Mapping[str, Any]) -> dict[str, Any]:
-    """The `options` that `solve` takes (all of them if it takes ``**kwargs``)."""
-    parameters = inspect.signature(solve).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return dict(options)
-    return {k: v for k, v in options.items() if k in parameters}
+def _constructor_parameters(cls: type) -> list[inspect.Parameter]:
+    params = list(inspect.signature(cls).parameters.values())
+    return [p for p in params if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+
+
+class SparseGPT(ReconstructionMethod):
+    """SparseGPT: prune each layer weight from its Hessian and update the entries it keeps.
+
+    The method of :func:`sparsegpt` as a row of :data:`arrayprune.METHODS`
+    (``--method sparsegpt``): see :class:`ReconstructionMethod` for what it needs and
+    what it does without a Hessian.
+
+    Parameters
+    ----------
+    amount : int or float, optional
+        Fraction in ``[0, 1]`` of each weight's entries to prune, or their number.
+    n, m : int, optional
+        The N:M pattern along the reduction axis, instead of `amount`.
+    block_size : int, default 128
+        Input columns processed together; for N:M a multiple of `m`.
+    damp : float, default 0.01
+        ``damp * mean(diag(hessian))`` is added to the Hessian's diagonal.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayprune as ap
+    >>> w = np.array([[1.0, -0.2, 0.5, 0.1]])
+    >>> new, keep = ap.SparseGPT(amount=0.5).reconstruct(w, np.eye(4))
+    >>> keep
+    array([[ True, False,  True, False]])
+    """
+
+    SOLVE = staticmethod(sparsegpt)
+    FLAGS: ClassVar[Mapping[str, _parts.Flag]] = {"block_size": _parts.NO_FLAG, "damp": _parts.NO_FLAG}
+
+    def __init__(
+        self,
+        amount: int | float | None = None,
+        n: int | None = None,
+        m: int | None = None,
+        block_size: int = 128,
+        damp: float = 0.01,
+    ):
+        check_sparsegpt_options(amount, n, m, block_size, damp)
+        super().__init__(amount, n, m)
+        self.block_size, self.damp = block_size, damp

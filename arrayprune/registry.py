@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from .method_parts import check_method
+from .method_parts import check_method, solver_of
 from .methods import (
     BasePruningMethod,
     CustomFromMask,
@@ -30,6 +30,7 @@ from .methods import (
     RandomUnstructured,
 )
 from .patterns import BlockUnstructured, NMStructured
+from .reconstruction import ReconstructionMethod, SparseGPT
 from .wanda import Wanda
 
 __all__ = [
@@ -39,6 +40,8 @@ __all__ = [
     "method_name",
     "parameters_doc",
     "constructor_parameters",
+    "reconstruction_method",
+    "settings_for",
 ]
 
 _TABLE: dict[str, type[BasePruningMethod]] = {
@@ -51,6 +54,7 @@ _TABLE: dict[str, type[BasePruningMethod]] = {
         "nm_structured": NMStructured,
         "block_unstructured": BlockUnstructured,
     "wanda": Wanda,
+    "sparsegpt": SparseGPT,
 }
 
 METHODS: Mapping[str, type[BasePruningMethod]] = MappingProxyType(_TABLE)
@@ -143,3 +147,30 @@ def constructor_parameters(cls: type) -> list[inspect.Parameter]:
         return []
     params = list(inspect.signature(init).parameters.values())[1:]
     return [p for p in params if p.kind not in (_P.VAR_POSITIONAL, _P.VAR_KEYWORD)]
+
+
+def reconstruction_method(method: str | type) -> type[ReconstructionMethod]:
+    """The method class that `method` names (or is) in :data:`METHODS`, if it carries a solver.
+
+    Parameters
+    ----------
+    method : str or type
+        A name of the table (``"sparsegpt"``), or a subclass of
+        :class:`~arrayprune.reconstruction.ReconstructionMethod`.
+
+    Raises
+    ------
+    ValueError
+        If `method` names no method of the table, or one without a solver (it only masks).
+    """
+    cls = METHODS.get(method) if isinstance(method, str) else method
+    if not (isinstance(cls, type) and issubclass(cls, ReconstructionMethod) and solver_of(cls) is not None):
+        known = ", ".join(name for name, c in METHODS.items() if solver_of(c) is not None)
+        raise ValueError(f"{method!r} is not a method that updates the weights it keeps; choose from {known}")
+    return cls
+
+
+def settings_for(cls: type, settings: Mapping[str, object]) -> dict[str, object]:
+    """The `settings` (``block_size``, ``damp``, ...) that the constructor of `cls` takes."""
+    names = {p.name for p in constructor_parameters(cls)}
+    return {k: v for k, v in settings.items() if k in names}

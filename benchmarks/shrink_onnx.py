@@ -122,13 +122,15 @@ def _params(model) -> int:
     return sum(int(np.prod(t.dims)) for t in model.graph.initializer)
 
 
-def _session(model, threads: int):
+def _session(model, threads: int, spin: bool = True):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if not spin:  # several sessions alternate: one's spinning workers would starve the next
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
@@ -143,32 +145,10 @@ def _rel(a: np.ndarray, ref: np.ndarray) -> float:
 
 def _zeroed_dense(model, report):
     """The dense model with arrayprune's dropped channels zeroed where the consumers read
-    them (consumer weight members, the input channels of the closing layers)."""
-    import onnx
-    from onnx import numpy_helper
+    them (:func:`arrayprune.adapters.shrink.zeroed_onnx`)."""
+    from arrayprune.adapters.shrink import zeroed_onnx
 
-    producers = {}
-    for g in report.groups.groups:
-        producers[g.group.members[0].key] = g  # the producer's weight is the first member
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    arrays = _inits(model)
-    changed: dict[str, np.ndarray] = {}
-    for g in report.groups.groups:
-        kept = np.asarray(report.kept[g.group.name])
-        dropped = np.setdiff1d(np.arange(g.group.channels), kept)
-        for i, m in enumerate(g.group.members):
-            if i == 0 or not m.weight:
-                continue  # the producer and its per-channel constants stay dense
-            a = changed.get(m.key, arrays[m.key]).copy()
-            idx = [slice(None)] * a.ndim
-            idx[m.axis] = dropped
-            a[tuple(idx)] = 0
-            changed[m.key] = a
-    for t in out.graph.initializer:
-        if t.name in changed:
-            t.CopyFrom(numpy_helper.from_array(changed[t.name], t.name))
-    return out
+    return zeroed_onnx(model, report)
 
 
 def _peer_zeroed_dense(dense, peer):
@@ -542,6 +522,250 @@ def _targets(results: list[dict]) -> list[str]:
     return lines
 
 
+# ---------------------------------------------------------------- torchvision layouts and BERT, with Torch-Pruning
+
+LAYOUTS_OUT = HERE / "results" / "shrink-layouts-cpu-x86_64-2cores.md"
+_LAYOUT_NAMES = ("resnet18", "mobilenet_v3_small", "vit_b_16", "bert", "bert-heads")
+
+
+def _layouts() -> dict:
+    """name -> (build, what is shrunk, description). ``build()`` returns (module, input,
+    Torch-Pruning's arguments for the same groups, a function making the pruned module consistent)."""
+    import torch
+
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from vision_layouts import mobilenet_v3_small, resnet18, vit_b_16
+
+    def linears(module, keep):
+        return [m for n, m in module.named_modules() if isinstance(m, torch.nn.Linear | torch.nn.Conv2d) and not keep(n)]
+
+    def cnn(factory, last):
+        def build():
+            torch.manual_seed(0)
+            m = factory().eval()
+            return m, torch.randn(1, 3, 224, 224), {"ignored_layers": [last(m)]}, None
+        return build
+
+    def vit():
+        torch.manual_seed(0)
+        m = vit_b_16().eval()
+        ignored = linears(m, lambda n: n.endswith("mlp.0")) + [
+            x for x in m.modules() if isinstance(x, torch.nn.MultiheadAttention)
+        ]
+        return m, torch.randn(1, 3, 224, 224), {"ignored_layers": ignored}, None
+
+    def bert(heads: bool):
+        def build():
+            import transformers
+
+            torch.manual_seed(0)
+            config = transformers.BertConfig(
+                vocab_size=30522, hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
+                intermediate_size=2048, max_position_embeddings=512,
+            )  # fmt: skip
+            base = transformers.BertModel(config, add_pooling_layer=False).eval()
+            m = _LastHidden(base).eval()
+            x = torch.randint(0, 30522, (1, 128))
+            attn = [layer.attention.self for layer in base.encoder.layer]
+            if not heads:
+                return m, x, {"ignored_layers": linears(m, lambda n: n.endswith("intermediate.dense"))}, None
+            num = {}
+            for a in attn:
+                num.update({a.query: a.num_attention_heads, a.key: a.num_attention_heads, a.value: a.num_attention_heads})
+            kw = {
+                "ignored_layers": linears(m, lambda n: n.endswith(("query", "key", "value"))),
+                "num_heads": num, "prune_num_heads": True, "prune_head_dims": False,
+            }  # fmt: skip
+
+            def fix(pruner):
+                for a in attn:
+                    a.num_attention_heads = pruner.num_heads[a.query]
+                    a.all_head_size = a.query.out_features
+
+            return m, x, kw, fix
+
+        return build
+
+    return {
+        "resnet18": (cnn(resnet18, lambda m: m.fc), "channels", "torchvision `resnet18` layout, 224x224, batch 1"),
+        "mobilenet_v3_small": (
+            cnn(mobilenet_v3_small, lambda m: m.classifier[3]), "channels",
+            "torchvision `mobilenet_v3_small` layout (depthwise + squeeze-excite), 224x224, batch 1",
+        ),
+        "vit_b_16": (vit, "channels", "torchvision `vit_b_16` layout, 224x224, batch 1 (MLP channels)"),
+        "bert": (bert(False), "channels", "transformers BERT 4 x 512 (8 heads, FFN 2048), 128 tokens (FFN channels)"),
+        "bert-heads": (bert(True), "heads", "the same BERT, attention heads (`--groups heads`)"),
+    }  # fmt: skip
+
+
+def _last_hidden():
+    import torch
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(x).last_hidden_state
+
+    return LastHidden
+
+
+def _LastHidden(model):  # noqa: N802 - a class made on first use (torch is imported late)
+    return _last_hidden()(model)
+
+
+def _export_module(module, x):
+    import contextlib
+
+    import onnx
+    import torch
+
+    f = io.BytesIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), f, dynamo=False, input_names=["x"], output_names=["y"])
+    return onnx.load_from_string(f.getvalue())
+
+
+def _torch_pruning(build, amount: float):
+    """Torch-Pruning 1.6.1 on a fresh copy of the module: MetaPruner, group L2 magnitude,
+    the same ratio over the same groups; returns (pruned module, seconds)."""
+    import torch
+    import torch_pruning as tp
+
+    module, x, kw, fix = build()
+    kw = dict(kw)
+    if kw.pop("prune_num_heads", False):  # only q/k/v are roots: the ratio applies to their heads
+        kw.update(prune_num_heads=True, head_pruning_ratio=amount)
+    kw["pruning_ratio"] = amount
+    t0 = time.perf_counter()
+    pruner = tp.pruner.MetaPruner(module, x, importance=tp.importance.GroupMagnitudeImportance(p=2), **kw)
+    pruner.step()
+    if fix is not None:
+        fix(pruner)
+    seconds = time.perf_counter() - t0
+    with torch.no_grad():
+        module(x)
+    return module, seconds
+
+
+def bench_layout(name: str, amounts: list[float], rounds: int, threads: int, warmup: int, log) -> dict:
+    import onnxsim
+    import torch
+
+    from arrayprune.adapters.shrink import shrink_onnx, zeroed_onnx
+
+    build, kind, _ = _layouts()[name]
+    module, x, _, _ = build()
+    with torch.no_grad():
+        torch_ref = module(x).numpy()
+    dense = _export_module(module, x)
+    xn = x.numpy()
+    ref = _session(dense, threads).run(None, {"x": xn})[0]
+    rows = []
+    for amount in amounts:
+        t0 = time.perf_counter()
+        ours, report = shrink_onnx(dense, amount, kind=kind)
+        t_ours = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        try:
+            peer = (onnxsim.apply_attention_head_pruning if kind == "heads" else onnxsim.apply_structured_pruning)(
+                dense, sparsity=amount
+            )
+            t_peer = time.perf_counter() - t0
+            _session(peer, threads)  # onnxruntime must load it
+        except Exception as exc:  # noqa: BLE001 - the peer's failure is a result
+            peer, peer_error = None, f"{type(exc).__name__}: {exc}".replace("|", "/")[:160]
+        else:
+            peer_error = None
+        tp_module, t_tp = _torch_pruning(build, amount)
+        tp_model = _export_module(tp_module, x)
+        models = {"dense": dense, "arrayprune": ours, "torch-pruning": tp_model}
+        if peer is not None:
+            models["onnxsim"] = peer
+        outs = {k: _session(m, threads).run(None, {"x": xn})[0] for k, m in models.items()}
+        masked = _session(zeroed_onnx(dense, report), threads).run(None, {"x": xn})[0]
+        samples = _time({k: _session(m, threads, spin=False) for k, m in models.items()}, xn, rounds, warmup)
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        row = {
+            "amount": amount,
+            "params": {k: _params(m) for k, m in models.items()},
+            "med": med,
+            "cos_dense": {k: _cos(outs[k], ref) for k in models},
+            "cos_masked": _cos(outs["arrayprune"], masked),
+            "max_masked": float(np.max(np.abs(outs["arrayprune"] - masked))),
+            "shrink_s": {"arrayprune": t_ours, "torch-pruning": t_tp, "onnxsim": None if peer is None else t_peer},
+            "groups": len(report.groups.groups),
+            "left": len(report.groups.left),
+            "peer_error": peer_error,
+            "export_check": float(np.max(np.abs(ref - torch_ref))),
+        }
+        rows.append(row)
+        log(
+            f"{name} {amount:.0%}: params {row['params']}, ms "
+            f"{ {k: round(v * 1e3, 2) for k, v in med.items()} }, cos {row['cos_dense']}, "
+            f"masked max {row['max_masked']:.2e}, shrink s {row['shrink_s']}"
+        )
+    return {"name": name, "rows": rows, "kind": kind}
+
+
+def write_layouts(results: list[dict], args, out: Path, started: str) -> None:
+    lines = [
+        "# Shrinking ONNX exports of torchvision layouts and BERT: arrayprune, Torch-Pruning, onnxsim",
+        "",
+        f"- command: `{' '.join(['python -m benchmarks.shrink_onnx', *sys.argv[1:]])}`",
+        f"- date: {started} (UTC); revision {_rev()}",
+        f"- versions: {_versions()}, torch-pruning {metadata.version('torch-pruning')}",
+        f"- CPU: {_cpu()}, {os.cpu_count()} cores (shared with other jobs); onnxruntime CPUExecutionProvider, "
+        f"intra_op_num_threads={args.threads.split(',')[0]}, inter_op_num_threads=1, spinning off "
+        "(`session.intra_op.allow_spinning=0`: with it on, the sessions that alternate starve each other and "
+        "a 1.7 ms model measured 25 ms at random)",
+        f"- timing: {args.warmup} warm-up rounds, then {args.rounds} rounds running every model once on the "
+        "same input in a rotating order; medians",
+        "- models: random weights (`torch.manual_seed(0)`), BatchNorm statistics randomized, exported by "
+        "`torch.onnx.export(dynamo=False)` (batch 1, static shapes); the layouts are written in "
+        "`tests/vision_layouts.py` (torchvision is not installable beside the CPU torch)",
+        "- arrayprune: `shrink_onnx(model, amount, kind=...)` on the ONNX file (L2 over each group's weight "
+        "members); Torch-Pruning 1.6.1: `MetaPruner(module, x, GroupMagnitudeImportance(p=2), "
+        "pruning_ratio=amount)` on the torch module (the classifier ignored; for ViT and BERT only the "
+        "MLP/FFN first layers as roots, for heads `num_heads`, `prune_num_heads=True`, `head_pruning_ratio=amount`), "
+        "then exported the same way; onnxsim 0.8.1: `apply_structured_pruning(model, sparsity=amount)` "
+        "(`apply_attention_head_pruning` for heads) on the ONNX file",
+        "- cos: cosine of the outputs to the dense model's on one random input; arrayprune's output is also "
+        "compared with the dense model whose dropped channels are zeroed where the next layers read them "
+        "(`zeroed_onnx`, max abs difference: the same function)",
+        "",
+        "| model | amount | tool | parameters | x dense | latency ms | x dense | cos to dense | shrink s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        for row in res["rows"]:
+            p, med = row["params"], row["med"]
+            for tool in ("arrayprune", "torch-pruning", "onnxsim"):
+                if tool not in p:
+                    lines.append(f"| {res['name']} | {row['amount']:.0%} | {tool} | failed: {row['peer_error']} |"
+                                 " | | | | |")  # fmt: skip
+                    continue
+                secs = row["shrink_s"].get(tool)
+                lines.append(
+                    f"| {res['name']} | {row['amount']:.0%} | {tool} | {p[tool]:,} | {p[tool] / p['dense']:.3f} | "
+                    f"{med[tool] * 1e3:.2f} | {med[tool] / med['dense']:.2f} | {row['cos_dense'][tool]:.4f} | "
+                    f"{'' if secs is None else f'{secs:.2f}'} |"
+                )
+    lines += ["", "Dense latency (ms) and arrayprune against its masked model:", ""]
+    for res in results:
+        for row in res["rows"]:
+            lines.append(
+                f"- {res['name']} {row['amount']:.0%}: dense {row['med']['dense'] * 1e3:.2f} ms, "
+                f"{row['params']['dense']:,} parameters; {row['groups']} groups, {row['left']} producers left; "
+                f"arrayprune vs masked: max abs {row['max_masked']:.1e}, cosine {row['cos_masked']:.6f}"
+            )
+    lines.append("")
+    out.write_text("\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--models", default="ffn,cnn,cnn-legacy")
@@ -549,11 +773,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=41)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", default="2,1", help="intra-op thread counts, each timed")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument(
+        "--layouts", default=None, help=f"instead of --models: {','.join(_LAYOUT_NAMES)} beside Torch-Pruning"
+    )
     args = p.parse_args(argv)
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
     amounts = [float(a) for a in args.amounts.split(",")]
     results = []
+    if args.layouts:
+        out = args.out or LAYOUTS_OUT
+        for name in args.layouts.split(","):
+            res = bench_layout(name, amounts, args.rounds, int(args.threads.split(",")[0]), args.warmup, print)
+            results.append(res)
+            write_layouts(results, args, out, started)
+        print(f"wrote {out}")
+        return 0
+    args.out = args.out or DEFAULT_OUT
     for name in args.models.split(","):
         load_start = _load()
         threads = [int(t) for t in args.threads.split(",")]

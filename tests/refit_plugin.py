@@ -5,7 +5,9 @@ For each output row ``w`` (over the reduction axis) with kept inputs ``K``, the 
 minimises the layer's output error on the calibration inputs, ``(w - w') H (w - w')^T``
 with ``w'`` zero outside ``K``: ``w'_K = w Hd[:, K] Hd[K, K]^-1``, ``Hd = H + 0.01
 mean(diag H) I``. It takes NumPy arrays and torch tensors (on any device) and returns
-the input's kind, as :func:`arrayprune.sparsegpt` does. ``register()`` makes it
+the input's kind, as :func:`arrayprune.sparsegpt` does. :class:`MagnitudeRefit` is the
+method: a :class:`arrayprune.ReconstructionMethod` carrying the solver, and
+``register()`` puts it in :data:`arrayprune.METHODS`, which makes it
 ``--method magnitude_refit`` everywhere.
 """
 
@@ -57,9 +59,23 @@ def magnitude_refit(weight, hessian, amount=None, *, n=None, m=None, reduction_a
     return new.astype(np.asarray(weight).dtype), keep
 
 
+class MagnitudeRefit(arrayprune.ReconstructionMethod):
+    """Magnitude selection, then a least-squares refit of the kept weights on the Hessian.
+
+    Parameters
+    ----------
+    amount : int or float, optional
+        Fraction in ``[0, 1]`` of each weight's entries to prune, or their number.
+    n, m : int, optional
+        The N:M pattern along the reduction axis, instead of `amount`.
+    """
+
+    SOLVE = staticmethod(magnitude_refit)
+
+
 def register() -> None:
-    arrayprune.register_reconstruction(NAME, magnitude_refit)
+    arrayprune.registry.register_method(NAME, MagnitudeRefit)
 
 
 def unregister() -> None:
-    arrayprune.unregister_reconstruction(NAME)
+    arrayprune.registry.unregister_method(NAME)

@@ -34,8 +34,11 @@ GENERATED = "# Written by tools/write_verbs.py from arrayprune.METHODS: edit the
 def _import_table() -> tuple[Any, Any]:
     sys.path.insert(0, str(ROOT))
     from arrayprune import registry
+    from arrayprune.method_parts import solver_of
 
-    return registry.METHODS, registry
+    # A method with a solver needs a Hessian, which no mask verb is given: its verbs are
+    # the solver (``arrayprune.sparsegpt``) and the drop-in's ``prune.reconstruct``.
+    return {name: cls for name, cls in registry.METHODS.items() if solver_of(cls) is None}, registry
 
 
 def _streams() -> Any:

@@ -1,18 +1,22 @@
 """The file pipeline: what ``arrayprune prune`` runs, :func:`prune_file` from Python.
 
-Its modules import downwards only, in six layers (a test checks it:
+Its modules import downwards only, in seven layers (a test checks it:
 ``tests/project/test_import_graph.py``)::
 
     runner.py        the sequence of stages: prune_file, prune_checkpoint, run
        |
-    stages           targets.py (the plan, what is pruned), outputs.py, option_files.py,
-       |             verify_stage.py, hf_stage.py (Hugging Face folders), reconstruct_stage.py
-       |             (SparseGPT on a graph), allocation.py, scan.py, shrinking.py and
-       |             shrink_checkpoint.py (--shrink on ONNX and on folders)
+    stages           calibrate.py (the runners x statistics table), allocation.py,
+       |             option_files.py, verify_stage.py, shrinking.py and shrink_checkpoint.py
+       |             (--shrink on ONNX and on folders)
        |
-    the job          storage.py (the input, opened), scoring.py (each target's method and
-       |             scores), prune_result.py (what a run returns), evaluate.py (arrayprune
-       |             eval: perplexity and KL of a Hugging Face folder, layer by layer)
+    runners          hf_stage.py (Hugging Face folders layer by layer, given Hessians),
+       |             reconstruct_stage.py (a solver's Hessians through an ONNX graph)
+       |
+    the job          job.py (Job: the request resolved once on its input), storage.py (the
+       |             input, opened), targets.py (the plan, what is pruned), scoring.py (each
+       |             target's method and scores), prune_result.py (what a run returns),
+       |             outputs.py (OUT checked), scan.py (error curves: the scan verb, allocations),
+       |             evaluate.py (arrayprune eval: perplexity and KL of a Hugging Face folder)
        |
     engines          calibration.py (onnxruntime statistics), hf_calibration.py (transformers,
        |             layer by layer), reconstruction.py (SparseGPT through a graph),
@@ -20,7 +24,7 @@ Its modules import downwards only, in six layers (a test checks it:
        |
     the request      request.py (PruneSpec, validated once), method_names.py (the --method
        |             choices and flags), allocation_request.py, shrink_request.py,
-       |             reconstruction_methods.py (which methods reconstruct, their options)
+       |             reconstruction_methods.py (the options of a method with a solver)
        |
     errors.py, hooks.py, devices.py    one-line errors; stages and progress; --device
 

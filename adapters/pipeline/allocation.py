@@ -40,11 +40,12 @@ from arrayprune.adapters.formats.safetensors_stream import TensorFiles
 from arrayprune.adapters.pipeline.allocation_request import OWL
 from arrayprune.adapters.pipeline.calibration import read_calibration, wanda_scores_for
 from arrayprune.adapters.pipeline.errors import PruneError, error_text
+from arrayprune.adapters.pipeline.job import Job
+from arrayprune.adapters.pipeline.method_names import reconstructs
 from arrayprune.adapters.pipeline.reconstruction import onnx_sparsegpt
-from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS
 from arrayprune.adapters.pipeline.request import PruneSpec
 from arrayprune.adapters.pipeline.scan import OnnxTrials, ScanResult
-from arrayprune.adapters.pipeline.scoring import input_norms, method_for, scores_for
+from arrayprune.adapters.pipeline.scoring import method_for, scores_for
 from arrayprune.adapters.pipeline.stream_pruning import read_whole
 from arrayprune.adapters.plan import file_roles, make_plan
 from arrayprune.allocation import _bounds, counts_near
@@ -149,9 +150,6 @@ def _step(target: Any, method: str) -> int:
 
 def _owl_scores(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any) -> list[Any]:
     """The scores OWL counts outliers among: Wanda's where input norms exist, else magnitudes."""
-    if norms is None and spec.method in RECONSTRUCTIONS:  # its Hessians' activations give the norms too
-
-        norms = input_norms(spec, storage, targets, src, hooks)
     scores = []
     for t in targets:
         value = np.asarray(t.value)
@@ -186,10 +184,6 @@ def _owl_ratios(
     read at a time (a streamed checkpoint's whole, as the in-memory path reads it)."""
     if not getattr(storage, "streamed", False):
         return [arrayprune.outlier_ratio(s, m) for s in _owl_scores(spec, storage, targets, norms, src, hooks)]
-    if norms is None and spec.method in RECONSTRUCTIONS:
-
-        norms = input_norms(spec, storage, targets, src, hooks)
-
     ratios = []
     with TensorFiles() as files:
         for t in targets:
@@ -230,23 +224,16 @@ def _scan_curves(spec: Any, targets: list[Any]) -> tuple[list[list[float]], Any,
     return curves, scan, notes
 
 
-def allocate(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any) -> Allocation:
+def allocate(job: Job, norms: Mapping | None) -> Allocation:
     """The stage: each target's count of pruned entries, from a scan's curves or OWL.
 
     Parameters
     ----------
-    spec : PruneSpec
-        The checked request (``spec.allocation`` set).
-    storage : WholeFile
-        The input, in memory.
-    targets : list of PlanEntry
-        The weights to prune.
+    job : Job
+        The job (its request with ``allocation`` set); its hooks are told of the stage.
     norms : mapping or None
-        Wanda's input norms, where the request computed them.
-    src : str
-        The input, for messages.
-    hooks : Hooks
-        Told of the stage.
+        The dense model's input norms, where the calibrate stage gives them
+        (:func:`~arrayprune.adapters.pipeline.calibrate.dense_norms`).
 
     Returns
     -------
@@ -257,6 +244,7 @@ def allocate(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None,
     PruneError
         An unreadable scan, a target without a curve, bounds that cannot hold the total.
     """
+    spec, storage, targets, src, hooks = job.spec, job.storage, job.targets, job.src, job.hooks
     sizes = [math.prod(t.shape) for t in targets]
     steps = [_step(t, spec.method) for t in targets]
     bounds = {"min_sparsity": spec.min_sparsity, "max_sparsity": spec.max_sparsity, "steps": steps}
@@ -270,7 +258,7 @@ def allocate(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None,
             ratios = _owl_ratios(spec, storage, targets, norms, src, hooks, m)
             lam = {} if spec.owl_lambda is None else {"lam": spec.owl_lambda}
             counts = arrayprune.allocation.owl_counts(ratios, sizes, spec.amount, **lam, **bounds)
-            calibrated = norms is not None or (spec.method in RECONSTRUCTIONS and bool(spec.calibration))
+            calibrated = norms is not None or (reconstructs(spec.method) and bool(spec.calibration))
             uniform = _owl_uniform_note(m, ratios, calibrated)
             notes.extend([uniform] if uniform else [])
         else:
@@ -358,7 +346,7 @@ def _pruned(
     calibration: Mapping[str, np.ndarray] | None,
 ) -> dict[str, np.ndarray]:
     """Every target pruned to its count, as the pipeline will prune it (nothing written)."""
-    if spec.method in RECONSTRUCTIONS:
+    if reconstructs(spec.method):
         done = onnx_sparsegpt(
             wf,
             [t.name for t in targets],
@@ -440,8 +428,7 @@ def measure_allocations(
     """
 
     names = list(next(iter(candidates.values()), {}))
-    stand_in = "l1_unstructured" if method in RECONSTRUCTIONS else method
-    by_name = {e.name: e for e in make_plan(wf.params, file_roles(wf), method=stand_in)}
+    by_name = {e.name: e for e in make_plan(wf.params, file_roles(wf), method=method)}
     missing = [name for name in names if name not in by_name]
     if missing:
         raise ValueError(f"{missing[0]!r} is no tensor of the model")
@@ -489,7 +476,7 @@ def _check_jointly(
 ) -> list[int]:
     """The joint check of a scan's allocation: the candidate with the least measured error (into `result`)."""
 
-    if norms is not None and spec.method not in RECONSTRUCTIONS:
+    if norms is not None and not reconstructs(spec.method):
         scores = _owl_scores(spec, storage, targets, norms, src, hooks)
     else:
         scores = [np.abs(np.asarray(t.value)) for t in targets]

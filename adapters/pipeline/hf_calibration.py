@@ -41,7 +41,7 @@ from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.formats.safetensors_stream import TensorFiles
 from arrayprune.adapters.pipeline.calibration import read_calibration
 from arrayprune.adapters.pipeline.errors import optional_module
-from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS
+from arrayprune.adapters.pipeline.method_names import reconstructs
 
 __all__ = ["BATCH_ROWS", "TOKENS_KEY", "calibrate_checkpoint", "hf_folder", "read_tokens", "token_problems"]
 
@@ -358,7 +358,7 @@ def calibrate_checkpoint(
         {k: torch.from_numpy(v[i : i + rows]).to(device) for k, v in tokens.items()}
         for i in range(0, len(tokens[TOKENS_KEY]), rows)
     ]
-    reconstructing = spec.method in RECONSTRUCTIONS and recorded is None
+    reconstructing = reconstructs(spec.method) and recorded is None
     out: dict[str, Callable[[], np.ndarray]] = {}
     with TensorFiles() as files, torch.no_grad():
         weights = _Weights(storage.source, files, device)

@@ -14,14 +14,12 @@ an input cannot be calibrated on tokens, before anything is read.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-import arrayprune
 from arrayprune.adapters.formats import FormatError
 from arrayprune.adapters.formats.errors import write_failure
 from arrayprune.adapters.formats.files import read_json
@@ -29,14 +27,14 @@ from arrayprune.adapters.formats.safetensors_stream import TensorFiles
 from arrayprune.adapters.pipeline.calibration import _read_npz, read_calibration
 from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
 from arrayprune.adapters.pipeline.hf_calibration import (
-    _skeleton,
     _stored,
     calibrate_checkpoint,
     hf_folder,
     token_problems,
     workdir_beside,
 )
-from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS
+from arrayprune.adapters.pipeline.job import Job
+from arrayprune.adapters.pipeline.method_names import reconstructs
 from arrayprune.adapters.pipeline.scoring import method_for, scores_for
 from arrayprune.adapters.roles.hf_config import CONFIG_MAX_BYTES, CONFIG_NAME
 
@@ -47,8 +45,6 @@ __all__ = [
     "dense_input_norms",
     "given_hessians",
     "input_refusal",
-    "leave_outside_layers",
-    "outside_note",
 ]
 
 
@@ -94,7 +90,6 @@ def calibration_problems(spec: Any, src: str) -> list[Exception]:
 
 
 #: The reason of a weight left because layer-by-layer calibration does not reach it.
-OUTSIDE = "outside the model's layers: calibrated layer by layer, only the weights inside them are pruned"
 
 
 def input_refusal(spec: Any, src: str, kind: str) -> str | None:
@@ -105,7 +100,7 @@ def input_refusal(spec: Any, src: str, kind: str) -> str | None:
         return (
             "--calibration runs the model: IN must be an ONNX model, or a Hugging Face folder (config.json beside "
             "the safetensors weights) run with transformers layer by layer on token ids"
-            + ("" if _reconstructs(spec) else " (or use --input-norms)")
+            + ("" if reconstructs(spec.method) else " (or use --input-norms)")
         )
     return None
 
@@ -125,75 +120,16 @@ def calibration_needed(method: str, src: str) -> str:
     )
 
 
-def _reconstructs(spec: Any) -> bool:
-    """Whether the request's method updates the weights it keeps (no --input-norms for it)."""
-
-    return spec.method in RECONSTRUCTIONS
-
-
-def leave_outside_layers(storage: Any, spec: Any, plan: list[Any]) -> list[Any]:
-    """`plan` with the weights outside the model's decoder (or encoder) layers left, when calibrated on tokens.
-
-    `storage` is a safetensors checkpoint (one file or sharded).
-
-    Layer by layer, calibration reaches the weights inside the repeated layers only; the
-    others the plan selects (``lm_head``, a pooler, classifier heads) are left with the
-    reason :data:`OUTSIDE` and copied unchanged, as llmcompressor leaves ``lm_head``. Any
-    other request: `plan` as it is.
-
-    Raises
-    ------
-    PruneError
-        Missing transformers, or a ``config.json`` transformers cannot build: one line.
-    """
-    if not spec.calibration or spec.hessians:
-        return plan
-    if not any(entry.prune for entry in plan) or hf_folder(os.fspath(storage.src)) is None:
-        return plan
-    from arrayprune.adapters.torch.calibration import layer_list  # torch, once a model is built
-
-    try:
-        prefix, layers = layer_list(*_skeleton(hf_folder(os.fspath(storage.src))))
-    except (ValueError, TypeError, RuntimeError) as exc:
-        raise PruneError(f"--calibration: {error_text(exc)}", storage.src) from None
-    inside = {f"{prefix}.{index}." if prefix else f"{index}." for index in range(len(layers))}
-    return [
-        dataclasses.replace(entry, prune=False, reason=OUTSIDE)
-        if entry.prune and not any(entry.name.startswith(p) for p in inside)
-        else entry
-        for entry in plan
-    ]
-
-
-def outside_note(plan: list[Any]) -> str | None:
-    """The note naming the weights :func:`leave_outside_layers` left; None if it left none."""
-    left = [entry.name for entry in plan if entry.reason == OUTSIDE]
-    if not left:
-        return None
-    shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
-    return (
-        f"left {len(left)} weight{'s' if len(left) > 1 else ''} outside the model's layers unchanged ({shown}): "
-        "calibration layer by layer does not reach them"
-    )
-
-
 def _masking(target: Any, spec: Any, norms: Mapping, value: Any) -> tuple[Any, Any]:
     """The pipeline's method of `target` and the importance scores it ranks `value` by."""
 
     return method_for(target, spec), scores_for(target, norms, value)
 
 
-def calibrated(
-    storage: Any,
-    targets: list[Any],
-    spec: Any,
-    hooks: Any,
-    dst: str,
-    stack: contextlib.ExitStack,
-) -> dict[str, Callable[[], np.ndarray]] | None:
-    """The targets pruned layer by layer or from ``hessians`` (weight name -> its entries); None without either.
+def calibrated(job: Job, stack: contextlib.ExitStack) -> dict[str, Callable[[], np.ndarray]] | None:
+    """The job's targets pruned layer by layer or from ``hessians`` (weight name -> its entries); None without either.
 
-    The temporary folder lives as long as `stack`.
+    The temporary folder (beside the job's output) lives as long as `stack`.
 
     Raises
     ------
@@ -201,8 +137,9 @@ def calibrated(
         Missing transformers (naming the extra), bad token ids, a model that cannot be
         built or run, a target outside the model's layers: one line, nothing written.
     """
+    storage, targets, spec, hooks, dst = job.storage, job.targets, job.spec, job.hooks, job.dst or ""
     if spec.hessians:
-        return given_hessians(storage, targets, spec, stack)
+        return given_hessians(job, stack)
     if not spec.calibration:
         return None
 
@@ -216,7 +153,7 @@ def calibrated(
         raise PruneError(f"--calibration: {error_text(exc)}", storage.src) from None
 
 
-def dense_input_norms(storage: Any, targets: list[Any], spec: Any, hooks: Any) -> dict[str, np.ndarray]:
+def dense_input_norms(job: Job) -> dict[str, np.ndarray]:
     """Every target's input norms from the dense model run layer by layer on ``calibration``'s tokens.
 
     What ``--allocation owl`` ranks outliers by (Wanda's scores, as ONNX calibration
@@ -229,6 +166,7 @@ def dense_input_norms(storage: Any, targets: list[Any], spec: Any, hooks: Any) -
         As :func:`calibrated`.
     """
 
+    storage, targets, spec, hooks = job.storage, job.targets, job.spec, job.hooks
     optional_module("transformers", "transformers", "--calibration on a Hugging Face checkpoint")
     norms: dict[str, np.ndarray] = {}
     hooks.stage("allocation: input norms of the dense model")
@@ -239,7 +177,7 @@ def dense_input_norms(storage: Any, targets: list[Any], spec: Any, hooks: Any) -
     return norms
 
 
-def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextlib.ExitStack) -> dict[str, Callable]:
+def given_hessians(job: Job, stack: contextlib.ExitStack) -> dict[str, Callable]:
     """``--hessians``: each target pruned by SparseGPT with its Hessian from the file, when written.
 
     Every Hessian is checked (present, ``K x K`` for the weight's reduction axis,
@@ -251,6 +189,7 @@ def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextli
     PruneError
         One line naming the weight or the file.
     """
+    storage, targets, spec = job.storage, job.targets, job.spec
 
     try:
         hessians = _read_npz(spec.hessians)
@@ -275,8 +214,6 @@ def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextli
                 f"the Hessian of {entry.name!r} is all zero: it says nothing about which weights matter", spec.hessians
             )
     files = stack.enter_context(TensorFiles())
-    options = {"n": spec.nm[0], "m": spec.nm[1]} if spec.nm is not None else {"amount": spec.amount}
-    solve = arrayprune.RECONSTRUCTIONS[spec.method]
 
     def reconstructed(entry: Any) -> Callable[[], np.ndarray]:
         def compute() -> np.ndarray:
@@ -284,7 +221,8 @@ def given_hessians(storage: Any, targets: list[Any], spec: Any, stack: contextli
 
             value = files.load(entry.value)
             weight = value.to(torch.float32).numpy() if isinstance(value, torch.Tensor) else value
-            new, _ = solve(weight, hessians[entry.name], reduction_axis=entry.role.reduction_axis, **options)
+            method = job.method_for(entry)  # its amount (an allocation's, if any), or the pattern
+            new, _ = method.reconstruct(weight, hessians[entry.name], reduction_axis=entry.role.reduction_axis)
             return _stored(torch.from_numpy(np.asarray(new, dtype=np.float32)), entry.value.code).reshape(-1)
 
         return compute

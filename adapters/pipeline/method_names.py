@@ -1,9 +1,9 @@
 """The methods a request can name, and the flags that set their parameters.
 
 Read from the method table (:data:`arrayprune.METHODS`, methods registered at run time
-included) and the reconstruction methods
-(:data:`~arrayprune.adapters.pipeline.reconstruction_methods.RECONSTRUCTIONS`): the ``--method``
-choices, each method's flags, the flags methods declare beyond the command line's own.
+included): the ``--method`` choices, each method's flags, the flags methods declare
+beyond the command line's own, and which methods carry a solver that updates the
+weights they keep (:func:`reconstructs`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from __future__ import annotations
 import inspect
 
 import arrayprune
-from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS
-from arrayprune.method_parts import Flag, flags_of, pattern_of, score_of
+from arrayprune.method_parts import Flag, flags_of, pattern_of, score_of, solver_of
 from arrayprune.registry import constructor_parameters
 
 __all__ = [
@@ -20,6 +19,8 @@ __all__ = [
     "extra_flags",
     "method_flags",
     "methods_with",
+    "reconstruction_methods",
+    "reconstructs",
     "runnable_methods",
     "scan_methods",
     "scored_methods",
@@ -34,11 +35,27 @@ PARAMETER_FLAGS = {"amount": "--amount", "dim": "--dim", "n": "--n", "block_shap
 _OWN_FLAGS = {*PARAMETER_FLAGS.values(), "--nm"}
 
 
+def reconstructs(name: str) -> bool:
+    """Whether method `name` carries a solver that updates the weights it keeps (SparseGPT):
+    it then needs the Hessians of calibration data and runs through a model."""
+    method = arrayprune.METHODS.get(name) if isinstance(name, str) else None
+    return method is not None and solver_of(method) is not None
+
+
+def reconstruction_methods() -> tuple[str, ...]:
+    """The methods of the table that carry a solver (:func:`reconstructs`), in table order."""
+    return tuple(name for name in arrayprune.METHODS if reconstructs(name))
+
+
 def scored_methods() -> list[str]:
     """The methods that can rank by the scores Wanda's input norms make (``calibration``,
-    ``input_norms``): those whose score is elementwise and reads the values (Wanda first,
-    whose score they are)."""
-    scored = [n for n, cls in arrayprune.METHODS.items() if score_of(cls).elementwise and score_of(cls).uses_values]
+    ``input_norms``): those whose score is elementwise, reads the values and needs no
+    other statistic (Wanda first, whose score they are)."""
+    scored = [
+        n
+        for n, cls in arrayprune.METHODS.items()
+        if score_of(cls).elementwise and score_of(cls).uses_values and score_of(cls).statistic != "hessian"
+    ]
     return sorted(scored, key=lambda name: not score_of(arrayprune.METHODS[name]).needs_calibration)
 
 
@@ -47,8 +64,6 @@ def method_flags(name: str) -> dict[str, str]:
 
     Parameters the command line cannot give (a mask, a generator) are left out.
     """
-    if name in RECONSTRUCTIONS:
-        return dict(RECONSTRUCTIONS[name].flags)
     return {p: f.flag for p, f in flags_of(arrayprune.METHODS[name]).items() if f.flag is not None}
 
 
@@ -57,8 +72,6 @@ def extra_flags() -> dict[str, tuple[str, Flag, list[str]]]:
     declaration, the methods taking it)."""
     out: dict[str, tuple[str, Flag, list[str]]] = {}
     for name in runnable_methods():
-        if name in RECONSTRUCTIONS:
-            continue
         for param, flag in flags_of(arrayprune.METHODS[name]).items():
             if flag.flag is not None and flag.flag not in _OWN_FLAGS:
                 out.setdefault(flag.flag, (param, flag, []))[2].append(name)
@@ -76,10 +89,9 @@ def _runnable(name: str) -> bool:
 
 def runnable_methods() -> tuple[str, ...]:
     """The methods a request can name: those of the table that prune something the options
-    can describe (``identity`` has nothing to set; ``custom_from_mask`` needs a mask), and
-    the reconstruction methods (:data:`~arrayprune.adapters.pipeline.reconstruct_stage.RECONSTRUCTIONS`).
+    can describe (``identity`` has nothing to set; ``custom_from_mask`` needs a mask).
     Methods registered at run time (:func:`arrayprune.registry.register_method`) are in."""
-    return (*(name for name in arrayprune.METHODS if method_flags(name) and _runnable(name)), *RECONSTRUCTIONS)
+    return tuple(name for name in arrayprune.METHODS if method_flags(name) and _runnable(name))
 
 
 def methods_with(flag: str) -> list[str]:
@@ -97,8 +109,6 @@ def scan_methods() -> tuple[str, ...]:
     channels, and the reconstructions. Methods registered at run time are in."""
 
     def scanned(name: str) -> bool:
-        if name in RECONSTRUCTIONS:
-            return True
         method = arrayprune.METHODS[name]
         return score_of(method).uses_values and pattern_of(method).unit in _SCANNED_UNITS
 

@@ -16,7 +16,7 @@ from arrayprune.adapters.pipeline.request import PruneSpec
 from arrayprune.adapters.plan import PlanEntry, nm_shortfalls
 from arrayprune.adapters.roles.onnx_groups import OnnxGroups
 from arrayprune.adapters.summary import PruneSummary
-from arrayprune.method_parts import N_OF_M, pattern_of
+from arrayprune.method_parts import pattern_of
 
 __all__ = ["NEARLY_EMPTY", "PruneResult", "count_note", "nearly_empty_warning", "nm_warnings"]
 
@@ -122,7 +122,7 @@ def nearly_empty_warning(spec: PruneSpec, counts: Mapping[str, tuple[int, int]])
 def nm_warnings(spec: PruneSpec, plan: Sequence[PlanEntry]) -> list[str]:
     """One warning per tensor an N:M method prunes that cannot hold the pattern (see
     :func:`~arrayprune.adapters.plan.nm_shortfalls`); none for other methods."""
-    if spec.nm is None or pattern_of(spec.method_class()) is not N_OF_M:
+    if spec.nm is None:  # set for the methods that take --nm only
         return []
     n, m = spec.nm
     return [f"cannot hold {n}:{m}: {line}" for line in nm_shortfalls(plan, n, m, reduction=spec.dim is None)]

@@ -1,19 +1,15 @@
-"""Reconstruction methods of the file pipeline: ``arrayprune prune --method sparsegpt``.
+"""The reconstruct stage: ``arrayprune prune MODEL.onnx --method sparsegpt --calibration ...``.
 
-A reconstruction method prunes a weight *and updates the entries it keeps* from
-calibration data run through the model's graph; it is not a mask method of
-:data:`arrayprune.METHODS`. :data:`RECONSTRUCTIONS` is the one place that says which
-methods these are and what each needs:
-
-* the request (:class:`~arrayprune.adapters.pipeline.request.PruneSpec`) offers their names as
-  ``--method`` choices, checks their options with :func:`refusal` and with the checks of
-  their *stand-in* mask method (``l1_unstructured`` for an ``--amount``,
-  ``nm_structured`` for ``--nm N:M``), which also plans them (the targets, the axis of
-  an N:M pattern) and, with ``--global``, ranks them: one magnitude threshold over all
-  targets, whose per-weight counts (:func:`~arrayprune.adapters.pipeline.reconstruction.amounts_from_masks`)
-  the engine then prunes;
-* the pipeline refuses inputs without a graph to run (:func:`input_refusal`) and calls
-  :func:`reconstruct` in place of masking, between plan and write.
+A method of :data:`arrayprune.METHODS` that carries a solver (SparseGPT; see
+:func:`~arrayprune.adapters.pipeline.method_names.reconstructs`) prunes each weight *and
+updates the entries it keeps* from the Hessians of calibration data run through the
+model's graph. The request checks its options as every method's, and with
+:func:`refusal`; the plan and, with ``--global``, the ranking take the method as any
+other (by magnitude, its rank without a Hessian: one threshold over all targets, whose
+per-weight counts, :func:`~arrayprune.adapters.pipeline.reconstruction.amounts_from_masks`,
+the engine then prunes). The pipeline refuses inputs without a graph to run
+(:func:`input_refusal`) and calls :func:`reconstruct` in place of masking, between plan
+and write.
 
 ``--keep-masks``, ``--seed``, ``--dim`` and ``--input-norms`` do not apply (the
 weights kept are not the original ones; nothing is random; the axis is each weight's
@@ -26,7 +22,6 @@ weights are already pruned and updated.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,58 +31,49 @@ from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.pipeline import hf_stage
 from arrayprune.adapters.pipeline.calibration import read_calibration
 from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
+from arrayprune.adapters.pipeline.job import Job
+from arrayprune.adapters.pipeline.method_names import reconstructs
 from arrayprune.adapters.pipeline.reconstruction import amounts_from_masks, onnx_sparsegpt
-from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS, Reconstruction, refusal
+from arrayprune.adapters.pipeline.reconstruction_methods import GRAPH_FORMATS, elsewhere, refusal
 
-__all__ = ["RECONSTRUCTIONS", "Reconstruction", "input_refusal", "reconstruct", "refusal"]
+__all__ = ["input_refusal", "reconstruct", "refusal"]
 
 
 def input_refusal(spec: Any, src: str) -> str | None:
     """Why the reconstruction method of `spec`, or ``calibration``, cannot run on `src`; None if it can."""
-    method = RECONSTRUCTIONS.get(spec.method)
-    if method is None and not spec.calibration:
+    method = reconstructs(spec.method)
+    if not method and not spec.calibration:
         return None
     kind = "sharded" if sharded.is_sharded(src) else fmt.detect_format(src)
     if spec.hessians and kind not in ("sharded", "safetensors"):
         return f"--hessians applies to safetensors files and checkpoints; {kind} models take --calibration"
     if spec.hessians:
         return None
-    if method is None:  # Wanda's norms: from a Hugging Face model layer by layer, or from ONNX
+    if not method:  # Wanda's norms: from a Hugging Face model layer by layer, or from ONNX
         return hf_stage.input_refusal(spec, src, kind)
-    if kind in method.formats or (kind in ("sharded", "safetensors") and spec.calibration):
+    if kind in GRAPH_FORMATS or (kind in ("sharded", "safetensors") and spec.calibration):
         return hf_stage.input_refusal(spec, src, kind)  # tokens through a Hugging Face model, layer by layer
     if kind in ("sharded", "safetensors"):  # no --calibration, no --hessians: say how to give them here
         return hf_stage.calibration_needed(spec.method, src)
-    need = " or ".join(f.upper() if f == "onnx" else f for f in method.formats)
+    need = " or ".join(f.upper() if f == "onnx" else f for f in GRAPH_FORMATS)
     what = "sharded checkpoints" if kind == "sharded" else f"{kind} files"
     return (
         f"--method {spec.method} runs the model on calibration data: IN must be an {need} model "
-        f"({what} hold no graph to run); {method.elsewhere}"
+        f"({what} hold no graph to run); {elsewhere(spec.method)}"
     )
 
 
-def reconstruct(
-    storage: Any,
-    targets: list[Any],
-    spec: Any,
-    hooks: Any,
-    global_masks: Callable[[list[Any], Any], list[Any]],
-) -> Mapping:
-    """The stage: the storage's params with every target pruned and updated by the engine.
+def reconstruct(job: Job, global_masks: Callable[[list[Any], Any], list[Any]]) -> Mapping:
+    """The runner: the job's params with every target pruned and updated by the method's solver.
 
     Parameters
     ----------
-    storage : WholeFile
-        The input, read whole (its ``wf`` is handed to the engine; not modified).
-    targets : list of PlanEntry
-        The weights to prune, from the plan.
-    spec : PruneSpec
-        The checked request (``spec.method`` in :data:`RECONSTRUCTIONS`).
-    hooks : Hooks
-        Told of the calibration stage.
+    job : Job
+        The job: an ONNX graph read whole (its ``wf`` is handed to the engine; not
+        modified), a method with a solver; its hooks are told of the calibration.
     global_masks : callable
         ``global_masks(targets, spec)``: the pipeline's global ranking (keep masks),
-        called with the stand-in's request when ``spec.global_``.
+        called when ``spec.global_``.
 
     Returns
     -------
@@ -100,9 +86,8 @@ def reconstruct(
         Unreadable calibration data, data that does not fit the graph, a target the
         engine cannot reconstruct: one line; nothing is written.
     """
-
-    method = RECONSTRUCTIONS[spec.method]
-    if storage.kind not in method.formats:
+    storage, targets, spec, hooks = job.storage, job.targets, job.spec, job.hooks
+    if storage.kind not in GRAPH_FORMATS:
         kind = storage.kind
         raise PruneError(f"--method {spec.method} writes {kind} as {kind}: give OUT the input's suffix", storage.src)
     optional_module("onnxruntime", "onnx", f"--method {spec.method}")
@@ -114,7 +99,7 @@ def reconstruct(
     if spec.nm is not None:
         options = {"n": spec.nm[0], "m": spec.nm[1]}
     elif spec.global_:
-        masks = global_masks(targets, dataclasses.replace(spec, method=method.stand_in(spec), one_pass=False))
+        masks = global_masks(targets, spec)
         options["amount"] = amounts_from_masks({t.name: mask for t, mask in zip(targets, masks, strict=True)})
     samples = len(next(iter(calibration.values())))
     how = "every Hessian from the dense model" if spec.one_pass else "layer by layer"

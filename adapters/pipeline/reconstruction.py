@@ -33,7 +33,8 @@ from arrayprune import amount as _amount
 from arrayprune.adapters.blas_threads import blas_threads
 from arrayprune.adapters.pipeline.calibration import _check_inputs, _fed_inputs, _run_batches, _session
 from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds, weight_levels
-from arrayprune.reconstruction import check_sparsegpt_options, solver_options
+from arrayprune.reconstruction import check_sparsegpt_options
+from arrayprune.registry import reconstruction_method, settings_for
 
 __all__ = ["Reconstructed", "amounts_from_masks", "onnx_sparsegpt"]
 
@@ -84,10 +85,10 @@ def onnx_sparsegpt(
     damp: float = 0.01,
     sequential: bool = True,
     batch_size: int | None = None,
-    method: str = "sparsegpt",
+    method: str | type = "sparsegpt",
 ) -> dict[str, Reconstructed]:
-    """Prune weights of an ONNX model with SparseGPT (or another reconstruction of
-    :data:`arrayprune.RECONSTRUCTIONS`), their Hessians from calibration data.
+    """Prune weights of an ONNX model with SparseGPT (or another method of
+    :data:`arrayprune.METHODS` that carries a solver), their Hessians from calibration data.
 
     Parameters
     ----------
@@ -119,9 +120,10 @@ def onnx_sparsegpt(
     batch_size : int, optional
         Samples run at a time; :data:`~arrayprune.adapters.pipeline.calibration.BATCH_SIZE` if
         omitted.
-    method : str, default "sparsegpt"
-        The reconstruction of :data:`arrayprune.RECONSTRUCTIONS` that prunes each weight
-        from its Hessian (``block_size`` and ``damp`` go to it if it takes them).
+    method : str or type, default "sparsegpt"
+        The method (a name of :data:`arrayprune.METHODS`, or a subclass of
+        :class:`arrayprune.ReconstructionMethod`) that prunes each weight from its
+        Hessian (``block_size`` and ``damp`` go to it if its constructor takes them).
 
     Returns
     -------
@@ -155,8 +157,8 @@ def onnx_sparsegpt(
     thread (:func:`~arrayprune.adapters.blas_threads.blas_threads`).
     """
 
-    solve = arrayprune.RECONSTRUCTIONS[method]
-    settings = solver_options(solve, {"block_size": block_size, "damp": damp})
+    cls = reconstruction_method(method)
+    settings = settings_for(cls, {"block_size": block_size, "damp": damp})
     names = list(dict.fromkeys(names))
     amounts = _amounts(amount, names)
     if not isinstance(amount, Mapping):  # options first; per-weight amounts are checked with their weights
@@ -192,8 +194,8 @@ def onnx_sparsegpt(
             level_targets = [targets[x] for x in level]
             hessians = _hessians(session, calibration, casts, samples, level_targets, batch_size, weights)
             for name in level:
-                options = {"amount": amounts[name], "n": n, "m": m, **settings}
-                done[name] = _prune(targets[name], current[name], hessians.pop(name), options, solve)
+                chosen = cls(amount=amounts[name], n=n, m=m, **settings)
+                done[name] = _prune(targets[name], current[name], hessians.pop(name), chosen)
                 current[name] = done[name].weight
     return {name: done[name] for name in order}
 
@@ -324,24 +326,20 @@ def _conv_patches(x: np.ndarray, node: Any, kernel: tuple[int, ...], groups: int
     return arrayprune.unfold_patches(x, tuple(kernel), stride=tuple(strides), dilation=tuple(dilations), groups=groups)
 
 
-def _prune(
-    target: _Target, weight: np.ndarray, hessians: list[Any], options: Mapping[str, Any], solve: Any
-) -> Reconstructed:
-    """The reconstruction `solve` on one weight (group by group for a grouped convolution);
-    `options` are the arguments it takes (the amount or pattern, and its settings)."""
-    amount = options["amount"]
+def _prune(target: _Target, weight: np.ndarray, hessians: list[Any], method: Any) -> Reconstructed:
+    """`method`'s reconstruction of one weight (group by group for a grouped convolution)."""
+    amount = method.amount
     try:
         if target.groups == 1:
-            new, keep = solve(weight, hessians[0], reduction_axis=target.reduction_axis, **options)
+            new, keep = method.reconstruct(weight, hessians[0], reduction_axis=target.reduction_axis)
             return Reconstructed(np.ascontiguousarray(new), np.ascontiguousarray(keep))
         total = None if amount is None else _amount.compute_nparams_toprune(amount, weight.size)
         size = weight.shape[0] // target.groups
         parts = []
         for g, h in enumerate(hessians):
             share = None if total is None else _share(total, target.groups, g + 1) - _share(total, target.groups, g)
-            parts.append(
-                solve(weight[g * size : (g + 1) * size], h, **{**options, "amount": share}, reduction_axis=1)
-            )
+            part = method if share is None else type(method)(**{**method.options(), "amount": share})
+            parts.append(part.reconstruct(weight[g * size : (g + 1) * size], h, reduction_axis=1))
     except (ValueError, TypeError) as exc:
         raise type(exc)(f"{target.name!r}: {exc}") from None
     return Reconstructed(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))

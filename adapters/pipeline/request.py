@@ -40,7 +40,7 @@ from arrayprune.adapters.pipeline.method_names import (
     runnable_methods,
     scored_methods,
 )
-from arrayprune.adapters.pipeline.reconstruction_methods import OWN_OPTIONS, RECONSTRUCTIONS, refusal
+from arrayprune.adapters.pipeline.reconstruction_methods import refusal
 from arrayprune.adapters.pipeline.shrink_request import check_shrink
 from arrayprune.adapters.verify import DEFAULT_TOL
 from arrayprune.method_parts import pattern_of, score_of
@@ -95,7 +95,7 @@ def method_arguments(spec: Any, seed: int | None = None, dim: int | None = None)
     cls = arrayprune.METHODS[spec.method]
     flags = method_flags(spec.method)
     values = {"amount": spec.amount, "dim": spec.dim if dim is None else dim, "block_shape": spec.block, "seed": seed}
-    if flags.get("n") == "--nm":
+    if flags.get("n") == "--nm" and spec.nm is not None:
         values["n"], values["m"] = spec.nm
     elif flags.get("n") == "--n":
         values["n"] = spec.n
@@ -318,14 +318,9 @@ class PruneSpec:
         given = self.amount is not None or self.nm is not None
         return self.dry_run and not given and "--amount" in method_flags(self.method).values()
 
-    @property
-    def mask_method(self) -> str:
-        """The method of :data:`arrayprune.METHODS` that plans (and masks) for this request."""
-        return RECONSTRUCTIONS[self.method].stand_in(self) if self.method in RECONSTRUCTIONS else self.method
-
     def method_class(self) -> type:
-        """The class of :data:`arrayprune.METHODS` the request names (a reconstruction's stand-in)."""
-        return arrayprune.METHODS[self.mask_method]
+        """The class of :data:`arrayprune.METHODS` the request names."""
+        return arrayprune.METHODS[self.method]
 
     def checked(self) -> PruneSpec:
         """Refuse options that do not apply to the method; the request with its defaults filled in.
@@ -349,10 +344,6 @@ class PruneSpec:
         if refused := check_allocation(self):
             raise PruneError(refused)
         check_shrink(self)
-        if self.method in RECONSTRUCTIONS:  # its other options as its stand-in mask method's
-            own = {name: getattr(self, name) for name in OWN_OPTIONS}
-            stand_in = dataclasses.replace(self, method=self.mask_method, one_pass=False, hessians=None)
-            return dataclasses.replace(stand_in.checked(), **own)
         cls = self.method_class()
         if self.global_ and not pattern_of(cls).across_arrays and not self.shrink:  # --shrink: channels
             unstructured = [m for m in runnable_methods() if pattern_of(PruneSpec(m).method_class()).across_arrays]
@@ -381,11 +372,11 @@ class PruneSpec:
                 raise PruneError(f"{flag} does not apply to {self.method} (only to {', '.join(methods_with(flag))})")
         if self.amount is not None and "--amount" not in flags:
             raise PruneError(f"{self.method} prunes a pattern (--nm N:M), not an --amount")
-        plan_only = self.dry_run and self.amount is None
-        if self.amount is None and "--amount" in flags and not plan_only:
+        plan_only = self.dry_run and self.amount is None and self.nm is None
+        if self.amount is None and "--amount" in flags and not plan_only and (self.nm is None or "--nm" not in flags):
             raise PruneError(f"--amount is required for {self.method} (--dry-run alone shows the roles and axes)")
         filled: dict[str, Any] = {}
-        if self.nm is None and "--nm" in flags:
+        if self.nm is None and "--nm" in flags and "--amount" not in flags:
             filled["nm"] = (2, 4)
         if self.seed is not None and "--seed" not in flags and not self.verify:
             raise PruneError(
@@ -404,7 +395,7 @@ class PruneSpec:
         try:
             cls(**method_arguments(spec))
         except (TypeError, ValueError) as exc:
-            flag = "--nm" if "--nm" in flags else "--amount" if "--amount" in flags else "--method"
+            flag = "--nm" if spec.nm is not None else "--amount" if "--amount" in flags else "--method"
             raise PruneError(f"{flag}: {exc}") from None
         return spec
 
@@ -456,12 +447,14 @@ class PruneSpec:
     def _check_norm_options(self) -> None:
         """Input norms go with the methods that rank by scores, and Wanda needs them."""
         given = [f for f, v in (("--calibration", self.calibration), ("--input-norms", self.input_norms)) if v]
+        if score_of(self.method_class()).statistic == "hessian":
+            return  # its Hessians come from --calibration; reconstruction_methods.refusal checked the rest
         if len(given) == 2:
             raise PruneError("--calibration and --input-norms both give input norms: pass one")
         scored = scored_methods()
         if given and self.method not in scored:
             raise PruneError(f"{given[0]} makes Wanda's scores, for {', '.join(scored)}; not for {self.method}")
-        if not given and self.method in arrayprune.METHODS and score_of(self.method_class()).needs_calibration:
+        if not given and self.method in arrayprune.METHODS and score_of(self.method_class()).statistic == "input_norms":
             raise PruneError(
                 "--method wanda needs input norms: --calibration calib.npz (ONNX models; token ids for a "
                 "Hugging Face folder) or --input-norms norms.npz"

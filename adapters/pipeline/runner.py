@@ -14,23 +14,30 @@ Stages, in order:
   bounded memory). Each storage says which options it cannot honour
   (:meth:`StreamedCheckpoint.refusal`): a single safetensors file falls back to memory
   then, a sharded checkpoint refuses.
-* **plan**: roles and selection (:func:`arrayprune.adapters.plan.make_plan`).
-* **scores**: Wanda's input norms from calibration data (onnxruntime) or a file
-  (:func:`input_norms`).
+* **job**: the plan (roles and selection, :func:`arrayprune.adapters.plan.make_plan`)
+  and its targets, with the checked request and the storage: a
+  :class:`~arrayprune.adapters.pipeline.job.Job`, which every later stage takes.
+* **calibrate**: the statistic the method needs, from the runner the input and options
+  choose (:mod:`arrayprune.adapters.pipeline.calibrate`: a table of runners, given
+  files, transformers layer by layer, onnxruntime): the dense model's input norms
+  first (:func:`~arrayprune.adapters.pipeline.calibrate.dense_norms`), or the weights
+  a runner prunes while it calibrates
+  (:func:`~arrayprune.adapters.pipeline.calibrate.compress`: a solver such as
+  SparseGPT, or a Hugging Face folder layer by layer).
+* **allocate** (``--allocation``): each target's own amount.
 * **prune**: per tensor (the method built for each entry by :func:`method_for`) or
   global (one threshold over the selected tensors): the pipeline is the only caller of
   global pruning, in memory (:func:`arrayprune.global_unstructured`, the mapping
   adapter for masks) or by radix selection over stored tensors
-  (:mod:`arrayprune.adapters.pipeline.stream_pruning`); or, for a reconstruction method
-  (``--method sparsegpt``), :mod:`arrayprune.adapters.pipeline.reconstruct_stage`; a Hugging Face
-  folder with ``--calibration`` tokens (or ``--hessians``): :mod:`arrayprune.adapters.pipeline.hf_stage`.
+  (:mod:`arrayprune.adapters.pipeline.stream_pruning`).
 * **write**: atomic (:func:`arrayprune.adapters.formats.save`, or the checkpoint's own
   writer), then ``verify`` (ONNX) on what was written.
 * **summary**: the counts of zeros (:mod:`arrayprune.adapters.summary`) and what to
   warn about, in the :class:`PruneResult`.
 
-A new stage is a function here that :func:`run` calls in its place; a new option is a
-field of :class:`~arrayprune.adapters.pipeline.request.PruneSpec` (see CONTRIBUTING.md).
+A new stage is a module of the stages' layer taking the job, which :func:`run` calls in
+its place; a new option is a field of
+:class:`~arrayprune.adapters.pipeline.request.PruneSpec` (see CONTRIBUTING.md).
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import arrayprune
 from arrayprune.adapters import formats as fmt
@@ -50,16 +57,13 @@ from arrayprune.adapters import provenance
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.arrays import release_pages
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile, TensorFiles
-from arrayprune.adapters.pipeline.allocation import OWL, allocate
+from arrayprune.adapters.pipeline.allocation import allocate
+from arrayprune.adapters.pipeline.calibrate import compress, dense_norms
 from arrayprune.adapters.pipeline.devices import Device, device_problem, onnx_device, parse_device
 from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module, raise_problems
-from arrayprune.adapters.pipeline.hf_stage import (
-    calibrated,
-    calibration_problems,
-    dense_input_norms,
-    outside_note,
-)
+from arrayprune.adapters.pipeline.hf_stage import calibration_problems
 from arrayprune.adapters.pipeline.hooks import Hooks
+from arrayprune.adapters.pipeline.job import Job
 from arrayprune.adapters.pipeline.option_files import option_file_problems, problem_of
 from arrayprune.adapters.pipeline.outputs import check_not_input, check_output_name, check_whole_output
 from arrayprune.adapters.pipeline.prune_result import (
@@ -69,14 +73,13 @@ from arrayprune.adapters.pipeline.prune_result import (
     nearly_empty_warning,
     nm_warnings,
 )
-from arrayprune.adapters.pipeline.reconstruct_stage import input_refusal, reconstruct
-from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS
+from arrayprune.adapters.pipeline.reconstruct_stage import input_refusal
 from arrayprune.adapters.pipeline.request import PruneSpec, method_arguments, spec_from
 from arrayprune.adapters.pipeline.scoring import input_norms, method_for, scores_for, target_scores
 from arrayprune.adapters.pipeline.shrinking import run_shrink
 from arrayprune.adapters.pipeline.storage import StreamedCheckpoint, WholeFile, check_arrays, open_storage
 from arrayprune.adapters.pipeline.stream_pruning import global_counts, prune_source, streams
-from arrayprune.adapters.pipeline.targets import plan_for, selected_targets
+from arrayprune.adapters.pipeline.targets import outside_note, plan_for, selected_targets
 from arrayprune.adapters.pipeline.verify_stage import compare_outputs, evaluate_output, hf_verify_tokens, verify_inputs
 from arrayprune.adapters.plan import PlanEntry, _name, stream_seed
 from arrayprune.adapters.summary import PruneSummary, Totals, report_rows, totals
@@ -218,30 +221,24 @@ def _global_masks(targets: list[PlanEntry], spec: PruneSpec, src: str, hooks: Ho
         raise PruneError(f"global pruning: {error_text(exc)}", src) from None
 
 
-def _write_whole(
-    storage: WholeFile,
-    dst: str,
-    out_format: str,
-    targets: list[PlanEntry],
-    spec: PruneSpec,
-    norms: Mapping | None,
-    hooks: Hooks,
-    made: Mapping[str, str] | None = None,
-) -> PruneSummary:
-    """Prune in memory, write `dst` atomically (with the provenance record `made`), count the zeros written."""
-    src, params = storage.src, storage.params
-    if spec.method in RECONSTRUCTIONS:  # weights pruned and updated (reconstruct_stage)
-        folded = out_params = reconstruct(storage, targets, spec, hooks, lambda t, s: _global_masks(t, s, src, hooks))
-    elif spec.keep_masks or mp.is_pruned(params):
-        masked = _prune_params(params, targets, spec, src, norms, hooks)
-        folded = mp.apply_masks(masked)
-        folded = mp.replace(folded, {other: lookup(folded, t.path) for t in targets for other in t.tied})
-        out_params = masked if spec.keep_masks else folded
-    else:
-        folded = out_params = _prune_folded(params, targets, spec, src, norms, hooks)
-    wf = storage.wf
-    like = fmt.WeightFile(wf.path, wf.format, wf.params, {**wf.context, "provenance": made}) if made else wf
-    fmt.save(dst, out_params, out_format, like=like)
+def _write_whole(job: Job, norms: Mapping | None, made: Mapping[str, str] | None = None) -> PruneSummary:
+    """Prune in memory, write the job's output atomically (with the provenance record `made`), count the zeros."""
+    storage, targets, spec, hooks, src = cast(WholeFile, job.storage), job.targets, job.spec, job.hooks, job.src
+    dst, params = cast(str, job.dst), storage.params
+    with contextlib.ExitStack() as stack:
+        compressed = compress(job, stack, lambda t, s: _global_masks(t, s, src, hooks))  # a solver's weights
+        if compressed is not None:
+            folded = out_params = compressed
+        elif spec.keep_masks or mp.is_pruned(params):
+            masked = _prune_params(params, targets, spec, src, norms, hooks)
+            folded = mp.apply_masks(masked)
+            folded = mp.replace(folded, {other: lookup(folded, t.path) for t in targets for other in t.tied})
+            out_params = masked if spec.keep_masks else folded
+        else:
+            folded = out_params = _prune_folded(params, targets, spec, src, norms, hooks)
+        wf = storage.wf
+        like = fmt.WeightFile(wf.path, wf.format, wf.params, {**wf.context, "provenance": made}) if made else wf
+        fmt.save(dst, out_params, cast(str, job.out_format), like=like)
 
     rows = report_rows(folded, storage=False, roles=storage.roles)  # one count of zeros per tensor
     selected = {t.name for t in targets}
@@ -254,24 +251,17 @@ def _write_whole(
     )
 
 
-def _write_streamed(
-    storage: StreamedCheckpoint,
-    dst: str,
-    plan: list[PlanEntry],
-    targets: list[PlanEntry],
-    spec: PruneSpec,
-    norms: Mapping | None,
-    hooks: Hooks,
-    made: Mapping[str, str] | None = None,
-) -> PruneSummary:
-    """Prune tensor by tensor in bounded memory while the checkpoint writes `dst` atomically,
-    with the provenance record `made`.
+def _write_streamed(job: Job, norms: Mapping | None, made: Mapping[str, str] | None = None) -> PruneSummary:
+    """Prune tensor by tensor in bounded memory while the checkpoint writes the job's output
+    atomically, with the provenance record `made`.
 
     Global pruning with per-tensor bounds or LAMP scores finds each target's count first
     (:func:`~arrayprune.adapters.pipeline.stream_pruning.global_counts`, before anything is
     written); each target is then pruned alone to its count, ranked as the global
     ranking ranks it, which writes the masks of the global ranking.
     """
+    storage, targets, spec, hooks = cast(StreamedCheckpoint, job.storage), job.targets, job.spec, job.hooks
+    dst = cast(str, job.dst)
     global_method = spec.method_class()(**method_arguments(spec, stream_seed(spec.seed))) if spec.global_ else None
     ranked_by = None if norms is None else lambda target, value: scores_for(target, norms, value)
     if global_method is not None and _shaped(spec):
@@ -290,18 +280,18 @@ def _write_streamed(
             raise PruneError(f"global pruning: {error_text(exc)}", storage.src) from None
         if spec.lamp:  # LAMP scores where the magnitudes would drop other entries
             ranked_by = functools.partial(_lamp_scores, by_magnitude)
-        spec = dataclasses.replace(spec, global_=False, amount=counts, lamp=False, min_sparsity=None, max_sparsity=None)
-        global_method = None
+        job = job.with_spec(global_=False, amount=counts, lamp=False, min_sparsity=None, max_sparsity=None)
+        spec, global_method = job.spec, None
     elif global_method is not None:
         hooks.stage(_threshold_stage(targets) + " (one pass per 16 bits of the keys), then writing")
     with contextlib.ExitStack() as stack:
-        replaced = calibrated(storage, targets, spec, hooks, dst, stack)  # layer by layer, if asked
+        replaced = compress(job, stack, lambda t, s: _global_masks(t, s, job.src, hooks))  # layer by layer
         try:
             summary = prune_source(
                 storage.source,
                 dst,
-                plan,
-                method_for=lambda target: method_for(target, spec),
+                job.plan,
+                method_for=job.method_for,
                 scores_for=ranked_by,
                 global_method=global_method,
                 progress=hooks.progress,
@@ -336,28 +326,21 @@ def _dry_run(src: str, spec: PruneSpec, hooks: Hooks) -> PruneResult:
     notes, warnings = _notes(spec, plan), nm_warnings(spec, plan)
     result = PruneResult(src, None, storage.kind, spec, plan, notes=notes, warnings=warnings)
     if spec.allocation and not spec.plan_only:
-        _allocate(spec, storage, selected_targets(plan, src), src, hooks, result)
+        _allocate(Job(spec, storage, plan, selected_targets(plan, src), hooks), result)
     return result
 
 
-def _allocate(
-    spec: PruneSpec,
-    storage: Any,
-    targets: list[PlanEntry],
-    src: str,
-    hooks: Hooks,
-    result: PruneResult,
-    norms: Mapping | None = None,
-) -> PruneSpec:
-    """The allocation stage: the request with each target's own amount; the shares into `result`."""
+def _allocate(job: Job, result: PruneResult, norms: Mapping | None = None) -> Job:
+    """The allocation stage: the job with each target's own amount; the shares into `result`.
 
-    if norms is None and isinstance(storage, StreamedCheckpoint) and spec.calibration:  # tokens: run layer by layer
-        norms = dense_input_norms(storage, targets, spec, hooks) if spec.allocation == OWL else None
-    elif norms is None and spec.method not in RECONSTRUCTIONS:
-        norms = input_norms(spec, storage, targets, src, hooks)
-    result.allocation = allocate(spec, storage, targets, norms, src, hooks)
+    `norms`: the dense input norms the masks rank by, if the calibrate stage gave them;
+    otherwise those it gives for an allocation (OWL's outliers), or none.
+    """
+    if norms is None:
+        norms = dense_norms(job, allocation=True)
+    result.allocation = allocate(job, norms)
     result.notes.extend(result.allocation.notes)
-    return dataclasses.replace(spec, amount=result.allocation.amounts)
+    return job.with_amounts(result.allocation.amounts)
 
 
 def _open_sharded(
@@ -538,22 +521,22 @@ def _run(src: str, dst: Any, spec: PruneSpec, hooks: Hooks, early: list[Exceptio
         storage, out_format = _open_file(src, dst, spec, hooks)
 
     plan = plan_for(storage, spec)
-    targets = selected_targets(plan, src)
-    layerwise = isinstance(storage, StreamedCheckpoint) and spec.calibration  # hf_stage calibrates
-    norms = None if spec.method in RECONSTRUCTIONS or layerwise else input_norms(spec, storage, targets, src, hooks)
+    job = Job.resolve(spec, storage, plan, hooks, dst, out_format)
+    norms = dense_norms(job)  # the calibrate stage: what the masks rank by, if the runner gives it first
     prepared = verify_inputs(spec, src) if spec.verify else None  # the original runs before OUT is written
-    notes, warnings = _notes(spec, plan), nm_warnings(spec, targets)
+    notes, warnings = _notes(spec, plan), nm_warnings(spec, job.targets)
     result = PruneResult(src, dst, storage.kind, spec, plan, notes=notes, warnings=warnings)
-    shared = spec if not spec.allocation else _allocate(spec, storage, targets, src, hooks, result, norms)
+    if spec.allocation:
+        job = _allocate(job, result, norms)
     made = provenance.record(spec)
-    if isinstance(storage, StreamedCheckpoint):
-        written = _write_streamed(storage, dst, plan, targets, shared, norms, hooks, made)
+    if job.streamed:
+        written = _write_streamed(job, norms, made)
         tied = 0
     else:
         if out_format is None:  # a whole file has one: _open_file chose it
             raise PruneError("no output format for OUT", dst)
-        written = _write_whole(storage, dst, out_format, targets, shared, norms, hooks, made)
-        tied = sum(len(t.tied) for t in targets)
+        written = _write_whole(job, norms, made)
+        tied = sum(len(t.tied) for t in job.targets)
     result.written, result.tied = written, tied
     warning = nearly_empty_warning(spec, written.by_tensor)
     if warning:

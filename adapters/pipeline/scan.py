@@ -46,16 +46,15 @@ from arrayprune.adapters.pipeline.calibration import (
     _session,
     onnx_input_norms,
 )
-from arrayprune.adapters.pipeline.method_names import scan_methods
+from arrayprune.adapters.pipeline.method_names import reconstructs, scan_methods
 from arrayprune.adapters.pipeline.reconstruction import _hessians, _prune, _target
-from arrayprune.adapters.pipeline.reconstruction_methods import RECONSTRUCTIONS
 from arrayprune.adapters.pipeline.request import PruneSpec
 from arrayprune.adapters.pipeline.scoring import method_for, scores_for
 from arrayprune.adapters.plan import PlanEntry, file_roles, make_plan
 from arrayprune.adapters.roles.names import tree_roles
 from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds
 from arrayprune.method_parts import score_of
-from arrayprune.reconstruction import solver_options
+from arrayprune.registry import reconstruction_method
 
 __all__ = [
     "DEFAULT_SPARSITIES",
@@ -307,23 +306,16 @@ def _check_method(method: str) -> None:
 def _targets(
     params: Mapping, roles: Mapping, method: str, include: Sequence[str], exclude: Sequence[str], min_size: int
 ) -> list[PlanEntry]:
-    stand_in = "l1_unstructured" if _reconstructs(method) else method
-    plan = make_plan(params, roles, method=stand_in, include=include, exclude=exclude, min_size=min_size)
+    plan = make_plan(params, roles, method=method, include=include, exclude=exclude, min_size=min_size)
     targets = [e for e in plan if e.prune]
     if not targets:
         raise ValueError("no weight selected to scan (see --include, --exclude, --min-size)")
     return targets
 
 
-def _reconstructs(method: str) -> bool:
-    """Whether `method` updates the weights it keeps (a reconstruction, not a mask)."""
-
-    return method in RECONSTRUCTIONS
-
-
 def _calibrated(method: str) -> bool:
     """Whether `method`'s score needs the calibration's input norms (Wanda's)."""
-    return not _reconstructs(method) and score_of(arrayprune.METHODS[method]).needs_calibration
+    return score_of(arrayprune.METHODS[method]).statistic == "input_norms"
 
 
 def _masked(target: PlanEntry, method: str, sparsity: float, norms: Mapping | None) -> np.ndarray:
@@ -497,25 +489,23 @@ def scan_onnx(
     names = [t.name for t in targets]
     norms = onnx_input_norms(wf, calibration, names, batch_size=calibration_batch) if _calibrated(method) else None
     rebuilt = {}
-    if _reconstructs(method):
+    if reconstructs(method):
         feeds, roles = weight_feeds(model), onnx_roles(model)
         rebuilt = {name: _target(wf, name, feeds.get(name), roles.get(name)) for name in names}
     activations = sorted({f.activation for t in rebuilt.values() for f in t.feeds})
     trials = OnnxTrials(wf, calibration, names, outputs=outputs, extra=activations, batch_size=calibration_batch)
     session, casts, samples, dense = trials.session, trials.casts, trials.samples, trials.dense
     curves = []
-    solve = arrayprune.RECONSTRUCTIONS.get(method)
-    settings = {} if solve is None else solver_options(solve, {"block_size": 128, "damp": 0.01})
     for target in targets if progress is None else progress(targets, "scan", "weight"):
         hessians = None
-        if _reconstructs(method):
+        if reconstructs(method):
             hessians = _hessians(session, calibration, casts, samples, [rebuilt[target.name]], calibration_batch, dense)
         errors = []
         for s in sparsities:
             if hessians is not None:
-                options = {"amount": s, "n": None, "m": None, **settings}
                 weight = np.asarray(target.value)
-                pruned = _prune(rebuilt[target.name], weight, hessians[target.name], options, solve).weight
+                chosen = reconstruction_method(method)(amount=s)
+                pruned = _prune(rebuilt[target.name], weight, hessians[target.name], chosen).weight
             else:
                 pruned = _masked(target, method, s, norms)
             errors.append(trials.error({target.name: pruned}))
@@ -582,7 +572,7 @@ def scan_arrays(
     params = {str(k): v for k, v in params.items()}
     targets = _targets(params, tree_roles(params), method, include, exclude, min_size)
     needed = None
-    if _reconstructs(method):
+    if reconstructs(method):
         needed = ("hessians", hessians)
     elif _calibrated(method):
         needed = ("input_norms", input_norms)
@@ -606,10 +596,10 @@ def scan_arrays(
     for target in targets if progress is None else progress(targets, "scan", "weight"):
         errors = []
         for s in sparsities:
-            if _reconstructs(method):
+            if reconstructs(method):
                 try:
-                    new, _ = arrayprune.RECONSTRUCTIONS[method](
-                        np.asarray(target.value), np.asarray(given_hessians[target.name]), s,
+                    new, _ = reconstruction_method(method)(amount=s).reconstruct(
+                        np.asarray(target.value), np.asarray(given_hessians[target.name]),
                         reduction_axis=target.role.reduction_axis,
                     )
                 except ValueError as exc:  # a degenerate Hessian: named

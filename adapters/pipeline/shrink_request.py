@@ -2,7 +2,7 @@
 
 Checked by :meth:`arrayprune.adapters.pipeline.request.PruneSpec.checked`, before the other
 options, so that an option that cannot go with ``--shrink`` is named as such. What a
-file cannot do with them (not ONNX, heads in an ONNX graph) is the shrink stage's
+file cannot do with them (not ONNX nor a Hugging Face folder) is the shrink stage's
 :func:`arrayprune.adapters.pipeline.shrinking.refusal`, by the format of the input.
 """
 

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from arrayprune import amount as _amount
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import provenance
@@ -46,12 +44,11 @@ from arrayprune.adapters.pipeline.storage import WholeFile
 from arrayprune.adapters.pipeline.targets import plan_for
 from arrayprune.adapters.pipeline.verify_stage import compare_outputs, verify_inputs
 from arrayprune.adapters.roles.onnx_groups import OnnxGroups, onnx_groups
-from arrayprune.adapters.shrink import shrink_onnx
+from arrayprune.adapters.shrink import ShrinkReport, shrink_onnx, source_names, zeroed_onnx
 from arrayprune.adapters.summary import PruneSummary, Totals, report_rows, totals
 
 __all__ = ["ShrinkResult", "refusal", "run_shrink", "zeroed_reference"]
 
-_CLOSING = ("MatMul", "Gemm", "Conv")
 
 
 def refusal(kind: str, spec: PruneSpec) -> str | None:
@@ -71,11 +68,6 @@ def refusal(kind: str, spec: PruneSpec) -> str | None:
         return (
             "--shrink reads channel groups from an ONNX graph or a Hugging Face checkpoint folder "
             f"(config.json and safetensors), not from a {kind} file"
-        )
-    if spec.groups == "heads":
-        return (
-            "--groups heads reads attention heads from a Hugging Face config.json; "
-            "an ONNX model shrinks by --groups channels"
         )
     return None
 
@@ -107,7 +99,7 @@ def _members_inline(wf: WeightFile, found: OnnxGroups) -> Any:
     onnx = optional_module("onnx", "onnx", "--shrink")
     model = onnx.ModelProto()
     model.CopyFrom(wf.context["model"])
-    names = {m.key for g in found.groups for m in g.group.members}
+    names = source_names(found)
     external = wf.context.get("external", {})
     for t in model.graph.initializer:
         if t.name in names and t.data_location == onnx.TensorProto.EXTERNAL:
@@ -115,14 +107,16 @@ def _members_inline(wf: WeightFile, found: OnnxGroups) -> Any:
     return model
 
 
-def zeroed_reference(wf: WeightFile, found: OnnxGroups, kept: dict[str, list[int]]) -> Any:
+def zeroed_reference(wf: WeightFile, report: ShrinkReport) -> Any:
     """The dense model with the dropped channels zeroed where the next layers read them, in memory.
 
     The input channels of each group's closing layers (``MatMul``/``Gemm`` B rows,
-    ``Conv`` W input channels) are zeroed: the dense model then computes what the
-    shrunk one computes (a dropped channel's activation, whatever it is after biases and
-    norms, is multiplied by zero). Every initializer holds its data (external data read
-    in), so that onnxruntime can run it from memory.
+    ``Conv`` W input channels, the output projection's rows of a dropped head) are
+    zeroed (:func:`arrayprune.adapters.shrink.zeroed_onnx`): the dense model then
+    computes what the shrunk one computes (a dropped channel's activation, whatever it
+    is after biases, norms and residual additions, is multiplied by zero). Every
+    initializer holds its data (external data read in), so that onnxruntime can run it
+    from memory.
 
     Raises
     ------
@@ -132,32 +126,15 @@ def zeroed_reference(wf: WeightFile, found: OnnxGroups, kept: dict[str, list[int
     onnx = optional_module("onnx", "onnx", "--verify")
     model = onnx.ModelProto()
     model.CopyFrom(wf.context["model"])
-    zero: dict[str, np.ndarray] = {}
-    for g in found.groups:
-        values = {v for v, _ in g.values}
-        closing = {
-            n.input[1]
-            for i, n in enumerate(model.graph.node)
-            if n.op_type in _CLOSING and len(n.input) > 1 and n.input[0] in values and i not in g.depthwise
-        }
-        dropped = np.setdiff1d(np.arange(g.group.channels), np.asarray(kept[g.group.name], dtype=np.int64))
-        for m in g.group.members:
-            if m.weight and m.key in closing:
-                a = zero[m.key] if m.key in zero else np.array(wf.params[m.key], copy=True)
-                index: list[Any] = [slice(None)] * a.ndim
-                index[m.axis] = dropped
-                a[tuple(index)] = 0
-                zero[m.key] = a
     external = wf.context.get("external", {})
     seen: set[str] = set()
     for t in iter_initializers(model):
         if t.name in seen:
             continue
         seen.add(t.name)
-        if t.name in zero:
-            t.CopyFrom(inline_tensor(t, zero[t.name]))
-        elif t.data_location == onnx.TensorProto.EXTERNAL and t.name in external:
+        if t.data_location == onnx.TensorProto.EXTERNAL and t.name in external:
             t.CopyFrom(inline_tensor(t, external[t.name]))
+    model = zeroed_onnx(model, report)
     if model.ByteSize() > _PROTOBUF_LIMIT:
         raise PruneError(
             "--verify with --shrink runs the zeroed dense model from memory: models over 2 GB are not supported yet",
@@ -166,9 +143,8 @@ def zeroed_reference(wf: WeightFile, found: OnnxGroups, kept: dict[str, list[int
     return model
 
 
-def _summary(params: dict, found: OnnxGroups, roles: Any, dst: str) -> PruneSummary:
+def _summary(params: dict, members: set[str], roles: Any, dst: str) -> PruneSummary:
     rows = report_rows(params, storage=False, roles=roles)
-    members = {m.key for g in found.groups for m in g.group.members}
     pruned, whole = totals([r for r in rows if r["name"] in members]), totals(rows)
     return PruneSummary(
         pruned=Totals(pruned["tensors"], pruned["size"], pruned["zeros"]),
@@ -218,13 +194,17 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
     storage = WholeFile(src, "onnx", hooks)
     wf = storage.wf
     plan = storage.shown(plan_for(storage, spec))
-    found = onnx_groups(wf.context["model"])
+    found = onnx_groups(wf.context["model"], spec.groups or "channels")
     if spec.amount is not None:
         _check_amount(found, spec.amount, src, spec.global_)
     if spec.dry_run:  # with --global, the counts per group come from the scores: not shown
         shown = None if spec.global_ else spec.amount
         return PruneResult(src, None, kind, spec, plan, notes=shrink_notes(spec), shrink=ShrinkResult(found, shown))
     if not found.groups:
+        if found.kind == "heads":
+            raise PruneError(
+                "--shrink --groups heads: no attention block in the graph (--dry-run --shrink says why)", src
+            )
         raise PruneError("--shrink: no channel group in the graph (--dry-run --shrink says why)", src)
 
     hooks.stage(f"shrinking {len(found.groups)} channel groups")
@@ -233,25 +213,25 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
     args.pop("dim", None)
     try:
         small, report = shrink_onnx(
-            _members_inline(wf, found), spec.amount, spec.method, global_=spec.global_, **args
+            _members_inline(wf, found), spec.amount, spec.method, global_=spec.global_, kind=found.kind, **args
         )
     except (ValueError, TypeError, KeyError) as exc:
         raise PruneError(f"--shrink: {error_text(exc)}", src) from None
     # the dense model runs before OUT is written
-    prepared = verify_inputs(spec, src, zeroed_reference(wf, found, report.kept)) if spec.verify else None
+    prepared = verify_inputs(spec, src, zeroed_reference(wf, report)) if spec.verify else None
 
     numpy_helper = optional_module("onnx.numpy_helper", "onnx", "--shrink")
-    members = {m.key for g in found.groups for m in g.group.members}
-    members |= {name for g in found.groups for name, _ in g.shapes}  # Reshape targets follow the channels
-    params = dict(wf.params)
-    params.update((t.name, numpy_helper.to_array(t)) for t in small.graph.initializer if t.name in members)
+    changed = set(report.changed)  # sliced members, Reshape targets, private copies of shared initializers
+    params = {
+        t.name: numpy_helper.to_array(t) if t.name in changed else wf.params[t.name] for t in small.graph.initializer
+    }
     context = {**wf.context, "model": small, "provenance": provenance.record(spec)}
     fmt.save(dst, params, "onnx", like=WeightFile(src, "onnx", params, context))
 
     shrunk = ShrinkResult(found, spec.amount, report.kept, report.params_before, report.params_after)
     if dst is None:  # dry runs returned above
         raise PruneError("--shrink: give -o OUT, or --dry-run", src)
-    written = _summary(params, found, storage.roles, dst)
+    written = _summary(params, changed, storage.roles, dst)
     result = PruneResult(src, dst, kind, spec, plan, written, notes=shrink_notes(spec), shrink=shrunk)
     if prepared is not None:
         result.verify, result.verify_sizes = compare_outputs(prepared, dst, spec.verify_tol), dict(prepared.sizes)

@@ -15,6 +15,7 @@ from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.pipeline.errors import PruneError
 from arrayprune.adapters.pipeline.hooks import Hooks
+from arrayprune.adapters.pipeline.method_names import reconstructs
 from arrayprune.adapters.pipeline.request import PruneSpec
 from arrayprune.adapters.pipeline.stream_pruning import streams
 from arrayprune.adapters.plan import PlanEntry, _name, file_roles
@@ -101,8 +102,8 @@ class StreamedCheckpoint:
         """The option that tensor-by-tensor pruning cannot honour, as the command line names it, or None."""
         if spec.keep_masks:
             return "--keep-masks"
-        if spec.global_ and not streams(spec.method_class()):
-            return f"--global with {spec.method}"
+        if spec.global_ and not (streams(spec.method_class()) or reconstructs(spec.method)):
+            return f"--global with {spec.method}"  # a solver's global ranking is by magnitude: it streams
         if spec.global_ and (spec.calibration or spec.input_norms):
             return "--global with input norms"
         if spec.verify:

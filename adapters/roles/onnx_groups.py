@@ -2,9 +2,20 @@
 
 A layer's output channels can only go if every tensor that holds them loses the same
 indices: the layer's weight and bias, per-channel constants applied on the way, norm
-statistics, and the input channels of the next layer. :func:`onnx_groups` starts at
-every layer (a *producer*) and follows its output forward; it either closes a
-:class:`~arrayprune.groups.ChannelGroup` or leaves the producer's channels, saying why.
+statistics, the input channels of the next layers, and, through a residual connection,
+the output channels of every other layer whose output is added to (or multiplied with)
+them. :func:`onnx_groups` starts at every layer (a *producer*) and follows its output
+forward, and every other activation that joins it backward, until the set of values
+holding the channels is closed; it then closes an :class:`OnnxGroup` (one group for a
+ResNet stage's trunk: the stem or first block's producers, each block's last
+convolution and shortcut, every convolution reading the trunk) or leaves all the
+producers it met, saying why.
+
+With ``kind="heads"``, a group is the attention heads of one attention block: the
+channels are heads, each a block of ``head_size`` consecutive columns of the query, key
+and value projections (and of their biases) and of rows of the output projection; the
+``Reshape`` and ``Transpose`` that split and merge the heads are followed, and the
+``Reshape`` target shapes that state a head count are rewritten with it.
 
 Producers
 ---------
@@ -12,46 +23,59 @@ Producers
 (axis 1, or 0 with ``transB=1``; its C when it is ``[N]`` or ``[1, N]``), ``Conv`` with
 an initializer W ``[out, in, k...]`` and ``group=1`` (axis 0; its B). The weight must be a
 ``weight`` of :func:`~arrayprune.adapters.roles.onnx_graph.onnx_roles` with that output
-axis, read by this operator input only, stored directly (not behind a Transpose or
-DequantizeLinear).
+axis, stored directly or read through ``Identity``.
 
-Followed
---------
+Followed (forward, and backward from a value that joins the group)
+------------------------------------------------------------------
 * element-wise operators of one activation: ``Relu``, ``LeakyRelu``, ``Gelu``, ``Sigmoid``,
   ``HardSigmoid``, ``HardSwish``, ``Tanh``, ``Erf``, ``Elu``, ``Selu``, ``Celu``,
   ``Softplus``, ``Softsign``, ``Mish``, ``Neg``, ``Abs``, ``Sqrt``, ``Exp``, ``Cast``,
   ``Identity``, ``Dropout`` (its mask unused), ``Clip`` (constant bounds);
-* ``Add``, ``Sub``, ``Mul``, ``Div`` whose other inputs are constants (an initializer or a
-  ``Constant``): a scalar or broadcast constant is not touched, a per-channel one (length
-  C along the channel axis, as broadcasting aligns it) is a member, scaled down with
-  the rest; or whose other inputs are themselves in the group (the ``x * 0.5 *
-  (1 + erf(x / sqrt(2)))`` chain of an exported GELU, ``x * sigmoid(x)``);
-* ``BatchNormalization`` on the channel axis 1: scale, B, mean and var are members;
+  ``Softmax``/``LogSoftmax`` over another axis;
+* ``Add``, ``Sub``, ``Mul``, ``Div`` of constants and activations: a scalar or broadcast
+  constant is not touched, a per-channel one (length C along the channel axis, as
+  broadcasting aligns it) is a member; an activation that broadcasts over the channel
+  axis (size 1 there) is not touched either; any other activation joins the group (a
+  residual ``Add``, a squeeze-excite ``Mul``, the ``x * sigmoid(x)`` of SiLU), and the
+  trace goes back from it to its producers;
+* ``BatchNormalization`` and ``InstanceNormalization`` on the channel axis 1: their
+  per-channel inputs are members;
 * a depthwise ``Conv`` (``group`` equal to the channels, W ``[C, 1, k...]``): its W axis 0
-  and B are members, its ``group`` attribute follows the channel count, and the group
-  goes on through its output;
-* ``GlobalAveragePool``, ``GlobalMaxPool``, ``GlobalLpPool`` on the channel axis 1
-  (``[N, C, ...] -> [N, C, 1, ...]``), then ``Flatten`` at axis 1 (``[N, C]``: the
-  channels on the last axis), as a CNN's classifier reads them;
-* ``ReduceMean``, ``ReduceMax``, ``ReduceMin``, ``ReduceSum``, ``ReduceL1``, ``ReduceL2``
-  whose axes (attribute or constant input) leave the channel axis out (``keepdims=0``
-  moves it), as ``x.mean((2, 3))`` exports; then ``Flatten`` as above, or ``Reshape``
-  of ``[..., C, 1, ...]`` to ``[..., C]`` (its constant target shape follows the channel
-  count, or is ``[0, ..., -1]``).
+  and B are members, its ``group`` attribute follows the channel count;
+* ``MaxPool``, ``AveragePool``, ``LpPool`` (channels on axis 1, MaxPool's indices unused),
+  ``GlobalAveragePool``, ``GlobalMaxPool``, ``GlobalLpPool``; ``ReduceMean``,
+  ``ReduceMax``, ``ReduceMin``, ``ReduceSum``, ``ReduceL1``, ``ReduceL2`` whose axes leave
+  the channel axis out;
+* ``Reshape`` whose input and output shapes (from shape inference) keep each channel a
+  contiguous block of one axis (``[N, C, 1, 1] -> [N, C]``; ``[B, T, H*D] -> [B, T, H, D]``
+  and back): its constant target shape follows the channel count where it states it;
+  ``Flatten`` after a global pool or reduction; ``Transpose`` (the channel axis moves);
+* ``MatMul`` of two activations with the channels on a batch axis of both (attention
+  scores and their product with the values);
+* ``Resize``/``Upsample`` with scale 1 on the channel axis;
+* ``Concat`` along the channel axis: the input's channels are a range of the output's
+  (:attr:`View.start`); element-wise operators with constants, pools, per-channel norms,
+  depthwise convolutions and the closing layers after it take that range (a U-Net's
+  skip); another activation joining them, or a reshape, leaves the group.
+
+An initializer member read by several operators (torch.onnx.export shares one zero bias
+per shape across layers), or read through ``Identity``, gets a private copy for the
+operator in the group (:class:`View`); the shrunk model reads the copy.
 
 Closed by
 ---------
-``MatMul`` A (the activation's last axis; B ``[K, N]`` axis 0 is a member), ``Gemm`` A
-with ``transA=0`` (B axis 0, or 1 with ``transB=1``), ``Conv`` X with ``group=1`` (W axis 1).
+``MatMul`` A (the activation's last axis; B ``[K, N]`` axis 0 is a member, in blocks of
+the channel's block size), ``Gemm`` A with ``transA=0`` (B axis 0, or 1 with
+``transB=1``), ``Conv`` X with ``group=1`` (W axis 1).
 
 Left
 ----
-Everything else leaves the producer's channels as they are, with the reason: a
-residual ``Add`` (or any element-wise operator) of an activation from outside the group,
-``Concat``, ``Reshape`` and ``Flatten`` (but after a global pool or reduction), ``Transpose``,
-a norm over the channels, ``Shape``, a graph output, a grouped (not depthwise) ``Conv``,
-a depthwise ``Conv`` with a channel multiplier, a value read inside a subgraph, a member initializer read elsewhere too,
-a per-channel constant that is a ``Constant`` node, an axis that cannot be known.
+Everything else leaves the producers' channels as they are, with the reason: a graph
+input or graph output holding the channels, a ``Concat`` along another axis, a norm over the channels
+(``LayerNormalization``, ``GroupNormalization``), ``Shape``, a reshape that mixes the
+channels with other axes, a grouped (not depthwise) ``Conv``, a depthwise ``Conv`` with a
+channel multiplier, a value read inside a subgraph, a per-channel constant that is a
+``Constant`` node, an axis or shape that cannot be known.
 """
 
 from __future__ import annotations
@@ -66,17 +90,71 @@ from arrayprune.groups import ChannelGroup, Member
 
 from .onnx_graph import _attr, _build, _constant, _node_label, _onnx, onnx_roles
 
-__all__ = ["OnnxGroup", "LeftGroup", "OnnxGroups", "onnx_groups"]
+__all__ = ["KINDS", "View", "OnnxGroup", "LeftGroup", "OnnxGroups", "onnx_groups"]
+
+#: What a group's channels are: layer channels, or attention heads.
+KINDS = ("channels", "heads")
 
 _UNARY = {
     "Relu", "LeakyRelu", "Gelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Elu", "Selu", "Celu",
-    "Softplus", "Softsign", "Mish", "Neg", "Abs", "Sqrt", "Exp", "Cast", "Identity", "Dropout", "Clip",
+    "Softplus", "Softsign", "Mish", "Neg", "Abs", "Sqrt", "Exp", "Cast", "Identity", "Dropout", "Clip", "IsNaN",
+    "Not",
 }  # fmt: skip
 _BINARY = {"Add", "Sub", "Mul", "Div"}
+#: Element-wise selection: ``Where(condition, x, y)``, all three broadcast together.
+_SELECT = {"Where"}
 #: Pools over every axis after the channels: ``[N, C, ...] -> [N, C, 1, ...]``.
 _GLOBAL_POOLS = {"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"}
+#: Pools of each channel over a window: ``[N, C, ...] -> [N, C, ...]``.
+_POOLS = {"MaxPool", "AveragePool", "LpPool"}
+#: Resizing of each channel on its own when the channel axis keeps its size (scale 1).
+_RESIZE = {"Resize", "Upsample"}
 #: Reductions of each channel on its own when their axes leave the channel axis out.
 _REDUCE = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceL1", "ReduceL2"}
+#: Softmax over one axis: followed when that axis is not the channel axis.
+_SOFTMAX = {"Softmax", "LogSoftmax"}
+#: Norms of each channel on its own: their per-channel inputs are members.
+_CHANNEL_NORMS = {"BatchNormalization", "InstanceNormalization"}
+#: Norms whose statistics mix the channels: removing one changes the others' outputs.
+_MIXING_NORMS = {
+    "LayerNormalization", "GroupNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
+    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "LpNormalization",
+}  # fmt: skip
+
+Dim = int | str | None
+
+
+@dataclass(frozen=True)
+class View:
+    """A member that is not an initializer as it is stored.
+
+    Attributes
+    ----------
+    source : str
+        The initializer (or ``Constant`` output) it is read from.
+    axis : int
+        The axis of `source` that holds the channels (non-negative).
+    block : int, default 1
+        Entries per channel along `axis`: the member is `source` with that axis split
+        into ``[channels, block]`` (the channels on `axis`, the block right after it).
+    rewire : tuple of (int, int), optional
+        ``(node index, input index)``: `source` is shared (read by other operators too,
+        or through ``Identity``), so that operator input reads a private copy instead.
+    start : int, default 0
+        Where the member's entries begin along `axis` (after a ``Concat``, the channels
+        of one of its inputs are a range of the reader's input channels); the member is
+        the ``channels * block`` entries from there.
+    copy : str, optional
+        The name of the private copy (with `rewire`): one per operator input, shared by
+        every group that slices it.
+    """
+
+    source: str
+    axis: int
+    block: int = 1
+    rewire: tuple[int, int] | None = None
+    start: int = 0
+    copy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,31 +164,50 @@ class OnnxGroup:
     Attributes
     ----------
     group : ChannelGroup
-        The members (initializer names and axes; weights score, biases, per-channel
-        constants and norm statistics do not) and the channel count. Its name is the
-        producer's node name (its output value where the node has no name of its own).
+        The members (initializer names, or the keys of :attr:`views`, and axes; weights
+        score, biases, per-channel constants and norm statistics do not) and the channel
+        count. Its name is the first producer's node name (its output value where the
+        node has no name of its own).
     producer : str
-        The producing operator (``"MatMul '/0/l1/MatMul'"``).
+        The first producing operator (``"MatMul '/0/l1/MatMul'"``).
     consumers : tuple of str
         The operators whose input channels close the group.
-    values : tuple of (str, int)
+    values : tuple of (str, int, int)
         The activations holding the channels, with their channel axis (negative:
-        counted from the end), for shape updates.
+        counted from the end) and block (entries per channel along it), for shape updates.
     depthwise : tuple of int
         Indices (in ``graph.node``) of depthwise convolutions whose ``group`` attribute
         is the channel count.
-    shapes : tuple of (str, int)
-        Integer constants (initializers or ``Constant`` outputs) that a ``Reshape``
-        reads as its target shape, with the index of the entry that is the channel
-        count (to follow it).
+    shapes : tuple of (str, int, int)
+        Integer constants (initializers, ``Constant`` outputs, or keys of
+        :attr:`views` for private copies) that a ``Reshape`` reads as its target shape,
+        with the index of the entry that counts the channels and the entries per channel
+        (the entry becomes ``channels * factor``).
+    producers : tuple of str
+        Every producing operator (residual connections join several).
+    views : tuple of (str, View)
+        Members that are private copies or channel blocks of an initializer, by key.
+    closing : tuple of str
+        The keys of the members that closing operators read as input channels.
+    kind : str
+        ``"channels"`` or ``"heads"``.
     """
 
     group: ChannelGroup
     producer: str
     consumers: tuple[str, ...]
-    values: tuple[tuple[str, int], ...]
+    values: tuple[tuple[str, int, int], ...]
     depthwise: tuple[int, ...] = ()
-    shapes: tuple[tuple[str, int], ...] = ()
+    shapes: tuple[tuple[str, int, int], ...] = ()
+    producers: tuple[str, ...] = ()
+    views: tuple[tuple[str, View], ...] = ()
+    closing: tuple[str, ...] = ()
+    kind: str = "channels"
+
+    @property
+    def unit(self) -> str:
+        """What a channel of the group is, for people: ``"channels"`` or ``"heads"``."""
+        return "heads" if self.kind == "heads" else "channels"
 
 
 @dataclass(frozen=True)
@@ -126,7 +223,7 @@ class LeftGroup:
     weight : str
         The producer's weight initializer.
     channels : int
-        Its output channels.
+        Its output channels (heads with ``kind="heads"``).
     reason : str
         Why they stay (``"residual Add: Add '/0/Add' also reads 'x'"``).
     """
@@ -145,31 +242,47 @@ class OnnxGroups:
     Attributes
     ----------
     groups : list of OnnxGroup
-        In graph order of their producers.
+        In graph order of their first producers.
     left : list of LeftGroup
         In graph order.
+    kind : str
+        ``"channels"`` or ``"heads"``.
     """
 
     groups: list[OnnxGroup] = field(default_factory=list)
     left: list[LeftGroup] = field(default_factory=list)
+    kind: str = "channels"
 
     def describe(self, amount: int | float | None = None) -> str:
         """Lines for people: each group with its members, each left producer with its reason.
 
-        Members are ``name[axis]``, marked ``*`` if they do not score (biases, constants,
-        norm statistics). With `amount` (a fraction or a count per group, as
-        :func:`~arrayprune.adapters.shrink.shrink_onnx` takes it), each group's channels
-        are ``before -> after``.
+        Members are ``name[axis]`` (``name[axis/block]`` for blocks of a head), marked
+        ``*`` if they do not score (biases, constants, norm statistics), ``+copy`` where
+        the group reads a private copy of a shared initializer. With `amount` (a
+        fraction or a count per group, as :func:`~arrayprune.adapters.shrink.shrink_onnx`
+        takes it), each group's channels are ``before -> after``.
         """
+        unit = "heads" if self.kind == "heads" else "channels"
         lines = []
         for g in self.groups:
-            members = ", ".join(f"{m.key}[{m.axis}]" + ("" if m.weight else "*") for m in g.group.members)
+            views = dict(g.views)
+            members = ", ".join(_shown(m, views) + ("" if m.weight else "*") for m in g.group.members)
             n = g.group.channels
             count = f"{n}" if amount is None else f"{n} -> {n - compute_nparams_toprune(amount, n)}"
-            lines.append(f"group {g.group.name} ({count} channels, {g.producer}): {members}")
+            more = f" + {len(g.producers) - 1} more" if len(g.producers) > 1 else ""
+            lines.append(f"group {g.group.name} ({count} {unit}, {g.producer}{more}): {members}")
         for lf in self.left:
-            lines.append(f"left {lf.name} ({lf.channels} channels, {lf.producer}): {lf.reason}")
+            lines.append(f"left {lf.name} ({lf.channels} {unit}, {lf.producer}): {lf.reason}")
         return "\n".join(lines)
+
+
+def _shown(m: Member, views: dict) -> str:
+    """A member for people: ``name[axis]``, ``name[axis/block]``, ``+copy`` for a private copy."""
+    v = views.get(str(m.key))
+    if v is None:
+        return f"{m.key}[{m.axis}]"
+    block = f"/{v.block}" if v.block > 1 else ""
+    return f"{v.source}[{v.axis}{block}]" + ("+copy" if v.rewire else "")
 
 
 class _Left(Exception):
@@ -187,22 +300,37 @@ class _Model:
         self.inits = {t.name: t for t in g.initializer}
         self.constants = {n.output[0]: n for n in self.nodes if n.op_type == "Constant" and n.output}
         self.outputs = {v.name for v in g.output}
+        self.inputs = {v.name for v in g.input} - set(self.inits)
         main = _build(onnx, g, "", None)
         self.main = main
         self.consumers = main.consumers
+        self.made_by = {o: n for n in self.nodes for o in n.output if o}
         self.in_subgraph: set[str] = set()
         for sub in main.subgraphs:
             self.in_subgraph |= sub.free
+        # Identity of an initializer: the same tensor under another name
+        self.alias: dict[str, str] = {}
+        for n in self.nodes:
+            if n.op_type == "Identity" and n.input and n.output and n.output[0] not in self.outputs:
+                src = self.alias.get(n.input[0], n.input[0])
+                if src in self.inits:
+                    self.alias[n.output[0]] = src
+        self.reads: Counter[str] = Counter()
+        for n in self.nodes:
+            if n.op_type == "Identity" and n.output and n.output[0] in self.alias:
+                continue
+            for x in n.input:
+                if x:
+                    self.reads[self.alias.get(x, x)] += 1
+        for sub in main.subgraphs:
+            for x in sub.free:
+                self.reads[self.alias.get(x, x)] += 1
+        for x in self.outputs:
+            self.reads[self.alias.get(x, x)] += 1
+        self.names = set(self.inits) | set(self.made_by) | {v.name for v in g.input}
+        self.copies: dict[tuple[int, int], str] = {}
         self.roles = onnx_roles(model)
-        self.ranks: dict[str, int] = {}
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model).graph
-        except Exception:  # noqa: BLE001 - no ranks from inference: rank checks then leave
-            inferred = g
-        for v in [*inferred.value_info, *inferred.input, *inferred.output]:
-            t = v.type.tensor_type
-            if t.HasField("shape"):
-                self.ranks[v.name] = len(t.shape.dim)
+        self.shapes: dict[str, tuple[Dim, ...]] = _inferred_shapes(onnx, model)
 
     def uses(self, name: str) -> int:
         n = len(self.consumers.get(name, ())) + (name in self.outputs) + (name in self.in_subgraph)
@@ -211,8 +339,23 @@ class _Model:
     def label(self, node: Any) -> str:
         return _node_label(node)
 
+    def copy_of(self, where: tuple[int, int], source: str) -> str:
+        """The name of the private copy of `source` that input ``where = (node, slot)`` reads."""
+        if where not in self.copies:
+            self.copies[where] = self.fresh(source)
+        return self.copies[where]
+
+    def fresh(self, base: str) -> str:
+        """A name not yet used in the graph, from `base`."""
+        k = 1
+        while f"{base}.{k}" in self.names:
+            k += 1
+        self.names.add(f"{base}.{k}")
+        return f"{base}.{k}"
+
     def dims(self, name: str) -> tuple[int, ...] | None:
-        """Shape of an initializer or ``Constant`` value, None for an activation."""
+        """Shape of an initializer or ``Constant`` value (through ``Identity``), None for an activation."""
+        name = self.alias.get(name, name)
         if name in self.inits:
             return tuple(int(d) for d in self.inits[name].dims)
         node = self.constants.get(name)
@@ -228,50 +371,190 @@ class _Model:
 
     def ints(self, name: str) -> list[int] | None:
         """The value of an integer constant (axes, a shape), None if `name` is not one."""
-        return _constant(self.onnx, self.main, name)
+        return _constant(self.onnx, self.main, self.alias.get(name, name))
 
     def init_dims(self, name: str) -> tuple[int, ...]:
-        """Shape of the initializer `name`."""
-        return tuple(int(d) for d in self.inits[name].dims)
+        """Shape of the initializer `name` (through ``Identity``)."""
+        return tuple(int(d) for d in self.inits[self.alias.get(name, name)].dims)
 
-    def own(self, name: Any, what: str) -> None:
-        """Raise unless initializer `name` is read once, by the operator at hand."""
-        if name not in self.inits:
-            raise _Left(f"{what} {name!r} is not an initializer")
-        if self.uses(name) != 1:
-            raise _Left(f"{what} {name!r} is also read elsewhere")
+    def shape(self, name: str) -> tuple[Dim, ...] | None:
+        """The inferred shape of a value (ints, symbols, None where unknown), None if unknown."""
+        dims = self.dims(name)
+        return dims if dims is not None else self.shapes.get(name)
 
 
-_Producer = tuple[str, int, list[Member], int]
+#: Constants up to this many entries are folded (evaluated) before shape inference.
+_SMALL = 4096
+
+
+def _fold_small(onnx: Any, model: Any) -> tuple[dict[str, Any], set[int]]:
+    """Evaluate the main graph's nodes whose inputs are all small constants (shape
+    arithmetic: ``Shape`` of nothing, ``ConstantOfShape``, ``Equal``, ``Where``, ...), with
+    onnx's reference evaluator; returns (name -> array, indices of the folded nodes)."""
+    import numpy as np
+    from onnx.reference import ReferenceEvaluator
+
+    g = model.graph
+    values: dict[str, Any] = {}
+    for t in g.initializer:
+        if int(np.prod(t.dims)) <= _SMALL and t.data_location != onnx.TensorProto.EXTERNAL:
+            values[t.name] = onnx.numpy_helper.to_array(t)
+    folded: set[int] = set()
+    for i, node in enumerate(g.node):
+        if node.domain not in ("", "ai.onnx") or any(a.type in (5, 10) for a in node.attribute):
+            continue  # another domain, or a subgraph
+        if not all(x == "" or x in values for x in node.input) or not node.output:
+            continue
+        feeds = {x: values[x] for x in node.input if x}
+        try:
+            inputs = [onnx.helper.make_tensor_value_info(x, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                      for x, v in feeds.items()]  # fmt: skip
+            outputs = [onnx.helper.make_tensor_value_info(o, 0, None) for o in node.output if o]
+            tiny = onnx.helper.make_model(
+                onnx.helper.make_graph([node], "fold", inputs, outputs), opset_imports=model.opset_import
+            )
+            results = ReferenceEvaluator(tiny).run(None, feeds)
+        except Exception:  # noqa: BLE001 - what the evaluator cannot run stays unknown
+            continue
+        if any(np.asarray(r).size > _SMALL for r in results):
+            continue
+        for o, r in zip([o for o in node.output if o], results, strict=True):
+            values[o] = np.asarray(r)
+        folded.add(i)
+    return {k: v for k, v in values.items() if k not in {t.name for t in g.initializer}}, folded
+
+
+def _inferred_shapes(onnx: Any, model: Any) -> dict[str, tuple[Dim, ...]]:
+    """The shapes of the main graph's values: onnx's inference with data propagation, run
+    on the graph alone (large initializers as typed inputs, no data) after small constant
+    subgraphs are folded, so that shapes computed at run time from constants are known."""
+    import numpy as np
+
+    g = model.graph
+    try:
+        consts, folded = _fold_small(onnx, model)
+    except Exception:  # noqa: BLE001 - no folding: inference on the graph as it is
+        consts, folded = {}, set()
+    inputs = {v.name for v in g.input}
+    external = onnx.TensorProto.EXTERNAL
+    small = [t for t in g.initializer if int(np.prod(t.dims)) <= _SMALL and t.data_location != external]
+    small_names = {t.name for t in small}
+    typed = [
+        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+        for t in g.initializer if t.name not in small_names and t.name not in inputs
+    ]  # fmt: skip
+    folded_inits = []
+    for name, value in consts.items():
+        try:
+            folded_inits.append(onnx.numpy_helper.from_array(np.asarray(value), name))
+        except Exception:  # noqa: BLE001 - a value the format cannot hold: its node stays
+            folded = {i for i in folded if name not in g.node[i].output}
+    folded_names = {t.name for t in folded_inits}
+    nodes = [n for i, n in enumerate(g.node) if i not in folded or not set(n.output) <= folded_names]
+    keep = {o for n in nodes for o in n.output}
+    folded_inits = [t for t in folded_inits if t.name not in keep]
+    graph = onnx.helper.make_graph(
+        nodes, g.name or "graph", [*g.input, *typed], list(g.output), [*small, *folded_inits], value_info=g.value_info
+    )
+    light = onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+    light.functions.extend(model.functions)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True).graph
+    except Exception:  # noqa: BLE001 - no shapes from inference: shape checks then leave
+        inferred = g
+    shapes: dict[str, tuple[Dim, ...]] = {}
+    for v in [*inferred.value_info, *inferred.input, *inferred.output]:
+        t = v.type.tensor_type
+        if t.HasField("shape"):
+            shapes[v.name] = tuple(
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim
+            )
+    for name, value in consts.items():
+        shapes[name] = tuple(int(d) for d in np.shape(value))
+    return shapes
+
+
+def _product(dims: Any) -> tuple[int, tuple[str, ...]] | None:
+    """A product of dimensions as (integer part, sorted symbols); None if one is unknown."""
+    n, symbols = 1, []
+    for d in dims:
+        if d is None:
+            return None
+        if isinstance(d, str):
+            symbols.append(d)
+        else:
+            n *= int(d)
+    return n, tuple(sorted(symbols))
+
+
+def _map_axis(
+    shape_in: tuple[Dim, ...], p: int, block: int, lead: int, channels: int, shape_out: tuple[Dim, ...]
+) -> tuple[int, int, int] | None:
+    """Where a reshape puts channels held on axis `p` of `shape_in`.
+
+    Axis `p` holds ``lead * channels * block`` entries: channel c is the runs of
+    ``block * prod(shape_in[p+1:])`` entries at ``(l * channels + c)`` times that, for
+    each ``l < lead`` (``lead > 1`` where a batch axis was merged in front of the
+    channels, as ``[B, H, T, D] -> [B*H, T, D]``). The output holds them on the axis q
+    with ``out[q] = lead' * channels * b`` and a run of ``b * prod(out[q+1:])`` entries,
+    the axes before q (and ``lead'``) making the same count as before (checked where
+    both are known numbers). Returns ``(q, b, lead')``, or None if no axis keeps each
+    channel's runs whole.
+    """
+    outer = _product(shape_in[:p])
+    inner = _product(shape_in[p + 1 :])
+    if outer is None or inner is None or shape_in[p] != lead * channels * block:
+        return None
+    run = (inner[0] * block, inner[1])
+    for q, d in enumerate(shape_out):
+        if not isinstance(d, int) or isinstance(d, bool) or d <= 0 or d % channels:
+            continue
+        rest = _product(shape_out[q + 1 :])
+        if rest is None or rest[1] != run[1] or run[0] % rest[0]:
+            continue
+        b = run[0] // rest[0]
+        if (d // channels) % b:
+            continue
+        lead_out = d // channels // b
+        before = _product(shape_out[:q])
+        if before is None:
+            continue
+        if not outer[1] and not before[1] and outer[0] * lead != before[0] * lead_out:
+            continue
+        return q, b, lead_out
+    return None
+
+
+_Producer = tuple[str, int, int]  # (weight, output channels, channel axis of the output)
 _Refused = tuple[str, int, str]
 
 
 def _producer(m: _Model, node: Any) -> _Producer | _Refused | None:
-    """(weight, channels, members, channel axis of the output) of a producer, None if the
-    node is no producer, or (weight, channels, reason) if it is one whose channels cannot go."""
+    """(weight, channels, channel axis of the output) of a producer, None if the node is no
+    producer, or (weight, channels, reason) if it is one whose channels cannot go."""
     op, ins = node.op_type, list(node.input)
-    if op == "MatMul" and len(ins) == 2 and ins[1] in m.inits and ins[0] not in m.inits:
+    if op == "MatMul" and len(ins) == 2 and m.dims(ins[1]) is not None and m.dims(ins[0]) is None:
+        if ins[1] in m.constants:
+            return None
         w, axis = ins[1], 1
         dims = m.init_dims(w)
         if len(dims) != 2:
             return None
-        members = [Member(w, 1)]
         out_axis = -1
-    elif op == "Gemm" and len(ins) >= 2 and ins[1] in m.inits and ins[0] not in m.inits:
+    elif op == "Gemm" and len(ins) >= 2 and m.dims(ins[1]) is not None and m.dims(ins[0]) is None:
+        if ins[1] in m.constants:
+            return None
         w = ins[1]
         dims = m.init_dims(w)
         axis = 0 if int(_attr(m.onnx, node, "transB", 0)) else 1
-        members = [Member(w, axis)]
         out_axis = -1
         if len(ins) > 2 and ins[2]:
             c = m.dims(ins[2])
-            if c is None or ins[2] not in m.inits:
+            if c is None or m.alias.get(ins[2], ins[2]) not in m.inits:
                 return (w, dims[axis], "Gemm C is not an initializer")
-            if c in ((dims[axis],), (1, dims[axis])):
-                members.append(Member(ins[2], len(c) - 1, False))
-            elif c and c[-1] != 1:
+            if c not in ((dims[axis],), (1, dims[axis])) and c and c[-1] != 1:
                 return (w, dims[axis], f"Gemm C of shape {list(c)}")
-    elif op == "Conv" and len(ins) >= 2 and ins[1] in m.inits:
+    elif op == "Conv" and len(ins) >= 2 and m.alias.get(ins[1], ins[1]) in m.inits:
         w = ins[1]
         dims = m.init_dims(w)
         groups = int(_attr(m.onnx, node, "group", 1))
@@ -280,124 +563,375 @@ def _producer(m: _Model, node: Any) -> _Producer | _Refused | None:
                 return None  # depthwise: its channels are its input's
             return (w, dims[0], f"grouped Conv (group={groups})")
         axis = 0
-        members = [Member(w, 0)]
         out_axis = 1 - len(dims)
-        if len(ins) > 2 and ins[2]:
-            members.append(Member(ins[2], 0, False))
     else:
         return None
     channels = dims[axis]
-    role = m.roles.get(w)
-    if role is None or role.kind != "weight" or role.output_axis != axis:
+    role = m.roles.get(m.alias.get(w, w))
+    if role is None or role.kind != "weight" or role.output_axis not in (axis, None):
         why = role.why if role is not None else "no role"
         return (w, channels, f"weight {w!r} is not a plain {op} weight here ({why})")
-    try:
-        for mem in members:
-            m.own(mem.key, "weight" if mem.weight else "bias")
-    except _Left as exc:
-        return (w, channels, str(exc))
-    return (w, channels, members, out_axis)
+    return (w, channels, out_axis)
 
 
 class _Trace:
-    """The walk of one group forward from its producer's output.
+    """The walk of one group from its producer's output, forward and back.
 
-    It holds the values that carry the channels (and on which axis), the consumers and
-    the members found so far; :data:`_STEPS` maps each op type to the method that takes
-    a node reading a group value (or raises :class:`_Left` with the reason). An op type
-    the table does not hold stops the group.
+    It holds the values that carry the channels (on which axis, in blocks of how many
+    entries), the producers, consumers and members found so far; :data:`_STEPS` maps
+    each op type to the method that takes a node reading a group value (or raises
+    :class:`_Left` with the reason), :data:`_BACK` each op type to the method that takes
+    a node making one. An op type the tables do not hold stops the group.
     """
 
-    def __init__(self, m: _Model, start: str, axis: int, channels: int, members: list[Member]):
-        self.m, self.channels, self.members = m, channels, members
-        self.values = {start: axis}
-        self.queue = [start]
+    def __init__(self, m: _Model, channels: int):
+        self.m, self.channels = m, channels
+        self.members: list[Member] = []
+        self.values: dict[str, tuple[int, int, int]] = {}  # value -> (axis, block, lead)
+        self.queue: list[str] = []
         self.done: set[int] = set()
-        self.pending: dict[int, Any] = {}
         self.consumers: list[str] = []
+        self.producers: list[Any] = []
         self.depthwise: list[int] = []
-        self.shapes: list[tuple[str, int]] = []
+        self.shapes: list[tuple[str, int, int]] = []
+        self.views: dict[str, View] = {}
+        self.closing: list[str] = []
         self.pooled: set[str] = set()  # values whose axes after the channel axis all have size 1
+        # values where a Concat joined the channels with others: value -> (first entry, axis size)
+        self.offset: dict[str, tuple[int, int]] = {}
+        self.at: int | None = None  # the first entry of the value a handler takes (None: the whole axis)
+        self.total = 0  # and the size of its axis
 
     # ---------------------------------------------------------------- helpers
 
-    def add_value(self, name: str, ax: int) -> None:
+    def add_value(self, name: str, ax: int, block: int = 1, lead: int = 1) -> bool:
+        """Record that `name` holds the channels; False if it was known."""
         if name in self.values:
-            if self.values[name] != ax:
+            if self.values[name] != (ax, block, lead):
                 raise _Left(f"{name!r} holds the channels on two axes")
-            return
-        self.values[name] = ax
+            return False
+        if name in self.m.inputs:
+            raise _Left(f"{name!r} is a graph input")
+        self.values[name] = (ax, block, lead)
         self.queue.append(name)
+        return True
+
+    def width(self, block: int = 1) -> int:
+        """The size of the channel axis of the value at hand: the group's, or a Concat's."""
+        return self.total if self.at is not None else self.channels * block
+
+    def lead(self, name: str) -> int:
+        """How many times a merged batch axis repeats the channels of group value `name`."""
+        return self.values[name][2]
+
+    def plain(self, name: str, node: Any) -> None:
+        """Refuse a value whose channels share their axis with a merged batch axis."""
+        if self.values[name][2] != 1:
+            raise _Left(f"{self.m.label(node)} reads channels merged with a batch axis")
 
     def rank(self, name: str) -> int:
-        r = self.m.ranks.get(name)
-        if r is None:
+        s = self.m.shape(name)
+        if s is None:
             raise _Left(f"the rank of {name!r} is unknown")
-        return r
+        return len(s)
 
-    def constant_member(self, name: str, ax: int, node: Any) -> None:
+    def member(self, node: Any, slot: int, axis: int, weight: bool, block: int = 1, what: str = "weight") -> str:
+        """Make input `slot` of `node` (an initializer, maybe through ``Identity``) a member
+        (from entry :attr:`at` of its axis, where a ``Concat`` put the channels)."""
         m = self.m
+        name = node.input[slot]
+        src = m.alias.get(name, name)
+        if src not in m.inits:
+            raise _Left(f"{what} {name!r} of {m.label(node)} is not an initializer")
+        dims = m.init_dims(src)
+        p = axis % len(dims) if dims else 0
+        start = self.at
+        if not dims or dims[p] != (self.total if start is not None else self.channels * block):
+            raise _Left(f"{what} {name!r} of shape {list(dims)} does not hold {self.channels} channels on axis {p}")
+        start = start or 0
+        shared = m.reads[src] > 1 or name != src
+        whole = dims[p] == self.channels * block
+        if not shared and block == 1 and whole:
+            key = src
+        else:
+            key = m.fresh(src)
+            where = (m.index[id(node)], slot)
+            copy = m.copy_of(where, src) if shared else None
+            self.views[key] = View(src, p, block, where if shared else None, start, copy)
+        self.members.append(Member(key, p, weight))
+        return key
+
+    def constant_member(self, node: Any, slot: int, ax: int, block: int) -> None:
+        m = self.m
+        name = node.input[slot]
         dims = m.dims(name)
         if dims is None:
             raise _Left(f"{m.label(node)} reads {name!r}, which is not a constant")
         p = len(dims) + ax
         if p < 0 or dims[p] == 1:
             return  # broadcast over the channels: untouched
-        if dims[p] != self.channels:
+        if dims[p] != (self.total if self.at is not None else self.channels * block):
             raise _Left(
                 f"{m.label(node)} constant {name!r} of shape {list(dims)} does not fit {self.channels} channels"
             )
-        if name not in m.inits:
+        if m.alias.get(name, name) not in m.inits:
             raise _Left(f"per-channel constant {name!r} of {m.label(node)} is a Constant node")
-        m.own(name, "per-channel constant")
-        self.members.append(Member(name, p, False))
+        self.member(node, slot, p, False, block, "per-channel constant")
 
-    def binary(self, node: Any) -> bool:
-        """Take an element-wise node whose inputs are all constants or group values."""
-        acts = [x for x in node.input if self.m.dims(x) is None]
-        if any(x not in self.values for x in acts):
+    def broadcast(self, name: str, ax: int) -> bool:
+        """Whether activation `name` broadcasts over the channel axis (size 1, or no such axis)."""
+        s = self.m.shape(name)
+        if s is None:
             return False
-        axes = {self.values[x] for x in acts}
-        if len(axes) != 1:
-            raise _Left(f"{self.m.label(node)} combines the channels on different axes")
-        ax = axes.pop()
-        for x in node.input:
-            if x not in self.values:
-                self.constant_member(x, ax, node)
-        self.add_value(node.output[0], ax)
-        return True
+        return len(s) + ax < 0 or s[ax] == 1
 
-    def consumer(self, node: Any, weight: str, axis: int) -> None:
+    def binary(self, node: Any, ax: int, block: int, lead: int) -> None:
+        """Take an element-wise node: constants are members, activations join the group."""
+        m = self.m
+        for slot, x in enumerate(node.input):
+            if not x:
+                continue
+            if x in self.values:
+                if self.values[x] != (ax, block, lead):
+                    raise _Left(f"{m.label(node)} combines the channels on different axes")
+            elif m.dims(x) is not None:
+                if lead != 1 and m.dims(x) and len(m.dims(x) or ()) + ax >= 0 and (m.dims(x) or ())[ax] != 1:
+                    raise _Left(f"{m.label(node)} applies a constant to channels merged with a batch axis")
+                self.constant_member(node, slot, ax, block)
+            elif not self.broadcast(x, ax):
+                if self.at is not None:
+                    raise _Left(f"{m.label(node)} combines channels a Concat joined with {x!r}")
+                self.back(x, ax, block, node, lead)
+        joined = (self.at, self.total)
+        if self.at is not None and any(self.offset.get(x) != joined for x in node.input if x in self.values):
+            raise _Left(f"{m.label(node)} combines channels at different places of a Concat")
+        self.add_value(node.output[0], ax, block, lead)
+
+    def consumer(self, node: Any, slot: int, axis: int, block: int) -> None:
         """`node` reads the channels through its weight's `axis`: a member, and a consumer."""
-        self.m.own(weight, "weight")
-        self.members.append(Member(weight, axis))
+        key = self.member(node, slot, axis, True, block)
+        self.closing.append(key)
         self.consumers.append(self.m.label(node))
 
-    # ---------------------------------------------------------------- one method per op type
-
-    def unary(self, node: Any, name: str, ax: int, idx: int) -> None:
+    def produced(self, node: Any, ax: int, block: int) -> None:
+        """Take producer `node`, whose output holds the channels: its weight and bias are members."""
         m = self.m
+        found = _producer(m, node)
+        if found is None:
+            raise _Left(f"{node.output[0]!r} comes from {m.label(node)}, which the trace cannot follow back")
+        w, channels, reason_or_axis = found
+        if isinstance(reason_or_axis, str):
+            raise _Left(reason_or_axis)
+        if channels != self.channels * block:
+            raise _Left(f"{m.label(node)} makes {channels} channels, not {self.channels} x {block}")
+        rank = self.rank(node.output[0])
+        if (ax - reason_or_axis) % rank:
+            raise _Left(f"{m.label(node)} makes its channels on another axis")
+        op = node.op_type
+        if op == "Conv":
+            self.member(node, 1, 0, True, block)
+            if len(node.input) > 2 and node.input[2]:
+                self.member(node, 2, 0, False, block, "bias")
+        else:
+            axis = 0 if op == "Gemm" and int(_attr(m.onnx, node, "transB", 0)) else 1
+            self.member(node, 1, axis, True, block)
+            if op == "Gemm" and len(node.input) > 2 and node.input[2]:
+                c = m.dims(node.input[2]) or ()
+                if c and c[-1] != 1:
+                    self.member(node, 2, len(c) - 1, False, block, "bias")
+        self.producers.append(node)
+        self.done.add(m.index[id(node)])
+
+    def back(self, name: str, ax: int, block: int, via: Any, lead: int = 1) -> None:
+        """Value `name` joins the group (read by `via` beside a group value): trace it back."""
+        m = self.m
+        if name in m.inputs:
+            what = "residual Add" if via.op_type == "Add" else m.label(via)
+            raise _Left(f"{what}: {m.label(via)} also reads {name!r}")  # a graph input
+        if not self.add_value(name, ax, block, lead):
+            return
+        node = m.made_by.get(name)
+        if node is None:
+            raise _Left(f"{name!r} is made by no node")
+        idx = m.index[id(node)]
         if idx in self.done:
             return
+        if node.op_type in _MIXING_NORMS:
+            raise _Left(f"{name!r} comes from {m.label(node)}, a norm over the channels")
+        found = _BACK.get(node.op_type)
+        if found is None or _producer(m, node) is not None:
+            if lead != 1:
+                raise _Left(f"{name!r} holds channels merged with a batch axis, made by {m.label(node)}")
+            self.produced(node, ax, block)
+            return
         self.done.add(idx)
+        found(self, node, ax, block)
+
+    # ---------------------------------------------------------------- back: one method per op type
+
+    def back_unary(self, node: Any, ax: int, block: int) -> None:
+        self.check_unary(node, ax)
+        self.back(node.input[0], ax, block, node, self.lead(node.output[0]))
+
+    def back_binary(self, node: Any, ax: int, block: int) -> None:
+        self.binary(node, ax, block, self.lead(node.output[0]))
+
+    def back_norm(self, node: Any, ax: int, block: int) -> None:
+        self.plain(node.output[0], node)
+        self.norm_members(node, node.output[0], ax, block)
+        self.back(node.input[0], ax, block, node)
+
+    def back_pool(self, node: Any, ax: int, block: int) -> None:
+        self.plain(node.output[0], node)
+        self.check_pool(node, node.output[0], ax, block)
+        self.back(node.input[0], ax, block, node)
+
+    def back_conv(self, node: Any, ax: int, block: int) -> None:
+        self.plain(node.output[0], node)
+        if not self.depthwise_members(node, node.output[0], ax, block):
+            self.produced(node, ax, block)
+            return
+        self.back(node.input[0], ax, block, node)
+
+    def back_transpose(self, node: Any, ax: int, block: int) -> None:
+        r = self.rank(node.output[0])
+        perm = _attr(self.m.onnx, node, "perm") or list(range(r))[::-1]
+        self.back(node.input[0], perm[ax % r] - r, block, node, self.lead(node.output[0]))
+
+    def back_reshape(self, node: Any, ax: int, block: int) -> None:
+        lead = self.lead(node.output[0])
+        q, b, lead_in = self.reshaped(node, node.output[0], ax, block, lead, node.input[0])
+        self.back(node.input[0], q, b, node, lead_in)
+        self.reshape_target(node, node.input[0], q, b * lead_in, node.output[0], ax, block * lead)
+
+    # ---------------------------------------------------------------- checks shared by both directions
+
+    def check_unary(self, node: Any, ax: int) -> None:
+        m = self.m
         if node.op_type == "Dropout" and len(node.output) > 1 and node.output[1] and m.uses(node.output[1]):
             raise _Left(f"the mask of {m.label(node)} is read")
         if node.op_type == "Clip":
             for x in node.input[1:]:
                 if x and m.dims(x) not in ((), (1,)):
                     raise _Left(f"{m.label(node)} bound {x!r} is not a scalar constant")
+        if node.op_type in _SOFTMAX:
+            r = self.rank(node.input[0])
+            axis = int(_attr(m.onnx, node, "axis", -1))
+            if axis % r == ax % r:
+                raise _Left(f"{m.label(node)} normalizes over the channel axis")
+
+    def check_pool(self, node: Any, name: str, ax: int, block: int) -> None:
+        if ax % self.rank(name) != 1 or block != 1:
+            raise _Left(f"{self.m.label(node)} pools axes after 1, not after the channel axis")
+        if node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1] and self.m.uses(node.output[1]):
+            raise _Left(f"the indices of {self.m.label(node)} are read")
+
+    def norm_members(self, node: Any, name: str, ax: int, block: int) -> None:
+        m = self.m
+        if ax % self.rank(name) != 1 or block != 1:
+            raise _Left(f"{m.label(node)} normalizes axis 1, not the channel axis")
+        last = 5 if node.op_type == "BatchNormalization" else 3
+        for slot in range(1, min(last, len(node.input))):
+            self.member(node, slot, 0, False, 1, f"{node.op_type} input")
+        if any(o and m.uses(o) for o in node.output[1:]):
+            raise _Left(f"the running statistics of {m.label(node)} are read")
+
+    def depthwise_members(self, node: Any, name: str, ax: int, block: int) -> bool:
+        """Take a depthwise convolution's members; False if `node` is a plain Conv."""
+        m, channels = self.m, self.channels
+        w = node.input[1]
+        dims = m.dims(w)
+        if dims is None:
+            raise _Left(f"{m.label(node)} W {w!r} is not an initializer")
+        groups = int(_attr(m.onnx, node, "group", 1))
+        if groups == 1:
+            return False
+        if ax != 1 - len(dims) or block != 1:
+            raise _Left(f"{m.label(node)} reads channels on axis 1, not the channel axis")
+        channels = self.width()
+        if groups == channels and dims[1] == 1 and dims[0] == channels:
+            self.member(node, 1, 0, True, 1, "depthwise weight")
+            if len(node.input) > 2 and node.input[2]:
+                self.member(node, 2, 0, False, 1, "bias")
+            self.depthwise.append(m.index[id(node)])
+            return True
+        if groups == channels and dims[1] == 1:
+            raise _Left(f"depthwise {m.label(node)} with a channel multiplier of {dims[0] // channels}")
+        raise _Left(f"grouped {m.label(node)} (group={groups})")
+
+    def reshaped(self, node: Any, src: str, ax: int, block: int, lead: int, dst: str) -> tuple[int, int, int]:
+        """(axis, block, lead) of the channels in `dst`, the other side of Reshape `node` from `src`."""
+        m = self.m
+        s_in, s_out = m.shape(src), m.shape(dst)
+        if s_in is None or s_out is None:
+            raise _Left(f"the shapes around {m.label(node)} are unknown")
+        found = _map_axis(s_in, ax % len(s_in), block, lead, self.channels, s_out)
+        if found is None:
+            raise _Left(f"{m.label(node)} mixes the channels with other axes ({list(s_in)} -> {list(s_out)})")
+        q, b, lead_out = found
+        return q - len(s_out), b, lead_out
+
+    def reshape_target(self, node: Any, src: str, ax_in: int, b_in: int, dst: str, ax_out: int, b_out: int) -> None:
+        """Have the target shape of Reshape `node` (from `src` to `dst`) follow the channel count."""
+        m = self.m
+        target = m.ints(node.input[1]) if len(node.input) > 1 else None
+        if target is None:
+            raise _Left(f"the target shape of {m.label(node)} is not a constant held in the model")
+        r_in, r_out = self.rank(src), len(target)
+        p, q = ax_in % r_in, ax_out % r_out
+        copy = not int(_attr(m.onnx, node, "allowzero", 0))
+        if copy and p < r_out and target[p] == 0 and not (p == q and b_in == b_out):
+            raise _Left(f"{m.label(node)} copies the channel axis of its input to another place")
+        entry = target[q]
+        if entry == -1 or (copy and entry == 0 and p == q and b_in == b_out):
+            return
+        if entry != self.channels * b_out:
+            raise _Left(f"{m.label(node)} to {target} does not keep {self.channels} channels on axis {q}")
+        name = node.input[1]
+        src_name = m.alias.get(name, name)
+        if m.reads[src_name] == 1 and name == src_name:
+            self.shapes.append((name, q, b_out))
+            return
+        key = m.fresh(src_name)
+        self.views[key] = View(src_name, 0, 1, (m.index[id(node)], 1))
+        self.shapes.append((key, q, b_out))
+
+    # ---------------------------------------------------------------- forward: one method per op type
+
+    def unary(self, node: Any, name: str, ax: int, block: int) -> None:
+        self.check_unary(node, ax)
         if name in self.pooled:
             self.pooled.add(node.output[0])
-        self.add_value(node.output[0], ax)
+        self.add_value(node.output[0], ax, block, self.lead(name))
 
-    def global_pool(self, node: Any, name: str, ax: int, idx: int) -> None:
-        if ax != 1 - self.rank(name):
+    def global_pool(self, node: Any, name: str, ax: int, block: int) -> None:
+        self.plain(name, node)
+        if ax != 1 - self.rank(name) or block != 1:
             raise _Left(f"{self.m.label(node)} pools axes after 1, not after the channel axis")
-        self.done.add(idx)
         self.pooled.add(node.output[0])
         self.add_value(node.output[0], ax)
 
-    def reduce(self, node: Any, name: str, ax: int, idx: int) -> None:
+    def resize(self, node: Any, name: str, ax: int, block: int) -> None:
+        m = self.m
+        self.plain(name, node)
+        r = self.rank(name)
+        slot = 1 if node.op_type == "Upsample" else 2
+        scales = None
+        if len(node.input) > slot and node.input[slot]:
+            t = m.main.constants.get(m.alias.get(node.input[slot], node.input[slot]))
+            scales = None if t is None else [float(v) for v in m.onnx.numpy_helper.to_array(t).reshape(-1)]
+        if node.op_type == "Resize" and len(node.input) > 3 and node.input[3]:
+            raise _Left(f"{m.label(node)} resizes to sizes given as an input")
+        if scales is None or len(scales) != r or scales[ax % r] != 1.0:
+            raise _Left(f"{m.label(node)} does not keep the channel axis (scales {scales})")
+        self.add_value(node.output[0], ax, block)
+
+    def pool(self, node: Any, name: str, ax: int, block: int) -> None:
+        self.plain(name, node)
+        self.check_pool(node, name, ax, block)
+        self.add_value(node.output[0], ax)
+
+    def reduce(self, node: Any, name: str, ax: int, block: int) -> None:
         m = self.m
         r = self.rank(name)
         p = ax % r
@@ -413,183 +947,246 @@ class _Trace:
         reduced = {int(a) % r for a in axes}
         if p in reduced:
             raise _Left(f"{m.label(node)} reduces the channel axis")
+        if block != 1 and p + 1 in reduced:
+            raise _Left(f"{m.label(node)} reduces within the channels' blocks")
         if int(_attr(m.onnx, node, "keepdims", 1)):
             out_ax = ax
         else:
             out_ax = p - sum(a < p for a in reduced) - (r - len(reduced))
         if name in self.pooled or set(range(p + 1, r)) <= reduced:
             self.pooled.add(node.output[0])
-        self.done.add(idx)
-        self.add_value(node.output[0], out_ax)
+        self.add_value(node.output[0], out_ax, block, self.lead(name))
 
-    def reshape(self, node: Any, name: str, ax: int, idx: int) -> None:
-        m, channels = self.m, self.channels
-        r = self.rank(name)
-        target = m.ints(node.input[1]) if len(node.input) > 1 else None
-        p = ax % r
-        copy = not int(_attr(m.onnx, node, "allowzero", 0))
-        if target is None:
-            raise _Left(f"the target shape of {m.label(node)} is not a constant held in the model")
-        if name not in self.pooled or len(target) != p + 1:
-            raise _Left(f"{m.label(node)} mixes the channels with other axes (only [..., C, 1, ...] -> [..., C])")
-        if target[-1] == channels:
-            if node.input[1] in m.inits:
-                m.own(node.input[1], "Reshape shape")
-            elif m.uses(node.input[1]) != 1:
-                raise _Left(f"Reshape shape {node.input[1]!r} is also read elsewhere")
-            self.shapes.append((node.input[1], len(target) - 1))
-        elif not (target[-1] == -1 and copy and all(d == 0 for d in target[:-1])):
-            raise _Left(f"{m.label(node)} to {target} does not keep {channels} channels on the last axis")
-        self.done.add(idx)
-        self.add_value(node.output[0], -1)
+    def reshape(self, node: Any, name: str, ax: int, block: int) -> None:
+        out, lead = node.output[0], self.lead(name)
+        q, b, lead_out = self.reshaped(node, name, ax, block, lead, out)
+        self.reshape_target(node, name, ax, block * lead, out, q, b * lead_out)
+        if name in self.pooled and b == 1 and q == -1:
+            self.pooled.add(out)
+        self.add_value(out, q, b, lead_out)
 
-    def flatten(self, node: Any, name: str, ax: int, idx: int) -> None:
+    def flatten(self, node: Any, name: str, ax: int, block: int) -> None:
+        self.plain(name, node)
         r = self.rank(name)
         axis = int(_attr(self.m.onnx, node, "axis", 1))
-        if name not in self.pooled or r + ax != (axis if axis >= 0 else r + axis):
+        if name not in self.pooled or r + ax != (axis if axis >= 0 else r + axis) or block != 1:
             raise _Left(f"{self.m.label(node)} mixes the channels with other axes (only [N, C, 1, ...] -> [N, C])")
-        self.done.add(idx)
         self.add_value(node.output[0], -1)
 
-    def elementwise(self, node: Any, name: str, ax: int, idx: int) -> None:
-        if idx in self.done or idx in self.pending:
-            return
-        if not self.binary(node):
-            self.pending[idx] = node  # taken once its other inputs join the group, or left
-        else:
-            self.done.add(idx)
+    def transpose(self, node: Any, name: str, ax: int, block: int) -> None:
+        r = self.rank(name)
+        perm = list(_attr(self.m.onnx, node, "perm") or list(range(r))[::-1])
+        self.add_value(node.output[0], perm.index(ax % r) - r, block, self.lead(name))
 
-    def batch_norm(self, node: Any, name: str, ax: int, idx: int) -> None:
-        m = self.m
-        if ax != 1 - self.rank(name):
-            raise _Left(f"{m.label(node)} normalizes axis 1, not the channel axis")
-        for x in node.input[1:5]:
-            m.own(x, "BatchNormalization input")
-            self.members.append(Member(x, 0, False))
-        if any(o and m.uses(o) for o in node.output[1:]):
-            raise _Left(f"the running statistics of {m.label(node)} are read")
-        self.done.add(idx)
+    def elementwise(self, node: Any, name: str, ax: int, block: int) -> None:
+        self.binary(node, ax, block, self.lead(name))
+
+    def batch_norm(self, node: Any, name: str, ax: int, block: int) -> None:
+        self.plain(name, node)
+        self.norm_members(node, name, ax, block)
         self.add_value(node.output[0], ax)
 
-    def matmul(self, node: Any, name: str, ax: int, idx: int) -> None:
-        w = node.input[1]
-        if ax != -1:
-            raise _Left(f"{self.m.label(node)} reduces the last axis, not the channel axis")
-        dims = self.m.dims(w)
-        if dims is None or len(dims) != 2 or dims[0] != self.channels:
-            raise _Left(f"{self.m.label(node)} B {w!r} is not a [K, N] initializer with K = {self.channels}")
-        self.consumer(node, w, 0)
+    def matmul(self, node: Any, name: str, ax: int, block: int) -> None:
+        m = self.m
+        i = list(node.input).index(name)
+        if m.dims(node.input[1]) is not None and i == 0:  # a layer: it closes the group
+            self.plain(name, node)
+            dims = m.dims(node.input[1])
+            if ax != -1:
+                raise _Left(f"{m.label(node)} reduces the last axis, not the channel axis")
+            if dims is None or len(dims) != 2 or dims[0] != self.width(block):
+                w = node.input[1]
+                raise _Left(f"{m.label(node)} B {w!r} is not a [K, N] initializer with K = {self.channels * block}")
+            self.consumer(node, 1, 0, block)
+            return
+        if any(m.dims(x) is not None for x in node.input):
+            raise _Left(f"{m.label(node)} multiplies the channels by a constant {node.input[1 - i]!r}")
+        r = self.rank(name)
+        if ax >= -2 or r < 3:
+            raise _Left(f"{m.label(node)} reads the channels on a matrix axis, not a batch axis")
+        other, lead = node.input[1 - i], self.lead(name)
+        if not self.broadcast(other, ax):
+            self.back(other, ax, block, node, lead)
+        self.add_value(node.output[0], ax, block, lead)
 
-    def gemm(self, node: Any, name: str, ax: int, idx: int) -> None:
+    def gemm(self, node: Any, name: str, ax: int, block: int) -> None:
         m = self.m
         w = node.input[1]
+        self.plain(name, node)
+        if node.input[0] != name or m.dims(w) is None:
+            raise _Left(f"{m.label(node)} reads {name!r} as B")
         if int(_attr(m.onnx, node, "transA", 0)) or ax != -1:
             raise _Left(f"{m.label(node)} with transA=1")
         dims = m.dims(w)
         k_axis = 1 if int(_attr(m.onnx, node, "transB", 0)) else 0
-        if dims is None or len(dims) != 2 or dims[k_axis] != self.channels:
+        if dims is None or len(dims) != 2 or dims[k_axis] != self.width(block):
             raise _Left(f"{m.label(node)} B {w!r} is not an initializer with {self.channels} input features")
-        self.consumer(node, w, k_axis)
+        self.consumer(node, 1, k_axis, block)
 
-    def conv(self, node: Any, name: str, ax: int, idx: int) -> None:
-        m, channels = self.m, self.channels
+    def conv(self, node: Any, name: str, ax: int, block: int) -> None:
+        m = self.m
         w = node.input[1]
         dims = m.dims(w)
-        if dims is None:
+        self.plain(name, node)
+        if node.input[0] != name or dims is None:
             raise _Left(f"{m.label(node)} W {w!r} is not an initializer")
-        if ax != 1 - len(dims):
+        if ax != 1 - len(dims) or block != 1:
             raise _Left(f"{m.label(node)} reads channels on axis 1, not the channel axis")
-        groups = int(_attr(m.onnx, node, "group", 1))
-        if groups == 1:
-            if dims[1] != channels:
-                raise _Left(f"{m.label(node)} W {w!r} has {dims[1]} input channels, not {channels}")
-            self.consumer(node, w, 1)
-        elif groups == channels and dims[1] == 1 and dims[0] == channels:
-            m.own(w, "depthwise weight")
-            self.members.append(Member(w, 0))
-            if len(node.input) > 2 and node.input[2]:
-                m.own(node.input[2], "bias")
-                self.members.append(Member(node.input[2], 0, False))
-            self.depthwise.append(idx)
+        if self.depthwise_members(node, name, ax, block):
             self.add_value(node.output[0], ax)
-        elif groups == channels and dims[1] == 1:
-            raise _Left(f"depthwise {m.label(node)} with a channel multiplier of {dims[0] // channels}")
-        else:
-            raise _Left(f"grouped {m.label(node)} (group={groups})")
+            return
+        if dims[1] != self.width():
+            raise _Left(f"{m.label(node)} W {w!r} has {dims[1]} input channels, not {self.width()}")
+        self.consumer(node, 1, 1, 1)
 
-    def shape_read(self, node: Any, name: str, ax: int, idx: int) -> None:
+    def concat(self, node: Any, name: str, ax: int, block: int) -> None:
+        """The channels go on at an offset of the joined axis: readers see a range of their inputs."""
+        m = self.m
+        r = self.rank(name)
+        axis = int(_attr(m.onnx, node, "axis", 0)) % r
+        if axis != ax % r:
+            raise _Left(f"{m.label(node)} joins {name!r} along another axis than the channels'")
+        if block != 1 or self.lead(name) != 1:
+            raise _Left(f"{m.label(node)} joins channels in blocks or merged with a batch axis")
+        if list(node.input).count(name) != 1:
+            raise _Left(f"{m.label(node)} reads {name!r} twice")
+        sizes = []
+        for x in node.input:
+            s = m.shape(x)
+            d = s[axis] if s is not None and len(s) == r else None
+            if not isinstance(d, int):
+                raise _Left(f"the size of {x!r} along the axis {m.label(node)} joins is unknown")
+            sizes.append(d)
+        i = list(node.input).index(name)
+        start = sum(sizes[:i]) + (self.at or 0)
+        self.add_value(node.output[0], ax)
+        self.offset[node.output[0]] = (start, sum(sizes))
+
+    def shape_read(self, node: Any, name: str, ax: int, block: int) -> None:
         raise _Left(f"its shape is read ({self.m.label(node)})")
 
     # ---------------------------------------------------------------- the walk
 
-    def step(self, node: Any, i: int, name: str, ax: int) -> None:
+    def step(self, node: Any, i: int, name: str, ax: int, block: int) -> None:
         """Take `node`, which reads group value `name` (channels on `ax`) as its input `i`."""
+        idx = self.m.index[id(node)]
+        if idx in self.done:
+            return
         found = _STEPS.get(node.op_type)
         if found is None or (found[1] and i != 0):
+            if node.op_type in _MIXING_NORMS:
+                raise _Left(f"{self.m.label(node)} normalizes over the channels of {name!r}")
             raise _Left(f"{self.m.label(node)} reads {name!r}")
-        found[0](self, node, name, ax, self.m.index[id(node)])
+        joined = self.offset.get(name)
+        if joined is not None and node.op_type not in _JOINED:
+            raise _Left(f"{self.m.label(node)} reads {name!r}, whose channels a Concat joined with others")
+        self.at, self.total = joined if joined is not None else (None, 0)
+        self.done.add(idx)
+        found[0](self, node, name, ax, block)
+        if joined is not None:
+            for o in node.output:
+                if o in self.values and o not in self.offset:
+                    self.offset[o] = joined
+        self.at, self.total = None, 0
 
-    def run(self) -> tuple[list[str], dict, list, list]:
-        """Follow the start forward; return (consumers, values -> axis, depthwise node
-        indices, Reshape target shapes to follow)."""
+    def run(self, start: Any, ax: int, block: int) -> None:
+        """Take producer `start` and follow its output until every value is closed."""
+        self.produced(start, ax, block)
+        self.add_value(start.output[0], ax, block)
         m = self.m
-        while self.queue or self.pending:
-            while self.queue:
-                name = self.queue.pop(0)
-                ax = self.values[name]
-                if name in m.outputs:
-                    raise _Left(f"{name!r} is a graph output")
-                if name in m.in_subgraph:
-                    raise _Left(f"{name!r} is read inside a subgraph")
-                uses = m.consumers.get(name, ())
-                if not uses:
-                    raise _Left(f"{name!r} is not used")
-                for node, i in uses:
-                    self.step(node, i, name, ax)
-            progress = False
-            for idx, node in list(self.pending.items()):
-                if self.binary(node):
-                    del self.pending[idx]
-                    self.done.add(idx)
-                    progress = True
-            if not progress and self.pending:
-                node = next(iter(self.pending.values()))
-                other = [x for x in node.input if m.dims(x) is None and x not in self.values]
-                if node.op_type == "Add":
-                    raise _Left(f"residual Add: {m.label(node)} also reads {other[0]!r}")
-                raise _Left(f"{m.label(node)} also reads {other[0]!r}, from outside the group")
+        while self.queue:
+            name = self.queue.pop(0)
+            ax, block, _ = self.values[name]
+            if name in m.outputs:
+                raise _Left(f"{name!r} is a graph output")
+            if name in m.in_subgraph:
+                raise _Left(f"{name!r} is read inside a subgraph")
+            uses = m.consumers.get(name, ())
+            if not uses:
+                raise _Left(f"{name!r} is not used")
+            for node, i in uses:
+                self.step(node, i, name, ax, block)
         if not self.consumers:
             raise _Left("no layer reads the channels")
-        return self.consumers, self.values, self.depthwise, self.shapes
 
 
 _Step = Callable[[_Trace, Any, str, int, int], None]
+_Back = Callable[[_Trace, Any, int, int], None]
 
 #: Op type -> (the :class:`_Trace` method that takes a node of that type reading a group
 #: value, whether the value must be its first input). Add an op here, with its method.
 _STEPS: dict[str, tuple[_Step, bool]] = {
-    **{op: (_Trace.unary, True) for op in _UNARY},
+    **{op: (_Trace.unary, True) for op in _UNARY | _SOFTMAX},
     **{op: (_Trace.global_pool, True) for op in _GLOBAL_POOLS},
+    **{op: (_Trace.pool, True) for op in _POOLS},
+    **{op: (_Trace.resize, True) for op in _RESIZE},
     **{op: (_Trace.reduce, True) for op in _REDUCE},
     "Reshape": (_Trace.reshape, True),
     "Flatten": (_Trace.flatten, True),
-    **{op: (_Trace.elementwise, False) for op in _BINARY},
-    "BatchNormalization": (_Trace.batch_norm, True),
-    "MatMul": (_Trace.matmul, True),
-    "Gemm": (_Trace.gemm, True),
-    "Conv": (_Trace.conv, True),
+    "Transpose": (_Trace.transpose, True),
+    **{op: (_Trace.elementwise, False) for op in _BINARY | _SELECT},
+    **{op: (_Trace.batch_norm, True) for op in _CHANNEL_NORMS},
+    "MatMul": (_Trace.matmul, False),
+    "Gemm": (_Trace.gemm, False),
+    "Conv": (_Trace.conv, False),
+    "Concat": (_Trace.concat, False),
     "Shape": (_Trace.shape_read, False),
     "Size": (_Trace.shape_read, False),
 }
 
+#: Op types that take channels a ``Concat`` joined with others (at an offset of the axis).
+_JOINED = _UNARY | _POOLS | _GLOBAL_POOLS | _RESIZE | _CHANNEL_NORMS | _BINARY
+_JOINED |= {"Conv", "MatMul", "Gemm", "Concat", "Flatten"}
 
-def onnx_groups(model: Any) -> OnnxGroups:
+#: Op type -> the :class:`_Trace` method that takes a node of that type whose output
+#: joins a group from the other side (a residual branch): it goes on to the node's inputs.
+#: Producers (``MatMul``, ``Gemm``, a ``Conv`` with ``group=1``) end the way back.
+_BACK: dict[str, _Back] = {
+    **{op: _Trace.back_unary for op in _UNARY | _SOFTMAX},
+    **{op: _Trace.back_binary for op in _BINARY | _SELECT},
+    **{op: _Trace.back_norm for op in _CHANNEL_NORMS},
+    **{op: _Trace.back_pool for op in _POOLS},
+    "Conv": _Trace.back_conv,
+    "Transpose": _Trace.back_transpose,
+    "Reshape": _Trace.back_reshape,
+}
+
+
+def _head_size(m: _Model, node: Any, channels: int) -> int | None:
+    """The head size where the output of `node` (through biases and element-wise ops) is
+    reshaped from ``[..., H*D]`` to ``[..., H, D]``; None if it is not."""
+    value, seen = node.output[0], 0
+    while seen < 8:
+        seen += 1
+        uses = m.consumers.get(value, [])
+        if len(uses) != 1:
+            return None
+        nxt, _ = uses[0]
+        if nxt.op_type == "Reshape":
+            s_in, s_out = m.shape(value), m.shape(nxt.output[0])
+            if not s_in or not s_out or len(s_out) != len(s_in) + 1:
+                return None
+            d, h = s_out[-1], s_out[-2]
+            if isinstance(d, int) and isinstance(h, int) and h * d == channels and d > 1 and h > 1:
+                return d
+            return None
+        if nxt.op_type not in _BINARY | _UNARY:
+            return None
+        value = nxt.output[0]
+    return None
+
+
+def onnx_groups(model: Any, kind: str = "channels") -> OnnxGroups:
     """The channel groups of an ONNX model, and the producers whose channels stay.
 
     Parameters
     ----------
     model : onnx.ModelProto
         The model (only the main graph's layers are producers; see the module's notes).
+    kind : {"channels", "heads"}, default "channels"
+        Layer channels (each producer's output channels, joined through residual
+        connections), or the attention heads of each attention block (producers whose
+        output is split into heads by a ``Reshape``; the others are not listed).
 
     Returns
     -------
@@ -603,31 +1200,73 @@ def onnx_groups(model: Any) -> OnnxGroups:
         If the ``onnx`` package is missing.
     TypeError
         If `model` is not an ``onnx.ModelProto``.
+    ValueError
+        If `kind` is not one of :data:`KINDS`.
     """
     onnx = _onnx()
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"expected an onnx.ModelProto, got {type(model).__name__}")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     m = _Model(onnx, model)
-    out = OnnxGroups()
+    out = OnnxGroups(kind=kind)
     names = Counter(n.name for n in m.nodes)
+    claimed: set[int] = set()
+
+    def name_of(node: Any) -> str:
+        return node.name if node.name and names[node.name] == 1 else node.output[0]
+
     for node in m.nodes:
+        idx = m.index[id(node)]
+        if idx in claimed:
+            continue
         found = _producer(m, node)
         if found is None:
             continue
-        value = node.output[0]
-        name = node.name if node.name and names[node.name] == 1 else value
-        if len(found) == 3:
-            out.left.append(LeftGroup(name, m.label(node), *found))
+        w, channels, axis = found
+        block = 1
+        if isinstance(axis, str):
+            if kind == "channels":
+                out.left.append(LeftGroup(name_of(node), m.label(node), w, channels, axis))
             continue
-        w, channels, members, axis = found
+        if kind == "heads":
+            size = _head_size(m, node, channels)
+            if size is None:
+                continue
+            channels, block = channels // size, size
+        trace = _Trace(m, channels)
         try:
-            consumers, values, depthwise, shapes = _Trace(m, value, axis, channels, members).run()
+            trace.run(node, axis, block)
         except _Left as exc:
-            out.left.append(LeftGroup(name, m.label(node), w, channels, str(exc)))
+            met = [node] + [p for p in trace.producers if p is not node]
+            for p in met:
+                if m.index[id(p)] in claimed:
+                    continue
+                claimed.add(m.index[id(p)])
+                pw = _producer(m, p)
+                out.left.append(LeftGroup(name_of(p), m.label(p), pw[0] if pw else "", channels, str(exc)))
             continue
-        group = ChannelGroup(members, channels, name=name)
-        found_values = tuple(values.items())
+        try:
+            group = ChannelGroup(trace.members, channels, name=name_of(node))
+        except ValueError as exc:  # a tensor met twice on one axis: not a group this can shrink
+            out.left.append(LeftGroup(name_of(node), m.label(node), w, channels, str(exc)))
+            claimed.add(idx)
+            continue
+        claimed.update(m.index[id(p)] for p in trace.producers)
         out.groups.append(
-            OnnxGroup(group, m.label(node), tuple(consumers), found_values, tuple(depthwise), tuple(shapes))
+            OnnxGroup(
+                group,
+                m.label(node),
+                tuple(trace.consumers),
+                tuple((v, a, b * lead) for v, (a, b, lead) in trace.values.items()),
+                tuple(trace.depthwise),
+                tuple(trace.shapes),
+                tuple(m.label(p) for p in trace.producers),
+                tuple(trace.views.items()),
+                tuple(trace.closing),
+                kind,
+            )
         )
+    where = {name_of(n): i for i, n in enumerate(m.nodes)}
+    out.left.sort(key=lambda lf: where.get(lf.name, 0))
     return out

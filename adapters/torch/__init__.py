@@ -28,6 +28,7 @@ from ._methods import *  # noqa: F403 (one class and one verb per method of the 
 from ._verbs import global_unstructured, is_pruned, prune_to_sparsity, remove
 from .calibration import input_norms, save_input_norms, wanda_importance
 from .reconstruction import reconstruct, sparsegpt
+from .shrink import channel_groups, shrink
 
 __all__ = [
     "BasePruningMethod",
@@ -42,6 +43,8 @@ __all__ = [
     "wanda_importance",
     "reconstruct",
     "sparsegpt",
+    "shrink",
+    "channel_groups",
 ]
 
 # Public names and PyTorch's private helpers belong to this package wherever they are

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import arrayprune
-from arrayprune.reconstruction import _check_pattern, _positive_int, solver_options
+from arrayprune.reconstruction import _check_pattern, _positive_int
+from arrayprune.registry import reconstruction_method, settings_for
 
 from ._base import apply_method, pruning_hooks, transaction
 from ._methods import CLASSES
@@ -194,11 +195,11 @@ def _reconstruct(
     accs: list[arrayprune.HessianAccumulator],
     counts: list[int] | None,
     pattern: tuple[int, int] | None,
-    solve: Any,
+    cls: type[arrayprune.ReconstructionMethod],
     settings: Mapping[str, Any],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`layer`'s updated weight and boolean keep mask, group by group, by the reconstruction
-    `solve` (given `settings`, the options of :func:`sparsegpt` it takes)."""
+    """`layer`'s updated weight and boolean keep mask, group by group, by the method `cls`
+    (given `settings`, the options of :func:`sparsegpt` its constructor takes)."""
     weight = layer.weight.detach()
     rows = weight.shape[0] // len(accs)
     n, m = pattern if pattern is not None else (None, None)
@@ -206,14 +207,10 @@ def _reconstruct(
     for g, acc in enumerate(accs):
         amount = None if counts is None else counts[g]
         try:
-            new, keep = solve(
+            new, keep = cls(amount, n, m, **settings).reconstruct(
                 weight[g * rows : (g + 1) * rows],
                 acc.hessian(),
-                amount,
-                n=n,
-                m=m,
                 reduction_axis=0 if is_transposed_linear(layer) else 1,
-                **settings,
             )
         except ValueError as exc:  # degenerate statistics: the message names the layer
             raise ValueError(f"{name!r}: {exc}") from None
@@ -254,7 +251,7 @@ def sparsegpt(
     block_size: int = 128,
     damp: float = 0.01,
     sequential: bool = True,
-    method: str = "sparsegpt",
+    method: str | type = "sparsegpt",
 ) -> nn.Module:
     """Prune a model's layers with SparseGPT, updating the weights they keep; return `model`.
 
@@ -317,10 +314,11 @@ def sparsegpt(
         Hessian comes from the dense model in a single pass over the batches, all held
         until the end (memory: the sum of every layer's ``K x K``, ``K`` its input length
         per group).
-    method : str, default "sparsegpt"
-        The reconstruction of :data:`arrayprune.RECONSTRUCTIONS` that prunes each layer
-        from its Hessian (:func:`reconstruct` names it; ``block_size`` and ``damp`` go to
-        it if it takes them).
+    method : str or type, default "sparsegpt"
+        The method of :data:`arrayprune.METHODS` that prunes each layer from its Hessian
+        and updates the kept weights (one that carries a solver; :func:`reconstruct`
+        names it), or such a class; ``block_size`` and ``damp`` go to it if its
+        constructor takes them.
 
     Returns
     -------
@@ -389,16 +387,13 @@ def sparsegpt(
         pattern = _check_pattern(amount, n, m)
         if pattern is None:
             arrayprune.validate_pruning_amount_init(amount)
-    if method not in arrayprune.RECONSTRUCTIONS:
-        known = ", ".join(arrayprune.RECONSTRUCTIONS)
-        raise ValueError(f"method={method!r} is no reconstruction (choose from {known})")
-    solve = arrayprune.RECONSTRUCTIONS[method]
+    cls = reconstruction_method(method)
     block_size = _positive_int("block_size", block_size)
     if pattern is not None and block_size % pattern[1]:
         raise ValueError(f"block_size={block_size} must be a multiple of m={pattern[1]} for {pattern[0]}:{pattern[1]}")
     if isinstance(damp, bool) or not isinstance(damp, numbers.Real) or not 0 <= float(damp) < math.inf:
         raise ValueError(f"damp must be a finite non-negative number, got {damp!r}")
-    settings = solver_options(solve, {"block_size": block_size, "damp": damp})
+    settings = settings_for(cls, {"block_size": block_size, "damp": damp})
     if not isinstance(sequential, bool):
         raise TypeError(f"sequential must be a bool, got {type(sequential).__name__}")
     if not isinstance(model, nn.Module):
@@ -432,7 +427,7 @@ def sparsegpt(
                     layer = layers[name]
                     accs = _accumulators(layer)
                     _run_capturing(model, batches, {layer: _Capture(accs, calls)}, stop=True)
-                    new, keep = _reconstruct(name, layer, accs, counts[name], pattern, solve, settings)
+                    new, keep = _reconstruct(name, layer, accs, counts[name], pattern, cls, settings)
                     del accs
                     write(name, new, keep)
             else:
@@ -442,7 +437,7 @@ def sparsegpt(
                 reached = {name for name, accs in all_accs.items() if accs[0].rows}
                 _check_reached(layers, reached, "the calibration batches")
                 computed = {
-                    name: _reconstruct(name, layers[name], accs, counts[name], pattern, solve, settings)
+                    name: _reconstruct(name, layers[name], accs, counts[name], pattern, cls, settings)
                     for name, accs in all_accs.items()
                 }
                 del all_accs
@@ -506,15 +501,16 @@ def reconstruct(
     calibration_batches: Iterable[Any],
     amount: int | float | Mapping[nn.Module | str, int | float] | None = None,
     *,
-    method: str,
+    method: str | type,
     **options: Any,
 ) -> nn.Module:
-    """Prune a model's layers with the reconstruction `method` of :data:`arrayprune.RECONSTRUCTIONS`.
+    """Prune a model's layers with `method`, a method of :data:`arrayprune.METHODS` that carries a solver.
 
     :func:`sparsegpt` with ``method`` named: the same calibration (each layer's Hessian,
     sequential or one pass), arguments and reparametrization, the layer weights pruned
-    and updated by the solver registered under `method`
-    (:func:`arrayprune.register_reconstruction`).
+    and updated by the solver of `method` (a subclass of
+    :class:`arrayprune.ReconstructionMethod` registered with
+    :func:`arrayprune.registry.register_method`).
 
     Examples
     --------

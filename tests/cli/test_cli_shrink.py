@@ -187,8 +187,7 @@ CHANNELS = "random_structured or ln_structured"
         ),
         (
             ["--method", "ln_structured", "--amount", "0.5", "--groups", "heads"],
-            "{src}: --groups heads reads attention heads from a Hugging Face config.json; "
-            "an ONNX model shrinks by --groups channels",
+            "{src}: --shrink --groups heads: no attention block in the graph (--dry-run --shrink says why)",
         ),
         (
             ["--method", "ln_structured", "--amount", "64"],

@@ -26,6 +26,7 @@ def test_every_table_method_declares_its_parts():
         "nm_structured": ("magnitude", "n of m"),
         "block_unstructured": ("block norm", "blocks"),
         "wanda": ("wanda", "per output"),
+        "sparsegpt": ("hessian", "unstructured"),
     }
     for cls in ap.METHODS.values():  # PyTorch's containers read PRUNING_TYPE: the pattern's
         assert cls.PRUNING_TYPE == cls.PATTERN.pruning_type

@@ -13,13 +13,17 @@ import numpy as np
 import pytest
 
 import arrayprune as ap
+from arrayprune import reconstruction
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.cli.options import METHODS as CLI_METHODS
+from arrayprune.method_parts import solver_of
 from arrayprune.registry import constructor_parameters, method_name
 from cli_helpers import run
 from conftest import to_numpy
 
 RNG = np.random.default_rng(7)
+#: The methods that only mask: each has a functional and a mapping verb.
+MASK_METHODS = [name for name, cls in ap.METHODS.items() if solver_of(cls) is None]
 
 
 def _example_arguments(name):
@@ -33,6 +37,7 @@ def _example_arguments(name):
         "nm_structured": {"n": 2, "m": 4},
         "block_unstructured": {"amount": 0.5, "block_shape": (2, 2)},
         "wanda": {"amount": 0.5, "dim": 0},
+        "sparsegpt": {"amount": 0.5},
     }[name]
 
 
@@ -47,6 +52,7 @@ def test_table_is_read_only_and_names_its_classes():
         "nm_structured",
         "block_unstructured",
         "wanda",
+        "sparsegpt",
     ]
     with pytest.raises(TypeError):
         ap.METHODS["mine"] = ap.L1Unstructured  # type: ignore[index]
@@ -58,7 +64,14 @@ def test_table_is_read_only_and_names_its_classes():
         method_name(int)
 
 
-@pytest.mark.parametrize("name", list(ap.METHODS))
+def test_a_method_with_a_solver_has_no_mask_verbs():
+    # Its verbs need a Hessian: the solver and the drop-in's model-level reconstruction.
+    assert [name for name, cls in ap.METHODS.items() if solver_of(cls) is not None] == ["sparsegpt"]
+    assert ap.sparsegpt is ap.SparseGPT.SOLVE is reconstruction.sparsegpt
+    assert "sparsegpt" not in mp.__all__ and not hasattr(mp, "sparsegpt")
+
+
+@pytest.mark.parametrize("name", MASK_METHODS)
 def test_every_method_has_verbs_made_from_its_class(name):
     cls = ap.METHODS[name]
     own = [(p.name, p.kind, p.default) for p in constructor_parameters(cls)]

@@ -90,7 +90,9 @@ def check(model: onnx.ModelProto, x: np.ndarray, amount, expected_drop: int, **k
 
     new = {t.name: t for t in small.graph.initializer}
     assert list(new) == [t.name for t in model.graph.initializer]
-    shapes = {name: (i, len(report.kept[g.group.name])) for g in report.groups.groups for name, i in g.shapes}
+    shapes = {
+        name: (i, f * len(report.kept[g.group.name])) for g in report.groups.groups for name, i, f in g.shapes
+    }
     for t in model.graph.initializer:
         if t.name in shapes:  # a Reshape target: the channel count follows
             i, n = shapes[t.name]
@@ -214,24 +216,40 @@ class ConcatNet(torch.nn.Module):
 
 
 @pytest.mark.parametrize("opset", [17, 20])
-def test_concat_channels_are_left_and_gelu_chain_is_followed(opset):
+def test_concat_offsets_and_gelu_chain(opset):
+    from test_onnx_shrink_residual import expected_after, zero_inputs
+
     model = export(ConcatNet(), torch.randn(4, 8), opset=opset)
     ops = [n.op_type for n in model.graph.node]
     found = onnx_groups(model)
-    (g,) = found.groups
-    assert g.group.channels == 12
+    g, a, b = found.groups
+    assert [g.group.channels, a.group.channels, b.group.channels] == [12, 6, 5]
     if opset == 17:  # GELU exported as x * 0.5 * (1 + erf(x / sqrt(2))): Div, Erf, Add, Mul, Mul
         assert "Erf" in ops and "Gelu" not in ops
         assert len(g.values) == 6
     else:
         assert "Gelu" in ops
-    left = {lf.channels: lf.reason for lf in found.left}
-    assert set(left) == {6, 5, 3}
-    assert "Concat" in left[6] and "Concat" in left[5]
-    assert left[3] == "'y' is a graph output"
+    assert [lf.reason for lf in found.left] == ["'y' is a graph output"]
+    # w4 [3, 11] (Gemm, transB=1) reads w2's 6 channels in columns 0-5, w3's 5 in columns 6-10
+    (w4,) = [t.name for t in model.graph.initializer if t.name.startswith("w4.weight")]
+    views = {**dict(a.views), **dict(b.views)}
+    ranges = sorted((v.start, v.axis) for v in views.values() if v.source == w4)
+    assert ranges == [(0, 1), (6, 1)]
     x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
-    # round(0.25 * 12) = 3 channels: w1 row 8 + bias 1 + w2 column 6 = 15 each
-    check(model, x, 0.25, expected_drop=3 * 15)
+    small, report = shrink_onnx(model, 0.25)
+    onnx.checker.check_model(small, full_check=True)
+    # round(0.25 * 12) = 3, round(0.25 * 6) = 2, round(0.25 * 5) = 1 channels go
+    kept = [np.array(report.kept[h.group.name]) for h in (g, a, b)]
+    assert [k.size for k in kept] == [9, 4, 4]
+    dropped = [np.setdiff1d(np.arange(h.group.channels), k) for h, k in zip((g, a, b), kept, strict=True)]
+    readers = {"/w2/Gemm": dropped[0], "/w4/Gemm": np.concatenate([dropped[1], 6 + dropped[2]])}
+    np.testing.assert_allclose(run(small, x), run(zero_inputs(model, readers), x), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(run(small, x), run(model, x), atol=1e-4)
+    new = {t.name: numpy_helper.to_array(t) for t in small.graph.initializer}
+    dense = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    want = np.concatenate([dense[w4][:, :6][:, kept[1]], dense[w4][:, 6:][:, kept[2]]], axis=1)
+    np.testing.assert_array_equal(new[w4], want)
+    assert report.params_after == expected_after(model, report)
 
 
 def test_random_structured_seeded_per_group():
@@ -375,7 +393,11 @@ def test_every_op_type_has_one_handler():
     """The op table is built from disjoint sets: no op type's handler silently replaces another's."""
     from arrayprune.adapters.roles import onnx_groups as og
 
-    named = {"Reshape", "Flatten", "BatchNormalization", "MatMul", "Gemm", "Conv", "Shape", "Size"}
-    families = [og._UNARY, og._BINARY, og._GLOBAL_POOLS, og._REDUCE, named]
+    named = {"Reshape", "Flatten", "Transpose", "MatMul", "Gemm", "Conv", "Concat", "Shape", "Size"}
+    families = [og._UNARY, og._SOFTMAX, og._BINARY, og._SELECT, og._GLOBAL_POOLS, og._POOLS, og._RESIZE, og._REDUCE]
+    families += [og._CHANNEL_NORMS, named]
     assert sum(len(f) for f in families) == len(og._STEPS) == len(set().union(*families))
     assert og._STEPS["Add"] == (og._Trace.elementwise, False) and og._STEPS["Relu"] == (og._Trace.unary, True)
+    back = [og._UNARY, og._SOFTMAX, og._BINARY, og._SELECT, og._POOLS, og._CHANNEL_NORMS]
+    back += [{"Conv", "Transpose", "Reshape"}]
+    assert sum(len(f) for f in back) == len(og._BACK) == len(set().union(*back))

@@ -1,7 +1,7 @@
 """A reconstruction registered from one file (``tests/refit_plugin.py``) reaches every surface.
 
 The toy (magnitude selection, the kept weights refit by least squares on the Hessian),
-registered with :func:`arrayprune.register_reconstruction`, is a ``--method`` choice of
+registered with :func:`arrayprune.registry.register_method`, is a ``--method`` choice of
 the command line, runs through ``prune_file`` on an ONNX graph (its Hessians from
 onnxruntime) and layer by layer on a Hugging Face folder, and through the drop-in's
 ``prune.reconstruct``; each result equals the toy applied in float64 NumPy to the
@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
 import refit_plugin  # noqa: E402
+from torch import nn  # noqa: E402
 
 import arrayprune  # noqa: E402
 import arrayprune.adapters.torch as prune  # noqa: E402
@@ -85,7 +86,7 @@ def test_the_drop_in_reconstructs_with_it(registered):
     new, keep = refit_plugin.magnitude_refit(dense, x.T @ x / len(x), 0.5, reduction_axis=1)
     np.testing.assert_allclose(net[0].weight.detach().numpy(), new, rtol=1e-9, atol=1e-12)
     np.testing.assert_array_equal(net[0].weight_mask.numpy() != 0, keep)
-    with pytest.raises(ValueError, match="no reconstruction"):
+    with pytest.raises(ValueError, match="is not a method that updates the weights it keeps"):
         prune.reconstruct(net, batches, 0.5, method="not_registered")
 
 
@@ -119,14 +120,20 @@ def test_a_hugging_face_folder_layer_by_layer_equals_the_drop_in(registered, tmp
 
 
 def test_registration_is_checked():
+    register, unregister = arrayprune.registry.register_method, arrayprune.registry.unregister_method
     with pytest.raises(ValueError, match="already"):
-        arrayprune.register_reconstruction("sparsegpt", refit_plugin.magnitude_refit)
+        register("sparsegpt", refit_plugin.MagnitudeRefit)
     with pytest.raises(ValueError, match="already"):
-        arrayprune.register_reconstruction("wanda", refit_plugin.magnitude_refit)
+        register("wanda", refit_plugin.MagnitudeRefit)
     with pytest.raises(ValueError, match="identifier"):
-        arrayprune.register_reconstruction("not a name", refit_plugin.magnitude_refit)
-    with pytest.raises(TypeError, match="callable"):
-        arrayprune.register_reconstruction("x", 3)
-    with pytest.raises(ValueError, match="not a registered"):
-        arrayprune.unregister_reconstruction("sparsegpt")
-    assert NAME not in arrayprune.RECONSTRUCTIONS
+        register("not a name", refit_plugin.MagnitudeRefit)
+    with pytest.raises(TypeError, match="BasePruningMethod"):
+        register("x", refit_plugin.magnitude_refit)
+    with pytest.raises(KeyError, match="registered at run time"):
+        unregister("sparsegpt")
+    assert NAME not in arrayprune.METHODS
+    # A method that only masks carries no solver: no surface reconstructs with it.
+    with pytest.raises(ValueError, match="l1_unstructured' is not a method that updates the weights it keeps"):
+        arrayprune.registry.reconstruction_method("l1_unstructured")
+    with pytest.raises(ValueError, match="choose from sparsegpt"):
+        prune.reconstruct(nn.Linear(4, 4), [torch.ones(2, 4)], 0.5, method="wanda")

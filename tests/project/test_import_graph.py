@@ -178,11 +178,9 @@ PIPELINE_LAYERS = (
     ("errors", "hooks", "devices"),
     ("request", "method_names", "allocation_request", "shrink_request", "reconstruction_methods"),
     ("calibration", "hf_calibration", "reconstruction", "stream_pruning"),
-    ("storage", "scoring", "prune_result", "evaluate"),
-    (
-        "targets", "outputs", "option_files", "verify_stage", "hf_stage", "reconstruct_stage", "allocation", "scan",
-        "shrinking", "shrink_checkpoint",
-    ),
+    ("storage", "scoring", "prune_result", "targets", "outputs", "scan", "job", "evaluate"),
+    ("hf_stage", "reconstruct_stage"),
+    ("calibrate", "option_files", "verify_stage", "allocation", "shrinking", "shrink_checkpoint"),
     ("runner",),
 )  # fmt: skip
 

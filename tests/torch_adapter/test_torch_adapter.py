@@ -116,6 +116,8 @@ EXTENSIONS = [
     "wanda_importance",
     "sparsegpt",
     "reconstruct",
+    "shrink",
+    "channel_groups",
 ]
 
 

@@ -325,7 +325,7 @@ def test_hessians_on_device_in_float64_and_weights_keep_dtype(monkeypatch):
         seen.append((weight.dtype, hessian.dtype, hessian.device.type, tuple(hessian.shape)))
         return original(weight, hessian, *args, **kwargs)
 
-    monkeypatch.setitem(arrayprune.reconstruction._RECONSTRUCTIONS, "sparsegpt", spy)  # the solver the layers get
+    monkeypatch.setattr(arrayprune.SparseGPT, "SOLVE", staticmethod(spy))  # the solver the layers get
     net = prune.sparsegpt(_mlp(dtype=torch.float32), _batches(torch.float32), 0.5)
     assert seen == [(torch.float32, torch.float64, "cpu", (12, 12)), (torch.float32, torch.float64, "cpu", (16, 16))]
     assert net[0].weight_orig.dtype == torch.float32 and net[0].weight_mask.dtype == torch.float32

@@ -1,0 +1,385 @@
+"""Shrink a torch module: the pruned channels of every group physically removed.
+
+:func:`shrink` traces the model with ``torch.fx`` (:mod:`._groups` says why not
+``torch.export``), finds its channel groups (:func:`channel_groups`), decides which
+channels go, from the masks already on the model or from an amount and a group score
+(:func:`arrayprune.groups.group_scores`, :func:`arrayprune.groups.choose_channels`), and
+slices every member of every group in place: parameters and buffers become smaller, the
+modules' ``in_channels``/``out_channels``/``in_features``/``out_features``/
+``num_features``/``groups`` follow, and the modules and state-dict keys stay the same.
+
+What "equal" means: the shrunk model computes what the dense model computes with the
+removed channels zeroed in *every member* of their group (producer rows and bias, norm
+scale and shift, depthwise filters, consumer columns). A mask of the drop-in zeroes only
+the tensor it is on: after ``ln_structured(conv, "weight", 0.5, dim=0)`` the following
+BatchNorm still adds its shift ``bias - weight * mean / sqrt(var + eps)`` to the
+"removed" channel, and the next layer reads that constant; shrinking removes it too, so
+the shrunk model equals the masked model only where that shift is zero (or the norm's
+scale and shift are masked as well).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from arrayprune import amount as _amount
+from arrayprune.groups import ChannelGroup, Member, choose_channels, group_scores, resolve_method
+from arrayprune.methods import LnStructured
+
+from ._base import pruning_hooks
+from ._groups import Slot, TorchGroup, channel_groups
+from ._verbs import remove
+
+__all__ = ["shrink", "channel_groups", "Slot", "TorchGroup"]
+
+
+def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    module_name, _, attr = name.rpartition(".")
+    return model.get_submodule(module_name), attr
+
+
+def _mask(module: nn.Module, attr: str) -> torch.Tensor | None:
+    if pruning_hooks(module, attr):
+        mask = getattr(module, attr + "_mask", None)
+        return mask if isinstance(mask, torch.Tensor) else None
+    return None
+
+
+def _value(module: nn.Module, attr: str) -> torch.Tensor:
+    """The tensor as the model uses it (a pruned one: ``orig * mask``)."""
+    mask = _mask(module, attr)
+    if mask is not None:
+        return (getattr(module, attr + "_orig") * mask).detach()
+    return getattr(module, attr).detach()
+
+
+def _slot_key(slot: Slot) -> str:
+    return f"{slot.param}@{slot.axis}+{slot.offset}"
+
+
+def _per_channel(t: torch.Tensor, slot: Slot, channels: int) -> torch.Tensor:
+    """``[channels, -1]``: the slot's channels first, the rest flattened."""
+    part = t.narrow(slot.axis, slot.offset, channels)
+    return part.movedim(slot.axis, 0).reshape(channels, -1)
+
+
+def _kept_by_score(
+    model: nn.Module, group: TorchGroup, amount: int | float, method: Any, importance_scores: Mapping
+) -> torch.Tensor:
+    arrays: dict[str, torch.Tensor] = {}
+    scores: dict[str, torch.Tensor] = {}
+    members = []
+    for slot in group.members:
+        key = _slot_key(slot)
+        arrays[key] = _value(*_owner(model, slot.param)).narrow(slot.axis, slot.offset, group.channels)
+        if slot.param in importance_scores:
+            given = importance_scores[slot.param]
+            scores[key] = given.detach().narrow(slot.axis, slot.offset, group.channels)
+        members.append(Member(key, slot.axis, slot.weight))
+    core_group = ChannelGroup(members, group.channels, group.name)
+    n = getattr(method, "n", None) if isinstance(method, LnStructured) else None
+    power = float(n) if isinstance(n, (int, float)) and not isinstance(n, bool) and 0 < n < math.inf else None
+    if power is not None and len(members) > 1:
+        # the norm of the concatenation, from each member's own norms (no copy of the members)
+        parts = [(str(m.key), m.axis) for m in core_group.weights]
+        total = sum(method.channel_scores(scores.get(k, arrays[k]), axis) ** power for k, axis in parts)
+        channel = total ** (1.0 / power)
+    else:
+        channel = group_scores(arrays, core_group, method, importance_scores=scores)
+    if group.block == 1:
+        return choose_channels(channel, amount)
+    # whole blocks (a GroupNorm's groups): a block scores as the norm of its channels' scores
+    p = power or 1.0
+    blocks = (channel.abs().reshape(-1, group.block) ** p).sum(dim=1) ** (1.0 / p)
+    kept = choose_channels(blocks, amount)
+    return (kept[:, None] * group.block + torch.arange(group.block, device=kept.device)).flatten()
+
+
+def _kept_by_masks(model: nn.Module, group: TorchGroup) -> torch.Tensor:
+    """The channels no mask of the group zeroes entirely."""
+    dropped = torch.zeros(group.channels, dtype=torch.bool)
+    for slot in group.members:
+        module, attr = _owner(model, slot.param)
+        mask = _mask(module, attr)
+        if mask is not None:
+            dropped |= (_per_channel(mask, slot, group.channels) == 0).all(dim=1).cpu()
+    return torch.nonzero(~dropped).flatten()
+
+
+def _check_partial(model: nn.Module, groups: list[TorchGroup], kept: list[torch.Tensor]) -> None:
+    """A mask zero that no removed channel covers is a partial mask: refuse, naming the group."""
+    covered: dict[str, torch.Tensor] = {}
+    slots: dict[str, list[tuple[TorchGroup, Slot]]] = {}
+    for group, keep in zip(groups, kept, strict=True):
+        gone = torch.ones(group.channels, dtype=torch.bool)
+        gone[keep] = False
+        for slot in group.members:
+            mask = _mask(*_owner(model, slot.param))
+            if mask is None:
+                continue
+            slots.setdefault(slot.param, []).append((group, slot))
+            cover = covered.setdefault(slot.param, torch.zeros(mask.shape, dtype=torch.bool))
+            shape = [1] * mask.ndim
+            shape[slot.axis] = group.channels
+            cover.narrow(slot.axis, slot.offset, group.channels).logical_or_(gone.reshape(shape))
+    for param, cover in covered.items():
+        mask = _mask(*_owner(model, param))
+        assert mask is not None
+        loose = (mask.cpu() == 0) & ~cover
+        if not bool(loose.any()):
+            continue
+        for group, slot in slots[param]:
+            partial = _per_channel(loose, slot, group.channels).any(dim=1)
+            if bool(partial.any()):
+                c = int(torch.nonzero(partial)[0])
+                raise ValueError(
+                    f"group {group.name!r}: the mask of {param} zeroes part of channel {c} "
+                    f"(along axis {slot.axis}); shrink removes whole channels only"
+                )
+
+
+def _new_sizes(module: nn.Module) -> None:
+    """Set a module's size attributes from its (sliced) tensors."""
+    if isinstance(module, nn.modules.conv._ConvNd):
+        w = module.weight
+        if getattr(module, "_depthwise", False):
+            module.groups = w.shape[0]
+            module.in_channels = module.out_channels = w.shape[0]
+        elif module.transposed:
+            module.in_channels, module.out_channels = w.shape[0], w.shape[1] * module.groups
+        else:
+            module.out_channels, module.in_channels = w.shape[0], w.shape[1] * module.groups
+    elif isinstance(module, nn.Linear):
+        module.out_features, module.in_features = module.weight.shape
+    elif isinstance(module, (nn.modules.batchnorm._NormBase, nn.modules.instancenorm._InstanceNorm)):
+        t = module.weight if module.weight is not None else module.running_mean
+        if t is not None:
+            module.num_features = t.shape[0]
+    elif isinstance(module, nn.GroupNorm):
+        per_group = module.num_channels // module.num_groups
+        module.num_channels = module.weight.shape[0]
+        module.num_groups = module.num_channels // per_group
+    elif isinstance(module, nn.PReLU):
+        module.num_parameters = module.weight.numel()
+
+
+def _holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str, bool]]]:
+    """By tensor identity: every (module, attribute, is a parameter) holding it (tied ones too)."""
+    found: dict[int, list[tuple[nn.Module, str, bool]]] = {}
+    for m in model.modules():
+        for is_param, tensors in ((True, m._parameters), (False, m._buffers)):
+            for a, t in tensors.items():
+                found.setdefault(id(t), []).append((m, a, is_param))
+    return found
+
+
+def _slice(model: nn.Module, groups: list[TorchGroup], kept: list[torch.Tensor]) -> None:
+    cuts: dict[tuple[str, int], list[torch.Tensor]] = {}
+    for group, keep in zip(groups, kept, strict=True):
+        if int(keep.numel()) == group.channels:
+            continue
+        for slot in group.members:
+            cuts.setdefault((slot.param, slot.axis), []).append(keep + slot.offset)
+    depthwise = [
+        m for m in model.modules()
+        if isinstance(m, nn.modules.conv._ConvNd) and not m.transposed and m.groups > 1
+        and m.groups == m.in_channels == m.out_channels
+    ]  # fmt: skip
+    touched: dict[int, nn.Module] = {}
+    by_param: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    for (param, axis), parts in cuts.items():
+        by_param.setdefault(param, []).append((axis, torch.sort(torch.cat(parts)).values))
+    holders = _holders(model)
+    for param, items in by_param.items():
+        module, attr = _owner(model, param)
+        owners = holders[id(module._parameters.get(attr, module._buffers.get(attr)))]
+        holder, attr, is_param = owners[0]
+        old = holder._parameters[attr] if is_param else holder._buffers[attr]
+        assert old is not None
+        new = old.detach()
+        for axis, index in items:
+            if int(index.numel()) != new.shape[axis]:
+                new = new.index_select(axis, index.to(new.device))
+        for m, name, is_param in owners:
+            if is_param:
+                m._parameters[name] = nn.Parameter(new, requires_grad=old.requires_grad)
+            else:
+                m._buffers[name] = new
+            touched[id(m)] = m
+    for m in depthwise:
+        m._depthwise = True  # type: ignore[assignment]
+    try:
+        for m in touched.values():
+            _new_sizes(m)
+    finally:
+        for m in depthwise:
+            del m._depthwise
+
+
+def _amounts(amount: Any, groups: list[TorchGroup]) -> dict[str, int | float]:
+    """Each group's amount, checked: one for all, or by group name (0 for groups not named)."""
+    if not isinstance(amount, Mapping):
+        _amount.validate_pruning_amount_init(amount)
+        return {g.name: amount for g in groups}
+    names = {g.name for g in groups}
+    for name, a in amount.items():
+        if name not in names:
+            raise ValueError(f"amount names {name!r}, which is not a group that can shrink")
+        _amount.validate_pruning_amount_init(a)
+    return {g.name: amount.get(g.name, 0) for g in groups}
+
+
+def _bake(model: nn.Module) -> None:
+    """Remove every pruning hook, making its mask permanent (``prune.remove``)."""
+    for module in model.modules():
+        names = [h._tensor_name for h in module._forward_pre_hooks.values() if hasattr(h, "_tensor_name")]
+        for name in names:
+            if pruning_hooks(module, name):
+                remove(module, name)
+
+
+def shrink(
+    model: nn.Module,
+    example_inputs: Any,
+    amount: int | float | Mapping[str, int | float] | None = None,
+    method: Any = "ln_structured",
+    *,
+    importance_scores: Mapping[str, torch.Tensor] | None = None,
+    leaf_modules: Iterable[Any] = (),
+    **method_args: Any,
+) -> nn.Module:
+    """Remove pruned channels from `model`'s layers for real; return `model`, smaller.
+
+    The model is traced with ``torch.fx`` and run once on `example_inputs` (without
+    gradients, in evaluation mode; the modes are restored) to find its channel groups
+    (see :func:`channel_groups`): a producer's output channels with everything that
+    carries them (biases, BatchNorm/InstanceNorm statistics, depthwise filters, the
+    branches a residual ``+`` or ``*`` joins, each part of a ``torch.cat``) and every
+    consumer's input columns. What goes is said one of two ways:
+
+    * ``amount=None``: the masks already on the model (the drop-in's or PyTorch's
+      ``ln_structured``/``random_structured``/``custom_from_mask``, ...). A channel goes
+      when a mask of one of its group's members zeroes all of it; a mask zeroing part of
+      a channel is a ``ValueError`` naming the group.
+    * an ``amount``: every group loses ``round(amount * channels)`` channels (an int is
+      a count per group; a mapping gives each named group its own, and groups it
+      does not name keep all their channels), those of lowest group score: by default
+      ``ln_structured``'s L2 norm of each channel across all weight members of the
+      group (producer rows, consumer columns, depthwise filters), ties to the lower
+      index (:func:`arrayprune.groups.group_scores`).
+
+    Then every pruning hook is removed (``prune.remove``: masks become permanent) and
+    every member is sliced in place: the same module objects, parameter and buffer names
+    and state-dict keys, with smaller tensors and updated ``in_channels``,
+    ``out_channels``, ``in_features``, ``out_features``, ``num_features`` and
+    ``groups``. The result equals the model with the removed channels zeroed in every
+    member of their group (see the module docstring for what that means after masks on
+    convolution weights only). Groups that cannot shrink keep their channels; their
+    reasons are what :func:`channel_groups` says: the model's inputs and outputs,
+    ``nn.MultiheadAttention`` (its heads and width stay: ``embed_dim`` sets the head
+    size, but the MLP around it shrinks), ``LayerNorm`` over the channels, grouped
+    convolutions, modules that cannot be traced or are named in `leaf_modules`,
+    operations the tables do not know, and reshapes that write the channel count as a
+    constant. A ``GroupNorm`` makes its groups of channels go whole: amounts count
+    them.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model, changed in place.
+    example_inputs : tensor or tuple of tensors
+        Inputs for the one tracing run.
+    amount : int, float or mapping of str to int or float, optional
+        Fraction in ``[0, 1]`` of each group's channels, or a count per group; or, by
+        group name (:attr:`TorchGroup.name`), each group's own; None takes the masks on
+        the model.
+    method : str or method object, default "ln_structured"
+        The group score: a name of :data:`arrayprune.METHODS` that removes whole
+        channels (``"ln_structured"`` with ``n=2`` unless `method_args` say,
+        ``"random_structured"`` with a ``seed``), or a method object with
+        ``channel_scores``.
+    importance_scores : mapping of str to tensor, optional
+        Qualified tensor name (``"layer1.0.conv1.weight"``) -> scores shaped like it,
+        scored instead of its values.
+    leaf_modules : iterable of modules or module types, optional
+        Modules kept whole (not traced into): their channels are left.
+    **method_args
+        Constructor arguments of a method given by name (``n=1``, ``seed=0``).
+
+    Returns
+    -------
+    torch.nn.Module
+        `model` itself.
+
+    Raises
+    ------
+    TypeError
+        If `model` is not a module, `example_inputs` not tensors, or the amount or
+        method is of the wrong kind.
+    ValueError
+        If the amount is out of range or would empty a group, no amount is given and
+        the model has no pruning mask, or a mask zeroes part of a channel.
+    RuntimeError
+        If ``torch.fx`` cannot trace the model or it does not run on the inputs.
+        Every error is raised before the model is changed.
+
+    Examples
+    --------
+    >>> import torch, torch.nn as nn
+    >>> import arrayprune.adapters.torch as prune
+    >>> net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3))
+    >>> _ = prune.ln_structured(net[0], "weight", amount=0.5, n=2, dim=0)
+    >>> _ = prune.shrink(net, torch.randn(1, 3, 8, 8))
+    >>> net[0].out_channels, net[1].num_features, net[3].in_channels, sorted(net[0].state_dict())
+    (4, 4, 4, ['bias', 'weight'])
+    """
+    groups = channel_groups(model, example_inputs, leaf_modules=leaf_modules)
+    open_groups = [g for g in groups if g.shrinkable]
+    scores = dict(importance_scores or {})
+    for name, t in scores.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"importance_scores[{name!r}] must be a tensor, got {type(t).__name__}")
+    with torch.no_grad():
+        if amount is None:
+            if method_args or method != "ln_structured" or scores:
+                raise TypeError("method, its arguments and importance_scores are taken only with an amount")
+            if not any(pruning_hooks(m, getattr(h, "_tensor_name", "")) for m in model.modules()
+                       for h in m._forward_pre_hooks.values()):  # fmt: skip
+                raise ValueError("shrink() needs an amount, or pruning masks on the model (it has none)")
+            kept = [_kept_by_masks(model, g) for g in open_groups]
+            for g, keep in zip(open_groups, kept, strict=True):
+                whole = torch.zeros(g.channels, dtype=torch.bool)
+                whole[keep] = True
+                split = whole.reshape(-1, g.block).any(dim=1) != whole.reshape(-1, g.block).all(dim=1)
+                if bool(split.any()):
+                    raise ValueError(
+                        f"group {g.name!r}: the masks remove part of GroupNorm group {int(torch.nonzero(split)[0])} "
+                        f"({g.block} channels each); its groups go whole"
+                    )
+            _check_partial(model, open_groups, kept)
+        else:
+            amounts = _amounts(amount, open_groups)
+            chosen = resolve_method(method, **method_args)
+            for g in open_groups:
+                a = amounts[g.name]
+                units = g.channels // g.block
+                _amount.validate_pruning_amount(_amount.compute_nparams_toprune(a, units), units)
+                for slot in g.members:
+                    given = scores.get(slot.param)
+                    if given is not None and tuple(given.shape) != tuple(_value(*_owner(model, slot.param)).shape):
+                        raise ValueError(
+                            f"importance_scores[{slot.param!r}] has shape {tuple(given.shape)}, the tensor "
+                            f"{tuple(_value(*_owner(model, slot.param)).shape)}"
+                        )
+            kept = [_kept_by_score(model, g, amounts[g.name], chosen, scores) for g in open_groups]
+        for g, keep in zip(open_groups, kept, strict=True):
+            if int(keep.numel()) == 0:
+                raise ValueError(f"group {g.name!r}: every one of its {g.channels} channels would go")
+        _bake(model)
+        _slice(model, open_groups, [k.cpu() for k in kept])
+    return model
