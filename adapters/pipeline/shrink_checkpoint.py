@@ -165,14 +165,12 @@ def _shrink_group(
     raw, views = {}, {}
     for m in g.members:
         t = src[m.key]
-        raw[m.key] = tf.raw(t).reshape(g.view(m, t.shape))
-        if m.weight:
-            views[m.key] = _widened(raw[m.key], t.code)
-    for m in g.members:
-        if not m.weight:
-            views[m.key] = raw[m.key]  # only its length along the axis is checked
-    kept = np.asarray(choose_channels(group_scores(views, g.group, method), amount))
-    out = {m.key: np.ascontiguousarray(np.take(raw[m.key], kept, axis=m.axis + 1)) for m in g.members}
+        raw[m.key] = tf.raw(t).reshape(t.shape)
+        for key, view in g.views(m, raw[m.key]).items():
+            views[key] = _widened(view, t.code) if m.weight else view  # a bias: only its length is checked
+    group = g.group_over({m.key: src[m.key].shape for m in g.members})
+    kept = np.asarray(choose_channels(group_scores(views, group, method), amount))
+    out = {m.key: g.take(m, raw[m.key], kept) for m in g.members}
     for m in g.members:
         tf.release_tensor(src[m.key])
     return kept, out

@@ -449,8 +449,9 @@ def test_the_family_table_gives_each_family_its_members_and_refusals():
     with pytest.raises(HfGroupsError) as info:
         hf_groups({}, {"encoder.block.0.w": (2, 2)})
     assert str(info.value) == (
-        "no Llama/Mistral/Qwen2 (mlp.gate_proj), BERT (intermediate.dense) or GPT-2 (mlp.c_fc) layers in the "
-        "checkpoint: its channel groups are not known"
+        "no Llama, Mistral, Qwen2, Qwen3, Gemma (mlp.gate_proj), Phi-3 (mlp.gate_up_proj), Mixtral "
+        "(block_sparse_moe.gate), Qwen2-MoE, Qwen3-MoE (mlp.gate), BERT (intermediate.dense) or GPT-2 (mlp.c_fc) "
+        "layers in the checkpoint: its channel groups are not known"
     )
     with pytest.raises(HfGroupsError, match=r"layer 0: no tensor 'h.0.mlp.c_fc.bias' \(a gpt2 layer holds it\)"):
         hf_groups({"n_layer": 1, "n_embd": 8}, {k: v for k, v in gpt2.items() if "bias" not in k})
