@@ -55,6 +55,16 @@ _FUSED = {
 }
 
 
+#: Module names of transformers' models that checkpoints store under another name:
+#: (stored, in the model). Mixtral's sparse block is ``mlp`` in transformers 5.
+_RENAMED = ((".block_sparse_moe.", ".mlp."),)
+
+
+def _stored_names(name: str) -> list[str]:
+    """`name` and the names a checkpoint may store it under."""
+    return [name, *(name.replace(model, stored) for stored, model in _RENAMED if model in name)]
+
+
 class LayerWalk:
     """The decoder layers of a checkpoint run one at a time on calibration token ids.
 
@@ -134,19 +144,26 @@ class LayerWalk:
             _Weights.free(layer)
 
     def _load(self, layer: Any, prefix: str) -> None:
-        """The layer's parameters, fused experts assembled from per-expert tensors."""
+        """The layer's parameters (float32), under the checkpoint's own names (:data:`_RENAMED`),
+        fused experts assembled from per-expert tensors."""
         import torch
         from torch import nn
 
-        fused = {}
         for name, param in list(layer.named_parameters()):
             full = f"{prefix}.{name}"
+            stored = next((n for n in _stored_names(full) if n in self.source.tensors), None)
             parent, _, leaf = full.rpartition(".")
-            if full not in self.source.tensors and leaf in _FUSED and parent.endswith(".experts"):
-                fused[name] = self._assembled(parent, leaf, param)
-        skip = tuple({f"{prefix}.{name}".rsplit(".", 1)[0] for name in fused})  # the experts' modules
-        self.weights.load(layer, prefix, skip=skip)
-        for name, value in fused.items():
+            if stored is not None:
+                t = self.source.tensors[stored]
+                if tuple(t.shape) != tuple(param.shape):
+                    raise ValueError(
+                        f"tensor {stored!r} is {list(t.shape)} in the checkpoint, the model needs {list(param.shape)}"
+                    )
+                value = torch.as_tensor(self.files.load(t))
+            elif leaf in _FUSED and parent.endswith(".experts"):
+                value = self._assembled(parent, leaf, param)
+            else:
+                raise ValueError(f"the checkpoint has no tensor {full!r}, which {type(layer).__name__} needs")
             owner, leaf = _owner(layer, name)
             owner._parameters[leaf] = nn.Parameter(value.to(self.device, torch.float32), requires_grad=False)
 
@@ -154,17 +171,28 @@ class LayerWalk:
         import torch
 
         count = param.shape[0]
-        for names in _FUSED[leaf]:
-            keys = [[f"{experts}.{e}.{n}.weight" for n in names] for e in range(count)]
-            if all(k in self.source.tensors for row in keys for k in row):
-                stacked = torch.stack(
-                    [torch.cat([torch.as_tensor(self.files.load(self.source.tensors[k])) for k in row]) for row in keys]
-                ).float()
-                if tuple(stacked.shape) != tuple(param.shape):
-                    got, want = list(stacked.shape), list(param.shape)
-                    raise ValueError(f"the experts of {experts!r} stack to {got}, not {want}")
-                return stacked
+        for base in _stored_names(experts + "."):
+            for names in _FUSED[leaf]:
+                keys = [[f"{base}{e}.{n}.weight" for n in names] for e in range(count)]
+                if all(k in self.source.tensors for row in keys for k in row):
+                    stacked = torch.stack(
+                        [
+                            torch.cat([torch.as_tensor(self.files.load(self.source.tensors[k])) for k in row])
+                            for row in keys
+                        ]
+                    ).float()
+                    if tuple(stacked.shape) != tuple(param.shape):
+                        got, want = list(stacked.shape), list(param.shape)
+                        raise ValueError(f"the experts of {experts!r} stack to {got}, not {want}")
+                    return stacked
         raise ValueError(f"the checkpoint has no tensor {experts + '.' + leaf!r} nor its experts one by one")
+
+    def module(self, layer: Any, index: int, key: str) -> Any:
+        """The module of `layer` (number `index`) whose weight the checkpoint names `key`."""
+        inner = key.removeprefix(f"{self.prefix}.{index}.").removesuffix(".weight")
+        for stored, model in _RENAMED:
+            inner = ("." + inner).replace(stored, model)[1:]
+        return layer.get_submodule(inner)
 
     def outputs(self, layer: Any) -> list[Any]:
         """The layer's outputs (hidden states) for every batch."""
@@ -286,8 +314,7 @@ def router_statistics(
                 if i not in routers:
                     walk.advance(walk.outputs(layer))
                     continue
-                name = routers[i].removeprefix(f"{walk.prefix}.{i}.").removesuffix(".weight")
-                router = layer.get_submodule(name)
+                router = walk.module(layer, i, routers[i])
                 logits: list[Any] = []
 
                 def grab(module: Any, args: Any, output: Any, logits: list = logits) -> None:
@@ -340,8 +367,7 @@ def calibrated_units(
     with torch.no_grad():
         for i in _progress(hooks, len(walk.layers)):
             with walk.loaded(i) as layer:
-                name = consumers[i].removeprefix(f"{walk.prefix}.{i}.").removesuffix(".weight")
-                module = layer.get_submodule(name)
+                module = walk.module(layer, i, consumers[i])
                 transposed = type(module).__name__ == "Conv1D"
                 weight = module.weight.detach().double()
                 weight = weight.T if transposed else weight
