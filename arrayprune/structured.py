@@ -226,7 +226,7 @@ def residual_change(before: Array, after: Array, mask: Array | None = None) -> t
     a, b = before, after
     dot = xp.sum(a * b, axis=-1)
     norms = xp.sqrt(xp.sum(a * a, axis=-1) * xp.sum(b * b, axis=-1))
-    tiny = xp.finfo(norms.dtype).tiny
+    tiny = xp.finfo(norms.dtype).smallest_normal
     change = 1 - dot / xp.where(norms > 0, norms, xp.full_like(norms, tiny))
     if mask is None:
         count = apc.size(change)

@@ -327,6 +327,10 @@ def shrink_layers(
     return StructureShrink(report, {name: kept.tolist()}, before, after, updates, files, list(ckpt.left))
 
 
+_CALIBRATED_SCORE = {
+    "activation_structured": "||X_j|| x ||W[:, j]|| of the consumer's input columns (root of the sum over a unit)",
+    "obs_structured": "OBS: ||W[:, j]||^2 / [H^-1]_jj of the consumer's input columns (a unit as a whole)",
+}
 _LAYER_SCORE = "1 - cosine(input, output) of each layer's residual stream, mean over calibration tokens"
 _EXPERT_SCORE = "routing weight per calibration token (frequency x mean weight of the tokens choosing it)"
 _EXPERT_NORM = "L2 norm of each expert's weights (no --calibration)"
@@ -579,10 +583,7 @@ def shrink_calibrated(
         new_shapes = {n: planned[n].shape for n in members}
         updates = found.config_updates(kept_count)
         files = _write(ckpt, dst, config, updates, renamed, new_shapes, data, force=force, made=made)
-    what = {
-        "activation_structured": "||X_j|| x ||W[:, j]|| of the consumer's input columns (root of the sum over a unit)",
-        "obs_structured": "OBS: ||W[:, j]||^2 / [H^-1]_jj of the consumer's input columns (a unit as a whole)",
-    }[method] + (", the consumer refit on the kept columns" if compensated else "")
+    what = _CALIBRATED_SCORE[method] + (", the consumer refit on the kept columns" if compensated else "")
     sets = [_Unitset(_Named(g.name, g.units), g.unit) for g in found.groups]
     report = UnitReport(groups, sets, scores, what)
     before, after = _size(ckpt, renamed, new_shapes)
@@ -681,4 +682,4 @@ def _dry_run(src: str, groups: str, spec: Any, args: Mapping[str, Any]) -> UnitR
         return _expert_report(experts, by_layer, spec.calibration is not None)
     found, scores, _ = score_calibrated(src, spec.method, None, spec.calibration, groups, **args)
     sets = [_Unitset(_Named(g.name, g.units), g.unit) for g in found.groups]
-    return UnitReport(groups, sets, scores, f"{spec.method} on the dense model's calibration activations")
+    return UnitReport(groups, sets, scores, _CALIBRATED_SCORE[spec.method] + ", on the dense model")
