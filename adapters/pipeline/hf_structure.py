@@ -175,15 +175,17 @@ class LayerWalk:
             for names in _FUSED[leaf]:
                 keys = [[f"{base}{e}.{n}.weight" for n in names] for e in range(count)]
                 if all(k in self.source.tensors for row in keys for k in row):
-                    stacked = torch.stack(
-                        [
-                            torch.cat([torch.as_tensor(self.files.load(self.source.tensors[k])) for k in row])
-                            for row in keys
-                        ]
-                    ).float()
-                    if tuple(stacked.shape) != tuple(param.shape):
-                        got, want = list(stacked.shape), list(param.shape)
-                        raise ValueError(f"the experts of {experts!r} stack to {got}, not {want}")
+                    rows = [sum(self.source.tensors[k].shape[0] for k in row) for row in keys]
+                    shapes = {tuple(self.source.tensors[k].shape[1:]) for row in keys for k in row}
+                    if set(rows) != {param.shape[1]} or shapes != {tuple(param.shape[2:])}:
+                        raise ValueError(f"the experts of {experts!r} do not stack to {list(param.shape)}")
+                    stacked = torch.empty(tuple(param.shape), dtype=torch.float32)  # filled in place, one at a time
+                    for e, row in enumerate(keys):
+                        start = 0
+                        for k in row:
+                            t = self.source.tensors[k]
+                            stacked[e, start : start + t.shape[0]] = torch.as_tensor(self.files.load(t))
+                            start += t.shape[0]
                     return stacked
         raise ValueError(f"the checkpoint has no tensor {experts + '.' + leaf!r} nor its experts one by one")
 
