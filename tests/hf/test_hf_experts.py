@@ -149,3 +149,35 @@ def test_too_few_experts_refused(tmp_path):
                "3", "--method", "ln_structured")  # fmt: skip
     assert_error(proc, "would leave 1 experts per layer, fewer than num_experts_per_tok=2")
     assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_fused_experts_are_sliced(tmp_path, tokens):
+    """A folder storing each layer's experts fused (``experts.gate_up_proj`` ``[experts, 2 x inner, hidden]``,
+    as transformers 5 names its parameters) shrinks as the same model stored per expert."""
+    from safetensors.numpy import save_file
+
+    cls = save_family(tmp_path / "dense", "qwen2_moe", shard="8KB")
+    t = tensors(tmp_path / "dense")
+    fused = {k: v for k, v in t.items() if ".experts." not in k}
+    for i in range(2):
+        p = f"model.layers.{i}.mlp.experts."
+        fused[p + "gate_up_proj"] = np.stack(
+            [np.concatenate([t[f"{p}{e}.gate_proj.weight"], t[f"{p}{e}.up_proj.weight"]]) for e in range(4)]
+        )
+        fused[p + "down_proj"] = np.stack([t[f"{p}{e}.down_proj.weight"] for e in range(4)])
+    (tmp_path / "fused").mkdir()
+    save_file(fused, tmp_path / "fused" / "model.safetensors", metadata={"format": "pt"})
+    (tmp_path / "fused" / "config.json").write_bytes((tmp_path / "dense" / "config.json").read_bytes())
+    per_expert = shrink_experts(tmp_path / "dense", tmp_path / "a", 0.5, str(tokens))
+    done = shrink_experts(tmp_path / "fused", tmp_path / "b", 0.5, str(tokens))
+    assert done.kept == per_expert.kept
+    small = tensors(tmp_path / "b")
+    for i in range(2):
+        kept = done.kept[f"model.layers.{i}.mlp"]
+        p = f"model.layers.{i}.mlp.experts."
+        np.testing.assert_array_equal(small[p + "gate_up_proj"], fused[p + "gate_up_proj"][kept])
+        np.testing.assert_array_equal(small[p + "down_proj"], fused[p + "down_proj"][kept])
+    with torch.no_grad():
+        got, want = load(cls, tmp_path / "b")(IDS).logits, load(cls, tmp_path / "a")(IDS).logits
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=1e-6)

@@ -145,3 +145,52 @@ def test_layers_refused(qwen3, tokens, tmp_path, args, fragments):
                *args)  # fmt: skip
     assert_error(proc, *fragments)
     assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_moe_with_dense_layers_keeps_each_layers_kind(tokens, tmp_path):
+    """Qwen2-MoE with ``decoder_sparse_step=2`` (layers 0 and 2 dense): the kinds follow the layers kept."""
+    from hf_models import save_family
+
+    cls = save_family(tmp_path / "dense", "qwen2_moe", shard="8KB", num_hidden_layers=4, decoder_sparse_step=2)
+    done = shrink_layers(tmp_path / "dense", tmp_path / "small", 2, str(tokens))
+    kept = done.kept["model.layers"]
+    with open(tmp_path / "small" / "config.json") as f:
+        cfg = json.load(f)
+    assert cfg["decoder_sparse_step"] == 1 and cfg["num_hidden_layers"] == 2
+    assert cfg["mlp_only_layers"] == [j for j, i in enumerate(kept) if i % 2 == 0]
+    with torch.no_grad():
+        small = load_as(cls, tmp_path / "small")
+        ref = cls.from_pretrained(tmp_path / "dense").eval()
+        ref.model.layers = torch.nn.ModuleList([ref.model.layers[i] for i in kept])
+        ref.config.num_hidden_layers = 2
+        ref.config.layer_types = [ref.config.layer_types[i] for i in kept]
+        np.testing.assert_allclose(small(IDS).logits.numpy(), ref(IDS, use_cache=False).logits.numpy(), atol=1e-5)
+
+
+def load_as(cls, folder):
+    model, info = cls.from_pretrained(folder, output_loading_info=True)
+    assert info["missing_keys"] == set() and info["unexpected_keys"] == set(), info
+    assert info["mismatched_keys"] == set() and not info["error_msgs"], info
+    return model.eval()
+
+
+def test_config_lists_rewritten():
+    from arrayprune.adapters.roles.hf_groups import HfGroupsError, HfLayers
+
+    layers = HfLayers("qwen2_moe", "num_hidden_layers", [f"model.layers.{i}" for i in range(4)])
+    config = {
+        "num_hidden_layers": 4, "layer_types": ["a", "b", "c", "d"], "sliding_window_pattern_per_layer": [1, 2, 3, 4],
+        "mlp_only_layers": [3], "decoder_sparse_step": 2, "architectures": ["X", "Y", "Z", "W"],
+    }  # fmt: skip
+    assert layers.config_updates(config, [0, 3]) == {
+        "num_hidden_layers": 2, "layer_types": ["a", "d"], "sliding_window_pattern_per_layer": [1, 4],
+        "decoder_sparse_step": 1, "mlp_only_layers": [0, 1],
+    }  # fmt: skip
+    names = ["model.layers.0.mlp.w", "model.layers.3.mlp.w", "model.layers.1.x", "model.norm.weight"]
+    assert layers.renamed(names, [1, 3]) == {
+        "model.layers.0.mlp.w": None, "model.layers.3.mlp.w": "model.layers.1.mlp.w",
+        "model.layers.1.x": "model.layers.0.x", "model.norm.weight": "model.norm.weight",
+    }  # fmt: skip
+    with pytest.raises(HfGroupsError, match="use_sliding_window by max_window_layers"):
+        layers.config_updates({"max_window_layers": 2, "use_sliding_window": True}, [0])
