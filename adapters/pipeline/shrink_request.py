@@ -66,7 +66,8 @@ def check_shrink(spec: Any) -> None:
         raise PruneError(f"--method {spec.method} scores units on calibration data: add --calibration tokens.npz")
     if not spec.compensate and not calibrated:
         raise PruneError(f"--no-compensate turns off the refit of {' and '.join(CALIBRATED_SCORES)}")
-    if not calibrated and not callable(getattr(spec.method_class(), "channel_scores", None)):
+    whole_units = spec.groups in ("layers", "experts")  # their own scores: the method is not asked
+    if not calibrated and not whole_units and not callable(getattr(spec.method_class(), "channel_scores", None)):
         raise PruneError(
             f"--shrink removes whole channels: use a method that scores channels "
             f"({' or '.join(channel_methods())}), not {spec.method}"

@@ -637,11 +637,11 @@ def run_hf_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> Any:
         if spec.dry_run:
             report = _dry_run(src, groups, spec, args)
             return PruneResult(
-                src, None, kind, spec, [], notes=shrink_notes(spec), shrink=ShrinkResult(report, spec.amount)
+                src, None, kind, spec, [], notes=_notes(spec, groups), shrink=ShrinkResult(report, spec.amount)
             )
         if dst is None:
             raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
-        made = provenance.record(spec)
+        made = provenance.record(_recorded(spec, groups))
         common = {"force": spec.force, "made": made, **args}
         if groups == "layers":
             done = shrink_layers(src, dst, spec.amount, spec.calibration, **common)
@@ -664,11 +664,33 @@ def run_hf_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> Any:
     written.whole.add(done.params_after, 0)
     shrunk = ShrinkResult(done.report, spec.amount, done.kept, done.params_before, done.params_after)
     changes = ", ".join(f"{k} -> {v}" for k, v in done.config.items())
-    notes = [*shrink_notes(spec), f"{CONFIG_NAME} rewritten: {changes}"]
+    notes = [*_notes(spec, groups), f"{CONFIG_NAME} rewritten: {changes}"]
     return PruneResult(
         src, dst, kind, spec, [], written, shards=len(ckpt.shards), copied=len(ckpt.files) - 1, notes=notes,
         shrink=shrunk,
     )  # fmt: skip
+
+
+#: What ranks layers and experts, as the provenance record names it (their own scores, not ``--method``).
+_RECORDED = {"layers": "residual_change", "experts": "router_statistics"}
+
+
+def _recorded(spec: Any, groups: str) -> Any:
+    """The request as the provenance record tells it: layers and experts by the score that ranked them."""
+    if groups == "experts" and not spec.calibration:
+        return dataclasses.replace(spec, method="ln_structured")
+    return dataclasses.replace(spec, method=_RECORDED[groups]) if groups in _RECORDED else spec
+
+
+def _notes(spec: Any, groups: str) -> list[str]:
+    """:func:`shrink_notes`, naming the units removed."""
+    unit, where = {"layers": ("layers", "the model"), "experts": ("experts", "each MoE layer")}.get(
+        groups, ("channels" if groups == "channels" else "KV groups", "each layer")
+    )
+    return [
+        n.replace("channels removed from each channel group", f"{unit} removed from {where}")
+        for n in shrink_notes(spec)
+    ]
 
 
 def _dry_run(src: str, groups: str, spec: Any, args: Mapping[str, Any]) -> UnitReport:

@@ -128,7 +128,9 @@ def test_cli_layers_and_dry_run(qwen3, tokens, tmp_path, capsys):
                  "1", "--calibration", str(tokens), "--method", "ln_structured"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
     with open(tmp_path / "out" / "config.json") as f:
-        assert json.load(f)["num_hidden_layers"] == 3
+        cfg = json.load(f)
+    assert cfg["num_hidden_layers"] == 3 and cfg["arrayprune"]["method"] == "residual_change"
+    assert cfg["arrayprune"]["shrink"] == "layers" and "calibration_sha256" in cfg["arrayprune"]
 
 
 @pytest.mark.parametrize(
