@@ -88,7 +88,7 @@ def sequential_reference(cls, folder, tokens_path, consumer, units, drop, method
 
         handle = module.register_forward_pre_hook(grab)
         with torch.no_grad():
-            model(ids, use_cache=False)
+            model(ids)
         handle.remove()
         scores = _scores(method, w, h, units)
         kept = np.sort(np.argsort(scores, kind="stable")[drop:])
@@ -195,3 +195,24 @@ def test_calibrated_method_needs_shrink(llama, tokens, tmp_path):
     proc = run("prune", llama, "-o", tmp_path / "out", "--amount", "0.5", "--method", "obs_structured",
                "--calibration", tokens)  # fmt: skip
     assert_error(proc, "--method obs_structured scores the units --shrink removes: add --shrink")
+
+
+@pytest.mark.slow
+def test_bert_output_dense_consumer(tmp_path, tokens):
+    torch.manual_seed(0)
+    cfg = tr.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=40, max_position_embeddings=64)  # fmt: skip
+    tr.BertModel(cfg).eval().save_pretrained(tmp_path / "dense")
+    done = shrink_calibrated(tmp_path / "dense", tmp_path / "small", 0.5, "activation_structured", str(tokens))
+
+    def output_dense(model, i):
+        return model.encoder.layer[i].output.dense
+
+    ref, kept = sequential_reference(
+        tr.BertModel, tmp_path / "dense", tokens, output_dense, 40, 20, "activation_structured", True
+    )
+    assert [done.kept[f"encoder.layer.{i}.intermediate"] for i in range(2)] == kept
+    assert done.config == {"intermediate_size": 20}
+    with torch.no_grad():
+        got = load(tr.BertModel, tmp_path / "small")(IDS).last_hidden_state.numpy()
+        np.testing.assert_allclose(got, ref(IDS).last_hidden_state.numpy(), rtol=0, atol=2e-5)
