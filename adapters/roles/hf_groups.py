@@ -447,6 +447,10 @@ def hf_groups(config: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], ki
     names = sorted(shapes)
     family, prefix, layers = family_of(config, names)
     row = FAMILIES[family]
+    if kind == "heads" and row.attention is not None:  # every layer has attention, not every one the marker
+        module, producers, _ = row.attention
+        pattern = row.layer_pattern(f"{module}{producers[0]}.weight")
+        layers = sorted({int(m["i"]) for m in map(pattern.match, names) if m and m["p"] == prefix})
     _check_layers(row, config, layers, "every layer must shrink by the same count")
     hidden = _int(config, row.hidden)
     unit = "channels"

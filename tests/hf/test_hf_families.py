@@ -86,3 +86,18 @@ def test_channels_of_experts_refused(tmp_path, family):
     config = {"model_type": family, "num_hidden_layers": 1, "hidden_size": 8}
     with pytest.raises(HfGroupsError, match=r"^--groups channels: .* hold experts, not one MLP"):
         hf_groups(config, shapes)
+
+
+@pytest.mark.slow
+def test_heads_of_moe_with_dense_layers(tmp_path):
+    """Qwen2-MoE with ``decoder_sparse_step=2``: layer 0 has a dense MLP, no router; every layer's heads shrink."""
+    cls = save_family(tmp_path / "dense", "qwen2_moe", decoder_sparse_step=2)
+    done = shrink_checkpoint(tmp_path / "dense", tmp_path / "small", 0.5, groups="heads")
+    assert sorted(done.kept) == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    cuts = {
+        f"model.layers.{i}.self_attn.o_proj.weight": (1, np.setdiff1d(np.arange(32), np.arange(g * 16, g * 16 + 16)))
+        for i, (g,) in enumerate(done.kept[f"model.layers.{i}.self_attn"] for i in range(2))
+    }
+    with torch.no_grad():
+        got = load(cls, tmp_path / "small")(IDS).logits.numpy()
+        np.testing.assert_allclose(got, zeroed(cls, tmp_path / "dense", cuts)(IDS).logits.numpy(), rtol=0, atol=1e-5)
