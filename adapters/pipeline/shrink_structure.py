@@ -312,12 +312,11 @@ def shrink_layers(
     ckpt, config = open_hf(src)
     shapes = {n: t.shape for n, t in ckpt.tensors.items()}
     layers = hf_layers(config, shapes)
-    kept_count = _count_kept(amount, layers.units, "layers")
+    _count_kept(amount, layers.units, "layers")  # refused before anything is run
     dst = _check_out(ckpt, dst)
     sharded.check_destination(dst, ckpt, force)
     layers, scores = score_layers(src, calibration, rows=rows, device=device, hooks=hooks)
     kept = np.asarray(choose_channels(scores, amount))
-    assert len(kept) == kept_count
     updates = layers.config_updates(config, kept.tolist())
     renamed = layers.renamed(list(ckpt.tensors), kept.tolist())
     files = _write(ckpt, dst, config, updates, renamed, {}, lambda tf, name: None, force=force, made=made)
@@ -652,13 +651,15 @@ def run_hf_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> Any:
                 src, dst, spec.amount, spec.method, spec.calibration, groups=groups, compensated=spec.compensate,
                 **common,
             )  # fmt: skip
+    except PruneError:
+        raise
     except HfGroupsError as exc:
         raise PruneError(f"--shrink: {exc}", src) from None
-    except OSError as exc:
-        if dst is None or not isinstance(exc, (FileExistsError, PermissionError, IsADirectoryError)):
+    except OSError as exc:  # a full disk: the new folder is gone, OUT as it was
+        if dst is None:
             raise
         raise write_failure(dst, exc) from None
-    except ValueError as exc:
+    except ValueError as exc:  # token ids, a model transformers cannot build
         raise PruneError(f"--shrink: {error_text(exc)}", src) from None
     written = PruneSummary(pruned=Totals(), whole=Totals(), files=done.files, left=done.left)
     written.whole.add(done.params_after, 0)

@@ -196,3 +196,12 @@ def test_config_lists_rewritten():
     }  # fmt: skip
     with pytest.raises(HfGroupsError, match="use_sliding_window by max_window_layers"):
         layers.config_updates({"max_window_layers": 2, "use_sliding_window": True}, [0])
+
+
+def test_bad_tokens_refused_in_one_line(qwen3, tmp_path):
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, input_ids=np.full((2, 8), 99))
+    proc = run("prune", qwen3, "-o", tmp_path / "out", "--shrink", "--groups", "layers", "--amount", "1",
+               "--calibration", bad)  # fmt: skip
+    assert_error(proc, "token ids must be in [0, 64)")
+    assert not os.path.exists(tmp_path / "out")
