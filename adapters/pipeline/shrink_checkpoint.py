@@ -51,7 +51,7 @@ from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult,
 from arrayprune.adapters.pipeline.request import method_arguments
 from arrayprune.adapters.provenance import KEY
 from arrayprune.adapters.roles.hf_config import CONFIG_NAME, config_bytes, read_config
-from arrayprune.adapters.roles.hf_groups import HfGroup, HfGroups, HfGroupsError, hf_groups
+from arrayprune.adapters.roles.hf_groups import FAMILIES, HfGroup, HfGroups, HfGroupsError, hf_groups
 from arrayprune.adapters.shrink import _check_method, _per_group_methods
 from arrayprune.adapters.summary import PruneSummary, Totals
 from arrayprune.groups import choose_channels, group_scores
@@ -137,6 +137,7 @@ def plan_checkpoint_shrink(
     if k >= units:
         raise HfGroupsError(f"amount {amount} would remove every one of the {units} {found.groups[0].unit} of a layer")
     kept = units - k
+    found.check_kept(kept, int(config.get(FAMILIES[found.family].hidden) or 0))
     tensors = dict(ckpt.tensors)
     for g in found.groups:
         for m in g.members:

@@ -185,6 +185,26 @@ class HfGroups:
     left: list[Any] = field(default_factory=list)
     sizes: dict[str, int] = field(default_factory=dict)
 
+    def check_kept(self, kept: int, hidden: int) -> None:
+        """Refuse a number of units the config cannot state (heads that transformers would refuse to load).
+
+        Raises
+        ------
+        HfGroupsError
+            One line, with the counts that would do.
+        """
+        if self.kind != "heads" or not FAMILIES[self.family].heads_divide_hidden:
+            return
+        per_kv = self.sizes["num_attention_heads"] // self.sizes["num_key_value_heads"]
+        if hidden % (kept * per_kv):
+            n = self.sizes["num_key_value_heads"]
+            fine = " or ".join(str(k) for k in range(1, n) if hidden % (k * per_kv) == 0) or "all"
+            raise HfGroupsError(
+                f"--groups heads: {kept * per_kv} attention heads do not divide hidden_size={hidden}, and "
+                f"transformers refuses such a {FAMILIES[self.family].label} config whatever its head_dim; keep "
+                f"{fine} of the {n} {self.groups[0].unit}"
+            )
+
     def config_updates(self, kept: int) -> dict[str, int]:
         """The config fields to write when every group keeps `kept` units."""
         if self.kind == "channels":
@@ -242,6 +262,9 @@ class Family:
     experts : tuple or None
         (module prefix of the sparse block, the router, an expert's prefix with ``{e}``,
         an expert's weights (producers then the consumer)) of a mixture-of-experts family.
+    heads_divide_hidden : bool
+        transformers refuses a config whose ``hidden_size`` is not a multiple of
+        ``num_attention_heads``, whatever ``head_dim`` says (``LlamaConfig``).
     """
 
     label: str
@@ -258,6 +281,7 @@ class Family:
     model_types: tuple[str, ...] = ()
     mlp_outer: int = 1
     experts: tuple[str, str, str, tuple[str, ...]] | None = None
+    heads_divide_hidden: bool = False
 
     def pattern(self) -> re.Pattern[str]:
         """Matches the marker weight of any layer: groups ``p`` (the model's prefix) and ``i``."""
@@ -290,7 +314,7 @@ def _decoder(label: str, model_types: tuple[str, ...], **overrides: Any) -> Fami
 #: config's ``model_type`` are tried first; a checkpoint whose ``model_type`` no row names
 #: takes the first row whose marker its layers hold.
 FAMILIES: dict[str, Family] = {
-    "llama": _decoder("Llama", ("llama",)),
+    "llama": _decoder("Llama", ("llama",), heads_divide_hidden=True),
     "mistral": _decoder("Mistral", ("mistral",)),
     "qwen2": _decoder("Qwen2", ("qwen2",)),
     "qwen3": _decoder("Qwen3", ("qwen3",)),  # q_norm, k_norm: one scale per head_dim entry, kept
