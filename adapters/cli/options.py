@@ -25,7 +25,7 @@ from arrayprune.adapters.pipeline.method_names import (
     scored_methods,
 )
 from arrayprune.adapters.pipeline.request import method_arguments
-from arrayprune.adapters.pipeline.shrink_request import GROUPS, channel_methods
+from arrayprune.adapters.pipeline.shrink_request import CALIBRATED_SCORES, GROUPS, channel_methods
 from arrayprune.adapters.verify import DEFAULT_TOL
 
 from .errors import PROG, CliError
@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--method",
-        choices=runnable_methods(),
+        choices=[*runnable_methods(), *CALIBRATED_SCORES],
         default="l1_unstructured",
         help="pruning method (default: %(default)s); sparsegpt (needs --calibration or --hessians, --amount or"
         " --nm) also updates the weights it keeps, calibrated layer by layer",
@@ -328,7 +328,17 @@ def build_parser() -> argparse.ArgumentParser:
         "from every tensor holding them",
     )
     p.add_argument(
-        "--groups", choices=GROUPS, default=None, help="--shrink: what a group is (channels, the default; heads)"
+        "--groups",
+        choices=GROUPS,
+        default=None,
+        help="--shrink: what goes (channels, the default; heads; a Hugging Face folder's decoder layers or the "
+        "experts of its MoE layers, ranked on --calibration token ids)",
+    )
+    p.add_argument(
+        "--no-compensate",
+        dest="compensate",
+        action="store_false",
+        help=f"--shrink with {' or '.join(CALIBRATED_SCORES)}: do not refit the layer reading the removed units",
     )
     p.add_argument(
         "--verify",

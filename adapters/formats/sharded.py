@@ -292,6 +292,7 @@ class ShardedCheckpoint:
         contents: Mapping[str, bytes] | None = None,
         made: Mapping[str, str] | None = None,
         replace: bool = True,
+        origin: Mapping[str, str] | None = None,
     ) -> R:
         """Write the checkpoint to folder `dst` as a whole: shards filled by ``fill(writers)``, then the rest.
 
@@ -324,8 +325,16 @@ class ShardedCheckpoint:
             Whether an existing folder `dst` may be replaced (``--force``); without, a
             folder there, or one another run switches in meanwhile, fails the write
             (:func:`~.files.replace_folder`).
+        origin : mapping of str to str, optional
+            Tensors renamed or left out (layers or experts removed): `tensors` holds the
+            new names, and ``origin[new]`` is the tensor of the checkpoint whose shard it
+            goes into. A shard left with no tensor is not written (the caller writes
+            the index, through `contents`).
         """
-        if tensors is not None and set(tensors) != set(self.tensors):
+        if origin is not None:
+            if tensors is None or set(tensors) != set(origin) or not set(origin.values()) <= set(self.tensors):
+                raise ValueError("renamed tensors must each name a tensor of the checkpoint they come from")
+        elif tensors is not None and set(tensors) != set(self.tensors):
             raise ValueError("the tensors written must have the names of the checkpoint's tensors")
         tensors = self.tensors if tensors is None else tensors
         contents = dict(contents or {})
@@ -336,20 +345,22 @@ class ShardedCheckpoint:
         if made and CONFIG in self.files and CONFIG not in contents:
             contents[CONFIG] = self._config_with(made)
         names = self.written()
+        shard_of = {new: self.shard_of[old] for new, old in origin.items()} if origin is not None else self.shard_of
+        shards = [s for s in self.shards if origin is None or s in set(shard_of.values())]
         with replace_folder(dst, replace=replace) as tmp:
             for folder in self.folders:
                 os.mkdir(os.path.join(tmp, *folder.split("/")))
             with contextlib.ExitStack() as stack:
-                handles = [stack.enter_context(open(os.path.join(tmp, *n.split("/")), "xb")) for n in self.shards]
+                handles = [stack.enter_context(open(os.path.join(tmp, *n.split("/")), "xb")) for n in shards]
                 writers: dict[str, Any] = {}
-                for shard, f in zip(self.shards, handles, strict=True):
-                    mine = [t for name, t in tensors.items() if self.shard_of[name] == shard]
+                for shard, f in zip(shards, handles, strict=True):
+                    mine = [t for name, t in tensors.items() if shard_of[name] == shard]
                     prefix = shard[: shard.rfind("/") + 1]  # a sub-folder's shard stores names without it
                     local = [dataclasses.replace(t, name=t.name[len(prefix) :]) for t in mine] if prefix else mine
                     writer = TensorWriter(f, with_record(self.metadata[shard], made), local)
                     writers[shard] = _LocalNames(writer, len(prefix)) if prefix else writer
-                result = fill({name: writers[self.shard_of[name]] for name in self.tensors})
-                for shard, f in zip(self.shards, handles, strict=True):
+                result = fill({name: writers[shard_of[name]] for name in tensors})
+                for shard, f in zip(shards, handles, strict=True):
                     writers[shard].finish()
                     os.fsync(f.fileno())
                     files._step(f"shard {shard}")

@@ -51,7 +51,7 @@ from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult,
 from arrayprune.adapters.pipeline.request import method_arguments
 from arrayprune.adapters.provenance import KEY
 from arrayprune.adapters.roles.hf_config import CONFIG_NAME, config_bytes, read_config
-from arrayprune.adapters.roles.hf_groups import HfGroup, HfGroups, HfGroupsError, hf_groups
+from arrayprune.adapters.roles.hf_groups import FAMILIES, HfGroup, HfGroups, HfGroupsError, hf_groups
 from arrayprune.adapters.shrink import _check_method, _per_group_methods
 from arrayprune.adapters.summary import PruneSummary, Totals
 from arrayprune.groups import choose_channels, group_scores
@@ -137,6 +137,7 @@ def plan_checkpoint_shrink(
     if k >= units:
         raise HfGroupsError(f"amount {amount} would remove every one of the {units} {found.groups[0].unit} of a layer")
     kept = units - k
+    found.check_kept(kept, int(config.get(FAMILIES[found.family].hidden) or 0))
     tensors = dict(ckpt.tensors)
     for g in found.groups:
         for m in g.members:
@@ -165,14 +166,12 @@ def _shrink_group(
     raw, views = {}, {}
     for m in g.members:
         t = src[m.key]
-        raw[m.key] = tf.raw(t).reshape(g.view(m, t.shape))
-        if m.weight:
-            views[m.key] = _widened(raw[m.key], t.code)
-    for m in g.members:
-        if not m.weight:
-            views[m.key] = raw[m.key]  # only its length along the axis is checked
-    kept = np.asarray(choose_channels(group_scores(views, g.group, method), amount))
-    out = {m.key: np.ascontiguousarray(np.take(raw[m.key], kept, axis=m.axis + 1)) for m in g.members}
+        raw[m.key] = tf.raw(t).reshape(t.shape)
+        for key, view in g.views(m, raw[m.key]).items():
+            views[key] = _widened(view, t.code) if m.weight else view  # a bias: only its length is checked
+    group = g.group_over({m.key: src[m.key].shape for m in g.members})
+    kept = np.asarray(choose_channels(group_scores(views, group, method), amount))
+    out = {m.key: g.take(m, raw[m.key], kept) for m in g.members}
     for m in g.members:
         tf.release_tensor(src[m.key])
     return kept, out

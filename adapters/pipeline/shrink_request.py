@@ -13,10 +13,21 @@ from typing import Any
 import arrayprune
 from arrayprune.adapters.pipeline.errors import PruneError
 
-__all__ = ["GROUPS", "channel_methods", "check_shrink"]
+__all__ = ["CALIBRATED_SCORES", "GROUPS", "channel_methods", "check_shrink"]
 
-#: The values of ``--groups``: the coupled channels of layers, or attention heads.
-GROUPS = ("channels", "heads")
+#: The values of ``--groups``: the coupled channels of layers, attention heads, whole
+#: decoder layers, the experts of mixture-of-experts layers (the last two: Hugging Face
+#: checkpoint folders).
+GROUPS = ("channels", "heads", "layers", "experts")
+
+#: The ``--method`` names of the calibrated scores of ``--shrink --groups channels|heads``
+#: on a Hugging Face folder (:mod:`arrayprune.structured`): units scored on the inputs of
+#: the layer reading them (``--calibration`` token ids), that layer refit on the kept
+#: columns unless ``--no-compensate``.
+CALIBRATED_SCORES = {
+    "activation_structured": "input activation norm x weight column norm of the consumer",
+    "obs_structured": "||W[:, j]||^2 / [H^-1]_jj of the consumer's input columns (Optimal Brain Surgeon)",
+}
 
 
 def channel_methods() -> list[str]:
@@ -38,8 +49,25 @@ def check_shrink(spec: Any) -> None:
     if not spec.shrink:
         if spec.groups is not None:
             raise PruneError("--groups says what --shrink removes: add --shrink")
+        if spec.method in CALIBRATED_SCORES:
+            raise PruneError(f"--method {spec.method} scores the units --shrink removes: add --shrink")
+        if not spec.compensate:
+            raise PruneError("--no-compensate goes with --shrink and a calibrated method")
         return
-    if not callable(getattr(spec.method_class(), "channel_scores", None)):
+    calibrated = spec.method in CALIBRATED_SCORES
+    if spec.groups == "layers" and not spec.calibration:
+        raise PruneError(
+            "--groups layers ranks layers by how much they change the residual stream on calibration data: "
+            "add --calibration tokens.npz"
+        )
+    if calibrated and spec.groups in ("layers", "experts"):
+        raise PruneError(f"--method {spec.method} scores channels and heads; --groups {spec.groups} has its own score")
+    if calibrated and not spec.calibration:
+        raise PruneError(f"--method {spec.method} scores units on calibration data: add --calibration tokens.npz")
+    if not spec.compensate and not calibrated:
+        raise PruneError(f"--no-compensate turns off the refit of {' and '.join(CALIBRATED_SCORES)}")
+    whole_units = spec.groups in ("layers", "experts")  # their own scores: the method is not asked
+    if not calibrated and not whole_units and not callable(getattr(spec.method_class(), "channel_scores", None)):
         raise PruneError(
             f"--shrink removes whole channels: use a method that scores channels "
             f"({' or '.join(channel_methods())}), not {spec.method}"

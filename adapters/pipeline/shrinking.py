@@ -39,7 +39,8 @@ from arrayprune.adapters.pipeline.hooks import Hooks
 from arrayprune.adapters.pipeline.outputs import check_whole_output
 from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult, shrink_notes
 from arrayprune.adapters.pipeline.request import PruneSpec, method_arguments
-from arrayprune.adapters.pipeline.shrink_checkpoint import run_checkpoint_shrink
+from arrayprune.adapters.pipeline.shrink_request import CALIBRATED_SCORES
+from arrayprune.adapters.pipeline.shrink_structure import run_hf_shrink
 from arrayprune.adapters.pipeline.storage import WholeFile
 from arrayprune.adapters.pipeline.targets import plan_for
 from arrayprune.adapters.pipeline.verify_stage import compare_outputs, verify_inputs
@@ -68,6 +69,12 @@ def refusal(kind: str, spec: PruneSpec) -> str | None:
         return (
             "--shrink reads channel groups from an ONNX graph or a Hugging Face checkpoint folder "
             f"(config.json and safetensors), not from a {kind} file"
+        )
+    if spec.groups in ("layers", "experts") or spec.method in CALIBRATED_SCORES:
+        what = f"--groups {spec.groups}" if spec.groups in ("layers", "experts") else f"--method {spec.method}"
+        return (
+            f"{what} reads the layers of a Hugging Face checkpoint folder (config.json); "
+            "an ONNX model shrinks by --groups channels or heads, scored by weights"
         )
     return None
 
@@ -184,7 +191,7 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
     if refused:
         raise PruneError(refused, src)
     if kind == "sharded safetensors":
-        return run_checkpoint_shrink(src, dst, spec, hooks)
+        return run_hf_shrink(src, dst, spec, hooks)
     if not spec.dry_run:
         dst = check_whole_output(src, dst, spec)
         if (fmt.format_from_suffix(dst) or kind) != "onnx":

@@ -449,8 +449,24 @@ def test_the_family_table_gives_each_family_its_members_and_refusals():
     with pytest.raises(HfGroupsError) as info:
         hf_groups({}, {"encoder.block.0.w": (2, 2)})
     assert str(info.value) == (
-        "no Llama/Mistral/Qwen2 (mlp.gate_proj), BERT (intermediate.dense) or GPT-2 (mlp.c_fc) layers in the "
-        "checkpoint: its channel groups are not known"
+        "no Llama, Mistral, Qwen2, Qwen3, Gemma (mlp.gate_proj), Phi-3 (mlp.gate_up_proj), Mixtral "
+        "(block_sparse_moe.gate), Qwen2-MoE, Qwen3-MoE (mlp.gate), BERT (intermediate.dense) or GPT-2 (mlp.c_fc) "
+        "layers in the checkpoint: its channel groups are not known"
     )
     with pytest.raises(HfGroupsError, match=r"layer 0: no tensor 'h.0.mlp.c_fc.bias' \(a gpt2 layer holds it\)"):
         hf_groups({"n_layer": 1, "n_embd": 8}, {k: v for k, v in gpt2.items() if "bias" not in k})
+
+
+def test_llama_heads_that_do_not_divide_the_hidden_size_are_refused(tmp_path):
+    """LlamaConfig refuses hidden_size % num_attention_heads != 0 whatever head_dim says: refused before writing."""
+
+    torch.manual_seed(0)
+    cfg = tr.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)  # fmt: skip
+    tr.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "dense")
+    proc = run("prune", tmp_path / "dense", "-o", tmp_path / "out", "--shrink", "--groups", "heads", "--amount", "1",
+               "--method", "ln_structured")  # fmt: skip
+    assert_error(proc, "3 attention heads do not divide hidden_size=32", "keep 1 or 2 of the 4 heads")
+    assert not os.path.exists(tmp_path / "out")
+    done = shrink_checkpoint(tmp_path / "dense", tmp_path / "ok", 2, groups="heads")
+    assert done.config["num_attention_heads"] == 2

@@ -1,0 +1,399 @@
+"""Statistics for structured pruning of a Hugging Face checkpoint, decoder layer by decoder layer.
+
+The runner of :mod:`~arrayprune.adapters.pipeline.hf_calibration` (the model built on
+the ``meta`` device, the first layer's inputs captured, then one layer's weights read at a
+time, its outputs the next layer's inputs), walking the layers for what ``--shrink``
+ranks on calibration token ids:
+
+* :func:`layer_changes`: per decoder layer, ``1 - cosine(input, output)`` of the
+  residual stream, averaged over tokens (``--groups layers``); the dense model's
+  activations;
+* :func:`router_statistics`: per mixture-of-experts layer, how many tokens chose each
+  expert among their top ``num_experts_per_tok`` and the routing weight (router
+  probability) they gave it (``--groups experts``); the dense model's activations;
+* :func:`calibrated_units`: per layer, ``X^T X`` of the inputs of the layer that reads
+  a group's units (``down_proj``, ``o_proj``, ...), handed to a callback that chooses
+  the units and may refit that layer; its choice is applied before the layer's outputs
+  are computed, so that layer ``l`` is calibrated on the model whose layers ``< l`` are
+  already pruned (and compensated).
+
+Memory: one layer's weights, the activations of one layer's inputs and outputs for all
+calibration sequences, and one ``K x K`` float64 Hessian. The experts of a checkpoint
+stored per expert are assembled into the fused parameters of ``transformers`` 5
+(``experts.gate_up_proj``, ``experts.down_proj``) as the layer is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from arrayprune.adapters.formats.safetensors_stream import TensorFiles
+from arrayprune.adapters.pipeline.hf_calibration import (
+    BATCH_ROWS,
+    TOKENS_KEY,
+    _buffers_to,
+    _capture,
+    _owner,
+    _replay,
+    _skeleton,
+    _Weights,
+    read_tokens,
+)
+from arrayprune.structured import residual_change
+
+__all__ = ["LayerWalk", "calibrated_units", "layer_changes", "router_statistics"]
+
+#: Per-expert tensors of a checkpoint -> the fused parameter of transformers 5:
+#: (fused name, the per-expert weights concatenated along their rows, in order).
+_FUSED = {
+    "gate_up_proj": (("w1", "w3"), ("gate_proj", "up_proj")),
+    "down_proj": (("w2",), ("down_proj",)),
+}
+
+
+#: Module names of transformers' models that checkpoints store under another name:
+#: (stored, in the model). Mixtral's sparse block is ``mlp`` in transformers 5.
+_RENAMED = ((".block_sparse_moe.", ".mlp."),)
+
+
+def _stored_names(name: str) -> list[str]:
+    """`name` and the names a checkpoint may store it under."""
+    return [name, *(name.replace(model, stored) for stored, model in _RENAMED if model in name)]
+
+
+class LayerWalk:
+    """The decoder layers of a checkpoint run one at a time on calibration token ids.
+
+    Parameters
+    ----------
+    source : ShardedCheckpoint
+        The checkpoint's tensors.
+    folder : str
+        Its folder (``config.json``).
+    calibration : str
+        A ``.npz`` of token ids (``input_ids``, optional ``attention_mask``).
+    rows : int, optional
+        Sequences run at a time (:data:`~arrayprune.adapters.pipeline.hf_calibration.BATCH_ROWS`).
+    device : str, optional
+        Where the layers run (``cpu`` by default).
+
+    Attributes
+    ----------
+    prefix : str
+        The layers' module list (``model.layers``).
+    layers : nn.ModuleList
+        The layers (parameters on ``meta`` but while one is :meth:`loaded`).
+    inputs : list
+        Per batch, the current layer's inputs ``(hidden, args, kwargs)``.
+    masks : list
+        Per batch, the attention mask of its tokens (``[batch, seq]``) or None.
+    config : PretrainedConfig
+    """
+
+    def __init__(self, source: Any, folder: str, calibration: str, rows: int | None = None, device: Any = None):
+        import torch
+
+        self._stack = contextlib.ExitStack()
+        model, self.config = _skeleton(folder)
+        from arrayprune.adapters.torch import calibration as torch_calibration
+
+        tokens = read_tokens(calibration, int(self.config.vocab_size))
+        self.prefix, self.layers = torch_calibration.layer_list(model, self.config)
+        self.device = torch.device(device or "cpu")
+        _buffers_to(model, self.device)
+        rows = rows or BATCH_ROWS
+        batches = [
+            {k: torch.from_numpy(v[i : i + rows]).to(self.device) for k, v in tokens.items()}
+            for i in range(0, len(tokens[TOKENS_KEY]), rows)
+        ]
+        self.masks = [b.get("attention_mask") for b in batches]
+        self.files = self._stack.enter_context(TensorFiles())
+        self.source = source
+        self.weights = _Weights(source, self.files, self.device)
+        output = model.get_output_embeddings()
+        skip = {id(m): n for n, m in model.named_modules()}.get(id(output)) if output is not None else None
+        with torch.no_grad():
+            self.weights.load(model, skip=(self.prefix,) if skip is None else (self.prefix, skip))
+            self.inputs = _capture(model, self.layers[0], batches)
+            self.arguments = _arguments_per_layer(model, self.layers, batches)
+        _Weights.free(model)
+        self.index = 0
+
+    def close(self) -> None:
+        """Give the memory maps back."""
+        self._stack.close()
+
+    def __enter__(self) -> LayerWalk:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def loaded(self, index: int) -> Iterator[Any]:
+        """Layer `index` with its weights read (float32); freed on exit."""
+        layer = self.layers[index]
+        self._load(layer, f"{self.prefix}.{index}")
+        try:
+            yield layer
+        finally:
+            _Weights.free(layer)
+
+    def _load(self, layer: Any, prefix: str) -> None:
+        """The layer's parameters (float32), under the checkpoint's own names (:data:`_RENAMED`),
+        fused experts assembled from per-expert tensors."""
+        import torch
+        from torch import nn
+
+        for name, param in list(layer.named_parameters()):
+            full = f"{prefix}.{name}"
+            stored = next((n for n in _stored_names(full) if n in self.source.tensors), None)
+            parent, _, leaf = full.rpartition(".")
+            if stored is not None:
+                t = self.source.tensors[stored]
+                if tuple(t.shape) != tuple(param.shape):
+                    raise ValueError(
+                        f"tensor {stored!r} is {list(t.shape)} in the checkpoint, the model needs {list(param.shape)}"
+                    )
+                value = torch.as_tensor(self.files.load(t))
+            elif leaf in _FUSED and parent.endswith(".experts"):
+                value = self._assembled(parent, leaf, param)
+            else:
+                raise ValueError(f"the checkpoint has no tensor {full!r}, which {type(layer).__name__} needs")
+            owner, leaf = _owner(layer, name)
+            owner._parameters[leaf] = nn.Parameter(value.to(self.device, torch.float32), requires_grad=False)
+
+    def _assembled(self, experts: str, leaf: str, param: Any) -> Any:
+        import torch
+
+        count = param.shape[0]
+        for base in _stored_names(experts + "."):
+            for names in _FUSED[leaf]:
+                keys = [[f"{base}{e}.{n}.weight" for n in names] for e in range(count)]
+                if all(k in self.source.tensors for row in keys for k in row):
+                    rows = [sum(self.source.tensors[k].shape[0] for k in row) for row in keys]
+                    shapes = {tuple(self.source.tensors[k].shape[1:]) for row in keys for k in row}
+                    if set(rows) != {param.shape[1]} or shapes != {tuple(param.shape[2:])}:
+                        raise ValueError(f"the experts of {experts!r} do not stack to {list(param.shape)}")
+                    stacked = torch.empty(tuple(param.shape), dtype=torch.float32)  # filled in place, one at a time
+                    for e, row in enumerate(keys):
+                        start = 0
+                        for k in row:
+                            t = self.source.tensors[k]
+                            stacked[e, start : start + t.shape[0]] = torch.as_tensor(self.files.load(t))
+                            start += t.shape[0]
+                    return stacked
+        raise ValueError(f"the checkpoint has no tensor {experts + '.' + leaf!r} nor its experts one by one")
+
+    def module(self, layer: Any, index: int, key: str) -> Any:
+        """The module of `layer` (number `index`) whose weight the checkpoint names `key`."""
+        inner = key.removeprefix(f"{self.prefix}.{index}.").removesuffix(".weight")
+        for stored, model in _RENAMED:
+            inner = ("." + inner).replace(stored, model)[1:]
+        return layer.get_submodule(inner)
+
+    def outputs(self, layer: Any) -> list[Any]:
+        """The layer's outputs (hidden states) for every batch."""
+        replay = _replay(layer, self.inputs)
+        return [replay(i) for i in range(len(self.inputs))]
+
+    def advance(self, outputs: Sequence[Any]) -> None:
+        """The next layer's inputs: `outputs`, with that layer's own other arguments (its attention mask)."""
+        self.index += 1
+        if self.arguments is not None and self.index < len(self.layers):
+            self.inputs = [(h, *self.arguments[self.index][b]) for b, h in enumerate(outputs)]
+            return
+        self.inputs = [(h, args, kwargs) for h, (_, args, kwargs) in zip(outputs, self.inputs, strict=True)]
+
+
+class _Stop(Exception):
+    """Raised by the last stub: nothing after the layers is run."""
+
+
+def _arguments_per_layer(model: Any, layers: Any, batches: list[dict[str, Any]]) -> list[list[tuple]] | None:
+    """Per layer and batch, the arguments other than the hidden states the model passes it.
+
+    Models whose layers differ in kind (sliding-window and full attention, ``layer_types``)
+    pass each layer its own attention mask. The layers are replaced by stubs that record
+    their arguments and hand the hidden states on; None where the model cannot run so.
+    """
+    from torch import nn
+
+    class Stub(nn.Module):
+        """Stands in for a decoder layer: records its other arguments, hands the hidden states on."""
+
+        def __init__(self, layer: Any, index: int, last: bool):
+            super().__init__()
+            self.index, self.last = index, last
+            for name, value in vars(layer).items():  # what the model reads of its layers (attention_type, ...)
+                if not name.startswith("_") and name != "training" and isinstance(value, (str, int, bool)):
+                    setattr(self, name, value)
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            hidden = args[0] if args else kwargs.pop("hidden_states")
+            seen.setdefault(self.index, []).append((tuple(args[1:]), dict(kwargs)))
+            if self.last:
+                raise _Stop
+            return hidden
+
+    seen: dict[int, list] = {}
+    originals = list(layers)
+    try:
+        for i, layer in enumerate(originals):
+            layers._modules[str(i)] = Stub(layer, i, i == len(originals) - 1)
+        for batch in batches:
+            try:
+                model(**batch, use_cache=False)
+            except _Stop:
+                continue
+            return None
+    except Exception:  # a model that reads more of its layers than the stubs hold: the first layer's arguments
+        return None
+    finally:
+        for i, layer in enumerate(originals):
+            layers._modules[str(i)] = layer
+    if sorted(seen) != list(range(len(originals))) or any(len(v) != len(batches) for v in seen.values()):
+        return None
+    return [seen[i] for i in range(len(originals))]
+
+
+def _progress(hooks: Any, n: int) -> Any:
+    return range(n) if hooks is None else hooks.progress(list(range(n)), "layers", "layer")
+
+
+def layer_changes(walk: LayerWalk, hooks: Any = None) -> np.ndarray:
+    """Per layer, the mean over calibration tokens of ``1 - cosine(input, output)`` (float64).
+
+    The dense model's residual stream: each layer's inputs are the outputs of the dense
+    layers before it.
+    """
+    import torch
+
+    out = np.zeros(len(walk.layers))
+    with torch.no_grad():
+        for i in _progress(hooks, len(walk.layers)):
+            with walk.loaded(i) as layer:
+                outputs = walk.outputs(layer)
+            total, count = 0.0, 0.0
+            for (hidden, _, _), after, mask in zip(walk.inputs, outputs, walk.masks, strict=True):
+                s, n = residual_change(hidden.double(), after.double(), mask)
+                total, count = total + float(s), count + float(n)
+            out[i] = total / max(count, 1.0)
+            walk.advance(outputs)
+    return out
+
+
+def router_statistics(
+    walk: LayerWalk, routers: Mapping[int, str], top_k: int, hooks: Any = None
+) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
+    """Per mixture-of-experts layer: (tokens choosing each expert, their routing weights summed, tokens).
+
+    Parameters
+    ----------
+    walk : LayerWalk
+    routers : mapping of int to str
+        Layer index -> the router's weight name (``model.layers.0.block_sparse_moe.gate.weight``).
+    top_k : int
+        ``num_experts_per_tok``.
+
+    Returns
+    -------
+    dict
+        Layer index -> ``(counts, weight_sums, tokens)``: ``counts[e]`` tokens had
+        expert ``e`` among their ``top_k`` by router probability, ``weight_sums[e]`` the
+        sum of those probabilities (float64); padding tokens are not counted.
+    """
+    import torch
+
+    stats: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
+    with torch.no_grad():
+        for i in _progress(hooks, len(walk.layers)):
+            with walk.loaded(i) as layer:
+                if i not in routers:
+                    walk.advance(walk.outputs(layer))
+                    continue
+                router = walk.module(layer, i, routers[i])
+                logits: list[Any] = []
+
+                def grab(module: Any, args: Any, output: Any, logits: list = logits) -> None:
+                    logits.append(output[0] if isinstance(output, (tuple, list)) else output)
+
+                handle = router.register_forward_hook(grab)
+                try:
+                    outputs = walk.outputs(layer)
+                finally:
+                    handle.remove()
+            experts = int(logits[0].shape[-1])
+            counts, sums, tokens = np.zeros(experts, np.int64), np.zeros(experts), 0
+            for batch_logits, mask in zip(logits, walk.masks, strict=True):
+                probs = torch.softmax(batch_logits.double().reshape(-1, experts), dim=-1)
+                if mask is not None:
+                    probs = probs[mask.reshape(-1) > 0]
+                value, index = torch.topk(probs, top_k, dim=-1)
+                chosen, weights = index.reshape(-1).cpu().numpy(), value.reshape(-1).cpu().numpy()
+                counts += np.bincount(chosen, minlength=experts)
+                sums += np.bincount(chosen, weights=weights, minlength=experts)
+                tokens += int(probs.shape[0])
+            stats[i] = (counts, sums, tokens)
+            walk.advance(outputs)
+    return stats
+
+
+def calibrated_units(
+    walk: LayerWalk,
+    consumers: Mapping[int, str],
+    decide: Callable[[int, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
+    hooks: Any = None,
+) -> None:
+    """Per layer, the Hessian of a consumer's inputs, the units chosen by `decide`, applied in turn.
+
+    Parameters
+    ----------
+    walk : LayerWalk
+    consumers : mapping of int to str
+        Layer index -> the weight name of the layer reading the units
+        (``model.layers.0.mlp.down_proj.weight``): a ``Linear`` (``[out, in]``) or
+        GPT-2's ``Conv1D`` (``[in, out]``).
+    decide : callable
+        ``decide(index, weight, hessian) -> (kept units, new weight)``: `weight` the
+        consumer's ``[out, in]`` (float64), `hessian` ``X^T X`` of its inputs over the
+        calibration tokens (float64, padding left out); the new weight ``[out, in]``
+        (dropped columns zero) replaces it before the layer's outputs are computed.
+    """
+    import torch
+
+    with torch.no_grad():
+        for i in _progress(hooks, len(walk.layers)):
+            with walk.loaded(i) as layer:
+                module = walk.module(layer, i, consumers[i])
+                transposed = type(module).__name__ == "Conv1D"
+                weight = module.weight.detach().double()
+                weight = weight.T if transposed else weight
+                k = weight.shape[1]
+                hessian = torch.zeros((k, k), dtype=torch.float64, device=walk.device)
+                current = [0]
+
+                def grab(mod: Any, args: Any, current: list = current, hessian: Any = hessian, k: int = k) -> None:
+                    x = args[0].double().reshape(-1, k)
+                    mask = walk.masks[current[0]]
+                    if mask is not None:
+                        x = x[mask.reshape(-1) > 0]
+                    hessian.add_(x.T @ x)
+
+                handle = module.register_forward_pre_hook(grab)
+                replay = _replay(layer, walk.inputs)
+                try:
+                    for b in range(len(walk.inputs)):
+                        current[0] = b
+                        replay(b)
+                finally:
+                    handle.remove()
+                _, new = decide(i, weight.cpu().numpy(), hessian.cpu().numpy())
+                value = torch.from_numpy(np.ascontiguousarray(new.T if transposed else new)).to(module.weight)
+                module.weight.copy_(value)
+                outputs = walk.outputs(layer)
+            walk.advance(outputs)
