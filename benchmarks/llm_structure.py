@@ -23,11 +23,13 @@ Methods (a name, a label, and a command template or an in-process function):
 
 * ``a``: weight-norm selection, today's ``arrayprune prune DENSE -o OUT --shrink --groups
   KIND --method ln_structured --amount A`` (no calibration, no compensation);
-* ``b``, ``c``: calibrated importance, and calibrated importance + compensation: hooks,
-  empty until their ``--method`` names exist; give them with ``--command
-  b="arrayprune prune {dense} -o {out} --shrink --groups {kind} --method M --calibration
-  {calibration} --amount {amount}"`` (placeholders: ``dense``, ``out``, ``kind``,
-  ``amount``, ``calibration``: the model's ``train.npz``);
+* ``b``, ``c``: calibrated importance (the OBS score of a removed unit on the model's
+  ``train.npz``), without and with compensation of the consumers:
+  ``--method obs_structured --calibration train.npz [--no-compensate]``; any method can be
+  given or replaced with ``--command NAME="arrayprune prune {dense} -o {out} --shrink
+  --groups {kind} --method M --calibration {calibration} --amount {amount}"``
+  (placeholders: ``dense``, ``out``, ``kind``, ``amount``, ``calibration``: the first 32
+  sequences of the model's ``train.npz``);
 * ``d``: Torch-Pruning 1.6.1's retraining-free LLM pruning (``MetaPruner``,
   ``GroupMagnitudeImportance(p=2)``, one ratio per layer, ``lm_head`` left) on the model
   loaded by ``from_pretrained``, removing the same number of units as ``a`` did (so the
@@ -69,6 +71,7 @@ from .timing import Settings, compare
 
 KINDS = ("channels", "heads", "layers", "experts")
 LATENCY_ROWS = 4
+CALIBRATION_ROWS = 32  # sequences of 128 tokens the calibrated methods see
 
 
 @dataclass
@@ -84,6 +87,13 @@ class Method:
 
 def _a_command() -> str:
     return "arrayprune prune {dense} -o {out} --shrink --groups {kind} --method ln_structured --amount {amount}"
+
+
+def _calibrated(compensate: bool) -> str:
+    return (
+        "arrayprune prune {dense} -o {out} --shrink --groups {kind} --method obs_structured "
+        "--calibration {calibration} --amount {amount}" + ("" if compensate else " --no-compensate")
+    )
 
 
 # -- Torch-Pruning (d) ---------------------------------------------------------------------
@@ -144,8 +154,8 @@ def torch_pruning_channels(dense: Path, out: Path, kind: str, amount: float, ref
 def methods(extra: dict[str, str]) -> dict[str, Method]:
     table = {
         "a": Method("a", "(a) weight norm, `--shrink` (`ln_structured`)", command=_a_command()),
-        "b": Method("b", "(b) calibrated importance", note="hook: no --method yet (helper C)"),
-        "c": Method("c", "(c) calibrated + compensation", note="hook: no --method yet (helper C)"),
+        "b": Method("b", "(b) calibrated (`obs_structured --no-compensate`)", command=_calibrated(False)),
+        "c": Method("c", "(c) calibrated + compensation (`obs_structured`)", command=_calibrated(True)),
         "d": Method("d", "(d) Torch-Pruning 1.6.1 (`MetaPruner`, group L2 norm)", run=torch_pruning_channels),
     }
     for name, template in extra.items():
@@ -216,8 +226,10 @@ def bench_model(name: str, kinds: list[str], amounts: list[float], table: dict[s
     base = evaluate(dense, model.heldout_tokens)
     dense_params = parameters(dense)
     log(f"{name}: dense {base.summary()}")
+    calibration = work / f"{name}-calibration.npz"  # the first CALIBRATION_ROWS sequences of train.npz
+    np.savez(calibration, input_ids=np.load(model.train_tokens)["input_ids"][:CALIBRATION_ROWS])
     info = {"model": name, "parameters": dense_params, "perplexity": base.perplexity, "loss": base.loss,
-            "tokens": base.tokens, "folder": str(dense)}  # fmt: skip
+            "tokens": base.tokens, "folder": str(dense), "calibration_sequences": CALIBRATION_ROWS}  # fmt: skip
     rows = []
     for kind in kinds:
         for amount in amounts:
@@ -230,7 +242,7 @@ def bench_model(name: str, kinds: list[str], amounts: list[float], table: dict[s
                 start = time.perf_counter()
                 if method.command is not None:
                     values = {"dense": dense, "out": out, "kind": kind, "amount": amount,
-                              "calibration": model.train_tokens}  # fmt: skip
+                              "calibration": calibration}  # fmt: skip
                     refused = _run_command(method.command, values)
                 elif method.run is not None:
                     try:
