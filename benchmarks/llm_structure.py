@@ -334,10 +334,11 @@ def plot(models: list[dict[str, Any]], rows: list[dict[str, Any]], labels: dict[
     for r in rows:
         if r["status"] == "ok":
             lines.setdefault((r["model"], r["kind"], r["method"]), []).append((100 * r["removed"], r["figures"]["perplexity"]))
-    for (model, kind, method), points in sorted(lines.items()):
+    colours = plt.get_cmap("tab20").colors
+    for i, ((model, kind, method), points) in enumerate(sorted(lines.items())):
         xs, ys = zip(*sorted([(0.0, dense[model]), *points]), strict=True)
         style = "--" if method == "d" else "-"
-        ax.plot(xs, ys, style, marker="o", label=f"{model}, {kind}: {labels.get(method, method)}")
+        ax.plot(xs, ys, style, marker="o", color=colours[i % len(colours)], label=f"{model}, {kind}: {labels.get(method, method)}")
     for value in dense.values():
         ax.axhline(value, color="grey", lw=0.5)
     ax.set_xlabel("parameters removed (% of the model)")
