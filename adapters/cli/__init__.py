@@ -9,6 +9,7 @@
                      [--verify [--verify-tol RTOL[,ATOL]] [--verify-data NPZ]]
     arrayprune report FILE [--json] [--compare OTHER] [--plot PNG]
     arrayprune scan IN --calibration NPZ -o SCAN.json [--plot PNG] [--method M] [--sparsities S1,S2,...]
+    arrayprune eval MODEL --tokens NPZ [--compare DENSE] [--json OUT.json] [--device D] [--batch N]
 
 Files are ``.npz``, ``.safetensors``, ``.onnx`` or PyTorch state dicts (``.pt``,
 ``.pth``, ``.bin``), recognised from their content (see
@@ -51,6 +52,7 @@ import sys
 from collections.abc import Sequence
 
 from arrayprune.adapters import formats as fmt
+from arrayprune.adapters.cli.evaluate import run_eval
 from arrayprune.adapters.cli.scan import run_scan
 from arrayprune.adapters.pipeline.errors import PruneError, PruneProblems
 
@@ -88,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "scan":
 
                 return run_scan(args)
+            if args.command == "eval":
+                return run_eval(args)
             return run_report(args)
     except PruneProblems as exc:  # several, found at once: how many, then one per line
         _error(f"{len(exc.problems)} problems:", *map(str, exc.problems))

@@ -13,6 +13,7 @@ import re
 from typing import Any, NoReturn
 
 import arrayprune
+from arrayprune.adapters.cli.evaluate import add_eval_parser
 from arrayprune.adapters.cli.scan import add_scan_parser
 from arrayprune.adapters.pipeline.calibration import BATCH_SIZE
 from arrayprune.adapters.pipeline.method_names import (
@@ -196,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with the semantics of torch.nn.utils.prune, or report their sparsity.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {arrayprune.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{prune,report,scan}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{prune,report,scan,eval}", parser_class=_Parser)
     sub.required = True
 
     p = sub.add_parser("prune", help="prune the tensors of a model file and write the result")
@@ -408,4 +409,5 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_scan_parser(sub, _fraction, _non_negative, _positive)
+    add_eval_parser(sub, _positive)
     return parser

@@ -14,6 +14,7 @@ from arrayprune.adapters.formats.sharded import INDEX_SUFFIX
 from arrayprune.adapters.pipeline import Hooks, PruneResult, run
 from arrayprune.adapters.pipeline.request import PruneSpec
 from arrayprune.adapters.pipeline.runner import nm_warnings
+from arrayprune.adapters.pipeline.verify_stage import evaluation_failed
 from arrayprune.adapters.plan import format_plan
 
 from .errors import _error, _warn
@@ -50,6 +51,11 @@ def run_prune(args: argparse.Namespace) -> int:
         _print_files(result)
     if result.verify is not None:
         return _print_verify(result)
+    if result.evaluation is not None:
+        print(f"verify: {result.evaluation.summary()}")
+        if evaluation_failed(result.evaluation):
+            _error(f"{result.dst}: verify failed: perplexity or KL to {result.src} is not finite")
+            return 1
     return 0
 
 

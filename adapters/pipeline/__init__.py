@@ -15,7 +15,8 @@ Its modules import downwards only, in seven layers (a test checks it:
     the job          job.py (Job: the request resolved once on its input), storage.py (the
        |             input, opened), targets.py (the plan, what is pruned), scoring.py (each
        |             target's method and scores), prune_result.py (what a run returns),
-       |             outputs.py (OUT checked), scan.py (error curves: the scan verb, allocations)
+       |             outputs.py (OUT checked), scan.py (error curves: the scan verb, allocations),
+       |             evaluate.py (arrayprune eval: perplexity and KL of a Hugging Face folder)
        |
     engines          calibration.py (onnxruntime statistics), hf_calibration.py (transformers,
        |             layer by layer), reconstruction.py (SparseGPT through a graph),

@@ -56,6 +56,9 @@ class PruneResult:
         ``shrink``: groups, channels kept, parameters (:mod:`arrayprune.adapters.pipeline.shrinking`).
     allocation : Allocation or None
         ``allocation``: each weight's share (:mod:`arrayprune.adapters.pipeline.allocation`).
+    evaluation : EvalResult or None
+        ``verify`` on a Hugging Face folder: OUT's perplexity, KL and cosine to IN
+        (:mod:`arrayprune.adapters.pipeline.evaluate`).
     """
 
     src: str
@@ -73,6 +76,7 @@ class PruneResult:
     verify_sizes: dict[str, int] = field(default_factory=dict)
     shrink: Any = None
     allocation: Any = None
+    evaluation: Any = None
 
     @property
     def targets(self) -> list[PlanEntry]:

@@ -43,6 +43,7 @@ its place; a new option is a field of
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -79,7 +80,7 @@ from arrayprune.adapters.pipeline.shrinking import run_shrink
 from arrayprune.adapters.pipeline.storage import StreamedCheckpoint, WholeFile, check_arrays, open_storage
 from arrayprune.adapters.pipeline.stream_pruning import global_counts, prune_source, streams
 from arrayprune.adapters.pipeline.targets import outside_note, plan_for, selected_targets
-from arrayprune.adapters.pipeline.verify_stage import compare_outputs, verify_inputs
+from arrayprune.adapters.pipeline.verify_stage import compare_outputs, evaluate_output, hf_verify_tokens, verify_inputs
 from arrayprune.adapters.plan import PlanEntry, _name, stream_seed
 from arrayprune.adapters.summary import PruneSummary, Totals, report_rows, totals
 from arrayprune.adapters.trees import lookup
@@ -456,10 +457,18 @@ def run(src: Any, dst: Any, spec: PruneSpec, hooks: Hooks = Hooks()) -> PruneRes
         check_not_input(src, dst)
     if refused := input_refusal(spec, src):
         raise PruneError(refused, src)
+    # --verify on a Hugging Face folder: arrayprune eval of OUT against IN, once OUT is written
+    tokens = hf_verify_tokens(spec, src)
+    if tokens is not None:
+        spec = dataclasses.replace(spec, verify=False, verify_data=None)
     # a device that is not here is told with the other problems found before anything runs
     # (a misspelt one is the request's: PruneSpec.checked tells it there)
     with onnx_device(device):
-        return _run(src, dst, spec, hooks, device_problems if device is not None else [])
+        result = _run(src, dst, spec, hooks, device_problems if device is not None else [])
+    if tokens is not None and result.dst is not None and (result.written is not None or result.shrink is not None):
+        hooks.stage(f"--verify: arrayprune eval {result.dst} --tokens {tokens} --compare {src}")
+        result.evaluation = evaluate_output(result.dst, src, tokens, spec.device)
+    return result
 
 
 def _device(spec: PruneSpec, src: str) -> tuple[Device | None, list[Exception]]:

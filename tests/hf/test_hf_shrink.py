@@ -284,7 +284,7 @@ def test_python_entry_and_seeded_random(llama, tmp_path):
         ("llama", ["--amount", "1.0", "--groups", "heads"], ["would remove every one of the 2 KV groups"]),
         ("bert", ["--amount", "0.5", "--groups", "heads"], ["--groups heads", "BERT", "Llama-style"]),
         ("gpt2", ["--amount", "0.5", "--groups", "heads"], ["--groups heads", "GPT-2"]),
-        ("llama", ["--amount", "0.5", "--verify"], ["--verify runs an ONNX model"]),
+        ("llama", ["--amount", "0.5", "--verify"], ["--verify on a Hugging Face folder measures perplexity and KL"]),
     ],
 )
 def test_refused(request, tmp_path, fixture, args, fragments):

@@ -178,7 +178,7 @@ PIPELINE_LAYERS = (
     ("errors", "hooks", "devices"),
     ("request", "method_names", "allocation_request", "shrink_request", "reconstruction_methods"),
     ("calibration", "hf_calibration", "hf_structure", "reconstruction", "stream_pruning"),
-    ("storage", "scoring", "prune_result", "targets", "outputs", "scan", "job"),
+    ("storage", "scoring", "prune_result", "targets", "outputs", "scan", "job", "evaluate"),
     ("hf_stage", "reconstruct_stage"),
     (
         "calibrate", "option_files", "verify_stage", "allocation", "shrinking", "shrink_checkpoint",
