@@ -62,9 +62,7 @@ def refusal(kind: str, spec: PruneSpec) -> str | None:
                 "--global does not go with --shrink on a Hugging Face checkpoint: its config.json holds one size "
                 "for all layers (intermediate_size, num_attention_heads), so every layer loses the same count"
             )
-        if spec.verify:
-            return "--verify runs an ONNX model; load the shrunk folder with transformers to check it"
-        return None
+        return None  # --verify there is arrayprune eval of OUT against IN (runner.run)
     if kind != "onnx":
         return (
             "--shrink reads channel groups from an ONNX graph or a Hugging Face checkpoint folder "
