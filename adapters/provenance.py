@@ -21,11 +21,9 @@ from typing import Any
 
 import arrayprune
 from arrayprune.adapters.formats.files import _open_regular
+from arrayprune.adapters.formats.record import KEY, as_text, with_record
 
 __all__ = ["KEY", "as_text", "record", "sha256_of", "with_record"]
-
-#: The key of the record in ``config.json``, safetensors metadata and ONNX metadata.
-KEY = "arrayprune"
 
 #: Data files whose digest is recorded: the request's field -> the record's key.
 _DATA_FILES = {
@@ -90,20 +88,3 @@ def record(spec: Any) -> dict[str, str]:
         if path:
             out[key] = sha256_of(path)
     return dict(sorted(out.items()))
-
-
-def as_text(made: Mapping[str, str]) -> str:
-    """The record as one compact JSON string (safetensors and ONNX metadata values)."""
-    return json.dumps(dict(made), sort_keys=True, separators=(",", ":"))
-
-
-def with_record(metadata: Mapping[str, str] | None, made: Mapping[str, str] | None) -> dict[str, str]:
-    """`metadata` (a file's string metadata) with the record under :data:`KEY`; unchanged without one.
-
-    With the record, the keys are sorted, as the ``safetensors`` package writes them.
-    """
-    out = dict(metadata or {})
-    if made:
-        out[KEY] = as_text(made)
-        out = dict(sorted(out.items()))
-    return out

@@ -19,7 +19,7 @@ import importlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
-from arrayprune.adapters.provenance import KEY, as_text
+from arrayprune.adapters.formats.record import KEY, as_text
 
 from . import files, protowire
 from .arrays import release_pages

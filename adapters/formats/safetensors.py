@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from arrayprune.adapters.provenance import with_record
+from arrayprune.adapters.formats.record import with_record
 
 from . import files
 from .arrays import _flat_arrays, _to_torch, to_numpy

@@ -31,7 +31,7 @@ from typing import IO, Any, TypeVar
 
 import numpy as np
 
-from arrayprune.adapters.provenance import with_record
+from arrayprune.adapters.formats.record import with_record
 
 from .direct_writes import BLOCK, open_direct
 from .errors import FormatError, import_optional

@@ -60,7 +60,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from arrayprune.adapters.provenance import KEY, with_record
+from arrayprune.adapters.formats.record import KEY, with_record
 from arrayprune.adapters.roles.hf_config import config_bytes, read_config
 
 from . import files
