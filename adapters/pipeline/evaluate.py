@@ -47,6 +47,7 @@ from arrayprune.adapters.pipeline.errors import optional_module
 from arrayprune.adapters.pipeline.hf_calibration import (
     BATCH_ROWS,
     TOKENS_KEY,
+    _arguments_per_layer,
     _buffers_to,
     _capture,
     _owner,
@@ -230,9 +231,12 @@ class _Model:
 
         self._load_outside(weights)
         inputs = _capture(self.model, self.layers[0], batches)
+        arguments = _arguments_per_layer(self.model, self.layers, batches)  # each layer's own mask
         _Weights.free(self.model)
         for index in hooks.progress(list(range(len(self.layers))), f"{what}: layers", "layer"):
             layer = self.layers[index]
+            if arguments is not None:
+                inputs = [(hidden, *arguments[index][b]) for b, (hidden, _, _) in enumerate(inputs)]
             weights.load(layer, f"{self.prefix}.{index}")
             replay = _replay(layer, inputs)
             outputs = [replay(torch.tensor(i)) for i in range(len(inputs))]

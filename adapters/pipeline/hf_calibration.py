@@ -367,6 +367,7 @@ def calibrate_checkpoint(
         hooks.stage(f"{spec.method}: reading what runs before {prefix}.0")
         weights.load(model, skip=(prefix,) if skip is None else (prefix, skip))
         inputs = _capture(model, layers[0], batches)
+        arguments = _arguments_per_layer(model, layers, batches)  # each layer's own mask (sliding windows)
         _Weights.free(model)  # what ran before the layers: only one decoder layer is resident from here on
         how = "each on the dense layers' outputs" if spec.one_pass else "each on the pruned layers' outputs"
         hooks.stage(
@@ -375,6 +376,8 @@ def calibrate_checkpoint(
         )
         for index in hooks.progress(list(range(len(layers))), "layers", "layer"):
             layer = layers[index]
+            if arguments is not None:
+                inputs = [(hidden, *arguments[index][b]) for b, (hidden, _, _) in enumerate(inputs)]
             weights.load(layer, f"{prefix}.{index}")
             chosen = per_layer[index]
             replay = _replay(layer, inputs)
@@ -460,6 +463,53 @@ def _capture(model: Any, first: Any, batches: list[dict[str, Any]]) -> list[tupl
     finally:
         handle.remove()
     return captured
+
+
+def _arguments_per_layer(model: Any, layers: Any, batches: list[dict[str, Any]]) -> list[list[tuple]] | None:
+    """Per layer and batch, the arguments other than the hidden states the model passes it.
+
+    Models whose layers differ in kind (sliding-window and full attention, ``layer_types``)
+    pass each layer its own attention mask. The layers are replaced by stubs that record
+    their arguments and hand the hidden states on; None where the model cannot run so.
+    """
+    from torch import nn
+
+    class Stub(nn.Module):
+        """Stands in for a decoder layer: records its other arguments, hands the hidden states on."""
+
+        def __init__(self, layer: Any, index: int, last: bool):
+            super().__init__()
+            self.index, self.last = index, last
+            for name, value in vars(layer).items():  # what the model reads of its layers (attention_type, ...)
+                if not name.startswith("_") and name != "training" and isinstance(value, (str, int, bool)):
+                    setattr(self, name, value)
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            hidden = args[0] if args else kwargs.pop("hidden_states")
+            seen.setdefault(self.index, []).append((tuple(args[1:]), dict(kwargs)))
+            if self.last:
+                raise _Stop
+            return hidden
+
+    seen: dict[int, list] = {}
+    originals = list(layers)
+    try:
+        for i, layer in enumerate(originals):
+            layers._modules[str(i)] = Stub(layer, i, i == len(originals) - 1)
+        for batch in batches:
+            try:
+                model(**batch, use_cache=False)
+            except _Stop:
+                continue
+            return None
+    except Exception:  # a model that reads more of its layers than the stubs hold: the first layer's arguments
+        return None
+    finally:
+        for i, layer in enumerate(originals):
+            layers._modules[str(i)] = layer
+    if sorted(seen) != list(range(len(originals))) or any(len(v) != len(batches) for v in seen.values()):
+        return None
+    return [seen[i] for i in range(len(originals))]
 
 
 @contextlib.contextmanager

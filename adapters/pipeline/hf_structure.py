@@ -35,6 +35,7 @@ from arrayprune.adapters.formats.safetensors_stream import TensorFiles
 from arrayprune.adapters.pipeline.hf_calibration import (
     BATCH_ROWS,
     TOKENS_KEY,
+    _arguments_per_layer,
     _buffers_to,
     _capture,
     _owner,
@@ -212,53 +213,6 @@ class LayerWalk:
 
 class _Stop(Exception):
     """Raised by the last stub: nothing after the layers is run."""
-
-
-def _arguments_per_layer(model: Any, layers: Any, batches: list[dict[str, Any]]) -> list[list[tuple]] | None:
-    """Per layer and batch, the arguments other than the hidden states the model passes it.
-
-    Models whose layers differ in kind (sliding-window and full attention, ``layer_types``)
-    pass each layer its own attention mask. The layers are replaced by stubs that record
-    their arguments and hand the hidden states on; None where the model cannot run so.
-    """
-    from torch import nn
-
-    class Stub(nn.Module):
-        """Stands in for a decoder layer: records its other arguments, hands the hidden states on."""
-
-        def __init__(self, layer: Any, index: int, last: bool):
-            super().__init__()
-            self.index, self.last = index, last
-            for name, value in vars(layer).items():  # what the model reads of its layers (attention_type, ...)
-                if not name.startswith("_") and name != "training" and isinstance(value, (str, int, bool)):
-                    setattr(self, name, value)
-
-        def forward(self, *args: Any, **kwargs: Any) -> Any:
-            hidden = args[0] if args else kwargs.pop("hidden_states")
-            seen.setdefault(self.index, []).append((tuple(args[1:]), dict(kwargs)))
-            if self.last:
-                raise _Stop
-            return hidden
-
-    seen: dict[int, list] = {}
-    originals = list(layers)
-    try:
-        for i, layer in enumerate(originals):
-            layers._modules[str(i)] = Stub(layer, i, i == len(originals) - 1)
-        for batch in batches:
-            try:
-                model(**batch, use_cache=False)
-            except _Stop:
-                continue
-            return None
-    except Exception:  # a model that reads more of its layers than the stubs hold: the first layer's arguments
-        return None
-    finally:
-        for i, layer in enumerate(originals):
-            layers._modules[str(i)] = layer
-    if sorted(seen) != list(range(len(originals))) or any(len(v) != len(batches) for v in seen.values()):
-        return None
-    return [seen[i] for i in range(len(originals))]
 
 
 def _progress(hooks: Any, n: int) -> Any:

@@ -56,6 +56,18 @@ def _qwen3_moe(folder):
     return folder
 
 
+def _qwen3_sliding(folder):
+    """Sliding-window and full-attention layers: each layer runs with its own mask."""
+    config = transformers.Qwen3Config(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, vocab_size=VOCAB, max_position_embeddings=64, use_sliding_window=True, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    )  # fmt: skip
+    torch.manual_seed(4)
+    transformers.Qwen3ForCausalLM(config).eval().save_pretrained(folder, max_shard_size="20KB")
+    return folder
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval")
@@ -66,6 +78,7 @@ def models(tmp_path_factory):
         "gpt2": _gpt2(root / "gpt2"),
         "mixtral": _mixtral(root / "mixtral"),
         "qwen3_moe": _qwen3_moe(root / "qwen3_moe"),
+        "qwen3_sliding": _qwen3_sliding(root / "qwen3_sliding"),
     }
     return root, folders, ids
 
@@ -111,7 +124,7 @@ def _reference(folder, ids, dense=None, mask=None):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "gpt2", "mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "mixtral", "qwen3_moe", "qwen3_sliding"])
 def test_loss_equals_a_whole_forward_of_transformers(models, family):
     root, folders, ids = models
     folder = folders[family]

@@ -456,3 +456,30 @@ def test_dead_inputs_of_a_given_hessian_count_toward_the_amount(llama, tmp_path)
         assert int((got[name] == 0).sum()) == size // 2 == result.written.by_tensor[name][0], name
         k = dense[name].shape[1]
         np.testing.assert_array_equal(got[name][:, 3 * k // 4 :], dense[name][:, 3 * k // 4 :], err_msg=name)
+
+
+@pytest.mark.slow
+def test_each_layer_is_calibrated_with_its_own_attention_mask(tmp_path):
+    """Sliding-window and full-attention layers (``layer_types``) get different masks: layer by
+    layer, each is replayed with its own, so the result equals the drop-in on the whole model."""
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, use_sliding_window=True, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    )  # fmt: skip
+    folder = tmp_path / "qwen3"
+    transformers.Qwen3ForCausalLM(cfg).eval().save_pretrained(folder, max_shard_size="20KB")
+    ids = np.random.default_rng(1).integers(0, 64, size=(8, 16))
+    tokens = tmp_path / "tokens.npz"
+    np.savez(tokens, input_ids=ids)
+    out = tmp_path / "out"
+    prune_file(folder, out, method="sparsegpt", amount=0.5, calibration=tokens)
+
+    model = transformers.Qwen3ForCausalLM.from_pretrained(folder).eval()
+    names = _layer_linears(model)
+    prune.sparsegpt(model, [{"input_ids": torch.from_numpy(ids), "use_cache": False}], 0.5, modules=names)
+    got = _tensors(out)
+    for name in names:
+        want = model.get_submodule(name).weight.detach().numpy()
+        np.testing.assert_allclose(got[f"{name}.weight"], want, rtol=1e-5, atol=1e-6, err_msg=name)
