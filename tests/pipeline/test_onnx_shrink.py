@@ -126,7 +126,9 @@ class Block(torch.nn.Module):
         return x + self.l2(torch.relu(self.l1(x)))
 
 
-@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize(
+    "dynamo", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["torchscript", "dynamo"]
+)  # the dynamo exporter takes about 2 s
 def test_residual_ffn_stack(dynamo):
     torch.manual_seed(0)
     model = export(torch.nn.Sequential(Block(), Block()), torch.randn(2, 5, 16), dynamo=dynamo)
