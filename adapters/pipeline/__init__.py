@@ -6,11 +6,12 @@ Its modules import downwards only, in seven layers (a test checks it:
     runner.py        the sequence of stages: prune_file, prune_checkpoint, run
        |
     stages           calibrate.py (the runners x statistics table), allocation.py,
-       |             option_files.py, verify_stage.py, shrinking.py and shrink_checkpoint.py
-       |             (--shrink on ONNX and on folders)
+       |             option_files.py, shrinking.py (--shrink): none imports another
        |
     runners          hf_stage.py (Hugging Face folders layer by layer, given Hessians),
-       |             reconstruct_stage.py (a solver's Hessians through an ONNX graph)
+       |             reconstruct_stage.py (a solver's Hessians through an ONNX graph),
+       |             verify_stage.py (OUT run against IN), shrink_checkpoint.py and
+       |             shrink_structure.py (a folder's channels, heads, layers, experts)
        |
     the job          job.py (Job: the request resolved once on its input), storage.py (the
        |             input, opened), targets.py (the plan, what is pruned), scoring.py (each

@@ -197,11 +197,8 @@ PIPELINE_LAYERS = (
     ("request", "method_names", "allocation_request", "shrink_request", "reconstruction_methods"),
     ("calibration", "hf_calibration", "hf_structure", "reconstruction", "stream_pruning"),
     ("storage", "scoring", "prune_result", "targets", "outputs", "scan", "job", "evaluate"),
-    ("hf_stage", "reconstruct_stage"),
-    (
-        "calibrate", "option_files", "verify_stage", "allocation", "shrinking", "shrink_checkpoint",
-        "shrink_structure",
-    ),
+    ("hf_stage", "reconstruct_stage", "verify_stage", "shrink_checkpoint", "shrink_structure"),
+    ("calibrate", "option_files", "allocation", "shrinking"),
     ("runner",),
 )  # fmt: skip
 
@@ -223,6 +220,9 @@ def test_the_pipeline_imports_down_its_layers():
     modules = {n.rpartition(".")[2] for n in arrows if n.startswith(package + ".")}
     assert modules == {m for layer in PIPELINE_LAYERS for m in layer}  # every module has its layer
     assert _upward(arrows, PIPELINE_LAYERS, package) == []
+    # The stages (the layer below the runner) are independent: none imports another.
+    stages = {f"{package}.{m}" for m in PIPELINE_LAYERS[-2]}
+    assert [(n, t) for n in sorted(stages) for t, *_ in arrows[n] if t in stages] == []
 
 
 def test_the_checks_can_fail():
