@@ -577,7 +577,9 @@ def _elementwise(walk: _Walk, node: fx.Node) -> _Layout | None:
     others: list[tuple[fx.Node, tuple[int, ...]]] = []
     for a in inputs:
         shape = _shape(a)
-        assert shape is not None
+        if shape is None:
+            walk.refuse(node, f"{_what(node)} reads an input of unknown shape")
+            return None
         layout = walk.layout(a)
         shift = len(out) - len(shape)
         if layout is None:

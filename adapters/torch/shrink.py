@@ -129,7 +129,8 @@ def _check_partial(model: nn.Module, groups: list[TorchGroup], kept: list[torch.
             cover.narrow(slot.axis, slot.offset, group.channels).logical_or_(gone.reshape(shape))
     for param, cover in covered.items():
         mask = _mask(*_owner(model, param))
-        assert mask is not None
+        if mask is None:  # `covered` holds only masked parameters
+            raise RuntimeError(f"{param!r} lost its pruning mask while its groups were read")
         loose = (mask.cpu() == 0) & ~cover
         if not bool(loose.any()):
             continue
@@ -200,7 +201,8 @@ def _slice(model: nn.Module, groups: list[TorchGroup], kept: list[torch.Tensor])
         owners = holders[id(module._parameters.get(attr, module._buffers.get(attr)))]
         holder, attr, is_param = owners[0]
         old = holder._parameters[attr] if is_param else holder._buffers[attr]
-        assert old is not None
+        if old is None:
+            raise RuntimeError(f"{param!r} holds no tensor to slice")
         new = old.detach()
         for axis, index in items:
             if int(index.numel()) != new.shape[axis]:
