@@ -1,0 +1,177 @@
+"""What :func:`~arrayprune.adapters.roles.onnx_groups.onnx_groups` finds in an ONNX graph:
+the groups of channels (or heads) and their members, private copies of shared
+initializers (:class:`View`), and the layers left with their reasons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from arrayprune.amount import compute_nparams_toprune
+from arrayprune.groups import ChannelGroup, Member
+
+__all__ = ["KINDS", "LeftGroup", "OnnxGroup", "OnnxGroups", "View"]
+
+#: What a group's channels are: layer channels, or attention heads.
+KINDS = ("channels", "heads")
+
+
+@dataclass(frozen=True)
+class View:
+    """A member that is not an initializer as it is stored.
+
+    Attributes
+    ----------
+    source : str
+        The initializer (or ``Constant`` output) it is read from.
+    axis : int
+        The axis of `source` that holds the channels (non-negative).
+    block : int, default 1
+        Entries per channel along `axis`: the member is `source` with that axis split
+        into ``[channels, block]`` (the channels on `axis`, the block right after it).
+    rewire : tuple of (int, int), optional
+        ``(node index, input index)``: `source` is shared (read by other operators too,
+        or through ``Identity``), so that operator input reads a private copy instead.
+    start : int, default 0
+        Where the member's entries begin along `axis` (after a ``Concat``, the channels
+        of one of its inputs are a range of the reader's input channels); the member is
+        the ``channels * block`` entries from there.
+    copy : str, optional
+        The name of the private copy (with `rewire`): one per operator input, shared by
+        every group that slices it.
+    """
+
+    source: str
+    axis: int
+    block: int = 1
+    rewire: tuple[int, int] | None = None
+    start: int = 0
+    copy: str | None = None
+
+
+@dataclass(frozen=True)
+class OnnxGroup:
+    """A channel group of an ONNX model.
+
+    Attributes
+    ----------
+    group : ChannelGroup
+        The members (initializer names, or the keys of :attr:`views`, and axes; weights
+        score, biases, per-channel constants and norm statistics do not) and the channel
+        count. Its name is the first producer's node name (its output value where the
+        node has no name of its own).
+    producer : str
+        The first producing operator (``"MatMul '/0/l1/MatMul'"``).
+    consumers : tuple of str
+        The operators whose input channels close the group.
+    values : tuple of (str, int, int)
+        The activations holding the channels, with their channel axis (negative:
+        counted from the end) and block (entries per channel along it), for shape updates.
+    depthwise : tuple of int
+        Indices (in ``graph.node``) of depthwise convolutions whose ``group`` attribute
+        is the channel count.
+    shapes : tuple of (str, int, int)
+        Integer constants (initializers, ``Constant`` outputs, or keys of
+        :attr:`views` for private copies) that a ``Reshape`` reads as its target shape,
+        with the index of the entry that counts the channels and the entries per channel
+        (the entry becomes ``channels * factor``).
+    producers : tuple of str
+        Every producing operator (residual connections join several).
+    views : tuple of (str, View)
+        Members that are private copies or channel blocks of an initializer, by key.
+    closing : tuple of str
+        The keys of the members that closing operators read as input channels.
+    kind : str
+        ``"channels"`` or ``"heads"``.
+    """
+
+    group: ChannelGroup
+    producer: str
+    consumers: tuple[str, ...]
+    values: tuple[tuple[str, int, int], ...]
+    depthwise: tuple[int, ...] = ()
+    shapes: tuple[tuple[str, int, int], ...] = ()
+    producers: tuple[str, ...] = ()
+    views: tuple[tuple[str, View], ...] = ()
+    closing: tuple[str, ...] = ()
+    kind: str = "channels"
+
+    @property
+    def unit(self) -> str:
+        """What a channel of the group is, for people: ``"channels"`` or ``"heads"``."""
+        return "heads" if self.kind == "heads" else "channels"
+
+
+@dataclass(frozen=True)
+class LeftGroup:
+    """A producer whose channels stay, and why.
+
+    Attributes
+    ----------
+    name : str
+        The producer's node name (its output value where the node has no name of its own).
+    producer : str
+        The producing operator.
+    weight : str
+        The producer's weight initializer.
+    channels : int
+        Its output channels (heads with ``kind="heads"``).
+    reason : str
+        Why they stay (``"residual Add: Add '/0/Add' also reads 'x'"``).
+    """
+
+    name: str
+    producer: str
+    weight: str
+    channels: int
+    reason: str
+
+
+@dataclass
+class OnnxGroups:
+    """The groups of a model and the producers left.
+
+    Attributes
+    ----------
+    groups : list of OnnxGroup
+        In graph order of their first producers.
+    left : list of LeftGroup
+        In graph order.
+    kind : str
+        ``"channels"`` or ``"heads"``.
+    """
+
+    groups: list[OnnxGroup] = field(default_factory=list)
+    left: list[LeftGroup] = field(default_factory=list)
+    kind: str = "channels"
+
+    def describe(self, amount: int | float | None = None) -> str:
+        """Lines for people: each group with its members, each left producer with its reason.
+
+        Members are ``name[axis]`` (``name[axis/block]`` for blocks of a head), marked
+        ``*`` if they do not score (biases, constants, norm statistics), ``+copy`` where
+        the group reads a private copy of a shared initializer. With `amount` (a
+        fraction or a count per group, as :func:`~arrayprune.adapters.shrink.shrink_onnx`
+        takes it), each group's channels are ``before -> after``.
+        """
+        unit = "heads" if self.kind == "heads" else "channels"
+        lines = []
+        for g in self.groups:
+            views = dict(g.views)
+            members = ", ".join(_shown(m, views) + ("" if m.weight else "*") for m in g.group.members)
+            n = g.group.channels
+            count = f"{n}" if amount is None else f"{n} -> {n - compute_nparams_toprune(amount, n)}"
+            more = f" + {len(g.producers) - 1} more" if len(g.producers) > 1 else ""
+            lines.append(f"group {g.group.name} ({count} {unit}, {g.producer}{more}): {members}")
+        for lf in self.left:
+            lines.append(f"left {lf.name} ({lf.channels} {unit}, {lf.producer}): {lf.reason}")
+        return "\n".join(lines)
+
+
+def _shown(m: Member, views: dict) -> str:
+    """A member for people: ``name[axis]``, ``name[axis/block]``, ``+copy`` for a private copy."""
+    v = views.get(str(m.key))
+    if v is None:
+        return f"{m.key}[{m.axis}]"
+    block = f"/{v.block}" if v.block > 1 else ""
+    return f"{v.source}[{v.axis}{block}]" + ("+copy" if v.rewire else "")
