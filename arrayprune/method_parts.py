@@ -72,6 +72,7 @@ __all__ = [
     "pattern_of",
     "flags_of",
     "check_method",
+    "constructor_parameters",
 ]
 
 
@@ -263,12 +264,17 @@ def check_method(cls: type, name: str | None = None) -> None:
         )
 
 
-def _parameters(cls: type) -> list[str]:
+def constructor_parameters(cls: type) -> list[inspect.Parameter]:
+    """The named parameters of ``cls.__init__`` after ``self`` (none for ``object``'s)."""
     init = inspect.getattr_static(cls, "__init__")
     if init is object.__init__:
         return []
     params = list(inspect.signature(init).parameters.values())[1:]
-    return [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _parameters(cls: type) -> list[str]:
+    return [p.name for p in constructor_parameters(cls)]
 
 
 def flag_table(methods: Mapping[str, type]) -> dict[str, dict[str, Flag]]:

@@ -18,11 +18,10 @@ surgeon updates with the Cholesky factor of ``H^-1``), so that ``X W'^T`` stays 
 
 from __future__ import annotations
 
-import inspect
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import array_api_compat as apc
 import array_api_extra as xpx
@@ -590,7 +589,7 @@ class ReconstructionMethod(UnstructuredPruningMethod):
     def options(self) -> dict[str, Any]:
         """The constructor's arguments, as this method holds them (a copy with another amount:
         ``type(method)(**{**method.options(), "amount": k})``)."""
-        return {p.name: getattr(self, p.name) for p in _constructor_parameters(type(self))}
+        return {p.name: getattr(self, p.name) for p in _parts.constructor_parameters(type(self))}
 
     def reconstruct(self, weight: Array, hessian: Array, reduction_axis: int = -1) -> tuple[Array, Array]:
         """Prune `weight` from `hessian` and update the entries it keeps: ``(new_weight, keep_mask)``.
@@ -616,7 +615,7 @@ class ReconstructionMethod(UnstructuredPruningMethod):
     def keep_masks(self, scores: list[Array], eligible_masks: list[Array | None]) -> list[Array]:
         if self.n is None:
             return super().keep_masks(scores, eligible_masks)
-        pattern = NMStructured(self.n, self.m if self.m is not None else 0)
+        pattern = NMStructured(self.n, cast(int, self.m))  # set with `n`
         return [
             pattern.keep_mask(s) if e is None else _as_keep(pattern.compute_mask(s, e))
             for s, e in zip(scores, eligible_masks, strict=True)
@@ -626,11 +625,6 @@ class ReconstructionMethod(UnstructuredPruningMethod):
 def _as_keep(mask: Array) -> Array:
     xp = namespace(mask)
     return mask if xp.isdtype(mask.dtype, "bool") else mask != 0
-
-
-def _constructor_parameters(cls: type) -> list[inspect.Parameter]:
-    params = list(inspect.signature(cls).parameters.values())
-    return [p for p in params if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
 
 
 class SparseGPT(ReconstructionMethod):

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from .method_parts import check_method, solver_of
+from .method_parts import check_method, constructor_parameters, solver_of
 from .methods import (
     BasePruningMethod,
     CustomFromMask,
@@ -115,7 +115,6 @@ def unregister_method(name: str) -> None:
 
 _BUILT_IN = frozenset(_TABLE)
 
-_P = inspect.Parameter
 
 
 def method_name(cls: type) -> str:
@@ -138,15 +137,6 @@ def parameters_doc(cls: type) -> str:
     doc = inspect.cleandoc(cls.__doc__ or "")
     match = re.search(r"^Parameters\n-+\n(.*?)(?=\n\n\S[^\n]*\n-+\n|\Z)", doc, flags=re.S | re.M)
     return match.group(1).rstrip() + "\n" if match else ""
-
-
-def constructor_parameters(cls: type) -> list[inspect.Parameter]:
-    """The named parameters of ``cls.__init__`` after ``self`` (none for ``object``'s)."""
-    init = inspect.getattr_static(cls, "__init__")
-    if init is object.__init__:
-        return []
-    params = list(inspect.signature(init).parameters.values())[1:]
-    return [p for p in params if p.kind not in (_P.VAR_POSITIONAL, _P.VAR_KEYWORD)]
 
 
 def reconstruction_method(method: str | type) -> type[ReconstructionMethod]:
