@@ -65,7 +65,7 @@ def run_eval(args: argparse.Namespace) -> int:
             args.tokens,
             compare=args.compare,
             device=args.device,
-            batch_rows=args.batch,
+            batch=args.batch,
             hooks=Hooks(stage=_stage, progress=_progress),
         )
     except ValueError as exc:

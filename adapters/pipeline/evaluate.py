@@ -298,7 +298,7 @@ def evaluate(
     *,
     compare: Any = None,
     device: str | None = None,
-    batch_rows: int | None = None,
+    batch: int | None = None,
     hooks: Hooks = Hooks(),
 ) -> EvalResult:
     """Next-token loss and perplexity of a Hugging Face causal LM folder, and its distance to a dense one.
@@ -315,7 +315,7 @@ def evaluate(
         dense model's own loss are measured too.
     device : str, optional
         ``cpu``, ``cuda`` or ``cuda:N``: where the layers run (one at a time). Default: the CPU.
-    batch_rows : int, optional
+    batch : int, optional
         Sequences run at a time (default :data:`~arrayprune.adapters.pipeline.hf_calibration.BATCH_ROWS`).
     hooks : Hooks, optional
         Told of the stages; ``progress`` wraps the loops over layers.
@@ -335,8 +335,8 @@ def evaluate(
     optional_module("transformers", "transformers", "eval")
     folder = _check_folder(model, "MODEL")
     dense_folder = None if compare is None else _check_folder(compare, "--compare")
-    if batch_rows is not None and (isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1):
-        raise ValueError(f"batch_rows must be a positive integer, got {batch_rows!r}")
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        raise ValueError(f"batch must be a positive integer, got {batch!r}")
     where = torch.device("cpu")
     if device is not None:
         parsed = parse_device(device)
@@ -363,9 +363,10 @@ def evaluate(
     mask = read.get("attention_mask", np.ones_like(ids))
     if not ((mask[:, :-1] == 1) & (mask[:, 1:] == 1)).any():
         raise ValueError(f"{ids_path}: the attention mask leaves no next-token prediction to count")
-    batches = _batches(read, batch_rows or BATCH_ROWS, where)
+    rows = batch or BATCH_ROWS
+    batches = _batches(read, rows, where)
     masks = [torch.from_numpy(mask[i : i + len(b[TOKENS_KEY])]).bool() for i, b in zip(
-        range(0, len(ids), batch_rows or BATCH_ROWS), batches, strict=True)]  # fmt: skip
+        range(0, len(ids), rows), batches, strict=True)]  # fmt: skip
     with TensorFiles() as files, torch.no_grad():
         finals = []
         for r, what in zip(runs, ("model", "dense"), strict=False):
@@ -377,9 +378,9 @@ def evaluate(
         sums = _Sums()
         with contextlib.ExitStack() as stack:
             heads = [stack.enter_context(r.head(_CheckpointWeights(r.source, files, where))) for r in runs]
-            for i, (batch, valid) in enumerate(zip(batches, masks, strict=True)):
-                outs = [head(batch, final[i]) for head, final in zip(heads, finals, strict=True)]
-                sums.add(batch[TOKENS_KEY], valid, outs)
+            for i, (inputs, valid) in enumerate(zip(batches, masks, strict=True)):
+                outs = [head(inputs, final[i]) for head, final in zip(heads, finals, strict=True)]
+                sums.add(inputs[TOKENS_KEY], valid, outs)
     return sums.result(str(model), None if compare is None else str(compare), len(ids))
 
 

@@ -128,7 +128,7 @@ def _reference(folder, ids, dense=None, mask=None):
 def test_loss_equals_a_whole_forward_of_transformers(models, family):
     root, folders, ids = models
     folder = folders[family]
-    got = evaluate(folder, root / "tokens.npz", batch_rows=4)  # 10 sequences: batches of 4, 4, 2
+    got = evaluate(folder, root / "tokens.npz", batch=4)  # 10 sequences: batches of 4, 4, 2
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     with torch.no_grad():
         loss = float(model(input_ids=torch.from_numpy(ids), labels=torch.from_numpy(ids)).loss)
@@ -155,7 +155,7 @@ def test_after_pruning_kl_and_cosine_equal_the_reference(models, family, tmp_pat
     dense = folders[family]
     pruned = tmp_path / "pruned"
     prune_file(dense, pruned, amount=0.5)  # magnitude, every weight of the layers
-    got = evaluate(pruned, root / "tokens.npz", compare=dense, batch_rows=3)
+    got = evaluate(pruned, root / "tokens.npz", compare=dense, batch=3)
     want = _reference(pruned, ids, dense=dense)
     assert got.kl_to_dense > 1e-4 and got.cosine_to_dense < 0.9999
     assert got.kl_to_dense == pytest.approx(want["kl_to_dense"], rel=1e-4)
