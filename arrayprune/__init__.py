@@ -45,6 +45,7 @@ from .schedules import (
 )
 from .selection import kth_smallest, smallest_magnitude_keep
 from .sparse import pack_mask, sparse_nbytes, to_csr, to_semi_structured, unpack_mask
+from .structured_methods import ActivationStructured, ObsStructured, UnitPruningMethod
 from .wanda import Wanda, wanda_scores
 
 __version__ = "0.1.0"
@@ -63,7 +64,8 @@ __all__ = [
     "combine_masks",
     "mask_for",
     # Every method of the table is exported twice, its class and its functional verb; a
-    # method with a solver (SparseGPT) once: its verb is the solver, `sparsegpt`.
+    # method with a solver (SparseGPT) once: its verb is the solver, `sparsegpt`; the
+    # calibrated structured methods (a unit refit) once: they run through a model.
     "Identity",
     "RandomUnstructured",
     "L1Unstructured",
@@ -75,6 +77,9 @@ __all__ = [
     "Wanda",
     "SparseGPT",
     "ReconstructionMethod",
+    "UnitPruningMethod",
+    "ActivationStructured",
+    "ObsStructured",
     *(name for name in _functional.__all__ if name != "mask_for"),
     "global_unstructured",
     "allocate_from_curves",

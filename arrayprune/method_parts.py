@@ -69,6 +69,8 @@ __all__ = [
     "GIVEN",
     "score_of",
     "solver_of",
+    "prunes_units",
+    "masks_alone",
     "pattern_of",
     "flags_of",
     "check_method",
@@ -202,6 +204,21 @@ def solver_of(method: Any) -> Any:
     (``SOLVE``, see :class:`~arrayprune.reconstruction.ReconstructionMethod`); None for a
     method that only masks."""
     return getattr(method, "SOLVE", None)
+
+
+def prunes_units(method: Any) -> bool:
+    """Whether a method (class or instance) removes units of a layer's input columns scored
+    on calibration data, refitting that layer (``prune_units``, see
+    :class:`~arrayprune.structured_methods.UnitPruningMethod`)."""
+    return callable(getattr(method, "prune_units", None))
+
+
+def masks_alone(method: Any) -> bool:
+    """Whether a method is what it masks: no solver (:func:`solver_of`) and no unit refit
+    (:func:`prunes_units`). Such methods get the written verbs (``arrayprune.l1_unstructured``,
+    the adapters' ``prune.l1_unstructured``); the others run through a model on calibration
+    data (a file's pipeline, ``prune.reconstruct``, ``prune.shrink_llm``)."""
+    return solver_of(method) is None and not prunes_units(method)
 
 
 def pattern_of(method: Any) -> Pattern:

@@ -31,6 +31,7 @@ from .methods import (
 )
 from .patterns import BlockUnstructured, NMStructured
 from .reconstruction import ReconstructionMethod, SparseGPT
+from .structured_methods import ActivationStructured, ObsStructured
 from .wanda import Wanda
 
 __all__ = [
@@ -55,6 +56,8 @@ _TABLE: dict[str, type[BasePruningMethod]] = {
         "block_unstructured": BlockUnstructured,
     "wanda": Wanda,
     "sparsegpt": SparseGPT,
+    "activation_structured": ActivationStructured,
+    "obs_structured": ObsStructured,
 }
 
 METHODS: Mapping[str, type[BasePruningMethod]] = MappingProxyType(_TABLE)

@@ -34,11 +34,12 @@ GENERATED = "# Written by tools/write_verbs.py from arrayprune.METHODS: edit the
 def _import_table() -> tuple[Any, Any]:
     sys.path.insert(0, str(ROOT))
     from arrayprune import registry
-    from arrayprune.method_parts import solver_of
+    from arrayprune.method_parts import masks_alone
 
-    # A method with a solver needs a Hessian, which no mask verb is given: its verbs are
-    # the solver (``arrayprune.sparsegpt``) and the drop-in's ``prune.reconstruct``.
-    return {name: cls for name, cls in registry.METHODS.items() if solver_of(cls) is None}, registry
+    # A method with a solver or a unit refit needs a Hessian, which no mask verb is given:
+    # its verbs are the solver (``arrayprune.sparsegpt``) and the drop-in's
+    # ``prune.reconstruct`` and ``prune.shrink_llm``.
+    return {name: cls for name, cls in registry.METHODS.items() if masks_alone(cls)}, registry
 
 
 def _streams() -> Any:

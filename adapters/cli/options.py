@@ -23,9 +23,10 @@ from arrayprune.adapters.pipeline.method_names import (
     methods_with,
     runnable_methods,
     scored_methods,
+    unit_methods,
 )
 from arrayprune.adapters.pipeline.request import method_arguments
-from arrayprune.adapters.pipeline.shrink_request import CALIBRATED_SCORES, GROUPS, channel_methods
+from arrayprune.adapters.pipeline.shrink_request import GROUPS, channel_methods
 from arrayprune.adapters.verify import DEFAULT_TOL
 
 from .errors import PROG, CliError
@@ -210,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--method",
-        choices=[*runnable_methods(), *CALIBRATED_SCORES],
+        choices=runnable_methods(),
         default="l1_unstructured",
         help="pruning method (default: %(default)s); sparsegpt (needs --calibration or --hessians, --amount or"
         " --nm) also updates the weights it keeps, calibrated layer by layer",
@@ -338,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-compensate",
         dest="compensate",
         action="store_false",
-        help=f"--shrink with {' or '.join(CALIBRATED_SCORES)}: do not refit the layer reading the removed units",
+        help=f"--shrink with {' or '.join(unit_methods())}: do not refit the layer reading the removed units",
     )
     p.add_argument(
         "--verify",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 
 import arrayprune
-from arrayprune.method_parts import Flag, flags_of, pattern_of, score_of, solver_of
+from arrayprune.method_parts import Flag, flags_of, pattern_of, prunes_units, score_of, solver_of
 from arrayprune.registry import constructor_parameters
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "runnable_methods",
     "scan_methods",
     "scored_methods",
+    "unit_methods",
 ]
 
 
@@ -45,6 +46,14 @@ def reconstructs(name: str) -> bool:
 def reconstruction_methods() -> tuple[str, ...]:
     """The methods of the table that carry a solver (:func:`reconstructs`), in table order."""
     return tuple(name for name in arrayprune.METHODS if reconstructs(name))
+
+
+def unit_methods() -> tuple[str, ...]:
+    """The calibrated structured methods (:func:`~arrayprune.method_parts.prunes_units`):
+    units of a layer's input columns scored on calibration data, that layer refit. They
+    run with ``--shrink --groups channels|heads`` on a Hugging Face folder. Table order,
+    methods registered at run time included."""
+    return tuple(name for name, cls in arrayprune.METHODS.items() if prunes_units(cls))
 
 
 def scored_methods() -> list[str]:
@@ -106,10 +115,11 @@ _SCANNED_UNITS = ("entries", "entries of each output unit", "channels")
 def scan_methods() -> tuple[str, ...]:
     """The methods a scan prunes with: those that rank a weight's values (or Wanda's scores
     of them) and remove an amount of entries, of each output unit's entries or of
-    channels, and the reconstructions. Methods registered at run time are in."""
+    channels, and the reconstructions; not the calibrated structured methods (they shrink
+    a model: :func:`unit_methods`). Methods registered at run time are in."""
 
     def scanned(name: str) -> bool:
         method = arrayprune.METHODS[name]
-        return score_of(method).uses_values and pattern_of(method).unit in _SCANNED_UNITS
+        return score_of(method).uses_values and pattern_of(method).unit in _SCANNED_UNITS and not prunes_units(method)
 
     return tuple(name for name in runnable_methods() if scanned(name))

@@ -37,11 +37,12 @@ from arrayprune.adapters.pipeline.method_names import (
     extra_flags,
     method_flags,
     methods_with,
+    reconstructs,
     runnable_methods,
     scored_methods,
 )
 from arrayprune.adapters.pipeline.reconstruction_methods import refusal
-from arrayprune.adapters.pipeline.shrink_request import CALIBRATED_SCORES, check_shrink
+from arrayprune.adapters.pipeline.shrink_request import check_shrink
 from arrayprune.adapters.verify import DEFAULT_TOL
 from arrayprune.method_parts import pattern_of, score_of
 from arrayprune.registry import constructor_parameters
@@ -233,8 +234,9 @@ class PruneSpec:
         ``"layers"``: decoder layers, ``"experts"``: experts of MoE layers; the last three
         on Hugging Face folders; see :mod:`arrayprune.adapters.pipeline.shrink_structure`).
     compensate : bool, default True
-        ``shrink`` with a calibrated score (``activation_structured``, ``obs_structured``):
-        refit the layer reading the removed units on the kept ones (``--no-compensate``: off).
+        ``shrink`` with a calibrated structured method (``activation_structured``,
+        ``obs_structured``: :class:`arrayprune.UnitPruningMethod`): refit the layer reading
+        the removed units on the kept ones (``--no-compensate``: off).
     allocation : str, optional
         Each weight's share of `amount`: a sensitivity scan's JSON file (``arrayprune
         scan``) or ``"owl"`` (see :mod:`arrayprune.adapters.pipeline.allocation`); bounded by
@@ -324,15 +326,9 @@ class PruneSpec:
         given = self.amount is not None or self.nm is not None
         return self.dry_run and not given and "--amount" in method_flags(self.method).values()
 
-    @property
-    def mask_method(self) -> str:
-        """The method of :data:`arrayprune.METHODS` that plans (and masks) for this request: its
-        own, or ``ln_structured`` for a calibrated score of ``--shrink``'s units."""
-        return "ln_structured" if self.method in CALIBRATED_SCORES else self.method
-
     def method_class(self) -> type:
         """The class of :data:`arrayprune.METHODS` that plans and masks for the request."""
-        return arrayprune.METHODS[self.mask_method]
+        return arrayprune.METHODS[self.method]
 
     def checked(self) -> PruneSpec:
         """Refuse options that do not apply to the method; the request with its defaults filled in.
@@ -356,11 +352,6 @@ class PruneSpec:
         if refused := check_allocation(self):
             raise PruneError(refused)
         check_shrink(self)
-        if self.method in CALIBRATED_SCORES:  # its other options as ln_structured's (its stand-in)
-            if self.n is not None:
-                raise PruneError(f"--n does not apply to {self.method}")
-            stand_in = dataclasses.replace(self, method="ln_structured", compensate=True)
-            return dataclasses.replace(stand_in.checked(), method=self.method, compensate=self.compensate)
         cls = self.method_class()
         if self.global_ and not pattern_of(cls).across_arrays and not self.shrink:  # --shrink: channels
             unstructured = [m for m in runnable_methods() if pattern_of(PruneSpec(m).method_class()).across_arrays]
@@ -428,8 +419,8 @@ class PruneSpec:
 
     def _check_values(self) -> None:
         """What the command line's parser checks of each value alone (Python callers skip it)."""
-        if self.method not in runnable_methods() and self.method not in CALIBRATED_SCORES:
-            choices = ", ".join([*runnable_methods(), *CALIBRATED_SCORES])
+        if self.method not in runnable_methods():
+            choices = ", ".join(runnable_methods())
             raise PruneError(f"invalid choice for --method: {self.method!r} (choose from {choices})")
         amount = self.amount
         if amount is not None and (
@@ -464,7 +455,7 @@ class PruneSpec:
     def _check_norm_options(self) -> None:
         """Input norms go with the methods that rank by scores, and Wanda needs them."""
         given = [f for f, v in (("--calibration", self.calibration), ("--input-norms", self.input_norms)) if v]
-        if score_of(self.method_class()).statistic == "hessian":
+        if reconstructs(self.method):
             return  # its Hessians come from --calibration; reconstruction_methods.refusal checked the rest
         if self.shrink and not self.input_norms:  # --shrink's calibrated scores: check_shrink
             given = []

@@ -12,27 +12,25 @@ from typing import Any
 
 import arrayprune
 from arrayprune.adapters.pipeline.errors import PruneError
+from arrayprune.adapters.pipeline.method_names import unit_methods
+from arrayprune.method_parts import prunes_units
 
-__all__ = ["CALIBRATED_SCORES", "GROUPS", "channel_methods", "check_shrink"]
+__all__ = ["GROUPS", "channel_methods", "check_shrink"]
 
 #: The values of ``--groups``: the coupled channels of layers, attention heads, whole
 #: decoder layers, the experts of mixture-of-experts layers (the last two: Hugging Face
 #: checkpoint folders).
 GROUPS = ("channels", "heads", "layers", "experts")
 
-#: The ``--method`` names of the calibrated scores of ``--shrink --groups channels|heads``
-#: on a Hugging Face folder (:mod:`arrayprune.structured`): units scored on the inputs of
-#: the layer reading them (``--calibration`` token ids), that layer refit on the kept
-#: columns unless ``--no-compensate``.
-CALIBRATED_SCORES = {
-    "activation_structured": "input activation norm x weight column norm of the consumer",
-    "obs_structured": "||W[:, j]||^2 / [H^-1]_jj of the consumer's input columns (Optimal Brain Surgeon)",
-}
-
 
 def channel_methods() -> list[str]:
-    """The methods of the table that remove whole channels: those that score channels."""
-    return [name for name, cls in arrayprune.METHODS.items() if callable(getattr(cls, "channel_scores", None))]
+    """The methods of the table that remove whole channels scored by their weights: those
+    that score channels, not on calibration data (those are :func:`unit_methods`)."""
+    return [
+        name
+        for name, cls in arrayprune.METHODS.items()
+        if callable(getattr(cls, "channel_scores", None)) and not prunes_units(cls)
+    ]
 
 
 def check_shrink(spec: Any) -> None:
@@ -49,12 +47,12 @@ def check_shrink(spec: Any) -> None:
     if not spec.shrink:
         if spec.groups is not None:
             raise PruneError("--groups says what --shrink removes: add --shrink")
-        if spec.method in CALIBRATED_SCORES:
+        if spec.method in unit_methods():
             raise PruneError(f"--method {spec.method} scores the units --shrink removes: add --shrink")
         if not spec.compensate:
             raise PruneError("--no-compensate goes with --shrink and a calibrated method")
         return
-    calibrated = spec.method in CALIBRATED_SCORES
+    calibrated = spec.method in unit_methods()
     if spec.groups == "layers" and not spec.calibration:
         raise PruneError(
             "--groups layers ranks layers by how much they change the residual stream on calibration data: "
@@ -65,7 +63,7 @@ def check_shrink(spec: Any) -> None:
     if calibrated and not spec.calibration:
         raise PruneError(f"--method {spec.method} scores units on calibration data: add --calibration tokens.npz")
     if not spec.compensate and not calibrated:
-        raise PruneError(f"--no-compensate turns off the refit of {' and '.join(CALIBRATED_SCORES)}")
+        raise PruneError(f"--no-compensate turns off the refit of {' and '.join(unit_methods())}")
     whole_units = spec.groups in ("layers", "experts")  # their own scores: the method is not asked
     if not calibrated and not whole_units and not callable(getattr(spec.method_class(), "channel_scores", None)):
         raise PruneError(

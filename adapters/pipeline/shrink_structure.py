@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+import arrayprune
 from arrayprune import amount as _amount
 from arrayprune.adapters import provenance
 from arrayprune.adapters.formats import sharded
@@ -46,6 +47,7 @@ from arrayprune.adapters.formats.safetensors_stream import StoredTensor, TensorF
 from arrayprune.adapters.pipeline.errors import PruneError, error_text
 from arrayprune.adapters.pipeline.hf_calibration import _stored, hf_folder, workdir_beside
 from arrayprune.adapters.pipeline.hf_structure import LayerWalk, calibrated_units, layer_changes, router_statistics
+from arrayprune.adapters.pipeline.method_names import unit_methods
 from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult, shrink_notes
 from arrayprune.adapters.pipeline.shrink_checkpoint import (
     _widened,
@@ -53,7 +55,6 @@ from arrayprune.adapters.pipeline.shrink_checkpoint import (
     plan_checkpoint_shrink,
     run_checkpoint_shrink,
 )
-from arrayprune.adapters.pipeline.shrink_request import CALIBRATED_SCORES
 from arrayprune.adapters.provenance import KEY
 from arrayprune.adapters.roles.hf_config import CONFIG_NAME, config_bytes
 from arrayprune.adapters.roles.hf_groups import (
@@ -68,7 +69,8 @@ from arrayprune.adapters.roles.hf_groups import (
 )
 from arrayprune.adapters.summary import PruneSummary, Totals
 from arrayprune.groups import choose_channels
-from arrayprune.structured import activation_unit_scores, compensate, expert_scores, obs_unit_scores
+from arrayprune.structured import expert_scores
+from arrayprune.structured_methods import UnitPruningMethod
 
 __all__ = [
     "StructureShrink",
@@ -326,10 +328,6 @@ def shrink_layers(
     return StructureShrink(report, {name: kept.tolist()}, before, after, updates, files, list(ckpt.left))
 
 
-_CALIBRATED_SCORE = {
-    "activation_structured": "||X_j|| x ||W[:, j]|| of the consumer's input columns (root of the sum over a unit)",
-    "obs_structured": "OBS: ||W[:, j]||^2 / [H^-1]_jj of the consumer's input columns (a unit as a whole)",
-}
 _LAYER_SCORE = "1 - cosine(input, output) of each layer's residual stream, mean over calibration tokens"
 _EXPERT_SCORE = "routing weight per calibration token (frequency x mean weight of the tokens choosing it)"
 _EXPERT_NORM = "L2 norm of each expert's weights (no --calibration)"
@@ -440,21 +438,26 @@ def _consumer(found: HfGroups, g: Any) -> Any:
     return next(m for m in g.members if m.key.endswith("." + leaf))
 
 
+def _unit_class(method: str) -> type[UnitPruningMethod]:
+    """The calibrated structured method of the table named `method` (:func:`unit_methods`)."""
+    cls = arrayprune.METHODS.get(method)
+    if method not in unit_methods() or not (isinstance(cls, type) and issubclass(cls, UnitPruningMethod)):
+        raise ValueError(f"unknown calibrated score {method!r}; expected one of {', '.join(unit_methods())}")
+    return cls
+
+
+def _unit_method(method: str, amount: int | float, compensated: bool, damp: float) -> UnitPruningMethod:
+    """The calibrated structured method named `method`, with these settings."""
+    return _unit_class(method)(amount, compensate=compensated, damp=damp)
+
+
 def _decide(found: HfGroups, method: str, amount: int | float, compensated: bool, damp: float) -> Any:
     """The choice of one layer: scores of its units, the kept ones, the consumer's new weight."""
+    chooser = _unit_method(method, amount, compensated, damp)
 
     def decide(index: int, weight: np.ndarray, hessian: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        units = found.groups[index].units
-        if method == "activation_structured":
-            scores = np.asarray(activation_unit_scores(weight, np.diagonal(hessian).copy(), units))
-        else:
-            scores = np.asarray(obs_unit_scores(weight, hessian, units, damp))
-        kept = np.asarray(choose_channels(scores, amount))
-        per = weight.shape[1] // units
-        columns = (kept[:, None] * per + np.arange(per)).reshape(-1)
-        new = np.zeros_like(weight)
-        new[:, columns] = compensate(weight, hessian, columns, damp) if compensated else weight[:, columns]
-        return scores, kept, new
+        choice = chooser.prune_units(weight, hessian, found.groups[index].units)
+        return np.asarray(choice.scores), np.asarray(choice.kept), np.asarray(choice.weight)
 
     return decide
 
@@ -526,9 +529,9 @@ def shrink_calibrated(
     ----------
     src, dst, amount, force, made, rows, device, hooks
         As :func:`shrink_layers`; `amount` counts each layer's units.
-    method : {"activation_structured", "obs_structured"}
-        The score (:func:`arrayprune.structured.activation_unit_scores`,
-        :func:`arrayprune.structured.obs_unit_scores`).
+    method : str
+        A calibrated structured method of :data:`arrayprune.METHODS` (``"activation_structured"``,
+        ``"obs_structured"``, or one registered: a :class:`~arrayprune.UnitPruningMethod`).
     calibration : str
         Token ids.
     groups : {"channels", "heads"}
@@ -537,8 +540,7 @@ def shrink_calibrated(
     damp : float, default 0.01
         The Hessian's damping.
     """
-    if method not in CALIBRATED_SCORES:
-        raise ValueError(f"unknown calibrated score {method!r}; expected one of {', '.join(CALIBRATED_SCORES)}")
+    _unit_method(method, amount, compensated, damp)  # a name of the table, settings it takes
     ckpt, config = open_hf(src)
     found, kept_count, planned = plan_checkpoint_shrink(ckpt, config, amount, groups)
     dst = _check_out(ckpt, dst)
@@ -582,7 +584,7 @@ def shrink_calibrated(
         new_shapes = {n: planned[n].shape for n in members}
         updates = found.config_updates(kept_count)
         files = _write(ckpt, dst, config, updates, renamed, new_shapes, data, force=force, made=made)
-    what = _CALIBRATED_SCORE[method] + (", the consumer refit on the kept columns" if compensated else "")
+    what = _unit_class(method).DESCRIPTION + (", the consumer refit on the kept columns" if compensated else "")
     sets = [_Unitset(_Named(g.name, g.units), g.unit) for g in found.groups]
     report = UnitReport(groups, sets, scores, what)
     before, after = _size(ckpt, renamed, new_shapes)
@@ -604,11 +606,11 @@ def run_hf_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> Any:
         For options or inputs that cannot be shrunk; nothing is written then.
     """
     groups = spec.groups or "channels"
-    calibrated = spec.method in CALIBRATED_SCORES
+    calibrated = spec.method in unit_methods()
     if groups in ("channels", "heads") and not calibrated:
         if spec.calibration:
             raise PruneError(
-                f"--calibration ranks {groups} with --method {' or '.join(CALIBRATED_SCORES)}, not {spec.method}"
+                f"--calibration ranks {groups} with --method {' or '.join(unit_methods())}, not {spec.method}"
             )
         return run_checkpoint_shrink(src, dst, spec, hooks)
     kind = "Hugging Face checkpoint"
@@ -705,4 +707,4 @@ def _dry_run(src: str, groups: str, spec: Any, args: Mapping[str, Any]) -> UnitR
         return _expert_report(experts, by_layer, spec.calibration is not None)
     found, scores, _ = score_calibrated(src, spec.method, None, spec.calibration, groups, **args)
     sets = [_Unitset(_Named(g.name, g.units), g.unit) for g in found.groups]
-    return UnitReport(groups, sets, scores, _CALIBRATED_SCORE[spec.method] + ", on the dense model")
+    return UnitReport(groups, sets, scores, _unit_class(spec.method).DESCRIPTION + ", on the dense model")

@@ -39,7 +39,6 @@ from arrayprune.adapters.pipeline.hooks import Hooks
 from arrayprune.adapters.pipeline.outputs import check_whole_output
 from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult, shrink_notes
 from arrayprune.adapters.pipeline.request import PruneSpec, method_arguments
-from arrayprune.adapters.pipeline.shrink_request import CALIBRATED_SCORES
 from arrayprune.adapters.pipeline.shrink_structure import run_hf_shrink
 from arrayprune.adapters.pipeline.storage import WholeFile
 from arrayprune.adapters.pipeline.targets import plan_for
@@ -47,6 +46,7 @@ from arrayprune.adapters.pipeline.verify_stage import compare_outputs, verify_in
 from arrayprune.adapters.roles.onnx_groups import OnnxGroups, onnx_groups
 from arrayprune.adapters.shrink import ShrinkReport, shrink_onnx, source_names, zeroed_onnx
 from arrayprune.adapters.summary import PruneSummary, Totals, report_rows, totals
+from arrayprune.method_parts import prunes_units
 
 __all__ = ["ShrinkResult", "refusal", "run_shrink", "zeroed_reference"]
 
@@ -68,7 +68,7 @@ def refusal(kind: str, spec: PruneSpec) -> str | None:
             "--shrink reads channel groups from an ONNX graph or a Hugging Face checkpoint folder "
             f"(config.json and safetensors), not from a {kind} file"
         )
-    if spec.groups in ("layers", "experts") or spec.method in CALIBRATED_SCORES:
+    if spec.groups in ("layers", "experts") or prunes_units(spec.method_class()):
         what = f"--groups {spec.groups}" if spec.groups in ("layers", "experts") else f"--method {spec.method}"
         return (
             f"{what} reads the layers of a Hugging Face checkpoint folder (config.json); "

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import arrayprune as ap
-from arrayprune.method_parts import solver_of
+from arrayprune.method_parts import masks_alone
 from arrayprune.selection import bracket
 from conftest import to_numpy
 
@@ -163,13 +163,17 @@ METHOD_ARGS: dict[str, list[Any]] = {
     "wanda": [{"amount": 0.5}, {"amount": 0.3, "dim": 1}],
     # Without a Hessian: magnitude, unstructured or N:M along the last axis.
     "sparsegpt": [{"amount": 0.5}, {"n": 2, "m": 4}],
+    # Without a Hessian: L2 channel norms.
+    "activation_structured": [{"amount": 0.4, "dim": 0}],
+    "obs_structured": [{"amount": 3, "dim": -1, "compensate": False}],
 }
 
 METHOD_CASES = [
     pytest.param(name, i, id=f"{name}-{i}") for name in ap.METHODS for i in range(len(METHOD_ARGS[name]))
 ]
-# A method with a solver has no mask verb (``ap.sparsegpt`` is the solver): its class alone.
-VERB_CASES = [case for case in METHOD_CASES if solver_of(ap.METHODS[case.values[0]]) is None]
+# A method with a solver or a unit refit has no mask verb (``ap.sparsegpt`` is the
+# solver): its class alone.
+VERB_CASES = [case for case in METHOD_CASES if masks_alone(ap.METHODS[case.values[0]])]
 
 
 def test_every_method_has_device_cases():
@@ -425,5 +429,24 @@ def test_reconstruction():
             ap.sparsegpt(to(np.ascontiguousarray(w.T)), h, 17, reduction_axis=0),
             ap.sparsegpt(to(conv), to(np.eye(12) + 0.5), 0.25, block_size=4),
         ]
+
+    same_on_both_devices(call)
+
+
+@pytest.mark.parametrize("compensate", [True, False])
+@pytest.mark.parametrize("name", ["activation_structured", "obs_structured"])
+def test_calibrated_structured_units(name, compensate):
+    """Scores, kept units and the refit consumer of the calibrated structured methods."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((40, 12))
+    x[:, 5] = 0.0  # a dead input: its column scores 0 by activation
+    w = rng.standard_normal((7, 12)).astype(np.float32)
+
+    def call(to):
+        h = to(x.T @ x)
+        method = ap.METHODS[name](0.5, compensate=compensate)
+        per_column = method.prune_units(to(w), h, 12)
+        per_head = method.prune_units(to(w), h, 3)  # heads of 4 columns
+        return [[c.scores, c.kept, c.columns, c.weight] for c in (per_column, per_head)]
 
     same_on_both_devices(call)

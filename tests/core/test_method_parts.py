@@ -27,6 +27,8 @@ def test_every_table_method_declares_its_parts():
         "block_unstructured": ("block norm", "blocks"),
         "wanda": ("wanda", "per output"),
         "sparsegpt": ("hessian", "unstructured"),
+        "activation_structured": ("unit scores", "channels"),
+        "obs_structured": ("unit scores", "channels"),
     }
     for cls in ap.METHODS.values():  # PyTorch's containers read PRUNING_TYPE: the pattern's
         assert cls.PRUNING_TYPE == cls.PATTERN.pruning_type

@@ -16,14 +16,14 @@ import arrayprune as ap
 from arrayprune import reconstruction
 from arrayprune.adapters import mapping as mp
 from arrayprune.adapters.cli.options import METHODS as CLI_METHODS
-from arrayprune.method_parts import solver_of
+from arrayprune.method_parts import masks_alone, prunes_units, solver_of
 from arrayprune.registry import constructor_parameters, method_name
 from cli_helpers import run
 from conftest import to_numpy
 
 RNG = np.random.default_rng(7)
 #: The methods that only mask: each has a functional and a mapping verb.
-MASK_METHODS = [name for name, cls in ap.METHODS.items() if solver_of(cls) is None]
+MASK_METHODS = [name for name, cls in ap.METHODS.items() if masks_alone(cls)]
 
 
 def _example_arguments(name):
@@ -38,6 +38,8 @@ def _example_arguments(name):
         "block_unstructured": {"amount": 0.5, "block_shape": (2, 2)},
         "wanda": {"amount": 0.5, "dim": 0},
         "sparsegpt": {"amount": 0.5},
+        "activation_structured": {"amount": 0.5, "dim": 0},
+        "obs_structured": {"amount": 2, "dim": -1},
     }[name]
 
 
@@ -53,6 +55,8 @@ def test_table_is_read_only_and_names_its_classes():
         "block_unstructured",
         "wanda",
         "sparsegpt",
+        "activation_structured",
+        "obs_structured",
     ]
     with pytest.raises(TypeError):
         ap.METHODS["mine"] = ap.L1Unstructured  # type: ignore[index]
@@ -69,6 +73,15 @@ def test_a_method_with_a_solver_has_no_mask_verbs():
     assert [name for name, cls in ap.METHODS.items() if solver_of(cls) is not None] == ["sparsegpt"]
     assert ap.sparsegpt is ap.SparseGPT.SOLVE is reconstruction.sparsegpt
     assert "sparsegpt" not in mp.__all__ and not hasattr(mp, "sparsegpt")
+
+
+def test_calibrated_structured_methods_have_no_mask_verbs():
+    # They refit the layer reading the units from its Hessian: they run through a model.
+    units = [name for name, cls in ap.METHODS.items() if prunes_units(cls)]
+    assert units == ["activation_structured", "obs_structured"]
+    for name in ("activation_structured", "obs_structured"):
+        assert not hasattr(ap, name) and not hasattr(mp, name)
+        assert ap.METHODS[name].SCORE.statistic == "hessian" and ap.METHODS[name].SCORE.needs_calibration
 
 
 @pytest.mark.parametrize("name", MASK_METHODS)
@@ -115,6 +128,8 @@ def test_command_line_choices_are_the_runnable_table_methods():
         "block_unstructured",
         "wanda",
         "sparsegpt",
+        "activation_structured",
+        "obs_structured",
     )
 
 

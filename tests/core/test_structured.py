@@ -96,3 +96,63 @@ def test_expert_scores_and_residual_change(backend):
     assert float(backend.to_numpy(total)) == pytest.approx(1.0) and float(backend.to_numpy(n)) == 2
     total, n = residual_change(backend.asarray(a), backend.asarray(b), backend.asarray(np.array([[1.0, 0.0]])))
     assert float(backend.to_numpy(total)) == pytest.approx(1.0) and float(backend.to_numpy(n)) == 1
+
+
+# --------------------------------------------------------------------------------------
+# The methods of the table: ``activation_structured`` and ``obs_structured``
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compensate_", [True, False])
+@pytest.mark.parametrize("name, units", [("activation_structured", 8), ("obs_structured", 2), ("obs_structured", 8)])
+def test_prune_units_by_hand(backend, name, units, compensate_):
+    import arrayprune as ap
+
+    w, x = _problem(4)
+    x[:, 5] *= 1e-3  # a quiet input: its column goes first by activation
+    h = x.T @ x
+    hd = h + 0.01 * np.mean(np.diagonal(h)) * np.eye(8)
+    per = 8 // units
+    if name == "activation_structured":
+        col = np.linalg.norm(w, axis=0) * np.linalg.norm(x, axis=0)
+        scores = np.sqrt((col**2).reshape(units, per).sum(1))
+    else:
+        scores = np.array([_refit_error(w, hd, np.arange(u * per, (u + 1) * per)) for u in range(units)])
+    drop = round(0.5 * units)
+    kept = np.sort(np.argsort(scores, kind="stable")[drop:])
+    columns = (kept[:, None] * per + np.arange(per)).reshape(-1)
+    want = np.zeros_like(w)
+    refit = w @ hd[:, columns] @ np.linalg.inv(hd[np.ix_(columns, columns)])
+    want[:, columns] = refit if compensate_ else w[:, columns]
+
+    method = ap.METHODS[name](0.5, compensate=compensate_)
+    assert isinstance(method, ap.UnitPruningMethod)
+    choice = method.prune_units(backend.asarray(w), backend.asarray(h), units)
+    np.testing.assert_allclose(backend.to_numpy(choice.scores), scores, rtol=1e-9)
+    np.testing.assert_array_equal(backend.to_numpy(choice.kept), kept)
+    np.testing.assert_array_equal(backend.to_numpy(choice.columns), columns)
+    np.testing.assert_allclose(backend.to_numpy(choice.weight), want, rtol=1e-8, atol=1e-12)
+    if name == "activation_structured" and units == 8:
+        assert 5 not in kept
+
+
+def test_unit_methods_without_statistics_rank_by_l2_norm():
+    import arrayprune as ap
+
+    w = np.random.default_rng(2).standard_normal((6, 10)).astype(np.float32)
+    for cls in (ap.ActivationStructured, ap.ObsStructured):
+        for amount, dim in ((0.5, 0), (3, -1)):
+            np.testing.assert_array_equal(cls(amount, dim).keep_mask(w), ap.ln_structured(w, amount, 2, dim))
+
+
+def test_unit_methods_check_their_arguments():
+    import arrayprune as ap
+
+    with pytest.raises(TypeError, match="compensate must be True or False"):
+        ap.ObsStructured(0.5, compensate=1)
+    with pytest.raises(ValueError, match="damp must be a number >= 0"):
+        ap.ActivationStructured(0.5, damp=-1.0)
+    with pytest.raises(ValueError):
+        ap.ObsStructured(3).prune_units(np.ones((2, 4)), np.eye(4), 2)  # 3 of 2 units
+    with pytest.raises(ValueError, match="do not split into 3 units"):
+        ap.ActivationStructured(0.5).prune_units(np.ones((2, 8)), np.eye(8), 3)

@@ -216,3 +216,41 @@ def test_bert_output_dense_consumer(tmp_path, tokens):
     with torch.no_grad():
         got = load(tr.BertModel, tmp_path / "small")(IDS).last_hidden_state.numpy()
         np.testing.assert_allclose(got, ref(IDS).last_hidden_state.numpy(), rtol=0, atol=2e-5)
+
+
+def _column_norm_method():
+    """A calibrated structured method written by a user: a unit scored by its columns' weight norm."""
+    import arrayprune as ap
+
+    class ColumnNorm(ap.UnitPruningMethod):
+        DESCRIPTION = "sum of the squares of a unit's weight columns"
+
+        def unit_scores(self, weight, hessian, units):
+            return (weight**2).sum(0).reshape(units, -1).sum(1)
+
+    return ColumnNorm
+
+
+@pytest.mark.slow
+def test_a_registered_unit_method_shrinks_from_its_table_row(llama, tokens, tmp_path, capsys):
+    from arrayprune.registry import register_method, unregister_method
+
+    register_method("column_norm_structured", _column_norm_method())
+    try:
+        out = tmp_path / "small"
+        args = ["prune", str(llama), "--shrink", "--amount", "0.25", "--method", "column_norm_structured",
+                "--calibration", str(tokens), "-o", str(out), "--no-compensate"]  # fmt: skip
+        assert main(args) == 0, capsys.readouterr().err
+    finally:
+        unregister_method("column_norm_structured")
+    dense, shrunk = tensors(llama), tensors(out)
+    for i in range(2):
+        key = f"model.layers.{i}.mlp.down_proj.weight"
+        norms = (dense[key].astype(np.float64) ** 2).sum(0)
+        kept = np.sort(np.argsort(norms, kind="stable")[12:])
+        np.testing.assert_array_equal(shrunk[key], dense[key][:, kept])
+        up = f"model.layers.{i}.mlp.up_proj.weight"
+        np.testing.assert_array_equal(shrunk[up], dense[up][kept])
+    with open(out / "config.json") as f:
+        cfg = json.load(f)
+    assert cfg["intermediate_size"] == 36 and cfg["arrayprune"]["method"] == "column_norm_structured"

@@ -13,7 +13,7 @@ tprune = pytest.importorskip("torch.nn.utils.prune")
 import arrayprune as ap  # noqa: E402
 import arrayprune.adapters.torch as prune  # noqa: E402
 from arrayprune.adapters.torch._base import CoreMethod, core_parameter, make_core  # noqa: E402
-from arrayprune.method_parts import solver_of  # noqa: E402
+from arrayprune.method_parts import masks_alone  # noqa: E402
 from arrayprune.registry import constructor_parameters  # noqa: E402
 
 P = inspect.Parameter
@@ -24,7 +24,7 @@ def described(params):
 
 
 #: The methods that only mask (a method with a solver is the drop-in's ``reconstruct``).
-MASK_METHODS = [name for name, cls in ap.METHODS.items() if solver_of(cls) is None]
+MASK_METHODS = [name for name, cls in ap.METHODS.items() if masks_alone(cls)]
 
 
 @pytest.mark.parametrize("name", MASK_METHODS)
