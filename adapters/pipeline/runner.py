@@ -63,7 +63,7 @@ from arrayprune.adapters.pipeline.devices import Device, device_problem, onnx_de
 from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module, raise_problems
 from arrayprune.adapters.pipeline.hf_stage import calibration_problems
 from arrayprune.adapters.pipeline.hooks import Hooks
-from arrayprune.adapters.pipeline.job import Job
+from arrayprune.adapters.pipeline.job import Job, ShrinkJob
 from arrayprune.adapters.pipeline.option_files import option_file_problems, problem_of
 from arrayprune.adapters.pipeline.outputs import check_not_input, check_output_name, check_whole_output
 from arrayprune.adapters.pipeline.prune_result import (
@@ -492,7 +492,7 @@ def _run(src: str, dst: Any, spec: PruneSpec, hooks: Hooks, early: list[Exceptio
     if spec.shrink or spec.dry_run:
         raise_problems(early)
     if spec.shrink:  # a stage of its own, in place of plan and prune: channel groups, sliced away
-        return run_shrink(src, dst, spec, hooks)
+        return run_shrink(ShrinkJob.resolve(spec, src, dst, hooks))
     out_format = None
     if sharded.is_sharded(src):
         refused = StreamedCheckpoint.refusal(spec)

@@ -47,6 +47,7 @@ from arrayprune.adapters.formats.safetensors_stream import StoredTensor, TensorF
 from arrayprune.adapters.pipeline.errors import PruneError, error_text
 from arrayprune.adapters.pipeline.hf_calibration import _stored, hf_folder, workdir_beside
 from arrayprune.adapters.pipeline.hf_structure import LayerWalk, calibrated_units, layer_changes, router_statistics
+from arrayprune.adapters.pipeline.job import ShrinkJob
 from arrayprune.adapters.pipeline.method_names import unit_methods
 from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult, shrink_notes
 from arrayprune.adapters.pipeline.shrink_checkpoint import (
@@ -593,26 +594,26 @@ def shrink_calibrated(
     )
 
 
-def run_hf_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> Any:
+def run_hf_shrink(job: ShrinkJob) -> Any:
     """The pipeline's shrink stage for a Hugging Face checkpoint folder: every ``--groups`` and method.
 
     Weight-norm channels and heads go to
     :func:`~arrayprune.adapters.pipeline.shrink_checkpoint.run_checkpoint_shrink`; layers,
-    experts and the calibrated scores are run here.
+    experts and the calibrated structured methods are run here.
 
     Raises
     ------
     PruneError
         For options or inputs that cannot be shrunk; nothing is written then.
     """
-    groups = spec.groups or "channels"
-    calibrated = spec.method in unit_methods()
-    if groups in ("channels", "heads") and not calibrated:
+    spec, src, dst, hooks = job.spec, job.src, job.dst, job.hooks
+    groups = job.groups
+    if not job.whole_units and not job.calibrated:
         if spec.calibration:
             raise PruneError(
                 f"--calibration ranks {groups} with --method {' or '.join(unit_methods())}, not {spec.method}"
             )
-        return run_checkpoint_shrink(src, dst, spec, hooks)
+        return run_checkpoint_shrink(job)
     kind = "Hugging Face checkpoint"
     args = {"rows": spec.calibration_batch, "device": spec.device, "hooks": hooks}
     try:

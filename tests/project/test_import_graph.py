@@ -196,9 +196,9 @@ PIPELINE_LAYERS = (
     ("errors", "hooks", "devices"),
     ("request", "method_names", "allocation_request", "shrink_request", "reconstruction_methods"),
     ("calibration", "hf_calibration", "hf_structure", "reconstruction", "stream_pruning"),
-    ("storage", "scoring", "prune_result", "targets", "outputs", "scan", "job", "evaluate"),
+    ("storage", "scoring", "prune_result", "targets", "outputs", "option_files", "scan", "job", "evaluate"),
     ("hf_stage", "reconstruct_stage", "verify_stage", "shrink_checkpoint", "shrink_structure"),
-    ("calibrate", "option_files", "allocation", "shrinking"),
+    ("calibrate", "allocation", "shrinking"),
     ("runner",),
 )  # fmt: skip
 
