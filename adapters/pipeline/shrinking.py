@@ -38,7 +38,7 @@ from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional
 from arrayprune.adapters.pipeline.job import ShrinkJob
 from arrayprune.adapters.pipeline.outputs import check_whole_output
 from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult, shrink_notes
-from arrayprune.adapters.pipeline.shrink_structure import run_hf_shrink
+from arrayprune.adapters.pipeline.shrink_structure import UnitScores, check_hf_shrink, run_hf_shrink
 from arrayprune.adapters.pipeline.storage import WholeFile
 from arrayprune.adapters.pipeline.targets import plan_for
 from arrayprune.adapters.pipeline.verify_stage import compare_outputs, verify_inputs
@@ -46,7 +46,7 @@ from arrayprune.adapters.roles.onnx_groups import OnnxGroups, onnx_groups
 from arrayprune.adapters.shrink import ShrinkReport, shrink_onnx, source_names, zeroed_onnx
 from arrayprune.adapters.summary import PruneSummary, Totals, report_rows, totals
 
-__all__ = ["ShrinkResult", "run_shrink", "zeroed_reference"]
+__all__ = ["ShrinkResult", "check_shrink_job", "run_shrink", "zeroed_reference"]
 
 
 
@@ -132,14 +132,32 @@ def _summary(params: dict, members: set[str], roles: Any, dst: str) -> PruneSumm
     )
 
 
-def run_shrink(job: ShrinkJob) -> PruneResult:
+def check_shrink_job(job: ShrinkJob) -> None:
+    """What the shrink stage refuses before the calibrate stage runs anything (a folder's
+    amounts, units and output: :func:`~arrayprune.adapters.pipeline.shrink_structure.check_hf_shrink`).
+
+    Raises
+    ------
+    PruneError
+        One line; nothing has run or been written.
+    """
+    if job.kind == "sharded safetensors":
+        check_hf_shrink(job)
+
+
+def run_shrink(job: ShrinkJob, scores: UnitScores | None = None) -> PruneResult:
     """Run the pipeline with the shrink stage: open, groups, shrink, write (then verify), summary.
 
     Parameters
     ----------
     job : ShrinkJob
         The checked request with ``shrink`` on its input (an ONNX model or a Hugging Face
-        folder; :meth:`ShrinkJob.resolve <arrayprune.adapters.pipeline.job.ShrinkJob.resolve>`).
+        folder; :meth:`ShrinkJob.resolve <arrayprune.adapters.pipeline.job.ShrinkJob.resolve>`),
+        checked by :func:`check_shrink_job`.
+    scores : UnitScores, optional
+        What the calibrate stage measured of the units
+        (:func:`arrayprune.adapters.pipeline.calibrate.unit_scores`); None where the units
+        are scored by their weights.
 
     Returns
     -------
@@ -154,7 +172,7 @@ def run_shrink(job: ShrinkJob) -> PruneResult:
         written then.
     """
     if job.kind == "sharded safetensors":
-        return run_hf_shrink(job)
+        return run_hf_shrink(job, scores)
     return _shrink_onnx(job)
 
 
