@@ -43,9 +43,8 @@ from arrayprune.adapters.pipeline.errors import PruneError, error_text
 from arrayprune.adapters.pipeline.job import Job
 from arrayprune.adapters.pipeline.method_names import reconstructs
 from arrayprune.adapters.pipeline.reconstruction import onnx_sparsegpt
-from arrayprune.adapters.pipeline.request import PruneSpec
 from arrayprune.adapters.pipeline.scan import OnnxTrials, ScanResult
-from arrayprune.adapters.pipeline.scoring import method_for, scores_for
+from arrayprune.adapters.pipeline.scoring import method_for, scores_for, trial_request
 from arrayprune.adapters.pipeline.stream_pruning import read_whole
 from arrayprune.adapters.plan import file_roles, make_plan
 from arrayprune.allocation import _bounds, counts_near
@@ -432,7 +431,7 @@ def measure_allocations(
     missing = [name for name in names if name not in by_name]
     if missing:
         raise ValueError(f"{missing[0]!r} is no tensor of the model")
-    spec = PruneSpec(method=method, amount=0.5, one_pass=not sequential, calibration_batch=batch_size)
+    spec = trial_request(method, sequential=sequential, batch_size=batch_size)
     return _measure(spec, wf, [by_name[n] for n in names], candidates, norms, calibration, outputs, check_data)[0]
 
 

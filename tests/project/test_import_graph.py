@@ -223,6 +223,9 @@ def test_the_pipeline_imports_down_its_layers():
     # The stages (the layer below the runner) are independent: none imports another.
     stages = {f"{package}.{m}" for m in PIPELINE_LAYERS[-2]}
     assert [(n, t) for n in sorted(stages) for t, *_ in arrows[n] if t in stages] == []
+    # They take the job, not the request: none imports the request module or the command line.
+    above = (f"{package}.request", "arrayprune.adapters.cli")
+    assert [(n, t) for n in sorted(stages) for t, *_ in arrows[n] if t.startswith(above)] == []
 
 
 def test_the_checks_can_fail():
