@@ -1,7 +1,7 @@
 """A request resolved once against its opened input: the job every stage takes.
 
 Two kinds: :class:`Job` prunes tensors (a plan of targets), :class:`ShrinkJob` removes
-units (channel groups, heads, layers, experts) and is resolved by the shrink stage.
+units (channel groups, heads, layers, experts); the runner resolves either.
 
 :class:`~arrayprune.adapters.pipeline.request.PruneSpec` is what was asked, plain data
 checked once. A :class:`Job` is what that means for one input: the storage opened, the
