@@ -63,6 +63,10 @@ def input_refusal(spec: Any, src: str) -> str | None:
     )
 
 
+#: The solver settings the graph engine passes on (:func:`~arrayprune.adapters.pipeline.reconstruction.onnx_sparsegpt`).
+_GRAPH_SETTINGS = ("block_size", "damp")
+
+
 def reconstruct(job: Job, global_masks: Callable[[list[Any], Any], list[Any]]) -> Mapping:
     """The runner: the job's params with every target pruned and updated by the method's solver.
 
@@ -95,9 +99,17 @@ def reconstruct(job: Job, global_masks: Callable[[list[Any], Any], list[Any]]) -
         calibration = read_calibration(spec.calibration)
     except ValueError as exc:
         raise PruneError(error_text(exc), spec.calibration) from None
-    options: dict[str, Any] = {"amount": spec.amount}
+    settings = dict(spec.method_options)  # a method object's settings without a flag
+    unknown = sorted(set(settings) - set(_GRAPH_SETTINGS))
+    if unknown:
+        raise PruneError(
+            f"--method {spec.method} through an ONNX graph takes {' and '.join(_GRAPH_SETTINGS)} of a method object, "
+            f"not {', '.join(unknown)}",
+            storage.src,
+        )
+    options: dict[str, Any] = {"amount": spec.amount, **settings}
     if spec.nm is not None:
-        options = {"n": spec.nm[0], "m": spec.nm[1]}
+        options = {"n": spec.nm[0], "m": spec.nm[1], **settings}
     elif spec.global_:
         masks = global_masks(targets, spec)
         options["amount"] = amounts_from_masks({t.name: mask for t, mask in zip(targets, masks, strict=True)})
