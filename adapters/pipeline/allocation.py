@@ -30,7 +30,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,6 +49,9 @@ from arrayprune.adapters.pipeline.stream_pruning import read_whole
 from arrayprune.adapters.plan import file_roles, make_plan
 from arrayprune.allocation import _bounds, counts_near
 from arrayprune.method_parts import PER_OUTPUT, pattern_of
+
+if TYPE_CHECKING:  # the request module imports this one
+    from arrayprune.adapters.pipeline.request import PruneSpec
 
 __all__ = [
     "CANDIDATES",
@@ -147,7 +150,9 @@ def _step(target: Any, method: str) -> int:
     return 1
 
 
-def _owl_scores(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any) -> list[Any]:
+def _owl_scores(
+    spec: PruneSpec, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any
+) -> list[Any]:
     """The scores OWL counts outliers among: Wanda's where input norms exist, else magnitudes."""
     scores = []
     for t in targets:
@@ -177,7 +182,7 @@ def _owl_uniform_note(m: float, ratios: list[float], calibrated: bool) -> str | 
 
 
 def _owl_ratios(
-    spec: Any, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any, m: float
+    spec: PruneSpec, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any, m: float
 ) -> list[float]:
     """Each target's outlier ratio among OWL's scores (:func:`_owl_scores`), one target
     read at a time (a streamed checkpoint's whole, as the in-memory path reads it)."""
@@ -198,7 +203,7 @@ def _owl_ratios(
     return ratios
 
 
-def _scan_curves(spec: Any, targets: list[Any]) -> tuple[list[list[float]], Any, list[str]]:
+def _scan_curves(spec: PruneSpec, targets: list[Any]) -> tuple[list[list[float]], Any, list[str]]:
     """The curves of the targets from the scan file, the scan, and what to note about them."""
 
     try:
@@ -337,7 +342,7 @@ def candidate_counts(
 
 
 def _pruned(
-    spec: Any,
+    spec: PruneSpec,
     wf: Any,
     targets: list[Any],
     counts: Mapping[str, int],
@@ -436,7 +441,7 @@ def measure_allocations(
 
 
 def _measure(
-    spec: Any,
+    spec: PruneSpec,
     wf: Any,
     targets: list[Any],
     candidates: Mapping[str, Mapping[str, int]],
@@ -462,7 +467,7 @@ def _measure(
 
 
 def _check_jointly(
-    spec: Any,
+    spec: PruneSpec,
     storage: Any,
     targets: list[Any],
     norms: Mapping | None,
@@ -526,7 +531,14 @@ class _Evaluator:
     """``evaluator(counts)``: the joint output error of the targets pruned to `counts` (one session)."""
 
     def __init__(
-        self, spec: Any, wf: Any, targets: list[Any], norms: Any, calibration: Any, outputs: Any, check: Any = None
+        self,
+        spec: PruneSpec,
+        wf: Any,
+        targets: list[Any],
+        norms: Any,
+        calibration: Any,
+        outputs: Any,
+        check: Any = None,
     ):
 
         self.trials = OnnxTrials(

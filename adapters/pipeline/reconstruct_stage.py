@@ -35,11 +35,12 @@ from arrayprune.adapters.pipeline.job import Job
 from arrayprune.adapters.pipeline.method_names import reconstructs
 from arrayprune.adapters.pipeline.reconstruction import amounts_from_masks, onnx_sparsegpt
 from arrayprune.adapters.pipeline.reconstruction_methods import GRAPH_FORMATS, elsewhere, refusal
+from arrayprune.adapters.pipeline.request import PruneSpec
 
 __all__ = ["input_refusal", "reconstruct", "refusal"]
 
 
-def input_refusal(spec: Any, src: str) -> str | None:
+def input_refusal(spec: PruneSpec, src: str) -> str | None:
     """Why the reconstruction method of `spec`, or ``calibration``, cannot run on `src`; None if it can."""
     method = reconstructs(spec.method)
     if not method and not spec.calibration:

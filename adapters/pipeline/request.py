@@ -80,7 +80,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def method_arguments(spec: Any, seed: int | None = None, dim: int | None = None) -> dict[str, Any]:
+def method_arguments(spec: PruneSpec, seed: int | None = None, dim: int | None = None) -> dict[str, Any]:
     """Constructor arguments of ``spec.method`` from the request's options.
 
     Parameters
@@ -99,15 +99,17 @@ def method_arguments(spec: Any, seed: int | None = None, dim: int | None = None)
     """
     cls = arrayprune.METHODS[spec.method]
     flags = method_flags(spec.method)
-    values = {"amount": spec.amount, "dim": spec.dim if dim is None else dim, "block_shape": spec.block, "seed": seed}
+    values: dict[str, Any] = {
+        "amount": spec.amount, "dim": spec.dim if dim is None else dim, "block_shape": spec.block, "seed": seed,
+    }  # fmt: skip
     if flags.get("n") == "--nm" and spec.nm is not None:
         values["n"], values["m"] = spec.nm
     elif flags.get("n") == "--n":
         values["n"] = spec.n
     for param, flag in flags.items():
         if flag not in _OWN_FLAGS:
-            values[param] = getattr(spec, "method_options", {}).get(param)
-    given = getattr(spec, "method_options", {})
+            values[param] = spec.method_options.get(param)
+    given = spec.method_options
     kwargs = {}
     for p in constructor_parameters(cls):
         if p.name in flags and values.get(p.name) is not None:

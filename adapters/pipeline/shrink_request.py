@@ -9,12 +9,15 @@ by the format of the input, asked when the shrink job is resolved
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import arrayprune
 from arrayprune.adapters.pipeline.errors import PruneError
 from arrayprune.adapters.pipeline.method_names import unit_methods
 from arrayprune.method_parts import prunes_units
+
+if TYPE_CHECKING:  # the request module imports this one
+    from arrayprune.adapters.pipeline.request import PruneSpec
 
 __all__ = ["GROUPS", "channel_methods", "check_shrink", "format_refusal"]
 
@@ -34,7 +37,7 @@ def channel_methods() -> list[str]:
     ]
 
 
-def check_shrink(spec: Any) -> None:
+def check_shrink(spec: PruneSpec) -> None:
     """Refuse what cannot go with ``shrink`` (or ``groups`` without it).
 
     Raises
@@ -84,7 +87,7 @@ def check_shrink(spec: Any) -> None:
         )
 
 
-def format_refusal(kind: str, spec: Any) -> str | None:
+def format_refusal(kind: str, spec: PruneSpec) -> str | None:
     """What an input of format `kind` cannot do with ``shrink``, as one line; None if it can."""
     if not spec.shrink:
         return None

@@ -51,6 +51,7 @@ from arrayprune.adapters.pipeline.hf_structure import LayerWalk, calibrated_unit
 from arrayprune.adapters.pipeline.job import ShrinkJob
 from arrayprune.adapters.pipeline.method_names import unit_methods
 from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult, shrink_notes
+from arrayprune.adapters.pipeline.request import PruneSpec
 from arrayprune.adapters.pipeline.shrink_checkpoint import (
     _widened,
     open_hf,
@@ -794,14 +795,14 @@ def run_hf_shrink(job: ShrinkJob, scores: UnitScores | None = None) -> Any:
 _RECORDED = {"layers": "residual_change", "experts": "router_statistics"}
 
 
-def _recorded(spec: Any, groups: str) -> Any:
+def _recorded(spec: PruneSpec, groups: str) -> Any:
     """The request as the provenance record tells it: layers and experts by the score that ranked them."""
     if groups == "experts" and not spec.calibration:
         return dataclasses.replace(spec, method="ln_structured")
     return dataclasses.replace(spec, method=_RECORDED[groups]) if groups in _RECORDED else spec
 
 
-def _notes(spec: Any, groups: str) -> list[str]:
+def _notes(spec: PruneSpec, groups: str) -> list[str]:
     """:func:`shrink_notes`, naming the units removed."""
     unit, where = {"layers": ("layers", "the model"), "experts": ("experts", "each MoE layer")}.get(
         groups, ("channels" if groups == "channels" else "KV groups", "each layer")
@@ -813,7 +814,7 @@ def _notes(spec: Any, groups: str) -> list[str]:
 
 
 def _dry_run(
-    src: str, groups: str, spec: Any, args: Mapping[str, Any], scores: UnitScores | None = None
+    src: str, groups: str, spec: PruneSpec, args: Mapping[str, Any], scores: UnitScores | None = None
 ) -> UnitReport:
     """The units with their scores (on calibration data where the kind or method needs it)."""
     if groups == "layers":
