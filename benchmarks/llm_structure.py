@@ -358,6 +358,7 @@ def latency(dense: Path, pruned: Path, tokens: Path) -> dict[str, float]:
     import torch
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bars in the log
     ids = torch.from_numpy(np.load(tokens)["input_ids"][:LATENCY_ROWS])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: steadier on a shared machine
