@@ -493,7 +493,7 @@ def checks(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for (model, kind, count), got in by.items():
         ppl = {m: r["figures"]["perplexity"] for m, r in got.items()}
-        where = f"{model} {kind} -{count} ({100 * next(iter(got.values()))['removed']:.1f}% removed)"
+        where = f"{model}, {count} {_UNIT_NAMES[kind]} removed ({100 * next(iter(got.values()))['removed']:.1f}%)"
         if "c" in ppl and "a" in ppl:
             lines.append(f"- {where}: (c) {ppl['c']:.3f} vs (a) {ppl['a']:.3f}: "
                          f"{'met' if ppl['c'] < ppl['a'] else 'NOT met'}")  # fmt: skip
@@ -548,8 +548,8 @@ def report(models: list[dict[str, Any]], rows: list[Row], table: dict[str, Metho
             continue
         label = table[r.method].label
         target = "/".join(f"{100 * t:g}%" for t in r.targets) + (" *" if r.note else "")
-        if r.note and r.note not in notes:
-            notes.append(r.note)
+        if r.note and f"{r.model} {r.kind}: {r.note}" not in notes:
+            notes.append(f"{r.model} {r.kind}: {r.note}")
         units = f"{r.count} of {r.units} {_UNIT_NAMES[r.kind]}"
         if r.status != "ok":
             status = r.status if r.status.startswith("not applicable") else f"not run: {r.status}"
