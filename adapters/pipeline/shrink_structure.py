@@ -807,10 +807,7 @@ def _notes(spec: PruneSpec, groups: str) -> list[str]:
     unit, where = {"layers": ("layers", "the model"), "experts": ("experts", "each MoE layer")}.get(
         groups, ("channels" if groups == "channels" else "KV groups", "each layer")
     )
-    return [
-        n.replace("channels removed from each channel group", f"{unit} removed from {where}")
-        for n in shrink_notes(spec)
-    ]
+    return shrink_notes(spec, unit, where)
 
 
 def _dry_run(
