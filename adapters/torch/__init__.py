@@ -21,7 +21,7 @@ tensor([0., 1., 0.])
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _compat, _methods
 from ._base import BasePruningMethod, PruningContainer
@@ -31,6 +31,9 @@ from ._verbs import global_unstructured, is_pruned, prune_to_sparsity, remove
 from .calibration import input_norms, save_input_norms, wanda_importance
 from .reconstruction import reconstruct, sparsegpt
 from .shrink import channel_groups, shrink
+
+if TYPE_CHECKING:  # loaded by __getattr__ on first use
+    from .llm import shrink_llm
 
 __all__ = [
     "BasePruningMethod",

@@ -187,7 +187,7 @@ def shrink_llm(
                 transformers.utils.logging.enable_progress_bar()
         if ids is not None:
             options["calibration"] = os.path.join(tmp, "tokens.npz")
-            np.savez(options["calibration"], **{TOKENS_KEY: ids})
+            np.savez(options["calibration"], input_ids=ids)
         try:
             prune_file(dense, small, **options)
         except ValueError as exc:
