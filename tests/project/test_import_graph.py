@@ -197,6 +197,7 @@ PIPELINE_LAYERS = (
     ("request", "method_names", "allocation_request", "shrink_request", "reconstruction_methods"),
     ("calibration", "hf_calibration", "hf_structure", "reconstruction", "stream_pruning"),
     ("storage", "scoring", "prune_result", "targets", "outputs", "option_files", "scan", "job", "evaluate"),
+    ("hf_scan",),
     ("hf_stage", "reconstruct_stage", "verify_stage", "shrink_checkpoint", "shrink_structure"),
     ("calibrate", "allocation", "shrinking"),
     ("runner",),
