@@ -31,7 +31,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from arrayprune.adapters.pipeline.hf_structure import LayerWalk
+from arrayprune.adapters.pipeline.hf_structure import _FUSED, _RENAMED, LayerWalk
 from arrayprune.adapters.pipeline.method_names import reconstructs, scan_methods
 from arrayprune.adapters.pipeline.scan import (
     DEFAULT_SPARSITIES,
@@ -67,6 +67,34 @@ def _layer_of(name: str, prefix: str, count: int) -> int:
             "the weights of its decoder layers (see --include, --exclude)"
         )
     return int(index)
+
+
+def _weight(walk: LayerWalk, layer: Any, index: int, name: str) -> Any:
+    """The tensor of `layer` that the checkpoint stores as `name`: a module's ``weight``, or
+    one expert's rows of a fused ``[experts, ...]`` parameter (a view, written in place)."""
+    try:
+        return walk.module(layer, index, name).weight
+    except AttributeError:
+        pass
+    inner = "." + name.removeprefix(f"{walk.prefix}.{index}.")
+    for stored, model in _RENAMED:
+        inner = inner.replace(stored, model)
+    experts, _, rest = inner[1:].rpartition(".experts.")
+    parts = rest.split(".")
+    if experts and len(parts) == 3 and parts[0].isdigit() and parts[2] == "weight":
+        expert, leaf = int(parts[0]), parts[1]
+        base = name[: len(name) - len(rest)]  # the stored prefix of this expert's tensors
+        for fused, orders in _FUSED.items():
+            for order in orders:
+                if leaf in order:
+                    before = order[: order.index(leaf)]
+                    start = sum(int(walk.source.tensors[f"{base}{expert}.{n}.weight"].shape[0]) for n in before)
+                    param = getattr(layer.get_submodule(experts + ".experts"), fused)
+                    rows = int(walk.source.tensors[name].shape[0])
+                    view = param[expert, start : start + rows]
+                    if tuple(view.shape) == tuple(walk.source.tensors[name].shape):
+                        return view
+    raise ValueError(f"{name!r} is no weight of a module or expert of layer {index} that the scan can prune alone")
 
 
 def _squares(outputs: Sequence[Any], dense: Sequence[Any], masks: Sequence[Any]) -> float:
@@ -156,7 +184,7 @@ def scan_hf(
                     dense = walk.outputs(layer)
                     reference = _squares([None] * len(dense), dense, walk.masks)
                     for target in by_layer[index]:
-                        weight = walk.module(layer, index, target.name).weight
+                        weight = _weight(walk, layer, index, target.name)
                         original = weight.detach().clone()
                         entry = dataclasses.replace(target, value=original.cpu().numpy())
                         errors = []

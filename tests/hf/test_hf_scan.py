@@ -25,7 +25,7 @@ from arrayprune.adapters.cli import main  # noqa: E402
 from arrayprune.adapters.formats import sharded  # noqa: E402
 from arrayprune.adapters.pipeline.hf_scan import HF_METRIC, hf_scan_methods, scan_hf  # noqa: E402
 from cli_helpers import assert_error, run  # noqa: E402
-from hf_models import VOCAB, save_sharded_llama, tensors  # noqa: E402
+from hf_models import VOCAB, save_family, save_sharded_llama, tensors  # noqa: E402
 
 SPARSITIES = (0.2, 0.4, 0.6, 0.8, 0.9)
 
@@ -125,6 +125,43 @@ def test_cli_scan_then_allocation(llama, tokens, tmp_path, capsys):
     assert zeros == [int(k) for k in counts]
     assert sum(zeros) == sum(sizes) // 2
     assert len({round(z / n, 2) for z, n in zip(zeros, sizes, strict=True)}) > 1  # not uniform
+
+
+@pytest.mark.slow
+def test_mixtral_experts_stored_one_by_one(tmp_path):
+    """Per-expert tensors of the checkpoint are rows of transformers' fused parameters."""
+    cls = save_family(tmp_path / "dense", "mixtral")
+    path = tmp_path / "tokens.npz"
+    ids = np.random.default_rng(4).integers(0, 64, size=(3, 10))
+    np.savez(path, input_ids=ids)
+    ckpt = sharded.open_checkpoint(str(tmp_path / "dense"))
+    result = scan_hf(ckpt, str(tmp_path / "dense"), str(path), sparsities=SPARSITIES)
+    model = cls.from_pretrained(tmp_path / "dense").eval()
+    inter = model.config.intermediate_size
+    cases = {  # stored name -> (layer, the tensor in the model it is a view of)
+        "model.layers.0.block_sparse_moe.experts.1.w1.weight": (0, lambda m: m.experts.gate_up_proj[1, :inter]),
+        "model.layers.1.block_sparse_moe.experts.2.w3.weight": (1, lambda m: m.experts.gate_up_proj[2, inter:]),
+        "model.layers.1.block_sparse_moe.experts.0.w2.weight": (1, lambda m: m.experts.down_proj[0]),
+        "model.layers.0.block_sparse_moe.gate.weight": (0, lambda m: m.gate.weight),
+    }
+    outs = {}
+    for i, layer in enumerate(model.model.layers):
+        layer.register_forward_hook(lambda m, a, o, i=i: outs.__setitem__(i, (o[0] if isinstance(o, tuple) else o)))
+    with torch.no_grad():
+        model(torch.from_numpy(ids))
+        dense = {i: h.double().clone() for i, h in outs.items()}
+        for name, (i, view) in cases.items():
+            w = view(model.model.layers[i].mlp)
+            assert tuple(w.shape) == tuple(ckpt.tensors[name].shape)
+            original = w.clone()
+            want = []
+            for s in SPARSITIES:
+                w.copy_(_pruned(original, s, "l1_unstructured"))
+                model(torch.from_numpy(ids))
+                want.append(float(((outs[i].double() - dense[i]) ** 2).sum() / (dense[i] ** 2).sum()))
+            w.copy_(original)
+            np.testing.assert_allclose(result.curve(name).errors, want, rtol=1e-4, atol=1e-12)
+    assert len(result.curves) == 2 * (4 + 1 + 4 * 3)  # attention, the router, 4 experts x 3 weights
 
 
 def test_methods():
