@@ -114,7 +114,7 @@ def shrink_llm(
         With a calibrated method, refit the consumer's kept columns
         (:func:`arrayprune.structured.compensate`). Ignored by the others.
     calibration_batch : int, optional
-        Calibration sequences run at a time.
+        Calibration sequences run at a time (on the model's device, one layer at a time).
     workdir : str or os.PathLike, optional
         Where the temporary checkpoints go (default ``tempfile.gettempdir()``).
 
@@ -174,6 +174,8 @@ def shrink_llm(
     first = next(iter(model.parameters()), None)
     dtype = first.dtype if first is not None else torch.float32
     device = first.device if first is not None else torch.device("cpu")
+    if ids is not None and device.type != "cpu":
+        options["device"] = str(device)  # the calibration runs where the model is
     with tempfile.TemporaryDirectory(prefix="arrayprune-llm-", dir=workdir) as tmp:
         dense, small = os.path.join(tmp, "dense"), os.path.join(tmp, "small")
         import transformers

@@ -18,13 +18,17 @@ tr = pytest.importorskip("transformers")
 
 import arrayprune.adapters.torch as prune  # noqa: E402
 from arrayprune.adapters.cli import main  # noqa: E402
-from hf_models import FAMILY_MODELS, IDS, check_generates, load, save_family  # noqa: E402
+from hf_models import FAMILY_MODELS, IDS, check_generates, load, save_family, save_sharded_llama  # noqa: E402
 
 TOKENS = np.random.default_rng(2).integers(0, 64, size=(6, 16))
 
 
 def _file_route(tmp_path, family, args, calibrated):
-    cls = save_family(tmp_path / "dense", family)
+    if family == "llama":
+        save_sharded_llama(tmp_path / "dense")
+        cls = tr.LlamaForCausalLM
+    else:
+        cls = save_family(tmp_path / "dense", family)
     extra = []
     if calibrated:
         np.savez(tmp_path / "tokens.npz", input_ids=TOKENS)
@@ -35,6 +39,8 @@ def _file_route(tmp_path, family, args, calibrated):
 
 
 CASES = [
+    ("llama", dict(groups="heads", amount=1, method="obs_structured"), True),
+    ("llama", dict(groups="channels", amount=0.5, method="activation_structured"), True),
     ("mistral", dict(groups="channels", amount=0.25), False),
     ("qwen3", dict(groups="channels", amount=0.5, method="obs_structured"), True),
     ("mistral", dict(groups="heads", amount=0.5, method="activation_structured", compensate=False), True),
@@ -59,7 +65,7 @@ def test_equals_the_file_route(tmp_path, family, kw, calibrated):
     cls, dense, want = _file_route(tmp_path, family, _args(kw), calibrated)
     before = {k: v.clone() for k, v in dense.state_dict().items()}
     got = prune.shrink_llm(dense, torch.from_numpy(TOKENS) if calibrated else None, **kw)
-    assert type(got) is cls and got is not dense and not got.training
+    assert type(got) is cls and got is not dense and not got.training and got.dtype == dense.dtype
     assert sorted(got.state_dict()) == sorted(want.state_dict())
     for key, value in want.state_dict().items():
         assert got.state_dict()[key].shape == value.shape, key
@@ -73,7 +79,7 @@ def test_equals_the_file_route(tmp_path, family, kw, calibrated):
     with torch.no_grad():
         np.testing.assert_allclose(got(IDS).logits.numpy(), want(IDS).logits.numpy(), rtol=0, atol=1e-5)
     assert all(torch.equal(before[k], v) for k, v in dense.state_dict().items())  # the dense model as it was
-    check_generates(got)
+    check_generates(got, vocab=got.config.vocab_size)
 
 
 @pytest.mark.slow
@@ -117,3 +123,18 @@ def test_bad_input_one_line_nothing_changed(tmp_path, model, calibration, kw, er
     assert fragment in text and "\n" not in text and "/tmp" not in text and "arrayprune-llm-" not in text
     assert all(torch.equal(before[k], v) for k, v in dense.state_dict().items())
     assert dense.config.intermediate_size == 24 and dense.config.num_hidden_layers == 2
+
+
+@pytest.mark.slow
+def test_bfloat16_model_stays_bfloat16(tmp_path):
+    cls = save_family(tmp_path / "dense", "mistral")
+    dense = load(cls, tmp_path / "dense").to(torch.bfloat16)
+    dense.save_pretrained(tmp_path / "bf16")
+    args = ["prune", str(tmp_path / "bf16"), "-o", str(tmp_path / "small"), "--shrink", "--amount", "0.25",
+            "--method", "ln_structured"]
+    assert main(args) == 0
+    want = cls.from_pretrained(tmp_path / "small", dtype=torch.bfloat16).eval()
+    got = prune.shrink_llm(dense, amount=0.25)
+    assert got.dtype == torch.bfloat16 and got.config.intermediate_size == 18
+    for key, value in want.state_dict().items():
+        assert torch.equal(got.state_dict()[key], value), key
