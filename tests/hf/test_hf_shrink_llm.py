@@ -47,6 +47,7 @@ CASES = [
     ("qwen2", dict(groups="layers", amount=1), True),
     ("mixtral", dict(groups="experts", amount=0.5), True),
     ("qwen2_moe", dict(groups="experts", amount=1), True),
+    ("mixtral", dict(groups="experts", amount=1), False),  # by the experts' weight norm
 ]
 
 
