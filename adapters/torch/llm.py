@@ -131,8 +131,9 @@ def shrink_llm(
         A model that is not a transformers model, an amount or calibration of the wrong type.
     ValueError
         An unknown group or method, an amount the model cannot lose, token ids out of
-        range, a family the table does not know; one line, raised before anything is
-        written.
+        range, a family the table does not know; one line, the model left as it was (the
+        argument checks come before anything is saved; the pipeline's own, such as a
+        count a layer cannot lose, on the temporary folder, which is removed).
 
     Examples
     --------
@@ -142,6 +143,7 @@ def shrink_llm(
     >>> small.config.intermediate_size  # doctest: +SKIP
     """
     import torch
+    import transformers
 
     config = _check_model(model)
     if not isinstance(groups, str) or groups not in GROUPS:
@@ -178,8 +180,6 @@ def shrink_llm(
         options["device"] = str(device)  # the calibration runs where the model is
     with tempfile.TemporaryDirectory(prefix="arrayprune-llm-", dir=workdir) as tmp:
         dense, small = os.path.join(tmp, "dense"), os.path.join(tmp, "small")
-        import transformers
-
         bars = transformers.utils.logging.is_progress_bar_enabled()
         transformers.utils.logging.disable_progress_bar()
         try:
