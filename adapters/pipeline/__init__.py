@@ -18,6 +18,7 @@ Its modules import downwards only, in seven layers (a test checks it:
        |             scoring.py (each target's method and scores), prune_result.py (what a
        |             run returns), outputs.py (OUT checked), option_files.py (the files
        |             options name, checked), scan.py (error curves: the scan verb, allocations),
+       |             hf_scan.py (a Hugging Face folder's error curves, layer by layer),
        |             evaluate.py (arrayprune eval: perplexity and KL of a Hugging Face folder)
        |
     engines          calibration.py (onnxruntime statistics), hf_calibration.py (transformers,
