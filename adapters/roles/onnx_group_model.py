@@ -315,7 +315,8 @@ def _producer(m: _Model, node: Any) -> _Producer | _Refused | None:
         if groups != 1:
             if dims[1] == 1 and dims[0] == groups:
                 return None  # depthwise: its channels are its input's
-            return (w, dims[0], f"grouped Conv (group={groups})")
+            if dims[0] % groups:
+                return (w, dims[0], f"grouped Conv (group={groups}) with {dims[0]} output channels")
         axis = 0
         out_axis = 1 - len(dims)
     else:

@@ -21,7 +21,9 @@ Producers
 ---------
 ``MatMul`` with an initializer B ``[K, N]`` (axis 1), ``Gemm`` with an initializer B
 (axis 1, or 0 with ``transB=1``; its C when it is ``[N]`` or ``[1, N]``), ``Conv`` with
-an initializer W ``[out, in, k...]`` and ``group=1`` (axis 0; its B). The weight must be a
+an initializer W ``[out, in/g, k...]`` (axis 0; its B), with ``group=1`` or grouped
+(``group=g``, not depthwise: the group's channels then lie in ``g`` equal parts, each
+losing as many, and ``group`` stays). The weight must be a
 ``weight`` of :func:`~arrayprune.adapters.roles.onnx_graph.onnx_roles` with that output
 axis, stored directly or read through ``Identity``.
 
@@ -66,20 +68,23 @@ Closed by
 ---------
 ``MatMul`` A (the activation's last axis; B ``[K, N]`` axis 0 is a member, in blocks of
 the channel's block size), ``Gemm`` A with ``transA=0`` (B axis 0, or 1 with
-``transB=1``), ``Conv`` X with ``group=1`` (W axis 1).
+``transB=1``), ``Conv`` X with ``group=1`` (W axis 1), a grouped ``Conv`` X (W axis 1
+block by block: :attr:`View.segments`; its ``group`` splits the group's channels into
+equal parts, each losing as many).
 
 Left
 ----
 Everything else leaves the producers' channels as they are, with the reason: a graph
 input or graph output holding the channels, a ``Concat`` along another axis, a norm over the channels
 (``LayerNormalization``, ``GroupNormalization``), ``Shape``, a reshape that mixes the
-channels with other axes, a grouped (not depthwise) ``Conv``, a depthwise ``Conv`` with a
-channel multiplier, a value read inside a subgraph, a per-channel constant that is a
+channels with other axes, a grouped ``Conv`` reading channels a ``Concat`` joined or
+heads, a depthwise ``Conv`` with a channel multiplier, a value read inside a subgraph, a per-channel constant that is a
 ``Constant`` node, an axis or shape that cannot be known.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -135,6 +140,7 @@ class _Trace:
         self.offset: dict[str, tuple[int, int]] = {}
         self.at: int | None = None  # the first entry of the value a handler takes (None: the whole axis)
         self.total = 0  # and the size of its axis
+        self.segments = 1  # equal parts of the channels that lose as many each (grouped convolutions)
 
     # ---------------------------------------------------------------- helpers
 
@@ -263,6 +269,9 @@ class _Trace:
             raise _Left(f"{m.label(node)} makes its channels on another axis")
         op = node.op_type
         if op == "Conv":
+            groups = int(_attr(m.onnx, node, "group", 1))
+            if groups > 1:
+                self.split(node, groups, block)
             self.member(node, 1, 0, True, block)
             if len(node.input) > 2 and node.input[2]:
                 self.member(node, 2, 0, False, block, "bias")
@@ -391,7 +400,38 @@ class _Trace:
             return True
         if groups == channels and dims[1] == 1:
             raise _Left(f"depthwise {m.label(node)} with a channel multiplier of {dims[0] // channels}")
-        raise _Left(f"grouped {m.label(node)} (group={groups})")
+        return False  # grouped
+
+    def split(self, node: Any, groups: int, block: int) -> None:
+        """The channels lie in the `groups` groups of grouped ``Conv`` `node`."""
+        if block != 1 or self.at is not None:
+            where = "in blocks" if block != 1 else "that a Concat joined with others"
+            raise _Left(f"grouped {self.m.label(node)} (group={groups}) holds channels {where}")
+        joint = math.lcm(self.segments, groups)
+        if self.channels % joint:
+            raise _Left(f"grouped {self.m.label(node)} (group={groups}) does not split {self.channels} channels evenly")
+        self.segments = joint
+
+    def grouped_consumer(self, node: Any, groups: int) -> None:
+        """Grouped ``Conv`` `node` reads the channels: its W, block by block, closes the group."""
+        m = self.m
+        name = node.input[1]
+        src = m.alias.get(name, name)
+        if src not in m.inits:
+            raise _Left(f"weight {name!r} of {m.label(node)} is not an initializer")
+        dims = m.init_dims(src)
+        self.split(node, groups, 1)
+        if dims[1] * groups != self.channels or dims[0] % groups:
+            shape = list(dims)
+            raise _Left(f"grouped {m.label(node)} W {name!r} of shape {shape} does not read {self.channels} channels")
+        shared = m.reads[src] > 1 or name != src
+        key = m.fresh(src)
+        where = (m.index[id(node)], 1)
+        copy = m.copy_of(where, src) if shared else None
+        self.views[key] = View(src, 1, 1, where if shared else None, 0, copy, groups)
+        self.members.append(Member(key, 1, True))
+        self.closing.append(key)
+        self.consumers.append(m.label(node))
 
     def reshaped(self, node: Any, src: str, ax: int, block: int, lead: int, dst: str) -> tuple[int, int, int]:
         """(axis, block, lead) of the channels in `dst`, the other side of Reshape `node` from `src`."""
@@ -568,6 +608,10 @@ class _Trace:
             raise _Left(f"{m.label(node)} reads channels on axis 1, not the channel axis")
         if self.depthwise_members(node, name, ax, block):
             self.add_value(node.output[0], ax)
+            return
+        groups = int(_attr(m.onnx, node, "group", 1))
+        if groups > 1:
+            self.grouped_consumer(node, groups)
             return
         if dims[1] != self.width():
             raise _Left(f"{m.label(node)} W {w!r} has {dims[1]} input channels, not {self.width()}")
@@ -799,6 +843,7 @@ def onnx_groups(model: Any, kind: str = "channels") -> OnnxGroups:
                 tuple(trace.views.items()),
                 tuple(trace.closing),
                 kind,
+                trace.segments,
             )
         )
     where = {name_of(n): i for i, n in enumerate(m.nodes)}

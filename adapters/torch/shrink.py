@@ -89,13 +89,19 @@ def _per_channel(t: torch.Tensor, slot: Slot, channels: int) -> torch.Tensor:
     return _channels(t, slot, channels).movedim(slot.axis, 0).reshape(channels, -1)
 
 
-def _even_count(group: TorchGroup, count: int) -> None:
-    """Refuse a count of channels the group's convolution groups cannot lose evenly."""
-    if group.segments > 1 and count % group.segments:
+def _even_count(group: TorchGroup, amount: int | float) -> int:
+    """How many channels the group loses: with convolution groups, a fraction of each
+    (``round(amount * channels / segments)`` per part); a count must split evenly."""
+    if group.segments == 1:
+        return _amount.compute_nparams_toprune(amount, group.channels)
+    if isinstance(amount, float):
+        return group.segments * _amount.compute_nparams_toprune(amount, group.channels // group.segments)
+    if amount % group.segments:
         raise ValueError(
-            f"group {group.name!r}: {count} of its {group.channels} channels cannot be removed evenly from "
+            f"group {group.name!r}: {amount} of its {group.channels} channels cannot be removed evenly from "
             f"its {group.segments} convolution groups (each must lose as many)"
         )
+    return int(amount)
 
 
 def _kept_by_score(
@@ -122,8 +128,7 @@ def _kept_by_score(
         channel = group_scores(arrays, core_group, method, importance_scores=scores)
     if group.segments > 1:
         # the same count from every convolution group, ranked within it
-        count = _amount.compute_nparams_toprune(amount, group.channels)
-        _even_count(group, count)
+        count = _even_count(group, amount)
         width = group.channels // group.segments
         parts = [choose_channels(part, count // group.segments) + j * width
                  for j, part in enumerate(channel.reshape(group.segments, width))]  # fmt: skip
@@ -335,8 +340,9 @@ def shrink(
     constant. A ``GroupNorm`` makes its groups of channels go whole: amounts count
     them. A grouped convolution (``1 < groups < channels``) keeps its ``groups``: the
     channels it reads and those it writes each lose the same number from every one of
-    its groups, ranked within the group (an amount whose count does not split evenly
-    is a ``ValueError``; transposed grouped convolutions are left).
+    its groups, ranked within the group: a fraction is taken of each of its groups
+    (``round(amount * channels / groups)`` each), a count must split evenly (else a
+    ``ValueError``); transposed grouped convolutions are left.
 
     Parameters
     ----------
@@ -429,7 +435,7 @@ def shrink(
                 a = amounts[g.name]
                 units = g.channels // g.block
                 _amount.validate_pruning_amount(_amount.compute_nparams_toprune(a, units), units)
-                _even_count(g, _amount.compute_nparams_toprune(a, units))
+                _amount.validate_pruning_amount(_even_count(g, a), g.channels)
                 for slot in g.members:
                     given = scores.get(slot.param)
                     if given is not None and tuple(given.shape) != tuple(_value(*_owner(model, slot.param)).shape):

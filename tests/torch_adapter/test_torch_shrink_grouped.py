@@ -153,6 +153,16 @@ def test_uneven_removal_is_refused_before_anything_changes():
         assert torch.equal(v, before[k] * (rows[:, None, None, None] if k == "3.weight" else 1)), k
 
 
+def test_a_fraction_is_taken_of_each_convolution_group():
+    net = _net()
+    x = torch.randn(1, 3, 5, 5, dtype=torch.float64)
+    # 0.3 of 16 channels in 4 groups: round(0.3 * 4) = 1 from each (not round(4.8) = 5 in all);
+    # 0.3 of 8 in 4 groups: round(0.6) = 1 each; 0.3 of 8 in 2 groups: round(1.2) = 1 each
+    prune.shrink(net, x, 0.3)
+    assert (net[3].out_channels, net[3].in_channels, net[6].out_channels) == (12, 4, 6)
+    assert (net[3].groups, net[6].groups, tuple(net[6].weight.shape[:2])) == (4, 2, (6, 6))
+
+
 def test_transposed_grouped_convolution_is_left():
     net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ConvTranspose2d(4, 4, 2, groups=2), nn.Conv2d(4, 2, 1))
     groups = {g.name: g for g in prune.channel_groups(net, torch.randn(1, 3, 4, 4))}
