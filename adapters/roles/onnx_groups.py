@@ -300,7 +300,7 @@ class _Trace:
         if idx in self.done:
             return
         if node.op_type in _MIXING_NORMS:
-            raise _Left(f"{name!r} comes from {m.label(node)}, a norm over the channels")
+            raise _Left(f"{name!r} comes from {m.label(node)}, {_why_norm(node.op_type)}")
         found = _BACK.get(node.op_type)
         if found is None or _producer(m, node) is not None:
             if lead != 1:
@@ -533,6 +533,10 @@ class _Trace:
 
     def reshape(self, node: Any, name: str, ax: int, block: int) -> None:
         out, lead = node.output[0], self.lead(name)
+        norms = [n for n, _ in self.m.consumers.get(out, ()) if n.op_type == "InstanceNormalization"]
+        if norms and ax % self.rank(name) == 1:  # torch.onnx's GroupNorm: [N, C, ...] -> [N, G, -1]
+            what = f"{self.m.label(node)} and {self.m.label(norms[0])} normalize groups of channels together"
+            raise _Left(f"{what} (a GroupNorm): {_why_norm('GroupNormalization')}")
         q, b, lead_out = self.reshaped(node, name, ax, block, lead, out)
         self.reshape_target(node, name, ax, block * lead, out, q, b * lead_out)
         if name in self.pooled and b == 1 and q == -1:
@@ -653,7 +657,7 @@ class _Trace:
         found = _STEPS.get(node.op_type)
         if found is None or (found[1] and i != 0):
             if node.op_type in _MIXING_NORMS:
-                raise _Left(f"{self.m.label(node)} normalizes over the channels of {name!r}")
+                raise _Left(f"{self.m.label(node)} reads {name!r}: {_why_norm(node.op_type)}")
             raise _Left(f"{self.m.label(node)} reads {name!r}")
         joined = self.offset.get(name)
         if joined is not None and node.op_type not in _JOINED:
@@ -686,6 +690,13 @@ class _Trace:
                 self.step(node, i, name, ax, block)
         if not self.consumers:
             raise _Left("no layer reads the channels")
+
+
+def _why_norm(op: str) -> str:
+    """Why the channels a norm over several channels reads stay (one line)."""
+    if op == "GroupNormalization":
+        return "only whole groups could go, which ONNX shrinking does not follow (torch modules: prune.shrink)"
+    return "a norm over the channels, whose statistics would change without the removed ones"
 
 
 _Step = Callable[[_Trace, Any, str, int, int], None]
