@@ -15,7 +15,7 @@ _UNARY = {
     "Softplus", "Softsign", "Mish", "Neg", "Abs", "Sqrt", "Exp", "Cast", "Identity", "Dropout", "Clip", "IsNaN",
     "Not",
 }  # fmt: skip
-_BINARY = {"Add", "Sub", "Mul", "Div"}
+_BINARY = {"Add", "Sub", "Mul", "Div", "Pow"}
 #: Element-wise selection: ``Where(condition, x, y)``, all three broadcast together.
 _SELECT = {"Where"}
 #: Pools over every axis after the channels: ``[N, C, ...] -> [N, C, 1, ...]``.

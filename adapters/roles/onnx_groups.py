@@ -34,7 +34,7 @@ Followed (forward, and backward from a value that joins the group)
   ``Softplus``, ``Softsign``, ``Mish``, ``Neg``, ``Abs``, ``Sqrt``, ``Exp``, ``Cast``,
   ``Identity``, ``Dropout`` (its mask unused), ``Clip`` (constant bounds);
   ``Softmax``/``LogSoftmax`` over another axis;
-* ``Add``, ``Sub``, ``Mul``, ``Div`` of constants and activations: a scalar or broadcast
+* ``Add``, ``Sub``, ``Mul``, ``Div``, ``Pow`` of constants and activations: a scalar or broadcast
   constant is not touched, a per-channel one (length C along the channel axis, as
   broadcasting aligns it) is a member; an activation that broadcasts over the channel
   axis (size 1 there) is not touched either; any other activation joins the group (a
