@@ -52,7 +52,7 @@ from arrayprune.registry import METHODS
 
 from .plan import stream_seed
 from .roles.onnx_graph import _onnx
-from .roles.onnx_group_types import even_drop
+from .roles.onnx_group_types import check_rounding, even_drop
 from .roles.onnx_groups import KINDS, OnnxGroups, View, onnx_groups
 from .trees import _rebuild
 
@@ -106,6 +106,7 @@ def shrink_arrays(
     importance_scores: Mapping | None = None,
     global_: bool = False,
     segments: Sequence[int] | None = None,
+    rounding: str = "nearest",
     **method_args: Any,
 ) -> Shrunk:
     """Remove ``amount`` of the channels of every group from a mapping of arrays.
@@ -136,6 +137,10 @@ def shrink_arrays(
         Per group, the equal consecutive parts its channels lie in (the groups of a
         grouped convolution): every part loses as many channels, its lowest scores,
         and the count must split evenly. Not with `global_`.
+    rounding : {"nearest", "keep_floor"}, default "nearest"
+        How a fraction becomes each group's count: ``round(amount * channels)``
+        removed (PyTorch's rule), or ``int((1 - amount) * channels)`` kept
+        (Torch-Pruning's rule); per part with `segments`. Not with `global_`.
     **method_args
         Constructor arguments of a method given by name.
 
@@ -151,6 +156,9 @@ def shrink_arrays(
         As :func:`arrayprune.groups.shrink`; before anything is sliced.
     """
     _amount.validate_pruning_amount_init(amount)
+    check_rounding(rounding)
+    if global_ and rounding != "nearest":
+        raise ValueError("rounding applies to each group's count; a global ranking counts all channels at once")
     methods = _per_group_methods(groups, method, dict(method_args))
     parts = list(segments) if segments is not None else [1] * len(groups)
     if len(parts) != len(groups):
@@ -159,14 +167,14 @@ def shrink_arrays(
         raise ValueError("a global ranking cannot keep the groups of a grouped convolution even; rank per group")
     if not global_:
         for g, p in zip(groups, parts, strict=True):
-            _amount.validate_pruning_amount(even_drop(amount, g.channels, p, str(g.name)), g.channels)
+            _amount.validate_pruning_amount(even_drop(amount, g.channels, p, str(g.name), rounding), g.channels)
     scores = [
         group_scores(params, g, m, importance_scores=importance_scores) for g, m in zip(groups, methods, strict=True)
     ]
     if global_:
         kept = choose_channels_global(scores, amount) if groups else []
     else:
-        kept = [_choose(s, amount, g, p) for s, g, p in zip(scores, groups, parts, strict=True)]
+        kept = [_choose(s, amount, g, p, rounding) for s, g, p in zip(scores, groups, parts, strict=True)]
     out = take_channels(params, groups, kept)
     return Shrunk(_rebuild(params, out.items()), kept)
 
@@ -177,12 +185,12 @@ def _check_method(method: Any, method_args: dict) -> None:
     resolve_method(method, **method_args)
 
 
-def _choose(scores: Any, amount: int | float, group: ChannelGroup, segments: int) -> Any:
+def _choose(scores: Any, amount: int | float, group: ChannelGroup, segments: int, rounding: str) -> Any:
     """:func:`choose_channels`, the same count from each of `segments` equal parts."""
+    count = even_drop(amount, group.channels, segments, str(group.name), rounding)
     if segments == 1:
-        return choose_channels(scores, amount)
+        return choose_channels(scores, count)
     xp = apc.array_namespace(scores)
-    count = even_drop(amount, group.channels, segments, str(group.name))
     width = group.channels // segments
     kept = [choose_channels(scores[j * width : (j + 1) * width], count // segments) + j * width
             for j in range(segments)]  # fmt: skip
@@ -196,6 +204,7 @@ def shrink_onnx(
     *,
     global_: bool = False,
     kind: str = "channels",
+    rounding: str = "nearest",
     **method_args: Any,
 ) -> tuple[Any, ShrinkReport]:
     """A smaller ONNX model: ``amount`` of the channels of every group removed.
@@ -216,6 +225,9 @@ def shrink_onnx(
         What goes: layer channels (groups joined through residual connections), or
         whole attention heads (``amount`` of each attention block's heads; see
         :func:`~arrayprune.adapters.roles.onnx_groups.onnx_groups`).
+    rounding : {"nearest", "keep_floor"}, default "nearest"
+        How a fraction becomes each group's count (see :func:`shrink_arrays`):
+        ``"keep_floor"`` keeps ``int((1 - amount) * channels)``, as Torch-Pruning does.
     **method_args
         Constructor arguments of a method given by name.
 
@@ -261,8 +273,11 @@ def shrink_onnx(
     segments = [og.segments for og in found.groups]
     if global_ and any(p > 1 for p in segments):
         raise ValueError("a global ranking cannot keep the groups of a grouped convolution even; rank per group")
+    check_rounding(rounding)
+    if global_ and rounding != "nearest":
+        raise ValueError("rounding applies to each group's count; a global ranking counts all channels at once")
     for g, p in zip(groups if not global_ else (), segments, strict=False):
-        k = even_drop(amount, g.channels, p, str(g.name))
+        k = even_drop(amount, g.channels, p, str(g.name), rounding)
         _amount.validate_pruning_amount(k, g.channels)
         if k >= g.channels:
             raise ValueError(f"amount={amount} would remove every channel of group {g.name!r} ({g.channels})")
@@ -274,7 +289,9 @@ def shrink_onnx(
             key = str(mem.key)
             if key not in arrays:
                 arrays[key] = _view_array(sources, views[key], og.group.channels) if key in views else sources[key]
-    small, kept = shrink_arrays(arrays, groups, amount, method, global_=global_, segments=segments, **method_args)
+    small, kept = shrink_arrays(
+        arrays, groups, amount, method, global_=global_, segments=segments, rounding=rounding, **method_args
+    )
 
     out = copy.deepcopy(model)
     graph = out.graph

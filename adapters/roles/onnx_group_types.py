@@ -10,13 +10,31 @@ from dataclasses import dataclass, field
 from arrayprune.amount import compute_nparams_toprune
 from arrayprune.groups import ChannelGroup, Member
 
-__all__ = ["KINDS", "LeftGroup", "OnnxGroup", "OnnxGroups", "View", "even_drop"]
+__all__ = ["KINDS", "ROUNDINGS", "LeftGroup", "OnnxGroup", "OnnxGroups", "View", "check_rounding", "even_drop"]
+
+#: How a fraction becomes a count of channels: ``"nearest"`` removes
+#: ``round(amount * channels)`` (PyTorch's rule, half to even); ``"keep_floor"`` keeps
+#: ``int((1 - amount) * channels)`` (Torch-Pruning's rule, computed as it computes it:
+#: at 30% it removes one channel more wherever ``0.3 * channels`` has a fraction below 1/2).
+ROUNDINGS = ("nearest", "keep_floor")
 
 #: What a group's channels are: layer channels, or attention heads.
 KINDS = ("channels", "heads")
 
 
-def even_drop(amount: int | float, channels: int, segments: int = 1, name: str = "") -> int:
+def check_rounding(rounding: str) -> None:
+    """Refuse a `rounding` that is not one of :data:`ROUNDINGS`."""
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+
+
+def _drop(amount: int | float, channels: int, rounding: str) -> int:
+    if rounding == "keep_floor" and isinstance(amount, float):
+        return channels - int((1 - amount) * channels)
+    return compute_nparams_toprune(amount, channels)
+
+
+def even_drop(amount: int | float, channels: int, segments: int = 1, name: str = "", rounding: str = "nearest") -> int:
     """How many of a group's `channels` go when they lie in `segments` equal parts that
     must each lose as many (the groups of a grouped convolution).
 
@@ -33,6 +51,8 @@ def even_drop(amount: int | float, channels: int, segments: int = 1, name: str =
         The group's channels and the parts they lie in.
     name : str, optional
         The group's name, for the error.
+    rounding : {"nearest", "keep_floor"}, default "nearest"
+        How a fraction becomes a count (:data:`ROUNDINGS`), per part.
 
     Returns
     -------
@@ -45,9 +65,9 @@ def even_drop(amount: int | float, channels: int, segments: int = 1, name: str =
         If a count does not split evenly over the parts.
     """
     if segments == 1:
-        return compute_nparams_toprune(amount, channels)
+        return _drop(amount, channels, rounding)
     if isinstance(amount, float):
-        return segments * compute_nparams_toprune(amount, channels // segments)
+        return segments * _drop(amount, channels // segments, rounding)
     if amount % segments:
         raise ValueError(
             f"group {name!r}: {amount} of its {channels} channels cannot be removed evenly from "

@@ -89,13 +89,24 @@ def _per_channel(t: torch.Tensor, slot: Slot, channels: int) -> torch.Tensor:
     return _channels(t, slot, channels).movedim(slot.axis, 0).reshape(channels, -1)
 
 
-def _even_count(group: TorchGroup, amount: int | float) -> int:
-    """How many channels the group loses: with convolution groups, a fraction of each
-    (``round(amount * channels / segments)`` per part); a count must split evenly."""
+_ROUNDINGS = ("nearest", "keep_floor")
+
+
+def _count(amount: int | float, units: int, rounding: str) -> int:
+    """The units a fraction removes: ``round(amount * units)``, or with ``"keep_floor"``
+    all but ``int((1 - amount) * units)`` (Torch-Pruning's rule); a count as it is."""
+    if rounding == "keep_floor" and isinstance(amount, float):
+        return units - int((1 - amount) * units)
+    return _amount.compute_nparams_toprune(amount, units)
+
+
+def _even_count(group: TorchGroup, amount: int | float, rounding: str = "nearest") -> int:
+    """How many channels the group loses (whole blocks: how many blocks): with convolution
+    groups, a fraction of each part; a count must split evenly."""
     if group.segments == 1:
-        return _amount.compute_nparams_toprune(amount, group.channels)
+        return _count(amount, group.channels // group.block, rounding)
     if isinstance(amount, float):
-        return group.segments * _amount.compute_nparams_toprune(amount, group.channels // group.segments)
+        return group.segments * _count(amount, group.channels // group.segments, rounding)
     if amount % group.segments:
         raise ValueError(
             f"group {group.name!r}: {amount} of its {group.channels} channels cannot be removed evenly from "
@@ -303,6 +314,7 @@ def shrink(
     *,
     importance_scores: Mapping[str, torch.Tensor] | None = None,
     leaf_modules: Iterable[Any] = (),
+    rounding: str = "nearest",
     **method_args: Any,
 ) -> nn.Module:
     """Remove pruned channels from `model`'s layers for real; return `model`, smaller.
@@ -364,6 +376,11 @@ def shrink(
         scored instead of its values.
     leaf_modules : iterable of modules or module types, optional
         Modules kept whole (not traced into): their channels are left.
+    rounding : {"nearest", "keep_floor"}, default "nearest"
+        How a fraction becomes each group's count: ``round(amount * channels)``
+        removed (PyTorch's rule, half to even), or ``int((1 - amount) * channels)``
+        kept (Torch-Pruning's rule: the same parameter counts as its ``MetaPruner`` at
+        the same ratio). Counts are taken as they are.
     **method_args
         Constructor arguments of a method given by name (``n=1``, ``seed=0``).
 
@@ -402,8 +419,8 @@ def shrink(
             raise TypeError(f"importance_scores[{name!r}] must be a tensor, got {type(t).__name__}")
     with torch.no_grad():
         if amount is None:
-            if method_args or method != "ln_structured" or scores:
-                raise TypeError("method, its arguments and importance_scores are taken only with an amount")
+            if method_args or method != "ln_structured" or scores or rounding != "nearest":
+                raise TypeError("method, its arguments, importance_scores and rounding are taken only with an amount")
             if not any(pruning_hooks(m, getattr(h, "_tensor_name", "")) for m in model.modules()
                        for h in m._forward_pre_hooks.values()):  # fmt: skip
                 raise ValueError("shrink() needs an amount, or pruning masks on the model (it has none)")
@@ -429,7 +446,12 @@ def shrink(
                         )
             _check_partial(model, open_groups, kept)
         else:
+            if rounding not in _ROUNDINGS:
+                raise ValueError(f"rounding must be one of {_ROUNDINGS}, got {rounding!r}")
             amounts = _amounts(amount, open_groups)
+            for g in open_groups:  # fractions become each group's count under `rounding`
+                if isinstance(amounts[g.name], float):
+                    amounts[g.name] = _even_count(g, amounts[g.name], rounding)
             chosen = resolve_method(method, **method_args)
             for g in open_groups:
                 a = amounts[g.name]

@@ -120,3 +120,14 @@ def test_uneven_amounts_are_refused():
         shrink_onnx(model, 2)
     with pytest.raises(ValueError, match="^a global ranking cannot keep the groups of a grouped convolution even"):
         shrink_onnx(model, 0.5, global_=True)
+
+
+def test_keep_floor_rounding():
+    model = _export(_net(), torch.randn(1, 3, 4, 4), False)
+    small, report = shrink_onnx(model, 0.3, rounding="keep_floor")
+    # per convolution group: int(0.7 * 2) = 1 of 2, int(0.7 * 4) = 2 of 4, int(0.7 * 4) = 2 of 4 stay
+    assert [len(k) for k in report.kept.values()] == [4, 8, 4]
+    _, nearest = shrink_onnx(model, 0.3)  # round(0.3 * 2) = 1, round(1.2) = 1, round(1.2) = 1 go
+    assert [len(k) for k in nearest.kept.values()] == [4, 12, 6]
+    with pytest.raises(ValueError, match="^rounding must be one of"):
+        shrink_onnx(model, 0.3, rounding="up")

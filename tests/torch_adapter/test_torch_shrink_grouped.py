@@ -167,3 +167,22 @@ def test_transposed_grouped_convolution_is_left():
     net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ConvTranspose2d(4, 4, 2, groups=2), nn.Conv2d(4, 2, 1))
     groups = {g.name: g for g in prune.channel_groups(net, torch.randn(1, 3, 4, 4))}
     assert groups["0"].reason == "1 is a transposed grouped convolution (groups=2): its channels go in blocks"
+
+
+def test_keep_floor_rounding_counts_as_torch_pruning():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 64, 1), nn.ReLU(), nn.Conv2d(64, 12, 1), nn.ReLU(), nn.Conv2d(12, 2, 1))
+    x = torch.randn(1, 3, 4, 4)
+    nearest = prune.shrink(copy.deepcopy(net), x, 0.3)
+    floor = prune.shrink(copy.deepcopy(net), x, 0.3, rounding="keep_floor")
+    # 64 channels: round(19.2) = 19 go, or int(0.7 * 64) = 44 stay; 12: round(3.6) = 4 go, int(8.4) = 8 stay
+    assert (nearest[0].out_channels, nearest[2].out_channels) == (45, 8)
+    assert (floor[0].out_channels, floor[2].out_channels) == (44, 8)
+    # the 44 kept are the 45 kept less the weakest of them
+    norms = torch.cat([net[0].weight.flatten(1), net[2].weight.transpose(0, 1).flatten(1)], 1).norm(dim=1)
+    kept = np.sort(np.argsort(-norms.detach().numpy(), kind="stable")[:44])
+    np.testing.assert_array_equal(floor[0].weight.detach().numpy(), net[0].weight.detach().numpy()[kept])
+    grouped = prune.shrink(_net(), torch.randn(1, 3, 5, 5, dtype=torch.float64), 0.3, rounding="keep_floor")
+    assert (grouped[3].out_channels, grouped[6].out_channels) == (8, 4)  # int(0.7 * 4) = 2 of each 4 stay
+    with pytest.raises(ValueError, match=r"^rounding must be one of \('nearest', 'keep_floor'\), got 'up'$"):
+        prune.shrink(copy.deepcopy(net), x, 0.3, rounding="up")
