@@ -239,8 +239,9 @@ def shrink_onnx(
         convolutions and the channel count in ``Reshape`` target shapes; member
         initializers sliced under their own names; a shared initializer (or one read
         through ``Identity``) that a group slices is copied for the operator in the
-        group, under a new name, and the original, or the ``Identity``, is removed once
-        nothing reads it; the shapes of the activations in the groups, where
+        group, under a new name (copies that come out equal, such as the zero biases
+        an export shares, sliced alike, are one initializer again), and the original,
+        or the ``Identity``, is removed once nothing reads it; the shapes of the activations in the groups, where
         ``value_info`` states them, updated) and what was done.
 
     Raises
@@ -296,10 +297,11 @@ def shrink_onnx(
     out = copy.deepcopy(model)
     graph = out.graph
     new_data = _sliced(found, views, sources, [np.asarray(k) for k in kept])
+    merged = _merge_equal(new_data, [v.copy for v in views.values() if v.copy is not None and v.rewire is not None])
     for v in views.values():
-        if v.copy is not None and v.copy in new_data and v.rewire is not None:
+        if v.copy is not None and (v.copy in new_data or v.copy in merged) and v.rewire is not None:
             node, slot = v.rewire
-            graph.node[node].input[slot] = v.copy
+            graph.node[node].input[slot] = merged.get(v.copy, v.copy)
     new_channels: dict[Any, int] = {og.group.name: int(k.shape[0]) for og, k in zip(found.groups, kept, strict=True)}
     for og in found.groups:
         n = new_channels[og.group.name]
@@ -351,6 +353,24 @@ def shrink_onnx(
         tuple(removed),
     )
     return out, report
+
+
+def _merge_equal(new_data: dict[str, np.ndarray], copies: Sequence[str]) -> dict[str, str]:
+    """Private copies that came out equal (the zero biases an export shared, each sliced
+    alike): all but the first are dropped from `new_data`; returns dropped -> kept."""
+    first: dict[tuple[str, tuple[int, ...], bytes], str] = {}
+    merged: dict[str, str] = {}
+    for name in dict.fromkeys(copies):
+        a = new_data.get(name)
+        if a is None:
+            continue
+        key = (a.dtype.str, tuple(a.shape), np.ascontiguousarray(a).tobytes())
+        if key in first:
+            merged[name] = first[key]
+            del new_data[name]
+        else:
+            first[key] = name
+    return merged
 
 
 def source_names(found: OnnxGroups) -> set[str]:
