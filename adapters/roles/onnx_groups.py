@@ -253,8 +253,13 @@ class _Trace:
         self.closing.append(key)
         self.consumers.append(self.m.label(node))
 
-    def produced(self, node: Any, ax: int, block: int) -> None:
-        """Take producer `node`, whose output holds the channels: its weight and bias are members."""
+    def produced(self, node: Any, ax: int, block: int, parts: int = 1) -> None:
+        """Take producer `node`, whose output holds the channels: its weight and bias are members.
+
+        With `parts` above 1, the output is `parts` equal consecutive ranges of columns
+        (the query, key and value of a fused projection), each holding the channels:
+        every range of the weight and bias is a member of its own.
+        """
         m = self.m
         found = _producer(m, node)
         if found is None:
@@ -262,26 +267,31 @@ class _Trace:
         w, channels, reason_or_axis = found
         if isinstance(reason_or_axis, str):
             raise _Left(reason_or_axis)
-        if channels != self.channels * block:
+        if channels != self.channels * block * parts:
             raise _Left(f"{m.label(node)} makes {channels} channels, not {self.channels} x {block}")
         rank = self.rank(node.output[0])
         if (ax - reason_or_axis) % rank:
             raise _Left(f"{m.label(node)} makes its channels on another axis")
         op = node.op_type
-        if op == "Conv":
+        if op == "Conv" and parts == 1:
             groups = int(_attr(m.onnx, node, "group", 1))
             if groups > 1:
                 self.split(node, groups, block)
             self.member(node, 1, 0, True, block)
             if len(node.input) > 2 and node.input[2]:
                 self.member(node, 2, 0, False, block, "bias")
+        elif op == "Conv":
+            raise _Left(f"{m.label(node)} is a Conv split into {parts} parts")
         else:
             axis = 0 if op == "Gemm" and int(_attr(m.onnx, node, "transB", 0)) else 1
-            self.member(node, 1, axis, True, block)
-            if op == "Gemm" and len(node.input) > 2 and node.input[2]:
-                c = m.dims(node.input[2]) or ()
+            c = (m.dims(node.input[2]) or ()) if op == "Gemm" and len(node.input) > 2 and node.input[2] else ()
+            for i in range(parts):
+                if parts > 1:
+                    self.at, self.total = i * channels // parts, channels
+                self.member(node, 1, axis, True, block)
                 if c and c[-1] != 1:
                     self.member(node, 2, len(c) - 1, False, block, "bias")
+            self.at, self.total = None, 0
         self.producers.append(node)
         self.done.add(m.index[id(node)])
 
@@ -340,6 +350,21 @@ class _Trace:
         r = self.rank(node.output[0])
         perm = _attr(self.m.onnx, node, "perm") or list(range(r))[::-1]
         self.back(node.input[0], perm[ax % r] - r, block, node, self.lead(node.output[0]))
+
+    def back_matmul(self, node: Any, ax: int, block: int) -> None:
+        """A product of two activations with the channels on a batch axis (attention
+        scores, their product with the values): both operands hold them."""
+        m, out = self.m, node.output[0]
+        if any(m.dims(x) is not None for x in node.input) or ax >= -2 or self.rank(out) < 3:
+            raise _Left(f"{out!r} comes from {m.label(node)}, which the trace cannot follow back")
+        for x in node.input:
+            if not self.broadcast(x, ax):
+                self.back(x, ax, block, node, self.lead(out))
+
+    def back_concat(self, node: Any, ax: int, block: int) -> None:
+        if len(node.input) != 1:
+            raise _Left(f"{self.m.label(node)} joins the channels with other values")
+        self.back(node.input[0], ax, block, node, self.lead(node.output[0]))
 
     def back_reshape(self, node: Any, ax: int, block: int) -> None:
         lead = self.lead(node.output[0])
@@ -623,6 +648,9 @@ class _Trace:
 
     def concat(self, node: Any, name: str, ax: int, block: int) -> None:
         """The channels go on at an offset of the joined axis: readers see a range of their inputs."""
+        if len(node.input) == 1:  # one input (a key cache with no past): the same tensor
+            self.add_value(node.output[0], ax, block, self.lead(name))
+            return
         m = self.m
         r = self.rank(name)
         axis = int(_attr(m.onnx, node, "axis", 0)) % r
@@ -645,7 +673,111 @@ class _Trace:
         self.offset[node.output[0]] = (start, sum(sizes))
 
     def shape_read(self, node: Any, name: str, ax: int, block: int) -> None:
-        raise _Left(f"its shape is read ({self.m.label(node)})")
+        """A ``Shape`` whose entries are only read away from the channel axis (GPT-2's
+        causal mask reads the sequence lengths of the query and key) does not change."""
+        if node.op_type != "Shape" or not self.shape_entries_kept(node, ax % self.rank(name)):
+            raise _Left(f"its shape is read ({self.m.label(node)})")
+
+    def shape_entries_kept(self, node: Any, p: int) -> bool:
+        """Whether every entry of the shape ``Shape`` `node` makes that is read (through
+        ``Slice`` or ``Gather`` with constant positions) is another axis than `p`."""
+        m = self.m
+        r = self.rank(node.input[0])
+        start, end = int(_attr(m.onnx, node, "start", 0)), _attr(m.onnx, node, "end")
+        axes = list(range(r))[slice(start, None if end is None else int(end))]
+        if p not in axes:
+            return True
+        out = node.output[0]
+        if out in m.outputs or out in m.in_subgraph or not m.consumers.get(out):
+            return False
+        for reader, i in m.consumers[out]:
+            if i != 0:
+                return False
+            if reader.op_type == "Gather":
+                at = m.ints(reader.input[1])
+                if at is None or int(_attr(m.onnx, reader, "axis", 0)) != 0:
+                    return False
+                read = [axes[int(j)] for j in at]
+            elif reader.op_type == "Slice" and len(reader.input) >= 3:
+                ends = [m.ints(x) if x else None for x in list(reader.input)[1:5]]
+                starts, stops = ends[0], ends[1]
+                axes_in = ends[2] if len(ends) > 2 else [0]
+                steps = ends[3] if len(ends) > 3 else [1]
+                if starts is None or stops is None or len(starts) != 1 or axes_in not in ([0], None):
+                    return False
+                if steps is None or len(steps) != 1:
+                    return False
+                read = axes[slice(int(starts[0]), int(stops[0]), int(steps[0]))]
+            else:
+                return False
+            if p in read:
+                return False
+        return True
+
+    def fused(self, name: str, ax: int, block: int, parts: int) -> None:
+        """Follow the output `name` of a fused projection (`parts` ranges of columns, each
+        holding the channels) through reshapes and element-wise operators with constants
+        to the ``Split`` that cuts it into its parts, whose outputs go on as group values."""
+        m = self.m
+        width = self.channels * block
+        while True:
+            if name in m.outputs or name in m.in_subgraph:
+                raise _Left(f"{name!r} is a graph output or read inside a subgraph")
+            self.values[name] = (ax, block * parts, 1)
+            uses = m.consumers.get(name, ())
+            if len(uses) != 1 or uses[0][1] != 0:
+                raise _Left(f"{name!r}, which holds {parts} parts of the channels, is read {len(uses)} times")
+            node = uses[0][0]
+            self.done.add(m.index[id(node)])
+            out = node.output[0]
+            if node.op_type == "Reshape":
+                q, b, lead = self.reshaped(node, name, ax, block * parts, 1, out)
+                if lead != 1 or b != block * parts:
+                    raise _Left(f"{m.label(node)} mixes the {parts} parts with other axes")
+                self.reshape_target(node, name, ax, block * parts, out, q, block * parts)
+                ax = q
+            elif node.op_type in _UNARY:
+                self.check_unary(node, ax)
+            elif node.op_type in _BINARY:
+                for slot, x in enumerate(node.input):
+                    if x == name:
+                        continue
+                    if m.dims(x) is None:
+                        raise _Left(f"{m.label(node)} combines {parts} parts of the channels with {x!r}")
+                    for i in range(parts):
+                        self.at, self.total = i * width, parts * width
+                        self.constant_member(node, slot, ax, block)
+                    self.at, self.total = None, 0
+            elif node.op_type == "Split":
+                self.split_parts(node, name, ax, block, parts)
+                return
+            else:
+                raise _Left(f"{m.label(node)} reads {parts} parts of the channels")
+            name = out
+
+    def split_parts(self, node: Any, name: str, ax: int, block: int, parts: int) -> None:
+        """``Split`` `node` cuts `name` into its `parts`: its sizes follow the channel count."""
+        m = self.m
+        r = self.rank(name)
+        if int(_attr(m.onnx, node, "axis", 0)) % r != ax % r or len(node.output) != parts:
+            raise _Left(f"{m.label(node)} does not cut the channel axis into {parts} parts")
+        width = self.channels * block
+        sizes = _attr(m.onnx, node, "split")
+        if sizes is not None:
+            raise _Left(f"{m.label(node)} states its sizes in an attribute (opset < 13)")
+        if len(node.input) > 1 and node.input[1]:
+            sizes = m.ints(node.input[1])
+            if sizes is None or list(sizes) != [width] * parts:
+                raise _Left(f"{m.label(node)} sizes {sizes} are not {parts} constant parts of {width}")
+            given = node.input[1]
+            src = m.alias.get(given, given)
+            key = given
+            if m.reads[src] != 1 or given != src:
+                key = m.fresh(src)
+                self.views[key] = View(src, 0, 1, (m.index[id(node)], 1))
+            self.shapes.extend((key, i, block) for i in range(parts))
+        for out in node.output:
+            self.add_value(out, ax, block)
 
     # ---------------------------------------------------------------- the walk
 
@@ -671,10 +803,14 @@ class _Trace:
                     self.offset[o] = joined
         self.at, self.total = None, 0
 
-    def run(self, start: Any, ax: int, block: int) -> None:
-        """Take producer `start` and follow its output until every value is closed."""
-        self.produced(start, ax, block)
-        self.add_value(start.output[0], ax, block)
+    def run(self, start: Any, ax: int, block: int, parts: int = 1) -> None:
+        """Take producer `start` and follow its output until every value is closed (with
+        `parts` above 1, from the outputs of the ``Split`` that cuts it into that many parts)."""
+        self.produced(start, ax, block, parts)
+        if parts > 1:
+            self.fused(start.output[0], ax, block, parts)
+        else:
+            self.add_value(start.output[0], ax, block)
         m = self.m
         while self.queue:
             name = self.queue.pop(0)
@@ -738,13 +874,15 @@ _BACK: dict[str, _Back] = {
     "Conv": _Trace.back_conv,
     "Transpose": _Trace.back_transpose,
     "Reshape": _Trace.back_reshape,
+    "Concat": _Trace.back_concat,
+    "MatMul": _Trace.back_matmul,
 }
 
 
-def _head_size(m: _Model, node: Any, channels: int) -> int | None:
-    """The head size where the output of `node` (through biases and element-wise ops) is
-    reshaped from ``[..., H*D]`` to ``[..., H, D]``; None if it is not."""
-    value, seen = node.output[0], 0
+def _head_size(m: _Model, value: str, channels: int) -> int | None:
+    """The head size where `value` (through biases and element-wise ops) is reshaped
+    from ``[..., H*D]`` to ``[..., H, D]`` with ``H*D = channels``; None if it is not."""
+    seen = 0
     while seen < 8:
         seen += 1
         uses = m.consumers.get(value, [])
@@ -760,6 +898,33 @@ def _head_size(m: _Model, node: Any, channels: int) -> int | None:
                 return d
             return None
         if nxt.op_type not in _BINARY | _UNARY:
+            return None
+        value = nxt.output[0]
+    return None
+
+
+def _fused_heads(m: _Model, value: str, channels: int) -> tuple[int, int] | None:
+    """(head size, parts) where `value` holds the columns of a fused projection (GPT-2's
+    ``c_attn``: query, key and value side by side) on its last axis, carried through
+    reshapes and element-wise ops to a ``Split`` of that axis into equal parts, each of
+    them reshaped into heads of one size; None if it is not."""
+    for _ in range(8):
+        uses = m.consumers.get(value, [])
+        s = m.shape(value)
+        if len(uses) != 1 or not s or s[-1] != channels:
+            return None
+        nxt, _ = uses[0]
+        if nxt.op_type == "Split":
+            parts = len(nxt.output)
+            if parts < 2 or channels % parts or int(_attr(m.onnx, nxt, "axis", 0)) % len(s) != len(s) - 1:
+                return None
+            sizes = {_head_size(m, out, channels // parts) for out in nxt.output}
+            size = sizes.pop() if len(sizes) == 1 else None
+            outs = [m.shape(out) for out in nxt.output]
+            if size is None or any(not o or o[-1] != channels // parts for o in outs):
+                return None
+            return size, parts
+        if nxt.op_type not in _BINARY | _UNARY | {"Reshape"}:
             return None
         value = nxt.output[0]
     return None
@@ -818,14 +983,18 @@ def onnx_groups(model: Any, kind: str = "channels") -> OnnxGroups:
             if kind == "channels":
                 out.left.append(LeftGroup(name_of(node), m.label(node), w, channels, axis))
             continue
+        parts = 1
         if kind == "heads":
-            size = _head_size(m, node, channels)
+            size = _head_size(m, node.output[0], channels)
             if size is None:
-                continue
-            channels, block = channels // size, size
+                fused = _fused_heads(m, node.output[0], channels)
+                if fused is None:
+                    continue
+                size, parts = fused
+            channels, block = channels // size // parts, size
         trace = _Trace(m, channels)
         try:
-            trace.run(node, axis, block)
+            trace.run(node, axis, block, parts)
         except _Left as exc:
             met = [node] + [p for p in trace.producers if p is not node]
             for p in met:
