@@ -415,5 +415,5 @@ def test_every_op_type_has_one_handler():
     assert sum(len(f) for f in families) == len(og._STEPS) == len(set().union(*families))
     assert og._STEPS["Add"] == (og._Trace.elementwise, False) and og._STEPS["Relu"] == (og._Trace.unary, True)
     back = [og._UNARY, og._SOFTMAX, og._BINARY, og._SELECT, og._POOLS, og._CHANNEL_NORMS]
-    back += [{"Conv", "Transpose", "Reshape"}]
+    back += [{"Conv", "Transpose", "Reshape", "Concat", "MatMul"}]
     assert sum(len(f) for f in back) == len(og._BACK) == len(set().union(*back))
