@@ -219,7 +219,9 @@ class OnnxGroups:
     def describe(self, amount: int | float | None = None) -> str:
         """Lines for people: each group with its members, each left producer with its reason.
 
-        Members are ``name[axis]`` (``name[axis/block]`` for blocks of a head), marked
+        Members are ``name[axis]`` (``name[axis/block]`` for blocks of a head; ``from
+        start`` where they begin at an entry of that axis after a ``Concat``, or in the
+        key and value columns of a fused projection), marked
         ``*`` if they do not score (biases, constants, norm statistics), ``+copy`` where
         the group reads a private copy of a shared initializer. With `amount` (a
         fraction or a count per group, as :func:`~arrayprune.adapters.shrink.shrink_onnx`
@@ -241,10 +243,11 @@ class OnnxGroups:
 
 
 def _shown(m: Member, views: dict) -> str:
-    """A member for people: ``name[axis]``, ``name[axis/block]``, ``+copy`` for a private copy."""
+    """A member for people: ``name[axis]``, ``name[axis/block from start]``, ``+copy`` for a private copy."""
     v = views.get(str(m.key))
     if v is None:
         return f"{m.key}[{m.axis}]"
     block = f"/{v.block}" if v.block > 1 else ""
     block += f" by {v.segments} groups" if v.segments > 1 else ""
+    block += f" from {v.start}" if v.start else ""
     return f"{v.source}[{v.axis}{block}]" + ("+copy" if v.rewire else "")

@@ -167,7 +167,10 @@ def test_gpt2_heads_on_the_command_line(tmp_path, capsys):
     printed, err = capsys.readouterr()
     assert err == ""
     groups = [line for line in printed.splitlines() if line.startswith("group ")]
-    assert len(groups) == 2 and all("(4 -> 3 heads, Gemm '" in g and "c_attn" in g for g in groups)
+    assert len(groups) == 2 and all("(4 -> 3 heads, Gemm '" in g for g in groups)
+    for i, g in enumerate(groups):  # Q, K and V column blocks of c_attn, c_proj's rows
+        blocks = [f"model.h.{i}.attn.c_attn.weight[1/8{at}]" for at in ("", " from 32", " from 64")]
+        assert all(b in g for b in blocks) and g.endswith(f"model.h.{i}.attn.c_proj.weight[0/8]")
     assert not out.exists()
     assert main([*base, "-o", str(out), "--verify", "--verify-tol", "1e-4,1e-5"]) == 0
     printed, err = capsys.readouterr()
