@@ -15,7 +15,12 @@ With ``kind="heads"``, a group is the attention heads of one attention block: th
 channels are heads, each a block of ``head_size`` consecutive columns of the query, key
 and value projections (and of their biases) and of rows of the output projection; the
 ``Reshape`` and ``Transpose`` that split and merge the heads are followed, and the
-``Reshape`` target shapes that state a head count are rewritten with it.
+``Reshape`` target shapes that state a head count are rewritten with it. A fused
+projection whose output reaches (through reshapes and element-wise operators with
+constants) a ``Split`` of its column axis into equal parts, each reshaped into heads of
+one size (GPT-2's ``c_attn``: Q, K and V side by side), starts a head group whose heads are
+a block of columns in every part: each part of its weight and bias is a member
+(:attr:`View.start`), and the ``Split`` sizes follow the head count.
 
 Producers
 ---------
@@ -53,7 +58,10 @@ Followed (forward, and backward from a value that joins the group)
   and back): its constant target shape follows the channel count where it states it;
   ``Flatten`` after a global pool or reduction; ``Transpose`` (the channel axis moves);
 * ``MatMul`` of two activations with the channels on a batch axis of both (attention
-  scores and their product with the values);
+  scores and their product with the values), forward and back;
+* a ``Concat`` of one input (an exporter's key cache with no past);
+* ``Shape`` whose entries are only read (by ``Slice``/``Gather`` with constant positions)
+  away from the channel axis (a causal mask's sequence lengths);
 * ``Resize``/``Upsample`` with scale 1 on the channel axis;
 * ``Concat`` along the channel axis: the input's channels are a range of the output's
   (:attr:`View.start`); element-wise operators with constants, pools, per-channel norms,
@@ -76,7 +84,7 @@ Left
 ----
 Everything else leaves the producers' channels as they are, with the reason: a graph
 input or graph output holding the channels, a ``Concat`` along another axis, a norm over the channels
-(``LayerNormalization``, ``GroupNormalization``), ``Shape``, a reshape that mixes the
+(``LayerNormalization``, ``GroupNormalization``), a ``Shape`` read on the channel axis, a reshape that mixes the
 channels with other axes, a grouped ``Conv`` reading channels a ``Concat`` joined or
 heads, a depthwise ``Conv`` with a channel multiplier, a value read inside a subgraph, a per-channel constant that is a
 ``Constant`` node, an axis or shape that cannot be known.
