@@ -153,6 +153,10 @@ class OnnxGroup:
         The channels lie in this many equal consecutive parts (the groups of the
         grouped convolutions that make or read them); every part loses as many
         channels, ranked within the part.
+    per : int, default 1
+        Above 1, each channel of the group is a GroupNorm group of this many consecutive
+        layer channels (a norm's channels go only in whole groups): the members hold
+        them in blocks of `per`, and an amount counts norm groups.
     """
 
     group: ChannelGroup
@@ -166,6 +170,7 @@ class OnnxGroup:
     closing: tuple[str, ...] = ()
     kind: str = "channels"
     segments: int = 1
+    per: int = 1
 
     @property
     def unit(self) -> str:
@@ -236,7 +241,8 @@ class OnnxGroups:
             count = f"{n}" if amount is None else f"{n} -> {n - even_drop(amount, n, g.segments, g.group.name)}"
             more = f" + {len(g.producers) - 1} more" if len(g.producers) > 1 else ""
             parts = f" in {g.segments} convolution groups" if g.segments > 1 else ""
-            lines.append(f"group {g.group.name} ({count} {unit}{parts}, {g.producer}{more}): {members}")
+            what = f"GroupNorm groups of {g.per} channels" if g.per > 1 else unit
+            lines.append(f"group {g.group.name} ({count} {what}{parts}, {g.producer}{more}): {members}")
         for lf in self.left:
             lines.append(f"left {lf.name} ({lf.channels} {unit}, {lf.producer}): {lf.reason}")
         return "\n".join(lines)

@@ -149,6 +149,7 @@ class _Trace:
         self.at: int | None = None  # the first entry of the value a handler takes (None: the whole axis)
         self.total = 0  # and the size of its axis
         self.segments = 1  # equal parts of the channels that lose as many each (grouped convolutions)
+        self.targets: list[Any] = []  # Reshapes whose target is the Shape of a group value
 
     # ---------------------------------------------------------------- helpers
 
@@ -183,15 +184,20 @@ class _Trace:
             raise _Left(f"the rank of {name!r} is unknown")
         return len(s)
 
-    def member(self, node: Any, slot: int, axis: int, weight: bool, block: int = 1, what: str = "weight") -> str:
-        """Make input `slot` of `node` (an initializer, maybe through ``Identity``) a member
-        (from entry :attr:`at` of its axis, where a ``Concat`` put the channels)."""
+    def member(
+        self, node: Any, slot: int, axis: int, weight: bool, block: int = 1, what: str = "weight",
+        constant: bool = False,
+    ) -> str:  # fmt: skip
+        """Make input `slot` of `node` (an initializer, maybe through ``Identity``; with
+        `constant`, also a ``Constant`` read by `node` alone) a member (from entry
+        :attr:`at` of its axis, where a ``Concat`` put the channels)."""
         m = self.m
         name = node.input[slot]
         src = m.alias.get(name, name)
-        if src not in m.inits:
+        own = constant and name in m.constants and m.reads[name] == 1 and m.dims(name) is not None
+        if src not in m.inits and not own:
             raise _Left(f"{what} {name!r} of {m.label(node)} is not an initializer")
-        dims = m.init_dims(src)
+        dims = (m.dims(src) or ()) if own else m.init_dims(src)
         p = axis % len(dims) if dims else 0
         start = self.at
         if not dims or dims[p] != (self.total if start is not None else self.channels * block):
@@ -397,18 +403,18 @@ class _Trace:
                 raise _Left(f"{m.label(node)} normalizes over the channel axis")
 
     def check_pool(self, node: Any, name: str, ax: int, block: int) -> None:
-        if ax % self.rank(name) != 1 or block != 1:
+        if ax % self.rank(name) != 1:
             raise _Left(f"{self.m.label(node)} pools axes after 1, not after the channel axis")
         if node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1] and self.m.uses(node.output[1]):
             raise _Left(f"the indices of {self.m.label(node)} are read")
 
     def norm_members(self, node: Any, name: str, ax: int, block: int) -> None:
         m = self.m
-        if ax % self.rank(name) != 1 or block != 1:
+        if ax % self.rank(name) != 1:
             raise _Left(f"{m.label(node)} normalizes axis 1, not the channel axis")
         last = 5 if node.op_type == "BatchNormalization" else 3
         for slot in range(1, min(last, len(node.input))):
-            self.member(node, slot, 0, False, 1, f"{node.op_type} input")
+            self.member(node, slot, 0, False, block, f"{node.op_type} input", constant=True)
         if any(o and m.uses(o) for o in node.output[1:]):
             raise _Left(f"the running statistics of {m.label(node)} are read")
 
@@ -482,6 +488,8 @@ class _Trace:
         """Have the target shape of Reshape `node` (from `src` to `dst`) follow the channel count."""
         m = self.m
         target = m.ints(node.input[1]) if len(node.input) > 1 else None
+        if target is None and self.shape_of_same(node, dst, ax_out, b_out):
+            return
         if target is None:
             raise _Left(f"the target shape of {m.label(node)} is not a constant held in the model")
         r_in, r_out = self.rank(src), len(target)
@@ -503,6 +511,22 @@ class _Trace:
         self.views[key] = View(src_name, 0, 1, (m.index[id(node)], 1))
         self.shapes.append((key, q, b_out))
 
+    def shape_of_same(self, node: Any, dst: str, ax_out: int, b_out: int) -> bool:
+        """Whether Reshape `node`'s target is the ``Shape`` of a group value that holds the
+        channels as its output `dst` does (torch.onnx's GroupNorm reshaping back to its
+        input's shape): the target then follows by itself."""
+        m = self.m
+        made = m.made_by.get(node.input[1])
+        if made is None or made.op_type != "Shape" or any(a.name in ("start", "end") for a in made.attribute):
+            return False
+        v = made.input[0]
+        s_v, s_dst = m.shape(v), m.shape(dst)
+        if v not in self.values or s_v is None or s_v != s_dst or None in s_v:
+            return False
+        a, b, lead = self.values[v]
+        r = len(s_v)
+        return a % r == ax_out % r and b * lead == b_out
+
     # ---------------------------------------------------------------- forward: one method per op type
 
     def unary(self, node: Any, name: str, ax: int, block: int) -> None:
@@ -513,10 +537,10 @@ class _Trace:
 
     def global_pool(self, node: Any, name: str, ax: int, block: int) -> None:
         self.plain(name, node)
-        if ax != 1 - self.rank(name) or block != 1:
+        if ax != 1 - self.rank(name):
             raise _Left(f"{self.m.label(node)} pools axes after 1, not after the channel axis")
         self.pooled.add(node.output[0])
-        self.add_value(node.output[0], ax)
+        self.add_value(node.output[0], ax, block)
 
     def resize(self, node: Any, name: str, ax: int, block: int) -> None:
         m = self.m
@@ -536,7 +560,7 @@ class _Trace:
     def pool(self, node: Any, name: str, ax: int, block: int) -> None:
         self.plain(name, node)
         self.check_pool(node, name, ax, block)
-        self.add_value(node.output[0], ax)
+        self.add_value(node.output[0], ax, block)
 
     def reduce(self, node: Any, name: str, ax: int, block: int) -> None:
         m = self.m
@@ -568,21 +592,34 @@ class _Trace:
         out, lead = node.output[0], self.lead(name)
         norms = [n for n, _ in self.m.consumers.get(out, ()) if n.op_type == "InstanceNormalization"]
         if norms and ax % self.rank(name) == 1:  # torch.onnx's GroupNorm: [N, C, ...] -> [N, G, -1]
+            s = self.m.shape(out)
             what = f"{self.m.label(node)} and {self.m.label(norms[0])} normalize groups of channels together"
-            raise _Left(f"{what} (a GroupNorm): {_why_norm('GroupNormalization')}")
+            groups = s[1] if s is not None and len(s) > 1 else None
+            if not isinstance(groups, int) or groups <= 0 or (self.channels * block) % groups:
+                raise _Left(f"{what} (a GroupNorm) in an unknown number of groups")
+            if groups != self.channels:
+                self.regroup(groups, block, what)
         q, b, lead_out = self.reshaped(node, name, ax, block, lead, out)
         self.reshape_target(node, name, ax, block * lead, out, q, b * lead_out)
         if name in self.pooled and b == 1 and q == -1:
             self.pooled.add(out)
         self.add_value(out, q, b, lead_out)
 
+    def regroup(self, groups: int, block: int, what: str) -> None:
+        """The channels can only go in whole norm groups: start again with `groups` channels."""
+        if groups == 1:
+            raise _Left(f"{what} (a GroupNorm of one group): {_why_norm('LayerNormalization')}")
+        if block != 1 or self.segments != 1 or self.at is not None or groups > self.channels:
+            raise _Left(f"{what} (a GroupNorm) of {groups} groups: the channels are already in blocks")
+        raise _Regroup(f"{what} (a GroupNorm)", groups)
+
     def flatten(self, node: Any, name: str, ax: int, block: int) -> None:
         self.plain(name, node)
         r = self.rank(name)
         axis = int(_attr(self.m.onnx, node, "axis", 1))
-        if name not in self.pooled or r + ax != (axis if axis >= 0 else r + axis) or block != 1:
+        if name not in self.pooled or r + ax != (axis if axis >= 0 else r + axis):
             raise _Left(f"{self.m.label(node)} mixes the channels with other axes (only [N, C, 1, ...] -> [N, C])")
-        self.add_value(node.output[0], -1)
+        self.add_value(node.output[0], -1, block)
 
     def transpose(self, node: Any, name: str, ax: int, block: int) -> None:
         r = self.rank(name)
@@ -595,7 +632,7 @@ class _Trace:
     def batch_norm(self, node: Any, name: str, ax: int, block: int) -> None:
         self.plain(name, node)
         self.norm_members(node, name, ax, block)
-        self.add_value(node.output[0], ax)
+        self.add_value(node.output[0], ax, block)
 
     def matmul(self, node: Any, name: str, ax: int, block: int) -> None:
         m = self.m
@@ -641,18 +678,20 @@ class _Trace:
         self.plain(name, node)
         if node.input[0] != name or dims is None:
             raise _Left(f"{m.label(node)} W {w!r} is not an initializer")
-        if ax != 1 - len(dims) or block != 1:
+        if ax != 1 - len(dims):
             raise _Left(f"{m.label(node)} reads channels on axis 1, not the channel axis")
         if self.depthwise_members(node, name, ax, block):
             self.add_value(node.output[0], ax)
             return
         groups = int(_attr(m.onnx, node, "group", 1))
         if groups > 1:
+            if block != 1:
+                raise _Left(f"grouped {m.label(node)} (group={groups}) reads channels in blocks")
             self.grouped_consumer(node, groups)
             return
-        if dims[1] != self.width():
-            raise _Left(f"{m.label(node)} W {w!r} has {dims[1]} input channels, not {self.width()}")
-        self.consumer(node, 1, 1, 1)
+        if dims[1] != self.width(block):
+            raise _Left(f"{m.label(node)} W {w!r} has {dims[1]} input channels, not {self.width(block)}")
+        self.consumer(node, 1, 1, block)
 
     def concat(self, node: Any, name: str, ax: int, block: int) -> None:
         """The channels go on at an offset of the joined axis: readers see a range of their inputs."""
@@ -683,6 +722,14 @@ class _Trace:
     def shape_read(self, node: Any, name: str, ax: int, block: int) -> None:
         """A ``Shape`` whose entries are only read away from the channel axis (GPT-2's
         causal mask reads the sequence lengths of the query and key) does not change."""
+        m = self.m
+        out = node.output[0]
+        readers = m.consumers.get(out, ())
+        whole = node.op_type == "Shape" and not any(a.name in ("start", "end") for a in node.attribute)
+        if whole and readers and out not in m.outputs and out not in m.in_subgraph:
+            if all(r.op_type == "Reshape" and i == 1 for r, i in readers):
+                self.targets.extend(r for r, _ in readers)  # checked in reshape_target, and at the end
+                return
         if node.op_type != "Shape" or not self.shape_entries_kept(node, ax % self.rank(name)):
             raise _Left(f"its shape is read ({self.m.label(node)})")
 
@@ -834,6 +881,18 @@ class _Trace:
                 self.step(node, i, name, ax, block)
         if not self.consumers:
             raise _Left("no layer reads the channels")
+        for node in self.targets:
+            if m.index[id(node)] not in self.done:
+                raise _Left(f"a Shape of the channels sets the target of {m.label(node)}, which reshapes other values")
+
+
+class _Regroup(_Left):
+    """The channels meet a GroupNorm of `groups` groups: the trace starts again with a norm
+    group (a block of consecutive channels) as its unit."""
+
+    def __init__(self, reason: str, groups: int):
+        super().__init__(reason)
+        self.groups = groups
 
 
 def _why_norm(op: str) -> str:
@@ -1000,9 +1059,17 @@ def onnx_groups(model: Any, kind: str = "channels") -> OnnxGroups:
                     continue
                 size, parts = fused
             channels, block = channels // size // parts, size
-        trace = _Trace(m, channels)
+        trace, per = _Trace(m, channels), 1
         try:
-            trace.run(node, axis, block, parts)
+            try:
+                trace.run(node, axis, block, parts)
+            except _Regroup as again:  # whole GroupNorm groups: a channel of the group is a norm group
+                per = channels // again.groups
+                if kind != "channels":
+                    raise _Left(str(again)) from None
+                channels, block = again.groups, block * per
+                trace = _Trace(m, channels)
+                trace.run(node, axis, block, parts)
         except _Left as exc:
             met = [node] + [p for p in trace.producers if p is not node]
             for p in met:
@@ -1032,6 +1099,7 @@ def onnx_groups(model: Any, kind: str = "channels") -> OnnxGroups:
                 tuple(trace.closing),
                 kind,
                 trace.segments,
+                per,
             )
         )
     where = {name_of(n): i for i, n in enumerate(m.nodes)}

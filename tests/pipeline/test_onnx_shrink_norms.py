@@ -3,9 +3,7 @@
 ``LayerNormalization`` over the channel axis: its mean and variance run over every
 channel, so a model without some channels is not the dense model with them zeroed (the
 zeros still count in the statistics): the channels stay, and the reason says so. The
-GroupNorm that ``torch.onnx.export`` writes (``Reshape`` to ``[N, G, -1]``,
-``InstanceNormalization``, ``Reshape`` back) could lose whole groups; ONNX shrinking
-does not follow it (the torch adapter does), and says so.
+GroupNorm that ``torch.onnx.export`` writes loses whole groups: test_onnx_shrink_groupnorm.py.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from torch import nn  # noqa: E402
 from arrayprune.adapters.roles.onnx_groups import onnx_groups  # noqa: E402
 
 WHY_LN = "a norm over the channels, whose statistics would change without the removed ones"
-WHY_GN = "only whole groups could go, which ONNX shrinking does not follow (torch modules: prune.shrink)"
 
 
 def _export(module: nn.Module, x: torch.Tensor, dynamo: bool) -> onnx.ModelProto:
@@ -58,15 +55,3 @@ def test_layer_norm_over_the_channels_is_left_with_its_reason(dynamo):
     assert "LayerNormalization" in left_ln.reason
     (group,) = found.groups  # the MLP's channels still go
     assert group.group.channels == 5
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("dynamo", [False, True])
-def test_group_norm_is_left_with_its_reason(dynamo):
-    net = nn.Sequential(nn.Conv2d(3, 8, 1), nn.GroupNorm(4, 8), nn.ReLU(), nn.Conv2d(8, 4, 1), nn.ReLU(),
-                        nn.Conv2d(4, 2, 1))  # fmt: skip
-    found = onnx_groups(_export(net, torch.randn(1, 3, 4, 4), dynamo))
-    assert found.left[0].channels == 8
-    assert found.left[0].reason.endswith(f"normalize groups of channels together (a GroupNorm): {WHY_GN}")
-    assert "InstanceNormalization" in found.left[0].reason
-    assert [g.group.channels for g in found.groups] == [4]

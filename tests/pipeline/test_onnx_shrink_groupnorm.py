@@ -1,0 +1,96 @@
+"""GroupNorm in ONNX exports loses whole groups (``torch.onnx.export``'s ``Reshape`` to
+``[N, G, -1]``, ``InstanceNormalization``, ``Reshape`` back; legacy and dynamo).
+
+A channel of such a group is a norm group: the producer's rows, the affine ``Mul``/``Add``
+and the next layer's input channels lose ``C/G`` consecutive channels at a time, the
+``InstanceNormalization`` scale and bias one entry, the first ``Reshape``'s group count
+follows. The reference is the torch module with the dropped groups' input channels of the
+next convolution zeroed; the kept groups are a NumPy top-by-L2-norm over the producer's
+rows and the consumer's columns of each group.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+torch = pytest.importorskip("torch")
+
+from test_onnx_shrink_residual import export, run  # noqa: E402
+from torch import nn  # noqa: E402
+
+from arrayprune.adapters.roles.onnx_groups import onnx_groups  # noqa: E402
+from arrayprune.adapters.shrink import shrink_onnx, zeroed_onnx  # noqa: E402
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.g1 = nn.Conv2d(3, 8, 3), nn.GroupNorm(4, 8)
+        self.c2, self.g2 = nn.Conv2d(8, 6, 3, padding=1), nn.GroupNorm(3, 6)
+        self.c3 = nn.Conv2d(6, 5, 1)
+        self.pool = nn.MaxPool2d(2)
+        with torch.no_grad():  # affine parameters away from their init, so that they count
+            for g in (self.g1, self.g2):
+                g.weight.normal_()
+                g.bias.normal_()
+
+    def forward(self, x):
+        x = torch.relu(self.g1(self.c1(x)))
+        x = self.pool(torch.relu(self.g2(self.c2(x))))
+        return self.c3(x)
+
+
+def kept_groups(producer: nn.Conv2d, consumer: nn.Conv2d, groups: int, keep: int) -> np.ndarray:
+    w, v = producer.weight.detach().double().numpy(), consumer.weight.detach().double().numpy()
+    per = w.shape[0] // groups
+    norms = [np.sqrt((w[g * per : (g + 1) * per] ** 2).sum() + (v[:, g * per : (g + 1) * per] ** 2).sum())
+             for g in range(groups)]  # fmt: skip
+    return np.sort(np.argsort(-np.asarray(norms), kind="stable")[:keep])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_group_norm_loses_whole_groups(dynamo):
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(2, 3, 10, 10)
+    dense = export(net, x, dynamo=dynamo)
+    found = onnx_groups(dense)
+    assert [(g.group.channels, g.per) for g in found.groups] == [(4, 2), (3, 2)]
+    assert "4 -> 2 GroupNorm groups of 2 channels" in found.describe(0.5)
+    small, report = shrink_onnx(dense, 0.5)
+    onnx.checker.check_model(small, full_check=True)
+    want = [kept_groups(net.c1, net.c2, 4, 2), kept_groups(net.c2, net.c3, 3, 1)]
+    assert [report.kept[g.group.name] for g in found.groups] == [w.tolist() for w in want]
+    with torch.no_grad():
+        saved = [net.c2.weight.clone(), net.c3.weight.clone()]
+        for conv, keep, groups in ((net.c2, want[0], 4), (net.c3, want[1], 3)):
+            per = conv.weight.shape[1] // groups
+            for g in sorted(set(range(groups)) - set(keep.tolist())):
+                conv.weight[:, g * per : (g + 1) * per] = 0
+        expected = net(x).numpy()
+        net.c2.weight.copy_(saved[0])
+        net.c3.weight.copy_(saved[1])
+        assert not np.allclose(expected, net(x).numpy(), atol=1e-3)
+    got = run(small, x.numpy())
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(run(zeroed_onnx(dense, report), x.numpy()), got, rtol=1e-4, atol=1e-5)
+    shapes = {t.name: list(t.dims) for t in small.graph.initializer}
+    assert shapes["c1.weight"] == [4, 3, 3, 3] and shapes["c2.weight"] == [2, 4, 3, 3]
+    assert shapes["c3.weight"] == [5, 2, 1, 1]
+    norms = [n for n in small.graph.node if n.op_type == "InstanceNormalization"]
+    scales = [run_const(small, n.input[1]) for n in norms]
+    assert [s.shape for s in scales] == [(2,), (1,)]
+
+
+def run_const(model, name: str) -> np.ndarray:
+    for t in model.graph.initializer:
+        if t.name == name:
+            return onnx.numpy_helper.to_array(t)
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output[0] == name:
+            return onnx.numpy_helper.to_array(n.attribute[0].t)
+    raise KeyError(name)
