@@ -337,9 +337,9 @@ def shrink_onnx(
         for value, axis, block in og.values:
             if value in value_info:
                 _shrink_dim(value_info[value], axis, dropped * block)
-        for idx in og.depthwise:
+        for idx in og.depthwise:  # a depthwise Conv's group, a GroupNormalization's num_groups
             for a in graph.node[idx].attribute:
-                if a.name == "group":
+                if a.name in ("group", "num_groups"):
                     a.i -= dropped
     removed = _drop_unused(graph, {v.source for v in views.values()})
     before = sum(int(np.prod(t.dims)) for t in model.graph.initializer)

@@ -135,7 +135,7 @@ class OnnxGroup:
         counted from the end) and block (entries per channel along it), for shape updates.
     depthwise : tuple of int
         Indices (in ``graph.node``) of depthwise convolutions whose ``group`` attribute
-        is the channel count.
+        is the channel count, and of ``GroupNormalization`` nodes whose ``num_groups`` is.
     shapes : tuple of (str, int, int)
         Integer constants (initializers, ``Constant`` outputs, or keys of
         :attr:`views` for private copies) that a ``Reshape`` reads as its target shape,

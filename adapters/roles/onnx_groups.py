@@ -323,9 +323,9 @@ class _Trace:
         idx = m.index[id(node)]
         if idx in self.done:
             return
-        if node.op_type in _MIXING_NORMS:
-            raise _Left(f"{name!r} comes from {m.label(node)}, {_why_norm(node.op_type)}")
         found = _BACK.get(node.op_type)
+        if node.op_type in _MIXING_NORMS and found is None:
+            raise _Left(f"{name!r} comes from {m.label(node)}, {_why_norm(node.op_type)}")
         if found is None or _producer(m, node) is not None:
             if lead != 1:
                 raise _Left(f"{name!r} holds channels merged with a batch axis, made by {m.label(node)}")
@@ -375,6 +375,10 @@ class _Trace:
             if not self.broadcast(x, ax):
                 self.back(x, ax, block, node, self.lead(out))
 
+    def back_group_norm(self, node: Any, ax: int, block: int) -> None:
+        self.group_norm_members(node, node.output[0], ax, block)
+        self.back(node.input[0], ax, block, node)
+
     def back_concat(self, node: Any, ax: int, block: int) -> None:
         if len(node.input) != 1:
             raise _Left(f"{self.m.label(node)} joins the channels with other values")
@@ -417,6 +421,31 @@ class _Trace:
             self.member(node, slot, 0, False, block, f"{node.op_type} input", constant=True)
         if any(o and m.uses(o) for o in node.output[1:]):
             raise _Left(f"the running statistics of {m.label(node)} are read")
+
+    def group_norm_members(self, node: Any, name: str, ax: int, block: int) -> None:
+        """Take ``GroupNormalization`` `node`: a channel of the group must be one of its norm
+        groups; its scale and bias (one entry per group, opset 18; per channel, opset 21)
+        are members, its ``num_groups`` follows the channel count."""
+        m = self.m
+        self.plain(name, node)
+        what = f"{m.label(node)} normalizes groups of channels together"
+        if ax % self.rank(name) != 1:
+            raise _Left(f"{what} on axis 1, not the channel axis")
+        groups = int(_attr(m.onnx, node, "num_groups", 0))
+        if groups <= 0 or (self.channels * block) % groups:
+            raise _Left(f"{what} in {groups} groups, which do not split {self.channels * block} channels")
+        if groups != self.channels:
+            self.regroup(groups, block, what)
+        for slot in (1, 2):
+            dims = m.dims(node.input[slot]) if len(node.input) > slot and node.input[slot] else None
+            if dims is None:
+                raise _Left(f"{what}: its input {slot} is not a constant")
+            self.member(node, slot, 0, False, 1 if dims == (groups,) else block, "GroupNormalization input", True)
+        self.depthwise.append(m.index[id(node)])
+
+    def group_norm(self, node: Any, name: str, ax: int, block: int) -> None:
+        self.group_norm_members(node, name, ax, block)
+        self.add_value(node.output[0], ax, block)
 
     def depthwise_members(self, node: Any, name: str, ax: int, block: int) -> bool:
         """Take a depthwise convolution's members; False if `node` is a plain Conv."""
@@ -922,6 +951,7 @@ _STEPS: dict[str, tuple[_Step, bool]] = {
     "Gemm": (_Trace.gemm, False),
     "Conv": (_Trace.conv, False),
     "Concat": (_Trace.concat, False),
+    "GroupNormalization": (_Trace.group_norm, True),
     "Shape": (_Trace.shape_read, False),
     "Size": (_Trace.shape_read, False),
 }
@@ -943,6 +973,7 @@ _BACK: dict[str, _Back] = {
     "Reshape": _Trace.back_reshape,
     "Concat": _Trace.back_concat,
     "MatMul": _Trace.back_matmul,
+    "GroupNormalization": _Trace.back_group_norm,
 }
 
 

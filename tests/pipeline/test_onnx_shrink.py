@@ -410,10 +410,11 @@ def test_every_op_type_has_one_handler():
     from arrayprune.adapters.roles import onnx_groups as og
 
     named = {"Reshape", "Flatten", "Transpose", "MatMul", "Gemm", "Conv", "Concat", "Shape", "Size"}
+    named |= {"GroupNormalization"}
     families = [og._UNARY, og._SOFTMAX, og._BINARY, og._SELECT, og._GLOBAL_POOLS, og._POOLS, og._RESIZE, og._REDUCE]
     families += [og._CHANNEL_NORMS, named]
     assert sum(len(f) for f in families) == len(og._STEPS) == len(set().union(*families))
     assert og._STEPS["Add"] == (og._Trace.elementwise, False) and og._STEPS["Relu"] == (og._Trace.unary, True)
     back = [og._UNARY, og._SOFTMAX, og._BINARY, og._SELECT, og._POOLS, og._CHANNEL_NORMS]
-    back += [{"Conv", "Transpose", "Reshape", "Concat", "MatMul"}]
+    back += [{"Conv", "Transpose", "Reshape", "Concat", "MatMul", "GroupNormalization"}]
     assert sum(len(f) for f in back) == len(og._BACK) == len(set().union(*back))

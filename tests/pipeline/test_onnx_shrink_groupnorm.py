@@ -94,3 +94,83 @@ def run_const(model, name: str) -> np.ndarray:
         if n.op_type == "Constant" and n.output[0] == name:
             return onnx.numpy_helper.to_array(n.attribute[0].t)
     raise KeyError(name)
+
+
+def _gn_graph(opset: int, seed: int = 0):
+    """``Y = conv2(relu(GroupNormalization(conv1(X), 4 groups)))`` with 1x1 convolutions."""
+    rng = np.random.default_rng(seed)
+    per_group = opset < 21  # opset 18: one scale per group; 21: one per channel
+    n = 4 if per_group else 8
+    w = {
+        "W1": rng.standard_normal((8, 3, 1, 1)), "B1": rng.standard_normal(8),
+        "S": rng.standard_normal(n) + 1, "T": rng.standard_normal(n),
+        "W2": rng.standard_normal((5, 8, 1, 1)),
+    }  # fmt: skip
+    w = {k: v.astype(np.float32) for k, v in w.items()}
+    nodes = [
+        onnx.helper.make_node("Conv", ["X", "W1", "B1"], ["a"], name="conv1"),
+        onnx.helper.make_node("GroupNormalization", ["a", "S", "T"], ["b"], name="gn", num_groups=4, epsilon=1e-5),
+        onnx.helper.make_node("Relu", ["b"], ["c"]),
+        onnx.helper.make_node("Conv", ["c", "W2"], ["d"], name="conv2"),
+        onnx.helper.make_node("Identity", ["d"], ["Y"]),
+    ]
+    f = onnx.TensorProto.FLOAT
+    graph = onnx.helper.make_graph(
+        nodes, "gn", [onnx.helper.make_tensor_value_info("X", f, [2, 3, 4, 4])],
+        [onnx.helper.make_tensor_value_info("Y", f, [2, 5, 4, 4])],
+        [onnx.numpy_helper.from_array(v, k) for k, v in w.items()],
+    )  # fmt: skip
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    return model, w
+
+
+def _gn_reference(w: dict, x: np.ndarray, dropped=()) -> np.ndarray:
+    """float64 NumPy: the graph above with W2's input channels of the `dropped` groups zeroed."""
+    a = np.einsum("oc,nchw->nohw", w["W1"][:, :, 0, 0].astype(np.float64), x) + w["B1"][None, :, None, None]
+    g = a.reshape(2, 4, -1)
+    g = (g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + 1e-5)
+    s, t = (np.repeat(w[k], 2) if w[k].size == 4 else w[k] for k in ("S", "T"))
+    b = g.reshape(a.shape) * s[None, :, None, None] + t[None, :, None, None]
+    w2 = w["W2"][:, :, 0, 0].astype(np.float64).copy()
+    for d in dropped:
+        w2[:, 2 * d : 2 * d + 2] = 0
+    return np.einsum("oc,nchw->nohw", w2, np.maximum(b, 0))
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+def test_group_normalization_loses_whole_groups(opset):
+    model, w = _gn_graph(opset)
+    found = onnx_groups(model)
+    (g,) = found.groups
+    assert (g.group.channels, g.per, g.consumers) == (4, 2, ("Conv 'conv2'",))
+    small, report = shrink_onnx(model, 0.5)
+    if opset >= 21:  # (the checker refuses opset 18's GroupNormalization as deprecated; onnxruntime runs it)
+        onnx.checker.check_model(small, full_check=True)
+    w1, w2 = w["W1"].astype(np.float64), w["W2"].astype(np.float64)
+    norms = [np.sqrt((w1[2 * k : 2 * k + 2] ** 2).sum() + (w2[:, 2 * k : 2 * k + 2] ** 2).sum()) for k in range(4)]
+    kept = np.sort(np.argsort(-np.asarray(norms), kind="stable")[:2])
+    assert report.kept[g.group.name] == kept.tolist()
+    x = np.random.default_rng(3).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    got = run(small, x, "X")
+    dropped = sorted(set(range(4)) - set(kept.tolist()))
+    np.testing.assert_allclose(got, _gn_reference(w, x.astype(np.float64), dropped), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(got, _gn_reference(w, x.astype(np.float64)), atol=1e-3)
+    (gn,) = [n for n in small.graph.node if n.op_type == "GroupNormalization"]
+    assert onnx.helper.get_attribute_value(gn.attribute[0] if gn.attribute[0].name == "num_groups" else
+                                           gn.attribute[1]) == 2  # fmt: skip
+    data = {t.name: onnx.numpy_helper.to_array(t) for t in small.graph.initializer}
+    assert data["S"].shape == ((2,) if opset < 21 else (4,)) and data["W1"].shape == (4, 3, 1, 1)
+
+
+def test_a_group_norm_of_one_group_is_left():
+    model, _ = _gn_graph(18)
+    for a in model.graph.node[1].attribute:
+        if a.name == "num_groups":
+            a.i = 1
+    for t in model.graph.initializer:
+        if t.name in ("S", "T"):
+            t.CopyFrom(onnx.numpy_helper.from_array(np.ones(1, np.float32), t.name))
+    found = onnx_groups(model)
+    assert found.groups == []
+    assert "a GroupNorm of one group" in found.left[0].reason
