@@ -47,6 +47,14 @@ Followed (forward, and backward from a value that joins the group)
   trace goes back from it to its producers;
 * ``BatchNormalization`` and ``InstanceNormalization`` on the channel axis 1: their
   per-channel inputs are members;
+* a GroupNorm, as ``GroupNormalization`` (opset 18 or 21) or as torch.onnx writes it
+  (``Reshape`` to ``[N, G, -1]``, ``InstanceNormalization``, ``Reshape`` back, its target
+  a constant or the ``Shape`` of the input): its channels can only go in whole norm
+  groups, so the trace starts again with a norm group of ``C/G`` consecutive channels as
+  the group's unit (:attr:`OnnxGroup.per`); the norm's scale and bias are members, the
+  group count (``num_groups``, the first ``Reshape``'s target) follows; torch.onnx's
+  form met on the way back from a residual connection, or a GroupNorm of channels
+  already in blocks (heads, a second GroupNorm of other groups), stops the group;
 * a depthwise ``Conv`` (``group`` equal to the channels, W ``[C, 1, k...]``): its W axis 0
   and B are members, its ``group`` attribute follows the channel count;
 * ``MaxPool``, ``AveragePool``, ``LpPool`` (channels on axis 1, MaxPool's indices unused),
@@ -84,7 +92,7 @@ Left
 ----
 Everything else leaves the producers' channels as they are, with the reason: a graph
 input or graph output holding the channels, a ``Concat`` along another axis, a norm over the channels
-(``LayerNormalization``, ``GroupNormalization``), a ``Shape`` read on the channel axis, a reshape that mixes the
+(``LayerNormalization``, a GroupNorm of one group), a ``Shape`` read on the channel axis, a reshape that mixes the
 channels with other axes, a grouped ``Conv`` reading channels a ``Concat`` joined or
 heads, a depthwise ``Conv`` with a channel multiplier, a value read inside a subgraph, a per-channel constant that is a
 ``Constant`` node, an axis or shape that cannot be known.
@@ -637,7 +645,7 @@ class _Trace:
     def regroup(self, groups: int, block: int, what: str) -> None:
         """The channels can only go in whole norm groups: start again with `groups` channels."""
         if groups == 1:
-            raise _Left(f"{what} (a GroupNorm of one group): {_why_norm('LayerNormalization')}")
+            raise _Left(f"{what} (a GroupNorm of one group): {_why_norm('GroupNormalization')}")
         if block != 1 or self.segments != 1 or self.at is not None or groups > self.channels:
             raise _Left(f"{what} (a GroupNorm) of {groups} groups: the channels are already in blocks")
         raise _Regroup(f"{what} (a GroupNorm)", groups)
@@ -926,8 +934,6 @@ class _Regroup(_Left):
 
 def _why_norm(op: str) -> str:
     """Why the channels a norm over several channels reads stay (one line)."""
-    if op == "GroupNormalization":
-        return "only whole groups could go, which ONNX shrinking does not follow (torch modules: prune.shrink)"
     return "a norm over the channels, whose statistics would change without the removed ones"
 
 
