@@ -174,7 +174,10 @@ class OnnxGroup:
 
     @property
     def unit(self) -> str:
-        """What a channel of the group is, for people: ``"channels"`` or ``"heads"``."""
+        """What a channel of the group is, for people: ``"channels"``, ``"heads"``, or
+        ``"GroupNorm groups"`` (of :attr:`per` channels each)."""
+        if self.per > 1:
+            return "GroupNorm groups"
         return "heads" if self.kind == "heads" else "channels"
 
 

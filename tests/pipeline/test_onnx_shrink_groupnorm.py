@@ -174,3 +174,20 @@ def test_a_group_norm_of_one_group_is_left():
     found = onnx_groups(model)
     assert found.groups == []
     assert "a GroupNorm of one group" in found.left[0].reason
+
+
+def test_group_norm_on_the_command_line(tmp_path, capsys):
+    from arrayprune.adapters.cli import main
+
+    model, w = _gn_graph(21)
+    src, out = tmp_path / "gn.onnx", tmp_path / "small.onnx"
+    onnx.save(model, src)
+    base = ["prune", str(src), "--method", "ln_structured", "--amount", "0.25", "--shrink"]
+    capsys.readouterr()
+    assert main([*base, "--dry-run"]) == 0
+    printed, err = capsys.readouterr()
+    assert err == "" and "group conv1 (4 -> 3 GroupNorm groups of 2 channels, Conv 'conv1'): W1[0/2]" in printed
+    assert main([*base, "-o", str(out), "--verify"]) == 0
+    printed, err = capsys.readouterr()
+    assert err == "" and "group conv1: 4 -> 3 GroupNorm groups kept" in printed.splitlines()
+    assert any(line.startswith("verify: output") and line.endswith(": pass") for line in printed.splitlines())
