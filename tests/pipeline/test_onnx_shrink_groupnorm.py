@@ -191,3 +191,55 @@ def test_group_norm_on_the_command_line(tmp_path, capsys):
     printed, err = capsys.readouterr()
     assert err == "" and "group conv1: 4 -> 3 GroupNorm groups kept" in printed.splitlines()
     assert any(line.startswith("verify: output") and line.endswith(": pass") for line in printed.splitlines())
+
+
+class ResidualNet(nn.Module):
+    """A stem and one residual block, GroupNorm after every convolution (4 groups of 2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.g0 = nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(4, 8)
+        self.c1, self.g1 = nn.Conv2d(8, 8, 3, padding=1), nn.GroupNorm(4, 8)
+        self.c2, self.g2 = nn.Conv2d(8, 8, 3, padding=1), nn.GroupNorm(4, 8)
+        self.head = nn.Conv2d(8, 5, 1)
+        with torch.no_grad():
+            for g in (self.g0, self.g1, self.g2):
+                g.weight.normal_()
+                g.bias.normal_()
+
+    def forward(self, x):
+        x = torch.relu(self.g0(self.stem(x)))
+        y = self.g2(self.c2(torch.relu(self.g1(self.c1(x)))))
+        return self.head(torch.relu(x + y))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_group_norm_groups_through_a_residual_block(dynamo):
+    torch.manual_seed(2)
+    net = ResidualNet().eval()
+    x = torch.randn(2, 3, 6, 6)
+    dense = export(net, x, dynamo=dynamo)
+    found = onnx_groups(dense)
+    assert [(g.group.channels, g.per, len(g.producers)) for g in found.groups] == [(4, 2, 2), (4, 2, 1)]
+    small, report = shrink_onnx(dense, 0.5)
+    onnx.checker.check_model(small, full_check=True)
+    trunk, inner = (np.asarray(report.kept[g.group.name]) for g in found.groups)
+    # NumPy reference for the trunk: the stem's and c2's rows, c1's and the head's columns, per norm group
+    w = {k: getattr(net, k).weight.detach().double().numpy() for k in ("stem", "c1", "c2", "head")}
+    norms = [np.sqrt(sum((w[k][2 * g : 2 * g + 2] ** 2).sum() for k in ("stem", "c2"))
+                     + sum((w[k][:, 2 * g : 2 * g + 2] ** 2).sum() for k in ("c1", "head"))) for g in range(4)]  # fmt: skip
+    assert trunk.tolist() == np.sort(np.argsort(-np.asarray(norms), kind="stable")[:2]).tolist()
+    with torch.no_grad():
+        saved = {k: getattr(net, k).weight.clone() for k in ("c1", "c2", "head")}
+        for conv, keep in (("c1", trunk), ("head", trunk), ("c2", inner)):
+            for g in sorted(set(range(4)) - set(keep.tolist())):
+                getattr(net, conv).weight[:, 2 * g : 2 * g + 2] = 0
+        expected = net(x).numpy()
+        for k, v in saved.items():
+            getattr(net, k).weight.copy_(v)
+    got = run(small, x.numpy())
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    shapes = {t.name: list(t.dims) for t in small.graph.initializer}
+    assert shapes["stem.weight"] == [4, 3, 3, 3] and shapes["c1.weight"] == [4, 4, 3, 3]
+    assert shapes["c2.weight"] == [4, 4, 3, 3] and shapes["head.weight"] == [5, 4, 1, 1]
