@@ -227,9 +227,10 @@ def test_group_norm_groups_through_a_residual_block(dynamo):
     trunk, inner = (np.asarray(report.kept[g.group.name]) for g in found.groups)
     # NumPy reference for the trunk: the stem's and c2's rows, c1's and the head's columns, per norm group
     w = {k: getattr(net, k).weight.detach().double().numpy() for k in ("stem", "c1", "c2", "head")}
-    norms = [np.sqrt(sum((w[k][2 * g : 2 * g + 2] ** 2).sum() for k in ("stem", "c2"))
-                     + sum((w[k][:, 2 * g : 2 * g + 2] ** 2).sum() for k in ("c1", "head"))) for g in range(4)]  # fmt: skip
-    assert trunk.tolist() == np.sort(np.argsort(-np.asarray(norms), kind="stable")[:2]).tolist()
+    rows = [sum((w[k][2 * g : 2 * g + 2] ** 2).sum() for k in ("stem", "c2")) for g in range(4)]
+    cols = [sum((w[k][:, 2 * g : 2 * g + 2] ** 2).sum() for k in ("c1", "head")) for g in range(4)]
+    norms = np.sqrt(np.asarray(rows) + np.asarray(cols))
+    assert trunk.tolist() == np.sort(np.argsort(-norms, kind="stable")[:2]).tolist()
     with torch.no_grad():
         saved = {k: getattr(net, k).weight.clone() for k in ("c1", "c2", "head")}
         for conv, keep in (("c1", trunk), ("head", trunk), ("c2", inner)):
