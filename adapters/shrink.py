@@ -215,7 +215,8 @@ def shrink_onnx(
         The dense model, with its initializers' data loaded; not modified.
     amount : int or float
         A fraction in ``[0, 1]`` of each group's channels, or a count per group. At
-        least one channel of every group stays.
+        least one channel of every group stays. The channels of a group that meets a
+        GroupNorm are its norm groups (:attr:`OnnxGroup.per` layer channels each).
     method : str or method object, default "ln_structured"
         See :func:`shrink_arrays` (``n=1`` for L1, ``seed=...`` for random).
     global_ : bool, default False
@@ -223,7 +224,8 @@ def shrink_onnx(
         per group, each keeps at least one; see :func:`shrink_arrays`).
     kind : {"channels", "heads"}, default "channels"
         What goes: layer channels (groups joined through residual connections), or
-        whole attention heads (``amount`` of each attention block's heads; see
+        whole attention heads (``amount`` of each attention block's heads, also of a
+        fused QKV projection cut by a ``Split``, as GPT-2's ``c_attn``; see
         :func:`~arrayprune.adapters.roles.onnx_groups.onnx_groups`).
     rounding : {"nearest", "keep_floor"}, default "nearest"
         How a fraction becomes each group's count (see :func:`shrink_arrays`):
@@ -236,7 +238,8 @@ def shrink_onnx(
     (onnx.ModelProto, ShrinkReport)
         The new model (every initializer outside the groups, every node, name, input,
         output and attribute unchanged, but for the ``group`` of depthwise
-        convolutions and the channel count in ``Reshape`` target shapes; member
+        convolutions, the ``num_groups`` of ``GroupNormalization``, the channel count in
+        ``Reshape`` target shapes and the sizes of a ``Split`` of fused heads; member
         initializers sliced under their own names; a shared initializer (or one read
         through ``Identity``) that a group slices is copied for the operator in the
         group, under a new name (copies that come out equal, such as the zero biases
