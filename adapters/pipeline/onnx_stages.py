@@ -187,18 +187,17 @@ def _stage_model(model: Any, stage: Stage, kinds: Mapping[str, tuple[int, int]])
 class LevelRunner:
     """Runs calibration data through an ONNX model level by level, each level's nodes only.
 
+    Made by :meth:`for_levels`.
+
     Parameters
     ----------
     wf : WeightFile
-        The model (handed to :func:`~arrayprune.adapters.pipeline.calibration._prepared_model`).
-    levels : sequence of sequence of str
-        Per level, the activations it needs.
-    fed : mapping of str to dtype
-        The initializers fed as graph inputs (the weights pruned level by level).
-    plan : list of Stage
-        From :func:`stage_plan` on the prepared model.
+        The model file (where its external data lies).
     model : onnx.ModelProto
-        The prepared model (target weights as graph inputs).
+        The prepared model (target weights as graph inputs:
+        :func:`~arrayprune.adapters.pipeline.calibration._prepared_model`).
+    plan : list of Stage
+        From :func:`stage_plan` on `model`.
     """
 
     def __init__(self, wf: Any, model: Any, plan: list[Stage]):
@@ -209,11 +208,15 @@ class LevelRunner:
 
     @classmethod
     def for_levels(
-        cls, wf: Any, levels: Sequence[Sequence[str]], fed: Mapping[str, Any]
+        cls, wf: Any, levels: Sequence[Sequence[str]], fed: Mapping[str, Any], model: Any = None
     ) -> LevelRunner | None:
-        """A runner for `levels`, or None where the graph cannot be cut (run it whole instead)."""
-        activations = sorted({a for level in levels for a in level})
-        model = _prepared_model(wf, activations, fed)
+        """A runner for `levels`, or None where the graph cannot be cut (run it whole instead).
+
+        `model` is the prepared model (target weights as graph inputs) where the caller
+        has it already; otherwise it is made from `wf` and `fed`.
+        """
+        if model is None:
+            model = _prepared_model(wf, sorted({a for level in levels for a in level}), fed)
         plan = stage_plan(model, levels)
         return None if plan is None else cls(wf, model, plan)
 

@@ -31,7 +31,14 @@ import numpy as np
 import arrayprune
 from arrayprune import amount as _amount
 from arrayprune.adapters.blas_threads import blas_threads
-from arrayprune.adapters.pipeline.calibration import BATCH_SIZE, _check_inputs, _fed_inputs, _run_batches, _session
+from arrayprune.adapters.pipeline.calibration import (
+    BATCH_SIZE,
+    _check_inputs,
+    _fed_inputs,
+    _open_session,
+    _prepared_model,
+    _run_batches,
+)
 from arrayprune.adapters.pipeline.onnx_stages import LevelRunner
 from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds, weight_levels
 from arrayprune.reconstruction import check_sparsegpt_options
@@ -183,14 +190,15 @@ def onnx_sparsegpt(
         levels = [order]
     activations = sorted({f.activation for t in targets.values() for f in t.feeds})
     fed = {name: wf.params[name].dtype for name in names} if sequential else {}
-    session = _session(wf, activations, fed)
+    prepared = _prepared_model(wf, activations, fed)
+    session = _open_session(wf, prepared)
     inputs = _fed_inputs(model, fed)
     casts, samples = _check_inputs(session, calibration, inputs.values())
 
     runner = None
     if sequential and len(levels) > 1:  # each level runs its own part of the graph only
         wanted = [sorted({f.activation for x in level for f in targets[x].feeds}) for level in levels]
-        runner = LevelRunner.for_levels(wf, wanted, fed)
+        runner = LevelRunner.for_levels(wf, wanted, fed, prepared)
 
     current = {name: wf.params[name] for name in names}
     done: dict[str, Reconstructed] = {}
