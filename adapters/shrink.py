@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import array_api_compat as apc
 import numpy as np
 
 from arrayprune import amount as _amount
@@ -51,6 +52,7 @@ from arrayprune.registry import METHODS
 
 from .plan import stream_seed
 from .roles.onnx_graph import _onnx
+from .roles.onnx_group_types import check_rounding, even_drop
 from .roles.onnx_groups import KINDS, OnnxGroups, View, onnx_groups
 from .trees import _rebuild
 
@@ -103,6 +105,8 @@ def shrink_arrays(
     *,
     importance_scores: Mapping | None = None,
     global_: bool = False,
+    segments: Sequence[int] | None = None,
+    rounding: str = "nearest",
     **method_args: Any,
 ) -> Shrunk:
     """Remove ``amount`` of the channels of every group from a mapping of arrays.
@@ -129,6 +133,14 @@ def shrink_arrays(
         Rank the channels of all groups together: ``amount`` of all channels go,
         groups lose different counts, each keeps at least its best channel
         (:func:`arrayprune.groups.choose_channels_global`).
+    segments : sequence of int, optional
+        Per group, the equal consecutive parts its channels lie in (the groups of a
+        grouped convolution): every part loses as many channels, its lowest scores,
+        and the count must split evenly. Not with `global_`.
+    rounding : {"nearest", "keep_floor"}, default "nearest"
+        How a fraction becomes each group's count: ``round(amount * channels)``
+        removed (PyTorch's rule), or ``int((1 - amount) * channels)`` kept
+        (Torch-Pruning's rule); per part with `segments`. Not with `global_`.
     **method_args
         Constructor arguments of a method given by name.
 
@@ -144,17 +156,25 @@ def shrink_arrays(
         As :func:`arrayprune.groups.shrink`; before anything is sliced.
     """
     _amount.validate_pruning_amount_init(amount)
+    check_rounding(rounding)
+    if global_ and rounding != "nearest":
+        raise ValueError("rounding applies to each group's count; a global ranking counts all channels at once")
     methods = _per_group_methods(groups, method, dict(method_args))
+    parts = list(segments) if segments is not None else [1] * len(groups)
+    if len(parts) != len(groups):
+        raise ValueError(f"segments has {len(parts)} entries for {len(groups)} groups")
+    if global_ and any(p > 1 for p in parts):
+        raise ValueError("a global ranking cannot keep the groups of a grouped convolution even; rank per group")
     if not global_:
-        for g in groups:
-            _amount.validate_pruning_amount(_amount.compute_nparams_toprune(amount, g.channels), g.channels)
+        for g, p in zip(groups, parts, strict=True):
+            _amount.validate_pruning_amount(even_drop(amount, g.channels, p, str(g.name), rounding), g.channels)
     scores = [
         group_scores(params, g, m, importance_scores=importance_scores) for g, m in zip(groups, methods, strict=True)
     ]
     if global_:
         kept = choose_channels_global(scores, amount) if groups else []
     else:
-        kept = [choose_channels(s, amount) for s in scores]
+        kept = [_choose(s, amount, g, p, rounding) for s, g, p in zip(scores, groups, parts, strict=True)]
     out = take_channels(params, groups, kept)
     return Shrunk(_rebuild(params, out.items()), kept)
 
@@ -165,6 +185,18 @@ def _check_method(method: Any, method_args: dict) -> None:
     resolve_method(method, **method_args)
 
 
+def _choose(scores: Any, amount: int | float, group: ChannelGroup, segments: int, rounding: str) -> Any:
+    """:func:`choose_channels`, the same count from each of `segments` equal parts."""
+    count = even_drop(amount, group.channels, segments, str(group.name), rounding)
+    if segments == 1:
+        return choose_channels(scores, count)
+    xp = apc.array_namespace(scores)
+    width = group.channels // segments
+    kept = [choose_channels(scores[j * width : (j + 1) * width], count // segments) + j * width
+            for j in range(segments)]  # fmt: skip
+    return xp.concat(kept)
+
+
 def shrink_onnx(
     model: Any,
     amount: int | float,
@@ -172,6 +204,7 @@ def shrink_onnx(
     *,
     global_: bool = False,
     kind: str = "channels",
+    rounding: str = "nearest",
     **method_args: Any,
 ) -> tuple[Any, ShrinkReport]:
     """A smaller ONNX model: ``amount`` of the channels of every group removed.
@@ -192,6 +225,9 @@ def shrink_onnx(
         What goes: layer channels (groups joined through residual connections), or
         whole attention heads (``amount`` of each attention block's heads; see
         :func:`~arrayprune.adapters.roles.onnx_groups.onnx_groups`).
+    rounding : {"nearest", "keep_floor"}, default "nearest"
+        How a fraction becomes each group's count (see :func:`shrink_arrays`):
+        ``"keep_floor"`` keeps ``int((1 - amount) * channels)``, as Torch-Pruning does.
     **method_args
         Constructor arguments of a method given by name.
 
@@ -203,8 +239,9 @@ def shrink_onnx(
         convolutions and the channel count in ``Reshape`` target shapes; member
         initializers sliced under their own names; a shared initializer (or one read
         through ``Identity``) that a group slices is copied for the operator in the
-        group, under a new name, and the original, or the ``Identity``, is removed once
-        nothing reads it; the shapes of the activations in the groups, where
+        group, under a new name (copies that come out equal, such as the zero biases
+        an export shares, sliced alike, are one initializer again), and the original,
+        or the ``Identity``, is removed once nothing reads it; the shapes of the activations in the groups, where
         ``value_info`` states them, updated) and what was done.
 
     Raises
@@ -234,8 +271,14 @@ def shrink_onnx(
             raise ValueError(
                 f"amount={amount} would remove {k} of the {total} channels of {len(groups)} groups; each keeps one"
             )
-    for g in groups if not global_ else ():
-        k = _amount.compute_nparams_toprune(amount, g.channels)
+    segments = [og.segments for og in found.groups]
+    if global_ and any(p > 1 for p in segments):
+        raise ValueError("a global ranking cannot keep the groups of a grouped convolution even; rank per group")
+    check_rounding(rounding)
+    if global_ and rounding != "nearest":
+        raise ValueError("rounding applies to each group's count; a global ranking counts all channels at once")
+    for g, p in zip(groups if not global_ else (), segments, strict=False):
+        k = even_drop(amount, g.channels, p, str(g.name), rounding)
         _amount.validate_pruning_amount(k, g.channels)
         if k >= g.channels:
             raise ValueError(f"amount={amount} would remove every channel of group {g.name!r} ({g.channels})")
@@ -247,15 +290,18 @@ def shrink_onnx(
             key = str(mem.key)
             if key not in arrays:
                 arrays[key] = _view_array(sources, views[key], og.group.channels) if key in views else sources[key]
-    small, kept = shrink_arrays(arrays, groups, amount, method, global_=global_, **method_args)
+    small, kept = shrink_arrays(
+        arrays, groups, amount, method, global_=global_, segments=segments, rounding=rounding, **method_args
+    )
 
     out = copy.deepcopy(model)
     graph = out.graph
     new_data = _sliced(found, views, sources, [np.asarray(k) for k in kept])
+    merged = _merge_equal(new_data, [v.copy for v in views.values() if v.copy is not None and v.rewire is not None])
     for v in views.values():
-        if v.copy is not None and v.copy in new_data and v.rewire is not None:
+        if v.copy is not None and (v.copy in new_data or v.copy in merged) and v.rewire is not None:
             node, slot = v.rewire
-            graph.node[node].input[slot] = v.copy
+            graph.node[node].input[slot] = merged.get(v.copy, v.copy)
     new_channels: dict[Any, int] = {og.group.name: int(k.shape[0]) for og, k in zip(found.groups, kept, strict=True)}
     for og in found.groups:
         n = new_channels[og.group.name]
@@ -309,6 +355,24 @@ def shrink_onnx(
     return out, report
 
 
+def _merge_equal(new_data: dict[str, np.ndarray], copies: Sequence[str]) -> dict[str, str]:
+    """Private copies that came out equal (the zero biases an export shared, each sliced
+    alike): all but the first are dropped from `new_data`; returns dropped -> kept."""
+    first: dict[tuple[str, tuple[int, ...], bytes], str] = {}
+    merged: dict[str, str] = {}
+    for name in dict.fromkeys(copies):
+        a = new_data.get(name)
+        if a is None:
+            continue
+        key = (a.dtype.str, tuple(a.shape), np.ascontiguousarray(a).tobytes())
+        if key in first:
+            merged[name] = first[key]
+            del new_data[name]
+        else:
+            first[key] = name
+    return merged
+
+
 def source_names(found: OnnxGroups) -> set[str]:
     """The initializers (and ``Constant`` outputs) that the members and shapes of `found` are read from."""
     views = {k: v for g in found.groups for k, v in g.views}
@@ -360,6 +424,11 @@ def zeroed_onnx(model: Any, report: ShrinkReport) -> Any:
             a = zero.get(name)
             if a is None:
                 a = np.array(sources[source], copy=True)
+            if view is not None and view.segments > 1:
+                unfolded = _unfold(a, view.segments)
+                unfolded[:, dropped] = 0
+                zero[name] = _fold(unfolded, view.segments)
+                continue
             index: list[Any] = [slice(None)] * a.ndim
             index[axis] = _entries(dropped, start, block)
             a[tuple(index)] = 0
@@ -401,6 +470,8 @@ def _view_array(sources: Mapping, view: View, channels: int) -> np.ndarray:
     """The member a view names, for scoring: the range of its source's axis that holds the
     channels, that axis split into ``[channels, block]``."""
     a = np.asarray(sources[view.source])
+    if view.segments > 1:
+        return _unfold(a, view.segments)
     width = channels * view.block
     if view.start or a.shape[view.axis] != width:
         index: list[Any] = [slice(None)] * a.ndim
@@ -409,6 +480,21 @@ def _view_array(sources: Mapping, view: View, channels: int) -> np.ndarray:
     if view.block > 1:
         a = a.reshape(a.shape[: view.axis] + (channels, view.block) + a.shape[view.axis + 1 :])
     return a
+
+
+def _unfold(w: np.ndarray, segments: int) -> np.ndarray:
+    """A grouped ``Conv`` W ``[out, in/g, k...]`` as ``[out/g, in, k...]`` (a copy): input
+    channel ``j * in/g + i`` on axis 1 reads the rows of block ``j`` at entry ``i``."""
+    rows, local = w.shape[0], w.shape[1]
+    blocks = w.reshape((segments, rows // segments, local) + w.shape[2:]).swapaxes(0, 1)
+    return blocks.reshape((rows // segments, segments * local) + w.shape[2:])
+
+
+def _fold(u: np.ndarray, segments: int) -> np.ndarray:
+    """The inverse of :func:`_unfold`."""
+    rows, width = u.shape[0], u.shape[1]
+    blocks = u.reshape((rows, segments, width // segments) + u.shape[2:]).swapaxes(0, 1)
+    return blocks.reshape((segments * rows, width // segments) + u.shape[2:])
 
 
 def _entries(dropped: np.ndarray, start: int, block: int) -> np.ndarray:
@@ -421,6 +507,7 @@ def _sliced(found: OnnxGroups, views: dict[str, View], sources: Mapping, kept: l
     entries of each axis removed at once: a tensor may lose channels of several groups,
     on one axis (ranges a ``Concat`` joined) or on several."""
     drops: dict[str, dict[int, list[np.ndarray]]] = {}
+    by_block: dict[str, tuple[int, np.ndarray]] = {}  # grouped Conv W: input channels dropped block by block
     base: dict[str, np.ndarray] = {}
     for og, k in zip(found.groups, kept, strict=True):
         dropped = np.setdiff1d(np.arange(og.group.channels), k)
@@ -433,16 +520,23 @@ def _sliced(found: OnnxGroups, views: dict[str, View], sources: Mapping, kept: l
             else:
                 tensor, axis, start, block = view.copy or view.source, view.axis, view.start, view.block
                 base.setdefault(tensor, sources[view.source])
+                if view.segments > 1:
+                    by_block[tensor] = (view.segments, dropped)
+                    continue
             drops.setdefault(tensor, {}).setdefault(axis, []).append(_entries(dropped, start, block))
     out = {}
-    for tensor, per_axis in drops.items():
+    for tensor in dict.fromkeys([*drops, *by_block]):
         a = np.asarray(base[tensor])
         changed = False
-        for axis, parts in per_axis.items():
+        for axis, parts in drops.get(tensor, {}).items():
             gone = np.unique(np.concatenate(parts))
             if gone.size:
                 a = np.delete(a, gone, axis=axis)
                 changed = True
+        if tensor in by_block and by_block[tensor][1].size:  # after its rows: the blocks are their new size
+            segments, gone = by_block[tensor]
+            a = _fold(np.delete(_unfold(a, segments), gone, axis=1), segments)
+            changed = True
         if changed:
             out[tensor] = a
     return out

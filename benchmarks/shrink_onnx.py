@@ -670,6 +670,9 @@ def bench_layout(name: str, amounts: list[float], rounds: int, threads: int, war
         ours, report = shrink_onnx(dense, amount, kind=kind)
         t_ours = time.perf_counter() - t0
         t0 = time.perf_counter()
+        floor, _ = shrink_onnx(dense, amount, kind=kind, rounding="keep_floor")
+        t_floor = time.perf_counter() - t0
+        t0 = time.perf_counter()
         try:
             peer = (onnxsim.apply_attention_head_pruning if kind == "heads" else onnxsim.apply_structured_pruning)(
                 dense, sparsity=amount
@@ -682,7 +685,7 @@ def bench_layout(name: str, amounts: list[float], rounds: int, threads: int, war
             peer_error = None
         tp_module, t_tp = _torch_pruning(build, amount)
         tp_model = _export_module(tp_module, x)
-        models = {"dense": dense, "arrayprune": ours, "torch-pruning": tp_model}
+        models = {"dense": dense, "arrayprune": ours, "arrayprune keep_floor": floor, "torch-pruning": tp_model}
         if peer is not None:
             models["onnxsim"] = peer
         outs = {k: _session(m, threads).run(None, {"x": xn})[0] for k, m in models.items()}
@@ -696,7 +699,10 @@ def bench_layout(name: str, amounts: list[float], rounds: int, threads: int, war
             "cos_dense": {k: _cos(outs[k], ref) for k in models},
             "cos_masked": _cos(outs["arrayprune"], masked),
             "max_masked": float(np.max(np.abs(outs["arrayprune"] - masked))),
-            "shrink_s": {"arrayprune": t_ours, "torch-pruning": t_tp, "onnxsim": None if peer is None else t_peer},
+            "shrink_s": {
+                "arrayprune": t_ours, "arrayprune keep_floor": t_floor, "torch-pruning": t_tp,
+                "onnxsim": None if peer is None else t_peer,
+            },  # fmt: skip
             "groups": len(report.groups.groups),
             "left": len(report.groups.left),
             "peer_error": peer_error,
@@ -732,7 +738,9 @@ def write_layouts(results: list[dict], args, out: Path, started: str) -> None:
         "pruning_ratio=amount)` on the torch module (the classifier ignored; for ViT and BERT only the "
         "MLP/FFN first layers as roots, for heads `num_heads`, `prune_num_heads=True`, `head_pruning_ratio=amount`), "
         "then exported the same way; onnxsim 0.8.1: `apply_structured_pruning(model, sparsity=amount)` "
-        "(`apply_attention_head_pruning` for heads) on the ONNX file",
+        "(`apply_attention_head_pruning` for heads) on the ONNX file; `arrayprune keep_floor`: "
+        "`shrink_onnx(model, amount, kind=..., rounding=\"keep_floor\")`, Torch-Pruning's rounding "
+        "(`int((1 - amount) * channels)` kept per group)",
         "- cos: cosine of the outputs to the dense model's on one random input; arrayprune's output is also "
         "compared with the dense model whose dropped channels are zeroed where the next layers read them "
         "(`zeroed_onnx`, max abs difference: the same function)",
@@ -743,7 +751,7 @@ def write_layouts(results: list[dict], args, out: Path, started: str) -> None:
     for res in results:
         for row in res["rows"]:
             p, med = row["params"], row["med"]
-            for tool in ("arrayprune", "torch-pruning", "onnxsim"):
+            for tool in ("arrayprune", "arrayprune keep_floor", "torch-pruning", "onnxsim"):
                 if tool not in p:
                     lines.append(f"| {res['name']} | {row['amount']:.0%} | {tool} | failed: {row['peer_error']} |"
                                  " | | | | |")  # fmt: skip

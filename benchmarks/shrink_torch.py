@@ -19,9 +19,9 @@ For each model and amount, on deep copies of the same dense model:
 * Torch-Pruning 1.6.1: ``MetaPruner(model, x, importance=GroupMagnitudeImportance(p=2),
   pruning_ratio=amount, ignored_layers=[classifier], num_heads={mha: heads})`` and one
   ``step()`` (its group L2 magnitude; it keeps ``int((1 - amount) * channels)``);
-* arrayprune at Torch-Pruning's counts: ``prune.shrink(model, x, {group: count})``, each
-  group losing as many channels as Torch-Pruning took from it (the same layout: this row
-  separates the rounding rule from the rest).
+* arrayprune with Torch-Pruning's rounding: ``prune.shrink(model, x, amount,
+  rounding="keep_floor")``, each group keeping ``int((1 - amount) * channels)`` (the
+  same counts as Torch-Pruning: this row separates the rounding rule from the rest).
 
 Reported: parameters, multiply-accumulates of the convolutions and linear layers, torch
 CPU latency (``torch.set_num_threads(threads)``, ``torch.inference_mode``; rounds that
@@ -163,13 +163,13 @@ def bench_model(name: str, amounts: list[float], size: int, threads: int, rounds
         theirs = _torch_pruning(copy.deepcopy(dense), x, amount, head_name)
         ours_kept = [_kept(dense_state, _state(ours), g) for g in groups]
         their_kept = [_kept(dense_state, _state(theirs), g) for g in groups]
-        counts = {g.name: g.channels - len(k) for g, k in zip(groups, their_kept, strict=True) if k is not None}
-        matched = prune.shrink(copy.deepcopy(dense), x, counts)
-        models = {"arrayprune": ours, "torch-pruning": theirs, "arrayprune @ TP counts": matched}
+        floor = prune.shrink(copy.deepcopy(dense), x, amount, rounding="keep_floor")
+        floor_kept = [_kept(dense_state, _state(floor), g) for g in groups]
+        models = {"arrayprune": ours, "torch-pruning": theirs, "arrayprune keep_floor": floor}
         with torch.inference_mode():
             ys = {k: m(x) for k, m in models.items()}
         masked_cos: dict[str, float | None] = {}
-        for k, kept in (("arrayprune", ours_kept), ("torch-pruning", their_kept)):
+        for k, kept in (("arrayprune", ours_kept), ("torch-pruning", their_kept), ("arrayprune keep_floor", floor_kept)):
             if all(kk is not None for kk in kept):
                 with torch.inference_mode():
                     masked_cos[k] = _cos(ys[k], _masked(dense, groups, kept)(x))
@@ -263,12 +263,12 @@ def _targets(results: list[dict]) -> list[str]:
     for res in results:
         for row in res["rows"]:
             a, t = row["models"]["arrayprune"], row["models"]["torch-pruning"]
-            m = row["models"]["arrayprune @ TP counts"]
+            m = row["models"]["arrayprune keep_floor"]
             lines.append(
                 f"- {res['model']} {row['amount']:.0%}: parameters {a['params'] / t['params']:.4f}x Torch-Pruning's "
-                f"({'met' if a['params'] <= t['params'] else 'NOT met'}; at its counts "
+                f"({'met' if a['params'] <= t['params'] else 'NOT met'}; keep_floor "
                 f"{m['params'] / t['params']:.4f}x), latency {a['latency_ms'] / t['latency_ms']:.3f}x "
-                f"({'met' if a['latency_ms'] <= 1.05 * t['latency_ms'] else 'NOT met'}; at its counts "
+                f"({'met' if a['latency_ms'] <= 1.05 * t['latency_ms'] else 'NOT met'}; keep_floor "
                 f"{m['latency_ms'] / t['latency_ms']:.3f}x; fastest samples "
                 f"{a['latency']['min_s'] / t['latency']['min_s']:.3f}x), time to shrink {a['shrink_s'] / t['shrink_s']:.2f}x "
                 f"({'met' if a['shrink_s'] <= t['shrink_s'] else 'NOT met'})"
@@ -296,7 +296,7 @@ def write(results: list[dict], args: Any, out: Path, started: str, revision: str
         "- arrayprune: `prune.shrink(model, x, amount)` (each group loses `round(amount * channels)`, L2 over all "
         "its weight members); TP: `MetaPruner(..., GroupMagnitudeImportance(p=2), pruning_ratio=amount, "
         "ignored_layers=[classifier], num_heads=...)`, `step()` (keeps `int((1 - amount) * channels)`); "
-        "`arrayprune @ TP counts`: `prune.shrink(model, x, {group: TP's count})`",
+        "`arrayprune keep_floor`: `prune.shrink(model, x, amount, rounding=\"keep_floor\")` (TP's rounding)",
         "- latency: medians of rounds running every model once in a rotating order (`benchmarks/timing.py`); "
         "cos masked: output cosine to the dense model with that tool's removed channels zeroed in every member "
         "of their group; cos dense: to the dense model (random weights, no fine-tuning); overlap: share of "

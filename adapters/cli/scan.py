@@ -7,7 +7,10 @@
                     [--include PATTERN ...] [--exclude PATTERN ...] [--min-size N] [--outputs NAME ...]
                     [--calibration-batch N] [--force]
 
-IN is an ONNX model (run by onnxruntime); other formats hold no graph to run: from
+IN is an ONNX model (run by onnxruntime), or a Hugging Face folder (``config.json`` beside
+safetensors weights) with ``--calibration`` a ``.npz`` of token ids ``input_ids``, run
+decoder layer by decoder layer (:mod:`arrayprune.adapters.pipeline.hf_scan`). Other formats
+hold no graph to run: from
 Python, :func:`arrayprune.adapters.pipeline.scan.scan_arrays` scans a mapping of arrays with a
 forward function of your own. Everything is checked before the scan runs; ``scan.json``
 and the PNG are written to temporary files renamed into place.
@@ -23,6 +26,8 @@ from typing import Any
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters.pipeline.calibration import read_calibration
 from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
+from arrayprune.adapters.pipeline.hf_calibration import hf_folder
+from arrayprune.adapters.pipeline.hf_scan import scan_hf
 from arrayprune.adapters.pipeline.outputs import check_not_input, check_output_name
 from arrayprune.adapters.pipeline.scan import DEFAULT_SPARSITIES, check_sparsities, scan_methods, scan_onnx
 from arrayprune.adapters.plots import plot_scan
@@ -47,9 +52,14 @@ def add_scan_parser(
     """Add the ``scan`` sub-command to the parser's sub-parsers `sub`."""
 
     s = sub.add_parser("scan", help="prune each weight alone at several sparsities and measure the output change")
-    s.add_argument("input", metavar="IN", help="ONNX model to scan (never modified)")
+    s.add_argument("input", metavar="IN", help="ONNX model or Hugging Face folder to scan (never modified)")
     s.add_argument("-o", "--output", metavar="SCAN.json", required=True, help="the curves, as JSON")
-    s.add_argument("--calibration", metavar="NPZ", required=True, help="graph input name -> samples along axis 0")
+    s.add_argument(
+        "--calibration",
+        metavar="NPZ",
+        required=True,
+        help="graph input name -> samples along axis 0 (a Hugging Face folder: input_ids [batch, seq])",
+    )
     s.add_argument("--plot", metavar="PNG", default=None, help="draw the curves (matplotlib: arrayprune[plot])")
     s.add_argument("--method", choices=scan_methods(), default="l1_unstructured", help="default: %(default)s")
     default = ",".join(f"{v:g}" for v in DEFAULT_SPARSITIES)
@@ -102,6 +112,9 @@ def run_scan(args: argparse.Namespace) -> int:
     if args.plot is not None and os.path.abspath(args.plot) == os.path.abspath(args.output):
         raise CliError("--plot and -o name the same file", args.plot)
     kind = "sharded safetensors" if os.path.isdir(src) else fmt.detect_format(src)
+    folder = hf_folder(src) if kind != "onnx" else None
+    if folder is not None:
+        return _scan_folder(args, folder)
     if kind != "onnx":
         raise CliError(
             f"scan runs the model on calibration data: IN must be an ONNX model ({kind} files hold no graph to run); "
@@ -136,6 +149,50 @@ def run_scan(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise PruneError(f"scan: {error_text(exc)}", src) from None
     result.model = os.path.basename(src)
+    return _written(args, result)
+
+
+def _scan_folder(args: argparse.Namespace, folder: str) -> int:
+    """``arrayprune scan FOLDER``: a Hugging Face checkpoint scanned layer by layer on token ids."""
+
+    src = args.input
+    if args.outputs:
+        raise CliError(
+            "--outputs names values of an ONNX graph: a Hugging Face folder is compared at each layer's output"
+        )
+    optional_module("transformers", "transformers", "scan of a Hugging Face folder")
+    if args.plot is not None:
+        optional_module("matplotlib", "plot", "--plot")
+    try:
+        ckpt = fmt.sharded.open_checkpoint(folder)
+    except fmt.FormatError as exc:
+        raise CliError(exc.problem, src) from None
+    if not isinstance(ckpt, fmt.sharded.ShardedCheckpoint):
+        raise CliError("a Hugging Face folder holds safetensors weights (sharded or one file)", src)
+    _stage(f"scan: {src} layer by layer, {len(args.sparsities)} sparsities per weight, {args.method}")
+    try:
+        result = scan_hf(
+            ckpt,
+            folder,
+            args.calibration,
+            method=args.method,
+            sparsities=args.sparsities,
+            include=args.include,
+            exclude=args.exclude,
+            min_size=args.min_size,
+            calibration_batch=args.calibration_batch,
+            progress=_progress,
+        )
+    except ValueError as exc:
+        raise PruneError(f"scan: {error_text(exc)}", src) from None
+    result.model = os.path.basename(os.path.normpath(src))
+    return _written(args, result)
+
+
+def _written(args: argparse.Namespace, result: Any) -> int:
+    """Write the scan (and its plot), print the ranking."""
+
+    src = args.input
     result.save(args.output)
     if args.plot is not None:
 

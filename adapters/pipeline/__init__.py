@@ -6,17 +6,19 @@ Its modules import downwards only, in seven layers (a test checks it:
     runner.py        the sequence of stages: prune_file, prune_checkpoint, run
        |
     stages           calibrate.py (the runners x statistics table), allocation.py,
-       |             option_files.py, shrinking.py (--shrink): none imports another
+       |             shrinking.py (--shrink, on a ShrinkJob): none imports another
        |
     runners          hf_stage.py (Hugging Face folders layer by layer, given Hessians),
        |             reconstruct_stage.py (a solver's Hessians through an ONNX graph),
        |             verify_stage.py (OUT run against IN), shrink_checkpoint.py and
        |             shrink_structure.py (a folder's channels, heads, layers, experts)
        |
-    the job          job.py (Job: the request resolved once on its input), storage.py (the
-       |             input, opened), targets.py (the plan, what is pruned), scoring.py (each
-       |             target's method and scores), prune_result.py (what a run returns),
-       |             outputs.py (OUT checked), scan.py (error curves: the scan verb, allocations),
+    the job          job.py (Job, ShrinkJob: the request resolved once on its input),
+       |             storage.py (the input, opened), targets.py (the plan, what is pruned),
+       |             scoring.py (each target's method and scores), prune_result.py (what a
+       |             run returns), outputs.py (OUT checked), option_files.py (the files
+       |             options name, checked), scan.py (error curves: the scan verb, allocations),
+       |             hf_scan.py (a Hugging Face folder's error curves, layer by layer),
        |             evaluate.py (arrayprune eval: perplexity and KL of a Hugging Face folder)
        |
     engines          calibration.py (onnxruntime statistics), hf_calibration.py (transformers,

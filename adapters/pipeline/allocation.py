@@ -30,7 +30,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,13 +43,15 @@ from arrayprune.adapters.pipeline.errors import PruneError, error_text
 from arrayprune.adapters.pipeline.job import Job
 from arrayprune.adapters.pipeline.method_names import reconstructs
 from arrayprune.adapters.pipeline.reconstruction import onnx_sparsegpt
-from arrayprune.adapters.pipeline.request import PruneSpec
 from arrayprune.adapters.pipeline.scan import OnnxTrials, ScanResult
-from arrayprune.adapters.pipeline.scoring import method_for, scores_for
+from arrayprune.adapters.pipeline.scoring import method_for, scores_for, trial_request
 from arrayprune.adapters.pipeline.stream_pruning import read_whole
 from arrayprune.adapters.plan import file_roles, make_plan
 from arrayprune.allocation import _bounds, counts_near
 from arrayprune.method_parts import PER_OUTPUT, pattern_of
+
+if TYPE_CHECKING:  # the request module imports this one
+    from arrayprune.adapters.pipeline.request import PruneSpec
 
 __all__ = [
     "CANDIDATES",
@@ -148,7 +150,9 @@ def _step(target: Any, method: str) -> int:
     return 1
 
 
-def _owl_scores(spec: Any, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any) -> list[Any]:
+def _owl_scores(
+    spec: PruneSpec, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any
+) -> list[Any]:
     """The scores OWL counts outliers among: Wanda's where input norms exist, else magnitudes."""
     scores = []
     for t in targets:
@@ -178,7 +182,7 @@ def _owl_uniform_note(m: float, ratios: list[float], calibrated: bool) -> str | 
 
 
 def _owl_ratios(
-    spec: Any, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any, m: float
+    spec: PruneSpec, storage: Any, targets: list[Any], norms: Mapping | None, src: str, hooks: Any, m: float
 ) -> list[float]:
     """Each target's outlier ratio among OWL's scores (:func:`_owl_scores`), one target
     read at a time (a streamed checkpoint's whole, as the in-memory path reads it)."""
@@ -199,7 +203,7 @@ def _owl_ratios(
     return ratios
 
 
-def _scan_curves(spec: Any, targets: list[Any]) -> tuple[list[list[float]], Any, list[str]]:
+def _scan_curves(spec: PruneSpec, targets: list[Any]) -> tuple[list[list[float]], Any, list[str]]:
     """The curves of the targets from the scan file, the scan, and what to note about them."""
 
     try:
@@ -338,7 +342,7 @@ def candidate_counts(
 
 
 def _pruned(
-    spec: Any,
+    spec: PruneSpec,
     wf: Any,
     targets: list[Any],
     counts: Mapping[str, int],
@@ -432,12 +436,12 @@ def measure_allocations(
     missing = [name for name in names if name not in by_name]
     if missing:
         raise ValueError(f"{missing[0]!r} is no tensor of the model")
-    spec = PruneSpec(method=method, amount=0.5, one_pass=not sequential, calibration_batch=batch_size)
+    spec = trial_request(method, sequential=sequential, batch_size=batch_size)
     return _measure(spec, wf, [by_name[n] for n in names], candidates, norms, calibration, outputs, check_data)[0]
 
 
 def _measure(
-    spec: Any,
+    spec: PruneSpec,
     wf: Any,
     targets: list[Any],
     candidates: Mapping[str, Mapping[str, int]],
@@ -463,7 +467,7 @@ def _measure(
 
 
 def _check_jointly(
-    spec: Any,
+    spec: PruneSpec,
     storage: Any,
     targets: list[Any],
     norms: Mapping | None,
@@ -527,7 +531,14 @@ class _Evaluator:
     """``evaluator(counts)``: the joint output error of the targets pruned to `counts` (one session)."""
 
     def __init__(
-        self, spec: Any, wf: Any, targets: list[Any], norms: Any, calibration: Any, outputs: Any, check: Any = None
+        self,
+        spec: PruneSpec,
+        wf: Any,
+        targets: list[Any],
+        norms: Any,
+        calibration: Any,
+        outputs: Any,
+        check: Any = None,
     ):
 
         self.trials = OnnxTrials(

@@ -5,11 +5,14 @@ The allocation itself is :mod:`arrayprune.adapters.pipeline.allocation`'s.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import arrayprune
 from arrayprune.adapters.pipeline.method_names import scan_methods
 from arrayprune.method_parts import pattern_of
+
+if TYPE_CHECKING:  # the request module imports this one
+    from arrayprune.adapters.pipeline.request import PruneSpec
 
 __all__ = ["OWL", "check_allocation"]
 
@@ -17,7 +20,7 @@ __all__ = ["OWL", "check_allocation"]
 OWL = "owl"
 
 
-def check_allocation(spec: Any) -> str | None:
+def check_allocation(spec: PruneSpec) -> str | None:
     """Why `spec`'s ``allocation`` does not apply, as one line naming the flags; None if it does."""
     allocation = spec.allocation
     owl_flags = [f for f, v in (("--owl-m", spec.owl_m), ("--owl-lambda", spec.owl_lambda)) if v is not None]

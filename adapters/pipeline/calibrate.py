@@ -29,6 +29,21 @@ Every runner answers two questions, in the order the pipeline asks them:
   or from given Hessians); None where the masks are made afterwards from
   :func:`dense_norms`.
 
+A shrink job (:class:`~arrayprune.adapters.pipeline.job.ShrinkJob`) asks a third question
+of the transformers runner, :func:`unit_scores`: what calibration data say of the units
+it removes. :data:`UNIT_STATISTICS` is that table, one row per statistic:
+
+=====================  ===============================  ==================================
+statistic              units                             how
+=====================  ===============================  ==================================
+``residual_change``    decoder layers                    ``1 - cosine`` of each layer's
+                                                          residual stream, dense model
+``router_statistics``  experts (with ``--calibration``)  routing weight per token, dense
+``unit_hessians``      channels, heads (a calibrated     ``X^T X`` of each consumer's
+                       structured method)                inputs, layer after layer on
+                                                          the model already pruned
+=====================  ===============================  ==================================
+
 The engines themselves are below this stage: :mod:`~arrayprune.adapters.pipeline.calibration`
 (onnxruntime, input norms), :mod:`~arrayprune.adapters.pipeline.reconstruction`
 (onnxruntime, Hessians and a solver), :mod:`~arrayprune.adapters.pipeline.hf_calibration`
@@ -46,11 +61,29 @@ from typing import Any
 
 from arrayprune.adapters.pipeline.allocation_request import OWL
 from arrayprune.adapters.pipeline.hf_stage import calibrated, dense_input_norms, given_hessians
-from arrayprune.adapters.pipeline.job import Job
+from arrayprune.adapters.pipeline.job import Job, ShrinkJob
 from arrayprune.adapters.pipeline.reconstruct_stage import reconstruct
 from arrayprune.adapters.pipeline.scoring import input_norms
+from arrayprune.adapters.pipeline.shrink_structure import (
+    UnitScores,
+    decide_units,
+    score_calibrated,
+    score_experts,
+    score_layers,
+    shrink_errors,
+    walk_arguments,
+)
 
-__all__ = ["RUNNERS", "Runner", "compress", "dense_norms", "runner_for"]
+__all__ = [
+    "RUNNERS",
+    "UNIT_STATISTICS",
+    "Runner",
+    "UnitStatistic",
+    "compress",
+    "dense_norms",
+    "runner_for",
+    "unit_scores",
+]
 
 #: ``global_masks(targets, spec)``: the pipeline's global ranking (keep masks).
 GlobalMasks = Callable[[list[Any], Any], list[Any]]
@@ -196,3 +229,81 @@ def compress(job: Job, stack: contextlib.ExitStack, global_masks: GlobalMasks) -
     """
     runner = runner_for(job)
     return None if runner is None else runner.compress(job, stack, global_masks)
+
+
+@dataclass(frozen=True)
+class UnitStatistic:
+    """A statistic that ranks a shrink job's units: a row of :data:`UNIT_STATISTICS`.
+
+    Attributes
+    ----------
+    name : str
+        As :attr:`UnitScores.statistic <arrayprune.adapters.pipeline.shrink_structure.UnitScores.statistic>`.
+    applies : callable
+        ``applies(job)``: whether the job's units are ranked by it.
+    compute : callable
+        ``compute(job, stack)``: the :class:`~arrayprune.adapters.pipeline.shrink_structure.UnitScores`;
+        files it sets aside live as long as `stack`.
+    """
+
+    name: str
+    applies: Callable[[ShrinkJob], bool]
+    compute: Callable[[ShrinkJob, contextlib.ExitStack], UnitScores]
+
+
+def _layer_changes(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScores:
+    return UnitScores("residual_change", *score_layers(job.src, job.spec.calibration, **walk_arguments(job)))
+
+
+def _router(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScores:
+    return UnitScores("router_statistics", *score_experts(job.src, job.spec.calibration, **walk_arguments(job)))
+
+
+def _unit_hessians(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScores:
+    spec = job.spec
+    if spec.dry_run:  # the scores on the dense model: nothing is chosen
+        dense = score_calibrated(job.src, spec.method, None, spec.calibration, job.groups, **walk_arguments(job))
+        return UnitScores("unit_hessians", *dense)
+    if job.dst is None:
+        raise ValueError("the calibrated units are decided for an output: give one")
+    return decide_units(
+        job.src, job.dst, spec.method, spec.amount, spec.calibration, job.groups, stack,
+        compensated=spec.compensate, **walk_arguments(job),
+    )  # fmt: skip
+
+
+#: The statistics of a shrink job's units, in the order they are tried (:func:`unit_scores`).
+UNIT_STATISTICS: tuple[UnitStatistic, ...] = (
+    UnitStatistic("residual_change", lambda job: job.groups == "layers", _layer_changes),
+    UnitStatistic("router_statistics", lambda job: job.groups == "experts" and bool(job.spec.calibration), _router),
+    UnitStatistic("unit_hessians", lambda job: not job.whole_units and job.calibrated, _unit_hessians),
+)
+
+
+def unit_scores(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScores | None:
+    """What calibration data say of a shrink job's units (a Hugging Face folder's), before anything is written.
+
+    Parameters
+    ----------
+    job : ShrinkJob
+        The job, checked by :func:`~arrayprune.adapters.pipeline.shrinking.check_shrink_job`.
+    stack : contextlib.ExitStack
+        Holds the refit consumers set aside until the shrink stage writes them.
+
+    Returns
+    -------
+    UnitScores or None
+        None for an ONNX model, and for units ranked by their weights.
+
+    Raises
+    ------
+    PruneError
+        Token ids that do not fit, a model transformers cannot build: one line.
+    """
+    if job.kind != "sharded safetensors":
+        return None
+    row = next((r for r in UNIT_STATISTICS if r.applies(job)), None)
+    if row is None:
+        return None
+    with shrink_errors(job):
+        return row.compute(job, stack)

@@ -42,6 +42,7 @@ from arrayprune.adapters.formats.safetensors_stream import TensorFiles
 from arrayprune.adapters.pipeline.calibration import read_calibration
 from arrayprune.adapters.pipeline.errors import optional_module
 from arrayprune.adapters.pipeline.method_names import reconstructs
+from arrayprune.adapters.pipeline.request import PruneSpec
 
 __all__ = ["BATCH_ROWS", "TOKENS_KEY", "calibrate_checkpoint", "hf_folder", "read_tokens", "token_problems"]
 
@@ -297,7 +298,7 @@ def _stored(value: Any, code: str) -> np.ndarray:
 def calibrate_checkpoint(
     storage: Any,
     targets: list[Any],
-    spec: Any,
+    spec: PruneSpec,
     hooks: Any,
     workdir: str,
     method_for: Callable[[Any, Any, Mapping, Any], tuple[Any, Any]],
@@ -414,7 +415,7 @@ def calibrate_checkpoint(
     return out
 
 
-def _amounts(spec: Any, chosen: Mapping[str, Any]) -> dict[str, Any]:
+def _amounts(spec: PruneSpec, chosen: Mapping[str, Any]) -> dict[str, Any]:
     """The pattern or amount arguments of :func:`~arrayprune.adapters.torch.reconstruction.sparsegpt`
     for the modules `chosen` of one layer (named ``layer.<module>`` there): N:M, one amount,
     or each weight's own under an allocation (``spec.amount`` maps weight names to amounts)."""
@@ -425,7 +426,7 @@ def _amounts(spec: Any, chosen: Mapping[str, Any]) -> dict[str, Any]:
     return {"amount": spec.amount}
 
 
-def _mask_in_place(module: Any, entry: Any, spec: Any, norms: np.ndarray, method_for: Callable) -> None:
+def _mask_in_place(module: Any, entry: Any, spec: PruneSpec, norms: np.ndarray, method_for: Callable) -> None:
     """Prune `module.weight` with the pipeline's Wanda-scored method of `entry`."""
     import torch
 

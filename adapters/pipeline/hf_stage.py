@@ -35,6 +35,7 @@ from arrayprune.adapters.pipeline.hf_calibration import (
 )
 from arrayprune.adapters.pipeline.job import Job
 from arrayprune.adapters.pipeline.method_names import reconstructs
+from arrayprune.adapters.pipeline.request import PruneSpec
 from arrayprune.adapters.pipeline.scoring import method_for, scores_for
 from arrayprune.adapters.roles.hf_config import CONFIG_MAX_BYTES, CONFIG_NAME
 
@@ -48,7 +49,7 @@ __all__ = [
 ]
 
 
-def calibration_problems(spec: Any, src: str) -> list[Exception]:
+def calibration_problems(spec: PruneSpec, src: str) -> list[Exception]:
     """Every problem ``config.json`` and the calibration file's tokens can tell, before a
     framework is imported: a config that cannot be read, a calibration file that cannot,
     a missing or unexpected array, token ids beyond ``vocab_size``, a bad attention mask.
@@ -92,7 +93,7 @@ def calibration_problems(spec: Any, src: str) -> list[Exception]:
 #: The reason of a weight left because layer-by-layer calibration does not reach it.
 
 
-def input_refusal(spec: Any, src: str, kind: str) -> str | None:
+def input_refusal(spec: PruneSpec, src: str, kind: str) -> str | None:
     """Why `src` (a ``"sharded"`` or ``"safetensors"`` `kind`) cannot be calibrated on tokens; None if it can."""
     if not spec.calibration or kind not in ("sharded", "safetensors"):
         return None
@@ -120,7 +121,7 @@ def calibration_needed(method: str, src: str) -> str:
     )
 
 
-def _masking(target: Any, spec: Any, norms: Mapping, value: Any) -> tuple[Any, Any]:
+def _masking(target: Any, spec: PruneSpec, norms: Mapping, value: Any) -> tuple[Any, Any]:
     """The pipeline's method of `target` and the importance scores it ranks `value` by."""
 
     return method_for(target, spec), scores_for(target, norms, value)

@@ -16,6 +16,7 @@ from arrayprune.adapters.formats import FormatError, detect_format
 from arrayprune.adapters.formats.onnx import _parse_onnx
 from arrayprune.adapters.formats.onnx_skeleton import external_locations
 from arrayprune.adapters.pipeline.errors import PruneError
+from arrayprune.adapters.pipeline.request import PruneSpec
 
 __all__ = ["check_output_name", "check_not_input"]
 
@@ -124,7 +125,7 @@ def check_not_input(src: Any, dst: Any, flag: str = "-o/--output", *, in_place: 
             )
 
 
-def check_whole_output(src: str, dst: str | None, spec: Any) -> str:
+def check_whole_output(src: str, dst: str | None, spec: PruneSpec) -> str:
     """Refuse an output that cannot be written (a whole file), before anything is read."""
     if dst is None:
         raise PruneError("the following arguments are required: -o/--output (or --dry-run)")

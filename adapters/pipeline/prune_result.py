@@ -155,13 +155,21 @@ class ShrinkResult:
         return self.groups.describe(self.amount)
 
 
-def shrink_notes(spec: PruneSpec) -> list[str]:
-    """What to tell of a shrink request's amount: a count given where a fraction was likely meant."""
+def shrink_notes(spec: PruneSpec, unit: str = "channels", where: str | None = None) -> list[str]:
+    """What to tell of a shrink request's amount: a count given where a fraction was likely meant.
+
+    `unit` names what is counted (plural); `where`, where from (by default each channel
+    group, or all of them with ``--global``).
+    """
     amount = spec.amount
     if not isinstance(amount, int) or isinstance(amount, bool) or amount == 0:
         return []
-    where = "in total over the channel groups (--global)" if spec.global_ else "from each channel group"
+    if where is None:
+        where = "in total over the channel groups (--global)" if spec.global_ else "from each channel group"
+    else:
+        where = f"from {where}"
+    counted = unit if amount != 1 else unit.removesuffix("s")
     return [
-        f"--amount {amount} is a count, not a fraction: {amount} channels removed {where}; "
+        f"--amount {amount} is a count, not a fraction: {amount} {counted} removed {where}; "
         "a fraction has a decimal point (0.5 is half)"
     ]

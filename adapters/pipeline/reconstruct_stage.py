@@ -35,11 +35,12 @@ from arrayprune.adapters.pipeline.job import Job
 from arrayprune.adapters.pipeline.method_names import reconstructs
 from arrayprune.adapters.pipeline.reconstruction import amounts_from_masks, onnx_sparsegpt
 from arrayprune.adapters.pipeline.reconstruction_methods import GRAPH_FORMATS, elsewhere, refusal
+from arrayprune.adapters.pipeline.request import PruneSpec
 
 __all__ = ["input_refusal", "reconstruct", "refusal"]
 
 
-def input_refusal(spec: Any, src: str) -> str | None:
+def input_refusal(spec: PruneSpec, src: str) -> str | None:
     """Why the reconstruction method of `spec`, or ``calibration``, cannot run on `src`; None if it can."""
     method = reconstructs(spec.method)
     if not method and not spec.calibration:
@@ -61,6 +62,10 @@ def input_refusal(spec: Any, src: str) -> str | None:
         f"--method {spec.method} runs the model on calibration data: IN must be an {need} model "
         f"({what} hold no graph to run); {elsewhere(spec.method)}"
     )
+
+
+#: The solver settings the graph engine passes on (:func:`~arrayprune.adapters.pipeline.reconstruction.onnx_sparsegpt`).
+_GRAPH_SETTINGS = ("block_size", "damp")
 
 
 def reconstruct(job: Job, global_masks: Callable[[list[Any], Any], list[Any]]) -> Mapping:
@@ -95,9 +100,17 @@ def reconstruct(job: Job, global_masks: Callable[[list[Any], Any], list[Any]]) -
         calibration = read_calibration(spec.calibration)
     except ValueError as exc:
         raise PruneError(error_text(exc), spec.calibration) from None
-    options: dict[str, Any] = {"amount": spec.amount}
+    settings = dict(spec.method_options)  # a method object's settings without a flag
+    unknown = sorted(set(settings) - set(_GRAPH_SETTINGS))
+    if unknown:
+        raise PruneError(
+            f"--method {spec.method} through an ONNX graph takes {' and '.join(_GRAPH_SETTINGS)} of a method object, "
+            f"not {', '.join(unknown)}",
+            storage.src,
+        )
+    options: dict[str, Any] = {"amount": spec.amount, **settings}
     if spec.nm is not None:
-        options = {"n": spec.nm[0], "m": spec.nm[1]}
+        options = {"n": spec.nm[0], "m": spec.nm[1], **settings}
     elif spec.global_:
         masks = global_masks(targets, spec)
         options["amount"] = amounts_from_masks({t.name: mask for t, mask in zip(targets, masks, strict=True)})

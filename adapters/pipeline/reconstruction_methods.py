@@ -13,9 +13,12 @@ to turn for other inputs. The engine that runs one on an ONNX graph is
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from arrayprune.adapters.pipeline.method_names import reconstruction_methods, reconstructs
+
+if TYPE_CHECKING:  # the request module imports this one
+    from arrayprune.adapters.pipeline.request import PruneSpec
 
 __all__ = ["GRAPH_FORMATS", "elsewhere", "refusal"]
 
@@ -33,7 +36,7 @@ def elsewhere(method: str) -> str:
     return f"a Hugging Face folder runs with --calibration tokens.npz; for a PyTorch model, use {call}"
 
 
-def refusal(spec: Any) -> str | None:
+def refusal(spec: PruneSpec) -> str | None:
     """The option of `spec` that a reconstruction method refuses (or that needs one), as one line; None if all apply.
 
     The other options are checked as every method's are, by

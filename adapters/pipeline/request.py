@@ -65,6 +65,10 @@ __all__ = [
 #: Values of required constructor parameters that the command line fills in.
 _REQUIRED_DEFAULTS = {"n": 2, "block_shape": (1, 4)}
 
+#: Constructor parameters without a flag of their own that are options of the request
+#: (``--no-compensate``): a method object's value becomes the option, the option the value.
+_FIELDS = frozenset({"compensate"})
+
 #: ``(rtol, atol)`` of ``verify`` when none is given (see :mod:`arrayprune.adapters.verify`).
 DEFAULT_VERIFY_TOL = DEFAULT_TOL
 
@@ -76,7 +80,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def method_arguments(spec: Any, seed: int | None = None, dim: int | None = None) -> dict[str, Any]:
+def method_arguments(spec: PruneSpec, seed: int | None = None, dim: int | None = None) -> dict[str, Any]:
     """Constructor arguments of ``spec.method`` from the request's options.
 
     Parameters
@@ -95,23 +99,37 @@ def method_arguments(spec: Any, seed: int | None = None, dim: int | None = None)
     """
     cls = arrayprune.METHODS[spec.method]
     flags = method_flags(spec.method)
-    values = {"amount": spec.amount, "dim": spec.dim if dim is None else dim, "block_shape": spec.block, "seed": seed}
+    values: dict[str, Any] = {
+        "amount": spec.amount, "dim": spec.dim if dim is None else dim, "block_shape": spec.block, "seed": seed,
+    }  # fmt: skip
     if flags.get("n") == "--nm" and spec.nm is not None:
         values["n"], values["m"] = spec.nm
     elif flags.get("n") == "--n":
         values["n"] = spec.n
     for param, flag in flags.items():
         if flag not in _OWN_FLAGS:
-            values[param] = getattr(spec, "method_options", {}).get(param)
+            values[param] = spec.method_options.get(param)
+    given = spec.method_options
     kwargs = {}
     for p in constructor_parameters(cls):
         if p.name in flags and values.get(p.name) is not None:
             kwargs[p.name] = values[p.name]
+        elif p.name not in flags and p.name in given:  # a setting without a flag, from a method object
+            kwargs[p.name] = given[p.name]
+        elif p.name not in flags and p.name in _FIELDS:  # a request's own option (``compensate``)
+            kwargs[p.name] = getattr(spec, p.name)
         elif p.default is inspect.Parameter.empty:
             if p.name not in _REQUIRED_DEFAULTS:
                 raise PruneError(f"{flags.get(p.name, p.name)} is required for {spec.method}")
             kwargs[p.name] = _REQUIRED_DEFAULTS[p.name]
     return kwargs
+
+
+def _default(f: dataclasses.Field) -> Any:
+    """A field's default value (a factory's product for ``method_options``)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 def method_options(method: Any) -> dict[str, Any]:
@@ -157,11 +175,18 @@ def method_options(method: Any) -> dict[str, Any]:
     options: dict[str, Any] = {"method": name}
     flags = method_flags(name)
     for p in constructor_parameters(type(method)):
-        if p.name not in flags or p.name == "m":
+        if p.name == "m":
             continue
         value = getattr(method, p.name)
+        if p.name not in flags:  # no flag (a solver's block size, a refit switch): kept if not the default
+            if p.name in _FIELDS:
+                options[p.name] = value
+            elif value is not p.default and value != p.default:
+                options.setdefault("method_options", {})[p.name] = value
+            continue
         if flags[p.name] == "--nm":
-            options["nm"] = (value, method.m)
+            if value is not None:  # a method with an amount instead (SparseGPT's)
+                options["nm"] = (value, method.m)
         elif flags[p.name] not in _OWN_FLAGS:
             options.setdefault("method_options", {})[p.name] = value
         else:
@@ -306,7 +331,7 @@ class PruneSpec:
             given = sorted(
                 f.name
                 for f in dataclasses.fields(self)
-                if f.name in options and f.name != "method" and getattr(self, f.name) != f.default
+                if f.name in options and f.name != "method" and getattr(self, f.name) != _default(f)
             )
             if given:
                 raise PruneError(f"the method object carries its own arguments: do not give {', '.join(given)} too")
@@ -368,7 +393,10 @@ class PruneSpec:
             raise PruneError(f"--lamp ranks magnitudes: use it with --method {' or '.join(magnitudes)}")
         flags = set(method_flags(self.method).values())
         declared = {param: flag for flag, (param, _, _) in extra_flags().items()}
+        unflagged = {p.name for p in constructor_parameters(cls)} - set(method_flags(self.method))
         for param in self.method_options:
+            if param in unflagged:  # set on a method object: no flag, taken as it is
+                continue
             flag = declared.get(param, f"--{param.replace('_', '-')}")
             if flag not in flags:
                 takes = methods_with(flag)

@@ -58,12 +58,12 @@ from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.arrays import release_pages
 from arrayprune.adapters.formats.safetensors_stream import SafetensorsFile, TensorFiles
 from arrayprune.adapters.pipeline.allocation import allocate
-from arrayprune.adapters.pipeline.calibrate import compress, dense_norms
+from arrayprune.adapters.pipeline.calibrate import compress, dense_norms, unit_scores
 from arrayprune.adapters.pipeline.devices import Device, device_problem, onnx_device, parse_device
 from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module, raise_problems
 from arrayprune.adapters.pipeline.hf_stage import calibration_problems
 from arrayprune.adapters.pipeline.hooks import Hooks
-from arrayprune.adapters.pipeline.job import Job
+from arrayprune.adapters.pipeline.job import Job, ShrinkJob
 from arrayprune.adapters.pipeline.option_files import option_file_problems, problem_of
 from arrayprune.adapters.pipeline.outputs import check_not_input, check_output_name, check_whole_output
 from arrayprune.adapters.pipeline.prune_result import (
@@ -76,7 +76,7 @@ from arrayprune.adapters.pipeline.prune_result import (
 from arrayprune.adapters.pipeline.reconstruct_stage import input_refusal
 from arrayprune.adapters.pipeline.request import PruneSpec, method_arguments, spec_from
 from arrayprune.adapters.pipeline.scoring import input_norms, method_for, scores_for, target_scores
-from arrayprune.adapters.pipeline.shrinking import run_shrink
+from arrayprune.adapters.pipeline.shrinking import check_shrink_job, run_shrink
 from arrayprune.adapters.pipeline.storage import StreamedCheckpoint, WholeFile, check_arrays, open_storage
 from arrayprune.adapters.pipeline.stream_pruning import global_counts, prune_source, streams
 from arrayprune.adapters.pipeline.targets import outside_note, plan_for, selected_targets
@@ -492,7 +492,10 @@ def _run(src: str, dst: Any, spec: PruneSpec, hooks: Hooks, early: list[Exceptio
     if spec.shrink or spec.dry_run:
         raise_problems(early)
     if spec.shrink:  # a stage of its own, in place of plan and prune: channel groups, sliced away
-        return run_shrink(src, dst, spec, hooks)
+        shrink_job = ShrinkJob.resolve(spec, src, dst, hooks)
+        check_shrink_job(shrink_job)  # before the calibrate stage runs the model
+        with contextlib.ExitStack() as stack:
+            return run_shrink(shrink_job, unit_scores(shrink_job, stack))
     out_format = None
     if sharded.is_sharded(src):
         refused = StreamedCheckpoint.refusal(spec)

@@ -20,7 +20,14 @@ from arrayprune.adapters.pipeline.request import PruneSpec, method_arguments
 from arrayprune.adapters.pipeline.storage import WholeFile
 from arrayprune.adapters.plan import PlanEntry, stream_seed
 
-__all__ = ["input_norms", "method_for", "scores_for", "target_scores"]
+__all__ = ["input_norms", "method_for", "scores_for", "target_scores", "trial_request"]
+
+
+def trial_request(method: str, *, sequential: bool = False, batch_size: int | None = None) -> PruneSpec:
+    """The request a trial of candidate counts prunes with (``measure_allocations``): `method`,
+    one pass over the dense model unless `sequential`, `batch_size` samples at a time; each
+    trial gives its own counts."""
+    return PruneSpec(method=method, amount=0.5, one_pass=not sequential, calibration_batch=batch_size)
 
 
 def input_norms(

@@ -47,8 +47,8 @@ from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.errors import FormatError, write_failure
 from arrayprune.adapters.formats.safetensors_stream import StoredTensor, TensorFiles, TensorWriter
 from arrayprune.adapters.pipeline.errors import PruneError, error_text
+from arrayprune.adapters.pipeline.job import ShrinkJob
 from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult, shrink_notes
-from arrayprune.adapters.pipeline.request import method_arguments
 from arrayprune.adapters.provenance import KEY
 from arrayprune.adapters.roles.hf_config import CONFIG_NAME, config_bytes, read_config
 from arrayprune.adapters.roles.hf_groups import FAMILIES, HfGroup, HfGroups, HfGroupsError, hf_groups
@@ -281,8 +281,8 @@ def shrink_checkpoint(
     )
 
 
-def run_checkpoint_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> Any:
-    """The pipeline's shrink stage for a Hugging Face checkpoint folder.
+def run_checkpoint_shrink(job: ShrinkJob) -> Any:
+    """The pipeline's shrink stage for a Hugging Face checkpoint folder: channels or heads by weight norm.
 
     Returns
     -------
@@ -296,12 +296,13 @@ def run_checkpoint_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> A
     """
 
     kind = "Hugging Face checkpoint"
+    spec, src, dst = job.spec, job.src, job.dst
     try:
         ckpt, config = open_hf(src)
         if spec.amount is None:
-            found = hf_groups(config, {n: t.shape for n, t in ckpt.tensors.items()}, spec.groups or "channels")
+            found = hf_groups(config, {n: t.shape for n, t in ckpt.tensors.items()}, job.groups)
         else:
-            found = plan_checkpoint_shrink(ckpt, config, spec.amount, spec.groups or "channels")[0]
+            found = plan_checkpoint_shrink(ckpt, config, spec.amount, job.groups)[0]
     except HfGroupsError as exc:
         raise PruneError(f"--shrink: {exc}", src) from None
     except (TypeError, ValueError) as exc:
@@ -310,13 +311,10 @@ def run_checkpoint_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> A
         return PruneResult(src, None, kind, spec, [], notes=shrink_notes(spec), shrink=ShrinkResult(found, spec.amount))
     if dst is None:
         raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
-    args = method_arguments(spec, spec.seed)
-    args.pop("amount", None)
-    args.pop("dim", None)
     try:
         done = shrink_checkpoint(
-            src, dst, spec.amount, spec.method, groups=spec.groups or "channels", force=spec.force,
-            stage=hooks.stage, made=provenance.record(spec), **args,
+            src, dst, spec.amount, spec.method, groups=job.groups, force=spec.force,
+            stage=job.hooks.stage, made=provenance.record(spec), **job.channel_arguments(),
         )  # fmt: skip
     except HfGroupsError as exc:
         raise PruneError(f"--shrink: {exc}", src) from None

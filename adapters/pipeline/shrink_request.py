@@ -2,20 +2,24 @@
 
 Checked by :meth:`arrayprune.adapters.pipeline.request.PruneSpec.checked`, before the other
 options, so that an option that cannot go with ``--shrink`` is named as such. What a
-file cannot do with them (not ONNX nor a Hugging Face folder) is the shrink stage's
-:func:`arrayprune.adapters.pipeline.shrinking.refusal`, by the format of the input.
+file cannot do with them (not ONNX nor a Hugging Face folder) is :func:`format_refusal`,
+by the format of the input, asked when the shrink job is resolved
+(:meth:`arrayprune.adapters.pipeline.job.ShrinkJob.resolve`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import arrayprune
 from arrayprune.adapters.pipeline.errors import PruneError
 from arrayprune.adapters.pipeline.method_names import unit_methods
 from arrayprune.method_parts import prunes_units
 
-__all__ = ["GROUPS", "channel_methods", "check_shrink"]
+if TYPE_CHECKING:  # the request module imports this one
+    from arrayprune.adapters.pipeline.request import PruneSpec
+
+__all__ = ["GROUPS", "channel_methods", "check_shrink", "format_refusal"]
 
 #: The values of ``--groups``: the coupled channels of layers, attention heads, whole
 #: decoder layers, the experts of mixture-of-experts layers (the last two: Hugging Face
@@ -33,7 +37,7 @@ def channel_methods() -> list[str]:
     ]
 
 
-def check_shrink(spec: Any) -> None:
+def check_shrink(spec: PruneSpec) -> None:
     """Refuse what cannot go with ``shrink`` (or ``groups`` without it).
 
     Raises
@@ -81,3 +85,28 @@ def check_shrink(spec: Any) -> None:
             "--include, --exclude and --min-size select tensors; --shrink removes every channel group of the "
             "graph (selecting groups is not supported yet)"
         )
+
+
+def format_refusal(kind: str, spec: PruneSpec) -> str | None:
+    """What an input of format `kind` cannot do with ``shrink``, as one line; None if it can."""
+    if not spec.shrink:
+        return None
+    if kind in ("sharded safetensors", "safetensors folder", "Hugging Face checkpoint"):
+        if spec.global_:
+            return (
+                "--global does not go with --shrink on a Hugging Face checkpoint: its config.json holds one size "
+                "for all layers (intermediate_size, num_attention_heads), so every layer loses the same count"
+            )
+        return None  # --verify there is arrayprune eval of OUT against IN (runner.run)
+    if kind != "onnx":
+        return (
+            "--shrink reads channel groups from an ONNX graph or a Hugging Face checkpoint folder "
+            f"(config.json and safetensors), not from a {kind} file"
+        )
+    if spec.groups in ("layers", "experts") or spec.method in unit_methods():
+        what = f"--groups {spec.groups}" if spec.groups in ("layers", "experts") else f"--method {spec.method}"
+        return (
+            f"{what} reads the layers of a Hugging Face checkpoint folder (config.json); "
+            "an ONNX model shrinks by --groups channels or heads, scored by weights"
+        )
+    return None

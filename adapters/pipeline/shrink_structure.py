@@ -29,10 +29,11 @@ units with their scores and those that would go.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,8 +48,10 @@ from arrayprune.adapters.formats.safetensors_stream import StoredTensor, TensorF
 from arrayprune.adapters.pipeline.errors import PruneError, error_text
 from arrayprune.adapters.pipeline.hf_calibration import _stored, hf_folder, workdir_beside
 from arrayprune.adapters.pipeline.hf_structure import LayerWalk, calibrated_units, layer_changes, router_statistics
+from arrayprune.adapters.pipeline.job import ShrinkJob
 from arrayprune.adapters.pipeline.method_names import unit_methods
 from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult, shrink_notes
+from arrayprune.adapters.pipeline.request import PruneSpec
 from arrayprune.adapters.pipeline.shrink_checkpoint import (
     _widened,
     open_hf,
@@ -75,6 +78,11 @@ from arrayprune.structured_methods import UnitPruningMethod
 __all__ = [
     "StructureShrink",
     "UnitReport",
+    "UnitScores",
+    "check_hf_shrink",
+    "decide_units",
+    "shrink_errors",
+    "walk_arguments",
     "run_hf_shrink",
     "shrink_calibrated",
     "shrink_experts",
@@ -164,6 +172,35 @@ class StructureShrink:
     config: dict[str, Any]
     files: list[str]
     left: list[str]
+
+
+@dataclass(frozen=True)
+class UnitScores:
+    """What calibration data say of a shrink job's units: the calibrate stage's answer.
+
+    Attributes
+    ----------
+    statistic : str
+        ``"residual_change"`` (layers), ``"router_statistics"`` (experts) or
+        ``"unit_hessians"`` (channels or heads of a calibrated structured method, decided
+        layer after layer on the model already pruned).
+    found : HfLayers, HfExperts or HfGroups
+        The units of the checkpoint.
+    scores : ndarray or dict
+        Layers: one score per layer; experts: per MoE layer index; units: per group name.
+    kept : dict of str to ndarray, optional
+        Calibrated units: the units each group keeps, decided while calibrating.
+    saved : dict of str to str, optional
+        Calibrated units with an amount: each refit consumer's weight (``.npy``, float64
+        ``[out, in]``, dropped columns zero), in a folder beside the output that lives as
+        long as the calibrate stage's exit stack.
+    """
+
+    statistic: str
+    found: Any
+    scores: Any
+    kept: dict[str, np.ndarray] | None = None
+    saved: dict[str, str] | None = None
 
 
 def _count_kept(amount: int | float, units: int, what: str) -> int:
@@ -278,6 +315,7 @@ def shrink_layers(
     rows: int | None = None,
     device: Any = None,
     hooks: Any = None,
+    scores: UnitScores | None = None,
 ) -> StructureShrink:
     """Remove whole decoder layers of a Hugging Face checkpoint folder: those that change the residual stream least.
 
@@ -299,6 +337,8 @@ def shrink_layers(
         Where the layers run.
     hooks : Hooks, optional
         Progress.
+    scores : UnitScores, optional
+        The layers' scores, computed already (:func:`score_layers`); else computed here.
 
     Returns
     -------
@@ -317,13 +357,15 @@ def shrink_layers(
     _count_kept(amount, layers.units, "layers")  # refused before anything is run
     dst = _check_out(ckpt, dst)
     sharded.check_destination(dst, ckpt, force)
-    layers, scores = score_layers(src, calibration, rows=rows, device=device, hooks=hooks)
-    kept = np.asarray(choose_channels(scores, amount))
+    if scores is None:
+        scores = UnitScores("residual_change", *score_layers(src, calibration, rows=rows, device=device, hooks=hooks))
+    layers, changes = scores.found, scores.scores
+    kept = np.asarray(choose_channels(changes, amount))
     updates = layers.config_updates(config, kept.tolist())
     renamed = layers.renamed(list(ckpt.tensors), kept.tolist())
     files = _write(ckpt, dst, config, updates, renamed, {}, lambda tf, name: None, force=force, made=made)
     name = layers.names[0].rsplit(".", 1)[0]
-    report = UnitReport("layers", [_Unitset(_Named(name, layers.units), "layers")], {name: scores}, _LAYER_SCORE)
+    report = UnitReport("layers", [_Unitset(_Named(name, layers.units), "layers")], {name: changes}, _LAYER_SCORE)
     before, after = _size(ckpt, renamed, {})
     return StructureShrink(report, {name: kept.tolist()}, before, after, updates, files, list(ckpt.left))
 
@@ -373,6 +415,7 @@ def shrink_experts(
     rows: int | None = None,
     device: Any = None,
     hooks: Any = None,
+    scores: UnitScores | None = None,
 ) -> StructureShrink:
     """Remove experts of every mixture-of-experts layer of a Hugging Face checkpoint folder.
 
@@ -385,6 +428,8 @@ def shrink_experts(
         As :func:`shrink_layers`; `amount` counts the experts of each layer.
     calibration : str, optional
         Token ids; without, the experts' weights rank.
+    scores : UnitScores, optional
+        The experts' scores, computed already (:func:`score_experts`); else computed here.
 
     Raises
     ------
@@ -402,8 +447,11 @@ def shrink_experts(
         )
     dst = _check_out(ckpt, dst)
     sharded.check_destination(dst, ckpt, force)
-    found, scores = score_experts(src, calibration, rows=rows, device=device, hooks=hooks)
-    kept = {i: np.asarray(choose_channels(scores[i], amount)) for i in found.layers}
+    if scores is None:
+        found_scores = score_experts(src, calibration, rows=rows, device=device, hooks=hooks)
+        scores = UnitScores("router_statistics", *found_scores)
+    found, by_layer = scores.found, scores.scores
+    kept = {i: np.asarray(choose_channels(by_layer[i], amount)) for i in found.layers}
     renamed = found.renamed(list(ckpt.tensors), kept)
     sliced: dict[str, tuple[int, np.ndarray]] = {}
     for i in found.layers:
@@ -419,7 +467,7 @@ def shrink_experts(
 
     updates = {found.count_key: kept_count}
     files = _write(ckpt, dst, config, updates, renamed, new_shapes, data, force=force, made=made)
-    report = _expert_report(found, scores, calibration is not None)
+    report = _expert_report(found, by_layer, calibration is not None)
     before, after = _size(ckpt, renamed, new_shapes)
     kept_out = {found.layers[i]: kept[i].tolist() for i in found.layers}
     return StructureShrink(report, kept_out, before, after, updates, files, list(ckpt.left))
@@ -507,6 +555,44 @@ def score_calibrated(
     return found, scores, kept
 
 
+def decide_units(
+    src: Any,
+    dst: str,
+    method: str,
+    amount: int | float,
+    calibration: str,
+    groups: str,
+    stack: contextlib.ExitStack,
+    *,
+    compensated: bool = True,
+    damp: float = 0.01,
+    rows: int | None = None,
+    device: Any = None,
+    hooks: Any = None,
+) -> UnitScores:
+    """Score, choose and refit the units of every layer on calibration data, layer after layer.
+
+    The refit consumers are saved (``.npy``) in a folder beside `dst` that lives as long
+    as `stack`; :func:`shrink_calibrated` writes the checkpoint from them.
+    """
+    ckpt, config = open_hf(src)
+    planned = hf_groups(config, {n: t.shape for n, t in ckpt.tensors.items()}, groups)
+    workdir = stack.enter_context(workdir_beside(dst))
+    saved: dict[str, str] = {}
+
+    def keep(index: int, new: np.ndarray) -> None:
+        key = _consumer(planned, planned.groups[index]).key
+        path = os.path.join(workdir, f"{index}.npy")
+        np.save(path, new)
+        saved[key] = path
+
+    found, scores, kept = score_calibrated(
+        src, method, amount, calibration, groups, compensated=compensated, damp=damp, rows=rows, device=device,
+        hooks=hooks, keep=keep,
+    )  # fmt: skip
+    return UnitScores("unit_hessians", found, scores, kept, saved)
+
+
 def shrink_calibrated(
     src: Any,
     dst: Any,
@@ -522,6 +608,7 @@ def shrink_calibrated(
     rows: int | None = None,
     device: Any = None,
     hooks: Any = None,
+    decided: UnitScores | None = None,
 ) -> StructureShrink:
     """Shrink MLP channels or heads of every layer, scored on calibration data, the consumer refit.
 
@@ -539,6 +626,9 @@ def shrink_calibrated(
         Refit the consumer's kept columns (:func:`arrayprune.structured.compensate`).
     damp : float, default 0.01
         The Hessian's damping.
+    decided : UnitScores, optional
+        The units each layer keeps and the refit consumers, decided already
+        (:func:`decide_units`); else decided here.
     """
     _unit_method(method, amount, compensated, damp)  # a name of the table, settings it takes
     ckpt, config = open_hf(src)
@@ -546,19 +636,13 @@ def shrink_calibrated(
     dst = _check_out(ckpt, dst)
     sharded.check_destination(dst, ckpt, force)
     consumers = {_consumer(found, g).key: i for i, g in enumerate(found.groups)}
-    with workdir_beside(dst) as workdir:
-        saved: dict[str, str] = {}
-
-        def keep(index: int, new: np.ndarray) -> None:
-            key = _consumer(found, found.groups[index]).key
-            path = os.path.join(workdir, f"{index}.npy")
-            np.save(path, new)
-            saved[key] = path
-
-        found, scores, kept = score_calibrated(
-            src, method, amount, calibration, groups, compensated=compensated, damp=damp, rows=rows, device=device,
-            hooks=hooks, keep=keep,
-        )  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        if decided is None:
+            decided = decide_units(
+                src, dst, method, amount, calibration, groups, stack, compensated=compensated, damp=damp, rows=rows,
+                device=device, hooks=hooks,
+            )  # fmt: skip
+        found, scores, kept, saved = decided.found, decided.scores, decided.kept or {}, decided.saved or {}
         members = {m.key: (g, m) for g in found.groups for m in g.members}
 
         def data(tf: TensorFiles, name: str) -> Any:
@@ -593,36 +677,47 @@ def shrink_calibrated(
     )
 
 
-def run_hf_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> Any:
-    """The pipeline's shrink stage for a Hugging Face checkpoint folder: every ``--groups`` and method.
+@contextlib.contextmanager
+def shrink_errors(job: ShrinkJob) -> Iterator[None]:
+    """The errors of shrinking a folder as the pipeline reports them: one line, nothing written."""
+    try:
+        yield
+    except PruneError:
+        raise
+    except HfGroupsError as exc:
+        raise PruneError(f"--shrink: {exc}", job.src) from None
+    except OSError as exc:  # a full disk: the new folder is gone, OUT as it was
+        if job.dst is None or job.spec.dry_run:
+            raise
+        raise write_failure(job.dst, exc) from None
+    except ValueError as exc:  # token ids, a model transformers cannot build
+        raise PruneError(f"--shrink: {error_text(exc)}", job.src) from None
 
-    Weight-norm channels and heads go to
-    :func:`~arrayprune.adapters.pipeline.shrink_checkpoint.run_checkpoint_shrink`; layers,
-    experts and the calibrated scores are run here.
+
+def check_hf_shrink(job: ShrinkJob) -> None:
+    """Refuse, before anything runs, what a folder cannot lose: layers, experts or calibrated units.
 
     Raises
     ------
     PruneError
-        For options or inputs that cannot be shrunk; nothing is written then.
+        An amount a kind of unit cannot lose, a checkpoint without such units, an output
+        that is not a new folder (unless ``force``); one line.
     """
-    groups = spec.groups or "channels"
-    calibrated = spec.method in unit_methods()
-    if groups in ("channels", "heads") and not calibrated:
+    spec = job.spec
+    if not job.whole_units and not job.calibrated:
         if spec.calibration:
             raise PruneError(
-                f"--calibration ranks {groups} with --method {' or '.join(unit_methods())}, not {spec.method}"
+                f"--calibration ranks {job.groups} with --method {' or '.join(unit_methods())}, not {spec.method}"
             )
-        return run_checkpoint_shrink(src, dst, spec, hooks)
-    kind = "Hugging Face checkpoint"
-    args = {"rows": spec.calibration_batch, "device": spec.device, "hooks": hooks}
-    try:
-        ckpt, config = open_hf(src)
+        return  # channels or heads by weight norm: run_checkpoint_shrink checks its own
+    with shrink_errors(job):
+        ckpt, config = open_hf(job.src)
         shapes = {n: t.shape for n, t in ckpt.tensors.items()}
-        if groups == "layers":
+        if job.groups == "layers":
             units: Any = hf_layers(config, shapes)
             if spec.amount is not None:
                 _count_kept(spec.amount, units.units, "layers")
-        elif groups == "experts":
+        elif job.groups == "experts":
             units = hf_experts(config, shapes)
             if spec.amount is not None:
                 kept = _count_kept(spec.amount, units.units, "experts of a layer")
@@ -632,11 +727,43 @@ def run_hf_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> Any:
                         f"num_experts_per_tok={units.top_k} that each token is routed to"
                     )
         elif spec.amount is not None:
-            plan_checkpoint_shrink(ckpt, config, spec.amount, groups)
+            plan_checkpoint_shrink(ckpt, config, spec.amount, job.groups)
         else:
-            hf_groups(config, shapes, groups)
+            hf_groups(config, shapes, job.groups)
+        if not spec.dry_run:
+            if job.dst is None:
+                raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
+            sharded.check_destination(_check_out(ckpt, job.dst), ckpt, spec.force)
+
+
+def walk_arguments(job: ShrinkJob) -> dict[str, Any]:
+    """How the layer-by-layer runner walks a job's calibration data: rows at a time, device, progress."""
+    return {"rows": job.spec.calibration_batch, "device": job.spec.device, "hooks": job.hooks}
+
+
+def run_hf_shrink(job: ShrinkJob, scores: UnitScores | None = None) -> Any:
+    """The pipeline's shrink stage for a Hugging Face checkpoint folder: every ``--groups`` and method.
+
+    Weight-norm channels and heads go to
+    :func:`~arrayprune.adapters.pipeline.shrink_checkpoint.run_checkpoint_shrink`; layers,
+    experts and the calibrated structured methods are written here, from the `scores` the
+    calibrate stage computed (:func:`arrayprune.adapters.pipeline.calibrate.unit_scores`;
+    None: computed here, or none needed). :func:`check_hf_shrink` has run before.
+
+    Raises
+    ------
+    PruneError
+        For options or inputs that cannot be shrunk; nothing is written then.
+    """
+    if not job.whole_units and not job.calibrated:
+        return run_checkpoint_shrink(job)
+    spec, src, dst, groups = job.spec, job.src, job.dst, job.groups
+    kind = "Hugging Face checkpoint"
+    args = walk_arguments(job)
+    with shrink_errors(job):
+        ckpt, _ = open_hf(src)
         if spec.dry_run:
-            report = _dry_run(src, groups, spec, args)
+            report = _dry_run(src, groups, spec, args, scores)
             return PruneResult(
                 src, None, kind, spec, [], notes=_notes(spec, groups), shrink=ShrinkResult(report, spec.amount)
             )
@@ -645,24 +772,14 @@ def run_hf_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> Any:
         made = provenance.record(_recorded(spec, groups))
         common = {"force": spec.force, "made": made, **args}
         if groups == "layers":
-            done = shrink_layers(src, dst, spec.amount, spec.calibration, **common)
+            done = shrink_layers(src, dst, spec.amount, spec.calibration, scores=scores, **common)
         elif groups == "experts":
-            done = shrink_experts(src, dst, spec.amount, spec.calibration, **common)
+            done = shrink_experts(src, dst, spec.amount, spec.calibration, scores=scores, **common)
         else:
             done = shrink_calibrated(
                 src, dst, spec.amount, spec.method, spec.calibration, groups=groups, compensated=spec.compensate,
-                **common,
+                decided=scores, **common,
             )  # fmt: skip
-    except PruneError:
-        raise
-    except HfGroupsError as exc:
-        raise PruneError(f"--shrink: {exc}", src) from None
-    except OSError as exc:  # a full disk: the new folder is gone, OUT as it was
-        if dst is None:
-            raise
-        raise write_failure(dst, exc) from None
-    except ValueError as exc:  # token ids, a model transformers cannot build
-        raise PruneError(f"--shrink: {error_text(exc)}", src) from None
     written = PruneSummary(pruned=Totals(), whole=Totals(), files=done.files, left=done.left)
     written.whole.add(done.params_after, 0)
     shrunk = ShrinkResult(done.report, spec.amount, done.kept, done.params_before, done.params_after)
@@ -678,33 +795,38 @@ def run_hf_shrink(src: str, dst: str | None, spec: Any, hooks: Any) -> Any:
 _RECORDED = {"layers": "residual_change", "experts": "router_statistics"}
 
 
-def _recorded(spec: Any, groups: str) -> Any:
+def _recorded(spec: PruneSpec, groups: str) -> Any:
     """The request as the provenance record tells it: layers and experts by the score that ranked them."""
     if groups == "experts" and not spec.calibration:
         return dataclasses.replace(spec, method="ln_structured")
     return dataclasses.replace(spec, method=_RECORDED[groups]) if groups in _RECORDED else spec
 
 
-def _notes(spec: Any, groups: str) -> list[str]:
+def _notes(spec: PruneSpec, groups: str) -> list[str]:
     """:func:`shrink_notes`, naming the units removed."""
     unit, where = {"layers": ("layers", "the model"), "experts": ("experts", "each MoE layer")}.get(
         groups, ("channels" if groups == "channels" else "KV groups", "each layer")
     )
-    return [
-        n.replace("channels removed from each channel group", f"{unit} removed from {where}")
-        for n in shrink_notes(spec)
-    ]
+    return shrink_notes(spec, unit, where)
 
 
-def _dry_run(src: str, groups: str, spec: Any, args: Mapping[str, Any]) -> UnitReport:
+def _dry_run(
+    src: str, groups: str, spec: PruneSpec, args: Mapping[str, Any], scores: UnitScores | None = None
+) -> UnitReport:
     """The units with their scores (on calibration data where the kind or method needs it)."""
     if groups == "layers":
-        layers, changes = score_layers(src, spec.calibration, **args)
+        if scores is None:
+            scores = UnitScores("residual_change", *score_layers(src, spec.calibration, **args))
+        layers, changes = scores.found, scores.scores
         name = layers.names[0].rsplit(".", 1)[0]
         return UnitReport("layers", [_Unitset(_Named(name, layers.units), "layers")], {name: changes}, _LAYER_SCORE)
     if groups == "experts":
-        experts, by_layer = score_experts(src, spec.calibration, **args)
-        return _expert_report(experts, by_layer, spec.calibration is not None)
-    found, scores, _ = score_calibrated(src, spec.method, None, spec.calibration, groups, **args)
+        if scores is None:
+            scores = UnitScores("router_statistics", *score_experts(src, spec.calibration, **args))
+        return _expert_report(scores.found, scores.scores, spec.calibration is not None)
+    if scores is None:
+        dense = score_calibrated(src, spec.method, None, spec.calibration, groups, **args)
+        scores = UnitScores("unit_hessians", *dense)
+    found = scores.found
     sets = [_Unitset(_Named(g.name, g.units), g.unit) for g in found.groups]
-    return UnitReport(groups, sets, scores, _unit_class(spec.method).DESCRIPTION + ", on the dense model")
+    return UnitReport(groups, sets, scores.scores, _unit_class(spec.method).DESCRIPTION + ", on the dense model")

@@ -9,10 +9,11 @@ hands a request with ``shrink`` to :func:`run_shrink`, which runs in its place:
 
 * **request**: :func:`arrayprune.adapters.pipeline.shrink_request.check_shrink` (through
   ``PruneSpec.checked``) refuses the options that cannot go with it;
-* **open**: :func:`refusal` says what the input's format cannot do (channel groups come
-  from an ONNX graph, or from a Hugging Face checkpoint folder, which
-  :func:`arrayprune.adapters.pipeline.shrink_checkpoint.run_checkpoint_shrink` shrinks tensor by
-  tensor, MLP channels or attention heads);
+* **job**: the runner resolves a :class:`~arrayprune.adapters.pipeline.job.ShrinkJob`, whose
+  :func:`~arrayprune.adapters.pipeline.shrink_request.format_refusal` says what the
+  input's format cannot do (channel groups come from an ONNX graph, or from a Hugging
+  Face checkpoint folder, which :func:`arrayprune.adapters.pipeline.shrink_structure.run_hf_shrink`
+  shrinks tensor by tensor: MLP channels, heads, layers, experts);
 * **groups**: the dry run lists each group (members, channels before and after) and each
   producer left, with its reason;
 * **shrink**, then **write**: through the ONNX writer (:func:`arrayprune.adapters.formats.save`),
@@ -31,50 +32,22 @@ from typing import Any
 from arrayprune import amount as _amount
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import provenance
-from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.onnx import _PROTOBUF_LIMIT, inline_tensor, iter_initializers
 from arrayprune.adapters.formats.weightfile import WeightFile
 from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
-from arrayprune.adapters.pipeline.hooks import Hooks
+from arrayprune.adapters.pipeline.job import ShrinkJob
 from arrayprune.adapters.pipeline.outputs import check_whole_output
 from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult, shrink_notes
-from arrayprune.adapters.pipeline.request import PruneSpec, method_arguments
-from arrayprune.adapters.pipeline.shrink_structure import run_hf_shrink
+from arrayprune.adapters.pipeline.shrink_structure import UnitScores, check_hf_shrink, run_hf_shrink
 from arrayprune.adapters.pipeline.storage import WholeFile
 from arrayprune.adapters.pipeline.targets import plan_for
 from arrayprune.adapters.pipeline.verify_stage import compare_outputs, verify_inputs
 from arrayprune.adapters.roles.onnx_groups import OnnxGroups, onnx_groups
 from arrayprune.adapters.shrink import ShrinkReport, shrink_onnx, source_names, zeroed_onnx
 from arrayprune.adapters.summary import PruneSummary, Totals, report_rows, totals
-from arrayprune.method_parts import prunes_units
 
-__all__ = ["ShrinkResult", "refusal", "run_shrink", "zeroed_reference"]
+__all__ = ["ShrinkResult", "check_shrink_job", "run_shrink", "zeroed_reference"]
 
-
-
-def refusal(kind: str, spec: PruneSpec) -> str | None:
-    """What an input of format `kind` cannot do with ``shrink``, as one line; None if it can."""
-    if not spec.shrink:
-        return None
-    if kind in ("sharded safetensors", "safetensors folder", "Hugging Face checkpoint"):
-        if spec.global_:
-            return (
-                "--global does not go with --shrink on a Hugging Face checkpoint: its config.json holds one size "
-                "for all layers (intermediate_size, num_attention_heads), so every layer loses the same count"
-            )
-        return None  # --verify there is arrayprune eval of OUT against IN (runner.run)
-    if kind != "onnx":
-        return (
-            "--shrink reads channel groups from an ONNX graph or a Hugging Face checkpoint folder "
-            f"(config.json and safetensors), not from a {kind} file"
-        )
-    if spec.groups in ("layers", "experts") or prunes_units(spec.method_class()):
-        what = f"--groups {spec.groups}" if spec.groups in ("layers", "experts") else f"--method {spec.method}"
-        return (
-            f"{what} reads the layers of a Hugging Face checkpoint folder (config.json); "
-            "an ONNX model shrinks by --groups channels or heads, scored by weights"
-        )
-    return None
 
 
 def _check_amount(found: OnnxGroups, amount: int | float, src: str, global_: bool = False) -> None:
@@ -159,17 +132,32 @@ def _summary(params: dict, members: set[str], roles: Any, dst: str) -> PruneSumm
     )
 
 
-def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> PruneResult:
+def check_shrink_job(job: ShrinkJob) -> None:
+    """What the shrink stage refuses before the calibrate stage runs anything (a folder's
+    amounts, units and output: :func:`~arrayprune.adapters.pipeline.shrink_structure.check_hf_shrink`).
+
+    Raises
+    ------
+    PruneError
+        One line; nothing has run or been written.
+    """
+    if job.kind == "sharded safetensors":
+        check_hf_shrink(job)
+
+
+def run_shrink(job: ShrinkJob, scores: UnitScores | None = None) -> PruneResult:
     """Run the pipeline with the shrink stage: open, groups, shrink, write (then verify), summary.
 
     Parameters
     ----------
-    src, dst : str
-        Input (an ONNX model) and output (``.onnx``; None for a dry run).
-    spec : PruneSpec
-        A request with ``shrink`` (checked here).
-    hooks : Hooks
-        Stage announcements.
+    job : ShrinkJob
+        The checked request with ``shrink`` on its input (an ONNX model or a Hugging Face
+        folder; :meth:`ShrinkJob.resolve <arrayprune.adapters.pipeline.job.ShrinkJob.resolve>`),
+        checked by :func:`check_shrink_job`.
+    scores : UnitScores, optional
+        What the calibrate stage measured of the units
+        (:func:`arrayprune.adapters.pipeline.calibrate.unit_scores`); None where the units
+        are scored by their weights.
 
     Returns
     -------
@@ -180,16 +168,18 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
     Raises
     ------
     PruneError
-        For options that cannot go with ``shrink``, an input that is not ONNX, an amount
-        a group cannot lose; nothing is written then.
+        For an input that cannot be shrunk, an amount a group cannot lose; nothing is
+        written then.
     """
-    spec = spec.checked()
-    kind = "sharded safetensors" if sharded.is_sharded(src) else fmt.detect_format(src)
-    refused = refusal(kind, spec)
-    if refused:
-        raise PruneError(refused, src)
-    if kind == "sharded safetensors":
-        return run_hf_shrink(src, dst, spec, hooks)
+    if job.kind == "sharded safetensors":
+        return run_hf_shrink(job, scores)
+    return _shrink_onnx(job)
+
+
+def _shrink_onnx(job: ShrinkJob) -> PruneResult:
+    """The shrink stage on an ONNX model: channel groups or heads traced, sliced, written."""
+    spec, src, kind, hooks = job.spec, job.src, job.kind, job.hooks
+    dst = job.dst
     if not spec.dry_run:
         dst = check_whole_output(src, dst, spec)
         if (fmt.format_from_suffix(dst) or kind) != "onnx":
@@ -199,7 +189,7 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
     storage = WholeFile(src, "onnx", hooks)
     wf = storage.wf
     plan = storage.shown(plan_for(storage, spec))
-    found = onnx_groups(wf.context["model"], spec.groups or "channels")
+    found = onnx_groups(wf.context["model"], job.groups)
     if spec.amount is not None:
         _check_amount(found, spec.amount, src, spec.global_)
     if spec.dry_run:  # with --global, the counts per group come from the scores: not shown
@@ -213,13 +203,11 @@ def run_shrink(src: str, dst: str | None, spec: PruneSpec, hooks: Hooks) -> Prun
         raise PruneError("--shrink: no channel group in the graph (--dry-run --shrink says why)", src)
 
     hooks.stage(f"shrinking {len(found.groups)} channel groups")
-    args = method_arguments(spec, spec.seed)
-    args.pop("amount", None)
-    args.pop("dim", None)
     try:
         small, report = shrink_onnx(
-            _members_inline(wf, found), spec.amount, spec.method, global_=spec.global_, kind=found.kind, **args
-        )
+            _members_inline(wf, found), spec.amount, spec.method, global_=spec.global_, kind=found.kind,
+            **job.channel_arguments(),
+        )  # fmt: skip
     except (ValueError, TypeError, KeyError) as exc:
         raise PruneError(f"--shrink: {error_text(exc)}", src) from None
     # the dense model runs before OUT is written

@@ -60,7 +60,7 @@ def selected_targets(plan: list[PlanEntry], src: str) -> list[PlanEntry]:
     return targets
 
 
-def leave_outside_layers(storage: Any, spec: Any, plan: list[Any]) -> list[Any]:
+def leave_outside_layers(storage: Any, spec: PruneSpec, plan: list[Any]) -> list[Any]:
     """`plan` with the weights outside the model's decoder (or encoder) layers left, when calibrated on tokens.
 
     `storage` is a safetensors checkpoint (one file or sharded).

@@ -15,7 +15,7 @@ _UNARY = {
     "Softplus", "Softsign", "Mish", "Neg", "Abs", "Sqrt", "Exp", "Cast", "Identity", "Dropout", "Clip", "IsNaN",
     "Not",
 }  # fmt: skip
-_BINARY = {"Add", "Sub", "Mul", "Div"}
+_BINARY = {"Add", "Sub", "Mul", "Div", "Pow"}
 #: Element-wise selection: ``Where(condition, x, y)``, all three broadcast together.
 _SELECT = {"Where"}
 #: Pools over every axis after the channels: ``[N, C, ...] -> [N, C, 1, ...]``.
@@ -315,7 +315,8 @@ def _producer(m: _Model, node: Any) -> _Producer | _Refused | None:
         if groups != 1:
             if dims[1] == 1 and dims[0] == groups:
                 return None  # depthwise: its channels are its input's
-            return (w, dims[0], f"grouped Conv (group={groups})")
+            if dims[0] % groups:
+                return (w, dims[0], f"grouped Conv (group={groups}) with {dims[0]} output channels")
         axis = 0
         out_axis = 1 - len(dims)
     else:

@@ -10,10 +10,70 @@ from dataclasses import dataclass, field
 from arrayprune.amount import compute_nparams_toprune
 from arrayprune.groups import ChannelGroup, Member
 
-__all__ = ["KINDS", "LeftGroup", "OnnxGroup", "OnnxGroups", "View"]
+__all__ = ["KINDS", "ROUNDINGS", "LeftGroup", "OnnxGroup", "OnnxGroups", "View", "check_rounding", "even_drop"]
+
+#: How a fraction becomes a count of channels: ``"nearest"`` removes
+#: ``round(amount * channels)`` (PyTorch's rule, half to even); ``"keep_floor"`` keeps
+#: ``int((1 - amount) * channels)`` (Torch-Pruning's rule, computed as it computes it:
+#: at 30% it removes one channel more wherever ``0.3 * channels`` has a fraction below 1/2).
+ROUNDINGS = ("nearest", "keep_floor")
 
 #: What a group's channels are: layer channels, or attention heads.
 KINDS = ("channels", "heads")
+
+
+def check_rounding(rounding: str) -> None:
+    """Refuse a `rounding` that is not one of :data:`ROUNDINGS`."""
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+
+
+def _drop(amount: int | float, channels: int, rounding: str) -> int:
+    if rounding == "keep_floor" and isinstance(amount, float):
+        return channels - int((1 - amount) * channels)
+    return compute_nparams_toprune(amount, channels)
+
+
+def even_drop(amount: int | float, channels: int, segments: int = 1, name: str = "", rounding: str = "nearest") -> int:
+    """How many of a group's `channels` go when they lie in `segments` equal parts that
+    must each lose as many (the groups of a grouped convolution).
+
+    A fraction is taken of each part (``round(amount * channels / segments)`` per part,
+    rounded half to even as PyTorch rounds; the total can differ from
+    ``round(amount * channels)`` by less than `segments`); a count must be a multiple of
+    `segments`.
+
+    Parameters
+    ----------
+    amount : int or float
+        A fraction in ``[0, 1]`` or a count, already validated.
+    channels, segments : int
+        The group's channels and the parts they lie in.
+    name : str, optional
+        The group's name, for the error.
+    rounding : {"nearest", "keep_floor"}, default "nearest"
+        How a fraction becomes a count (:data:`ROUNDINGS`), per part.
+
+    Returns
+    -------
+    int
+        The channels to remove, a multiple of `segments`.
+
+    Raises
+    ------
+    ValueError
+        If a count does not split evenly over the parts.
+    """
+    if segments == 1:
+        return _drop(amount, channels, rounding)
+    if isinstance(amount, float):
+        return segments * _drop(amount, channels // segments, rounding)
+    if amount % segments:
+        raise ValueError(
+            f"group {name!r}: {amount} of its {channels} channels cannot be removed evenly from "
+            f"its {segments} convolution groups (each must lose as many)"
+        )
+    return int(amount)
 
 
 @dataclass(frozen=True)
@@ -39,6 +99,11 @@ class View:
     copy : str, optional
         The name of the private copy (with `rewire`): one per operator input, shared by
         every group that slices it.
+    segments : int, default 1
+        Above 1, `source` is the weight ``[out, in/segments, k...]`` of a grouped
+        ``Conv`` (``group=segments``) and `axis` is 1: the member is the weight
+        unfolded to ``[out/segments, in, k...]``, where input channel
+        ``j * in/segments + i`` is entry ``i`` of the rows of block ``j``.
     """
 
     source: str
@@ -47,6 +112,7 @@ class View:
     rewire: tuple[int, int] | None = None
     start: int = 0
     copy: str | None = None
+    segments: int = 1
 
 
 @dataclass(frozen=True)
@@ -83,6 +149,10 @@ class OnnxGroup:
         The keys of the members that closing operators read as input channels.
     kind : str
         ``"channels"`` or ``"heads"``.
+    segments : int, default 1
+        The channels lie in this many equal consecutive parts (the groups of the
+        grouped convolutions that make or read them); every part loses as many
+        channels, ranked within the part.
     """
 
     group: ChannelGroup
@@ -95,6 +165,7 @@ class OnnxGroup:
     views: tuple[tuple[str, View], ...] = ()
     closing: tuple[str, ...] = ()
     kind: str = "channels"
+    segments: int = 1
 
     @property
     def unit(self) -> str:
@@ -160,9 +231,10 @@ class OnnxGroups:
             views = dict(g.views)
             members = ", ".join(_shown(m, views) + ("" if m.weight else "*") for m in g.group.members)
             n = g.group.channels
-            count = f"{n}" if amount is None else f"{n} -> {n - compute_nparams_toprune(amount, n)}"
+            count = f"{n}" if amount is None else f"{n} -> {n - even_drop(amount, n, g.segments, g.group.name)}"
             more = f" + {len(g.producers) - 1} more" if len(g.producers) > 1 else ""
-            lines.append(f"group {g.group.name} ({count} {unit}, {g.producer}{more}): {members}")
+            parts = f" in {g.segments} convolution groups" if g.segments > 1 else ""
+            lines.append(f"group {g.group.name} ({count} {unit}{parts}, {g.producer}{more}): {members}")
         for lf in self.left:
             lines.append(f"left {lf.name} ({lf.channels} {unit}, {lf.producer}): {lf.reason}")
         return "\n".join(lines)
@@ -174,4 +246,5 @@ def _shown(m: Member, views: dict) -> str:
     if v is None:
         return f"{m.key}[{m.axis}]"
     block = f"/{v.block}" if v.block > 1 else ""
+    block += f" by {v.segments} groups" if v.segments > 1 else ""
     return f"{v.source}[{v.axis}{block}]" + ("+copy" if v.rewire else "")

@@ -21,7 +21,9 @@ Producers
 ---------
 ``MatMul`` with an initializer B ``[K, N]`` (axis 1), ``Gemm`` with an initializer B
 (axis 1, or 0 with ``transB=1``; its C when it is ``[N]`` or ``[1, N]``), ``Conv`` with
-an initializer W ``[out, in, k...]`` and ``group=1`` (axis 0; its B). The weight must be a
+an initializer W ``[out, in/g, k...]`` (axis 0; its B), with ``group=1`` or grouped
+(``group=g``, not depthwise: the group's channels then lie in ``g`` equal parts, each
+losing as many, and ``group`` stays). The weight must be a
 ``weight`` of :func:`~arrayprune.adapters.roles.onnx_graph.onnx_roles` with that output
 axis, stored directly or read through ``Identity``.
 
@@ -32,7 +34,7 @@ Followed (forward, and backward from a value that joins the group)
   ``Softplus``, ``Softsign``, ``Mish``, ``Neg``, ``Abs``, ``Sqrt``, ``Exp``, ``Cast``,
   ``Identity``, ``Dropout`` (its mask unused), ``Clip`` (constant bounds);
   ``Softmax``/``LogSoftmax`` over another axis;
-* ``Add``, ``Sub``, ``Mul``, ``Div`` of constants and activations: a scalar or broadcast
+* ``Add``, ``Sub``, ``Mul``, ``Div``, ``Pow`` of constants and activations: a scalar or broadcast
   constant is not touched, a per-channel one (length C along the channel axis, as
   broadcasting aligns it) is a member; an activation that broadcasts over the channel
   axis (size 1 there) is not touched either; any other activation joins the group (a
@@ -66,20 +68,23 @@ Closed by
 ---------
 ``MatMul`` A (the activation's last axis; B ``[K, N]`` axis 0 is a member, in blocks of
 the channel's block size), ``Gemm`` A with ``transA=0`` (B axis 0, or 1 with
-``transB=1``), ``Conv`` X with ``group=1`` (W axis 1).
+``transB=1``), ``Conv`` X with ``group=1`` (W axis 1), a grouped ``Conv`` X (W axis 1
+block by block: :attr:`View.segments`; its ``group`` splits the group's channels into
+equal parts, each losing as many).
 
 Left
 ----
 Everything else leaves the producers' channels as they are, with the reason: a graph
 input or graph output holding the channels, a ``Concat`` along another axis, a norm over the channels
 (``LayerNormalization``, ``GroupNormalization``), ``Shape``, a reshape that mixes the
-channels with other axes, a grouped (not depthwise) ``Conv``, a depthwise ``Conv`` with a
-channel multiplier, a value read inside a subgraph, a per-channel constant that is a
+channels with other axes, a grouped ``Conv`` reading channels a ``Concat`` joined or
+heads, a depthwise ``Conv`` with a channel multiplier, a value read inside a subgraph, a per-channel constant that is a
 ``Constant`` node, an axis or shape that cannot be known.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -135,6 +140,7 @@ class _Trace:
         self.offset: dict[str, tuple[int, int]] = {}
         self.at: int | None = None  # the first entry of the value a handler takes (None: the whole axis)
         self.total = 0  # and the size of its axis
+        self.segments = 1  # equal parts of the channels that lose as many each (grouped convolutions)
 
     # ---------------------------------------------------------------- helpers
 
@@ -263,6 +269,9 @@ class _Trace:
             raise _Left(f"{m.label(node)} makes its channels on another axis")
         op = node.op_type
         if op == "Conv":
+            groups = int(_attr(m.onnx, node, "group", 1))
+            if groups > 1:
+                self.split(node, groups, block)
             self.member(node, 1, 0, True, block)
             if len(node.input) > 2 and node.input[2]:
                 self.member(node, 2, 0, False, block, "bias")
@@ -291,7 +300,7 @@ class _Trace:
         if idx in self.done:
             return
         if node.op_type in _MIXING_NORMS:
-            raise _Left(f"{name!r} comes from {m.label(node)}, a norm over the channels")
+            raise _Left(f"{name!r} comes from {m.label(node)}, {_why_norm(node.op_type)}")
         found = _BACK.get(node.op_type)
         if found is None or _producer(m, node) is not None:
             if lead != 1:
@@ -391,7 +400,38 @@ class _Trace:
             return True
         if groups == channels and dims[1] == 1:
             raise _Left(f"depthwise {m.label(node)} with a channel multiplier of {dims[0] // channels}")
-        raise _Left(f"grouped {m.label(node)} (group={groups})")
+        return False  # grouped
+
+    def split(self, node: Any, groups: int, block: int) -> None:
+        """The channels lie in the `groups` groups of grouped ``Conv`` `node`."""
+        if block != 1 or self.at is not None:
+            where = "in blocks" if block != 1 else "that a Concat joined with others"
+            raise _Left(f"grouped {self.m.label(node)} (group={groups}) holds channels {where}")
+        joint = math.lcm(self.segments, groups)
+        if self.channels % joint:
+            raise _Left(f"grouped {self.m.label(node)} (group={groups}) does not split {self.channels} channels evenly")
+        self.segments = joint
+
+    def grouped_consumer(self, node: Any, groups: int) -> None:
+        """Grouped ``Conv`` `node` reads the channels: its W, block by block, closes the group."""
+        m = self.m
+        name = node.input[1]
+        src = m.alias.get(name, name)
+        if src not in m.inits:
+            raise _Left(f"weight {name!r} of {m.label(node)} is not an initializer")
+        dims = m.init_dims(src)
+        self.split(node, groups, 1)
+        if dims[1] * groups != self.channels or dims[0] % groups:
+            shape = list(dims)
+            raise _Left(f"grouped {m.label(node)} W {name!r} of shape {shape} does not read {self.channels} channels")
+        shared = m.reads[src] > 1 or name != src
+        key = m.fresh(src)
+        where = (m.index[id(node)], 1)
+        copy = m.copy_of(where, src) if shared else None
+        self.views[key] = View(src, 1, 1, where if shared else None, 0, copy, groups)
+        self.members.append(Member(key, 1, True))
+        self.closing.append(key)
+        self.consumers.append(m.label(node))
 
     def reshaped(self, node: Any, src: str, ax: int, block: int, lead: int, dst: str) -> tuple[int, int, int]:
         """(axis, block, lead) of the channels in `dst`, the other side of Reshape `node` from `src`."""
@@ -493,6 +533,10 @@ class _Trace:
 
     def reshape(self, node: Any, name: str, ax: int, block: int) -> None:
         out, lead = node.output[0], self.lead(name)
+        norms = [n for n, _ in self.m.consumers.get(out, ()) if n.op_type == "InstanceNormalization"]
+        if norms and ax % self.rank(name) == 1:  # torch.onnx's GroupNorm: [N, C, ...] -> [N, G, -1]
+            what = f"{self.m.label(node)} and {self.m.label(norms[0])} normalize groups of channels together"
+            raise _Left(f"{what} (a GroupNorm): {_why_norm('GroupNormalization')}")
         q, b, lead_out = self.reshaped(node, name, ax, block, lead, out)
         self.reshape_target(node, name, ax, block * lead, out, q, b * lead_out)
         if name in self.pooled and b == 1 and q == -1:
@@ -569,6 +613,10 @@ class _Trace:
         if self.depthwise_members(node, name, ax, block):
             self.add_value(node.output[0], ax)
             return
+        groups = int(_attr(m.onnx, node, "group", 1))
+        if groups > 1:
+            self.grouped_consumer(node, groups)
+            return
         if dims[1] != self.width():
             raise _Left(f"{m.label(node)} W {w!r} has {dims[1]} input channels, not {self.width()}")
         self.consumer(node, 1, 1, 1)
@@ -609,7 +657,7 @@ class _Trace:
         found = _STEPS.get(node.op_type)
         if found is None or (found[1] and i != 0):
             if node.op_type in _MIXING_NORMS:
-                raise _Left(f"{self.m.label(node)} normalizes over the channels of {name!r}")
+                raise _Left(f"{self.m.label(node)} reads {name!r}: {_why_norm(node.op_type)}")
             raise _Left(f"{self.m.label(node)} reads {name!r}")
         joined = self.offset.get(name)
         if joined is not None and node.op_type not in _JOINED:
@@ -642,6 +690,13 @@ class _Trace:
                 self.step(node, i, name, ax, block)
         if not self.consumers:
             raise _Left("no layer reads the channels")
+
+
+def _why_norm(op: str) -> str:
+    """Why the channels a norm over several channels reads stay (one line)."""
+    if op == "GroupNormalization":
+        return "only whole groups could go, which ONNX shrinking does not follow (torch modules: prune.shrink)"
+    return "a norm over the channels, whose statistics would change without the removed ones"
 
 
 _Step = Callable[[_Trace, Any, str, int, int], None]
@@ -799,6 +854,7 @@ def onnx_groups(model: Any, kind: str = "channels") -> OnnxGroups:
                 tuple(trace.views.items()),
                 tuple(trace.closing),
                 kind,
+                trace.segments,
             )
         )
     where = {name_of(n): i for i, n in enumerate(m.nodes)}

@@ -21,6 +21,8 @@ tensor([0., 1., 0.])
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from . import _compat, _methods
 from ._base import BasePruningMethod, PruningContainer
 from ._compat import *  # noqa: F403 (PyTorch's private helpers)
@@ -29,6 +31,9 @@ from ._verbs import global_unstructured, is_pruned, prune_to_sparsity, remove
 from .calibration import input_norms, save_input_norms, wanda_importance
 from .reconstruction import reconstruct, sparsegpt
 from .shrink import channel_groups, shrink
+
+if TYPE_CHECKING:  # loaded by __getattr__ on first use
+    from .llm import shrink_llm
 
 __all__ = [
     "BasePruningMethod",
@@ -45,10 +50,22 @@ __all__ = [
     "sparsegpt",
     "shrink",
     "channel_groups",
+    "shrink_llm",
 ]
 
 # Public names and PyTorch's private helpers belong to this package wherever they are
 # defined: pickles, reprs, help() and doctest name them ``arrayprune.adapters.torch.<name>``.
 for _name in (*__all__, *_compat.__all__):
-    globals()[_name].__module__ = __name__
+    if _name != "shrink_llm":  # loaded on first use (it imports the file pipeline, which imports this package)
+        globals()[_name].__module__ = __name__
 del _name
+
+
+def __getattr__(name: str) -> Any:
+    """``shrink_llm`` on first use: :mod:`.llm` runs the file pipeline, which imports this package."""
+    if name == "shrink_llm":
+        from .llm import shrink_llm
+
+        globals()[name] = shrink_llm
+        return shrink_llm
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -42,8 +42,19 @@ def _conv(walk: _Walk, node: fx.Node) -> _Layout | None:
         if bias is not None:
             walk.claim_layout(inp, bias, 0, False)
         return _Layout(1, inp.spaces)
+    elif not m.transposed:
+        # grouped: output block j reads input block j only; each block keeps its size
+        inp = inp or walk.untracked(x, m.in_channels, 1)
+        if len(inp.spaces) > 1:
+            walk.lock_value(x, f"{name} is a grouped convolution (groups={m.groups}) reading a concatenation")
+        else:
+            walk.set_segments(inp.spaces[0], m.groups)
+        if weight is not None and len(inp.spaces) == 1:
+            walk.claim(inp.spaces[0], Slot(weight, 1, 0, True, m.groups))
+        out = walk.space(name, m.out_channels)
+        walk.set_segments(out, m.groups)
     else:
-        reason = f"{name} is a grouped convolution (groups={m.groups}): its channels go in blocks"
+        reason = f"{name} is a transposed grouped convolution (groups={m.groups}): its channels go in blocks"
         walk.lock_value(x, reason)
         out = walk.space(name, m.out_channels, reason)
     if weight is not None:

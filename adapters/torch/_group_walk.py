@@ -38,12 +38,19 @@ class Slot:
     weight : bool, default True
         Whether it scores (layer weights); biases, norm parameters and statistics only
         lose channels.
+    segments : int, default 1
+        Above 1, the input side of a grouped convolution (``groups=segments``, weight
+        ``[out, in/segments, ...]``): the tensor's axis 0 is split into `segments` equal
+        blocks of rows, and block ``j`` reads the group's ``j``-th part of channels at
+        its local entries along `axis` (channel ``c`` is entry ``c % (channels /
+        segments)`` of the rows of block ``c // (channels / segments)``).
     """
 
     param: str
     axis: int
     offset: int = 0
     weight: bool = True
+    segments: int = 1
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,10 @@ class TorchGroup:
     block : int, default 1
         Channels go only in whole blocks of this many (consecutive) channels: the
         groups of a ``GroupNorm`` they pass through.
+    segments : int, default 1
+        The channels lie in this many equal consecutive parts (the groups of a grouped
+        convolution they enter or leave), and every part loses as many channels as
+        the others, ranked within the part.
     """
 
     name: str
@@ -71,6 +82,7 @@ class TorchGroup:
     members: tuple[Slot, ...]
     reason: str | None = None
     block: int = 1
+    segments: int = 1
 
     @property
     def shrinkable(self) -> bool:
@@ -87,6 +99,7 @@ class _Space:
         self.slots: list[Slot] = []
         self.reasons: list[str] = []
         self.block = 1  # channels that go only together (a GroupNorm's groups)
+        self.segments = 1  # equal parts that lose as many channels each (grouped convolutions)
 
     def root(self) -> _Space:
         s = self
@@ -246,6 +259,7 @@ class _Walk:
         ra.slots.extend(rb.slots)
         ra.reasons.extend(rb.reasons)
         self.set_block(ra, rb.block)
+        self.set_segments(ra, rb.segments)
         return ra
 
     def set_block(self, space: _Space, block: int) -> None:
@@ -256,6 +270,21 @@ class _Walk:
             self.lock(root, f"its GroupNorm groups ({root.block} and {block} channels) do not tile its channels")
         else:
             root.block = joint
+        self._check_mix(root)
+
+    def set_segments(self, space: _Space, segments: int) -> None:
+        """`space`'s channels lie in `segments` equal parts losing as many channels each."""
+        root = space.root()
+        joint = math.lcm(root.segments, segments)
+        if root.channels % joint:
+            self.lock(root, f"its convolution groups ({root.segments} and {segments}) do not split its channels evenly")
+        else:
+            root.segments = joint
+        self._check_mix(root)
+
+    def _check_mix(self, root: _Space) -> None:
+        if root.block > 1 and root.segments > 1:
+            self.lock(root, "they pass through both a GroupNorm and a grouped convolution")
 
     def claim(self, space: _Space, slot: Slot) -> None:
         """Make `slot` a member of `space`; the same entries claimed twice join the groups."""

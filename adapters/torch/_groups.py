@@ -5,7 +5,9 @@ producers (``Conv*d``, ``ConvTranspose*d``, ``Linear``), everything that carries
 channel by channel (biases, norm scales, shifts and running statistics, a depthwise
 convolution's filters, a parameter added to them) and the input columns of every
 consumer. Element-wise operations, activations, pools and flattening after a global pool
-carry a group on; a ``GroupNorm`` makes its groups of channels go whole; a residual
+carry a group on; a ``GroupNorm`` makes its groups of channels go whole; a grouped
+convolution splits the channels it reads and those it writes into equal parts that each
+lose as many channels (``groups`` stays; its weight's columns go block by block); a residual
 ``Add``/``Mul`` joins the groups of its operands into one (a
 ResNet stage's trunk is one group); ``torch.cat`` along the channels lays several groups
 side by side (each consumer's columns are members at an offset).
@@ -193,5 +195,5 @@ def channel_groups(model: nn.Module, example_inputs: Any, *, leaf_modules: Itera
         reason = root.reasons[0] if root.reasons else None
         if reason is None and not any(slot.weight for slot in slots):
             reason = "no layer weight holds them"
-        out.append(TorchGroup(root.name, root.channels, slots, reason, root.block))
+        out.append(TorchGroup(root.name, root.channels, slots, reason, root.block, root.segments))
     return out

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -62,10 +62,57 @@ def _slot_key(slot: Slot) -> str:
     return f"{slot.param}@{slot.axis}+{slot.offset}"
 
 
+def _unfold(t: torch.Tensor, segments: int) -> torch.Tensor:
+    """A grouped convolution's weight ``[out, in/g, ...]`` as ``[out/g, in, ...]``: input
+    channel ``j * in/g + i`` on axis 1 reads the rows of block ``j`` at entry ``i``."""
+    rows, local = t.shape[0], t.shape[1]
+    parts = t.reshape(segments, rows // segments, local, *t.shape[2:]).movedim(0, 1)
+    return parts.reshape(rows // segments, segments * local, *t.shape[2:])
+
+
+def _fold(u: torch.Tensor, segments: int) -> torch.Tensor:
+    """The inverse of :func:`_unfold`."""
+    rows, width = u.shape[0], u.shape[1]
+    parts = u.reshape(rows, segments, width // segments, *u.shape[2:]).movedim(1, 0)
+    return parts.reshape(segments * rows, width // segments, *u.shape[2:])
+
+
+def _channels(t: torch.Tensor, slot: Slot, channels: int) -> torch.Tensor:
+    """The part of `t` holding the slot's channels, along ``slot.axis``."""
+    if slot.segments > 1:
+        t = _unfold(t, slot.segments)
+    return t.narrow(slot.axis, slot.offset, channels)
+
+
 def _per_channel(t: torch.Tensor, slot: Slot, channels: int) -> torch.Tensor:
     """``[channels, -1]``: the slot's channels first, the rest flattened."""
-    part = t.narrow(slot.axis, slot.offset, channels)
-    return part.movedim(slot.axis, 0).reshape(channels, -1)
+    return _channels(t, slot, channels).movedim(slot.axis, 0).reshape(channels, -1)
+
+
+_ROUNDINGS = ("nearest", "keep_floor")
+
+
+def _count(amount: int | float, units: int, rounding: str) -> int:
+    """The units a fraction removes: ``round(amount * units)``, or with ``"keep_floor"``
+    all but ``int((1 - amount) * units)`` (Torch-Pruning's rule); a count as it is."""
+    if rounding == "keep_floor" and isinstance(amount, float):
+        return units - int((1 - amount) * units)
+    return _amount.compute_nparams_toprune(amount, units)
+
+
+def _even_count(group: TorchGroup, amount: int | float, rounding: str = "nearest") -> int:
+    """How many channels the group loses (whole blocks: how many blocks): with convolution
+    groups, a fraction of each part; a count must split evenly."""
+    if group.segments == 1:
+        return _count(amount, group.channels // group.block, rounding)
+    if isinstance(amount, float):
+        return group.segments * _count(amount, group.channels // group.segments, rounding)
+    if amount % group.segments:
+        raise ValueError(
+            f"group {group.name!r}: {amount} of its {group.channels} channels cannot be removed evenly from "
+            f"its {group.segments} convolution groups (each must lose as many)"
+        )
+    return int(amount)
 
 
 def _kept_by_score(
@@ -76,10 +123,9 @@ def _kept_by_score(
     members = []
     for slot in group.members:
         key = _slot_key(slot)
-        arrays[key] = _value(*_owner(model, slot.param)).narrow(slot.axis, slot.offset, group.channels)
+        arrays[key] = _channels(_value(*_owner(model, slot.param)), slot, group.channels)
         if slot.param in importance_scores:
-            given = importance_scores[slot.param]
-            scores[key] = given.detach().narrow(slot.axis, slot.offset, group.channels)
+            scores[key] = _channels(importance_scores[slot.param].detach(), slot, group.channels)
         members.append(Member(key, slot.axis, slot.weight))
     core_group = ChannelGroup(members, group.channels, group.name)
     n = getattr(method, "n", None) if isinstance(method, LnStructured) else None
@@ -91,6 +137,13 @@ def _kept_by_score(
         channel = total ** (1.0 / power)
     else:
         channel = group_scores(arrays, core_group, method, importance_scores=scores)
+    if group.segments > 1:
+        # the same count from every convolution group, ranked within it
+        count = _even_count(group, amount)
+        width = group.channels // group.segments
+        parts = [choose_channels(part, count // group.segments) + j * width
+                 for j, part in enumerate(channel.reshape(group.segments, width))]  # fmt: skip
+        return torch.cat(cast(list[torch.Tensor], parts))
     if group.block == 1:
         return choose_channels(channel, amount)
     # whole blocks (a GroupNorm's groups): a block scores as the norm of its channels' scores
@@ -126,7 +179,12 @@ def _check_partial(model: nn.Module, groups: list[TorchGroup], kept: list[torch.
             cover = covered.setdefault(slot.param, torch.zeros(mask.shape, dtype=torch.bool))
             shape = [1] * mask.ndim
             shape[slot.axis] = group.channels
-            cover.narrow(slot.axis, slot.offset, group.channels).logical_or_(gone.reshape(shape))
+            if slot.segments > 1:
+                unfolded = _unfold(cover, slot.segments).clone()
+                unfolded.narrow(slot.axis, slot.offset, group.channels).logical_or_(gone.reshape(shape))
+                covered[slot.param] = _fold(unfolded, slot.segments)
+            else:
+                cover.narrow(slot.axis, slot.offset, group.channels).logical_or_(gone.reshape(shape))
     for param, cover in covered.items():
         mask = _mask(*_owner(model, param))
         if mask is None:  # `covered` holds only masked parameters
@@ -180,21 +238,22 @@ def _holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str, bool]]]:
 
 
 def _slice(model: nn.Module, groups: list[TorchGroup], kept: list[torch.Tensor]) -> None:
-    cuts: dict[tuple[str, int], list[torch.Tensor]] = {}
+    cuts: dict[tuple[str, int, int], list[torch.Tensor]] = {}
     for group, keep in zip(groups, kept, strict=True):
         if int(keep.numel()) == group.channels:
             continue
         for slot in group.members:
-            cuts.setdefault((slot.param, slot.axis), []).append(keep + slot.offset)
+            cuts.setdefault((slot.param, slot.axis, slot.segments), []).append(keep + slot.offset)
     depthwise = [
         m for m in model.modules()
         if isinstance(m, nn.modules.conv._ConvNd) and not m.transposed and m.groups > 1
         and m.groups == m.in_channels == m.out_channels
     ]  # fmt: skip
     touched: dict[int, nn.Module] = {}
-    by_param: dict[str, list[tuple[int, torch.Tensor]]] = {}
-    for (param, axis), parts in cuts.items():
-        by_param.setdefault(param, []).append((axis, torch.sort(torch.cat(parts)).values))
+    by_param: dict[str, list[tuple[int, int, torch.Tensor]]] = {}
+    for (param, axis, segments), parts in sorted(cuts.items(), key=lambda item: item[0][2]):
+        # plain cuts first: a grouped convolution's rows go before its per-block columns
+        by_param.setdefault(param, []).append((axis, segments, torch.sort(torch.cat(parts)).values))
     holders = _holders(model)
     for param, items in by_param.items():
         module, attr = _owner(model, param)
@@ -204,8 +263,10 @@ def _slice(model: nn.Module, groups: list[TorchGroup], kept: list[torch.Tensor])
         if old is None:
             raise RuntimeError(f"{param!r} holds no tensor to slice")
         new = old.detach()
-        for axis, index in items:
-            if int(index.numel()) != new.shape[axis]:
+        for axis, segments, index in items:
+            if segments > 1:
+                new = _fold(_unfold(new, segments).index_select(axis, index.to(new.device)), segments)
+            elif int(index.numel()) != new.shape[axis]:
                 new = new.index_select(axis, index.to(new.device))
         for m, name, is_param in owners:
             if is_param:
@@ -253,6 +314,7 @@ def shrink(
     *,
     importance_scores: Mapping[str, torch.Tensor] | None = None,
     leaf_modules: Iterable[Any] = (),
+    rounding: str = "nearest",
     **method_args: Any,
 ) -> nn.Module:
     """Remove pruned channels from `model`'s layers for real; return `model`, smaller.
@@ -284,11 +346,15 @@ def shrink(
     convolution weights only). Groups that cannot shrink keep their channels; their
     reasons are what :func:`channel_groups` says: the model's inputs and outputs,
     ``nn.MultiheadAttention`` (its heads and width stay: ``embed_dim`` sets the head
-    size, but the MLP around it shrinks), ``LayerNorm`` over the channels, grouped
-    convolutions, modules that cannot be traced or are named in `leaf_modules`,
+    size, but the MLP around it shrinks), ``LayerNorm`` over the channels, transposed
+    grouped convolutions, modules that cannot be traced or are named in `leaf_modules`,
     operations the tables do not know, and reshapes that write the channel count as a
     constant. A ``GroupNorm`` makes its groups of channels go whole: amounts count
-    them.
+    them. A grouped convolution (``1 < groups < channels``) keeps its ``groups``: the
+    channels it reads and those it writes each lose the same number from every one of
+    its groups, ranked within the group: a fraction is taken of each of its groups
+    (``round(amount * channels / groups)`` each), a count must split evenly (else a
+    ``ValueError``); transposed grouped convolutions are left.
 
     Parameters
     ----------
@@ -310,6 +376,11 @@ def shrink(
         scored instead of its values.
     leaf_modules : iterable of modules or module types, optional
         Modules kept whole (not traced into): their channels are left.
+    rounding : {"nearest", "keep_floor"}, default "nearest"
+        How a fraction becomes each group's count: ``round(amount * channels)``
+        removed (PyTorch's rule, half to even), or ``int((1 - amount) * channels)``
+        kept (Torch-Pruning's rule: the same parameter counts as its ``MetaPruner`` at
+        the same ratio). Counts are taken as they are.
     **method_args
         Constructor arguments of a method given by name (``n=1``, ``seed=0``).
 
@@ -348,8 +419,8 @@ def shrink(
             raise TypeError(f"importance_scores[{name!r}] must be a tensor, got {type(t).__name__}")
     with torch.no_grad():
         if amount is None:
-            if method_args or method != "ln_structured" or scores:
-                raise TypeError("method, its arguments and importance_scores are taken only with an amount")
+            if method_args or method != "ln_structured" or scores or rounding != "nearest":
+                raise TypeError("method, its arguments, importance_scores and rounding are taken only with an amount")
             if not any(pruning_hooks(m, getattr(h, "_tensor_name", "")) for m in model.modules()
                        for h in m._forward_pre_hooks.values()):  # fmt: skip
                 raise ValueError("shrink() needs an amount, or pruning masks on the model (it has none)")
@@ -363,14 +434,30 @@ def shrink(
                         f"group {g.name!r}: the masks remove part of GroupNorm group {int(torch.nonzero(split)[0])} "
                         f"({g.block} channels each); its groups go whole"
                     )
+            for g, keep in zip(open_groups, kept, strict=True):
+                if g.segments > 1:
+                    width = g.channels // g.segments
+                    per_block = torch.bincount(keep // width, minlength=g.segments)
+                    lost = [width - int(n) for n in per_block]
+                    if len(set(lost)) > 1:
+                        raise ValueError(
+                            f"group {g.name!r}: the masks remove {', '.join(map(str, lost))} channels from its "
+                            f"{g.segments} convolution groups; each must lose as many"
+                        )
             _check_partial(model, open_groups, kept)
         else:
+            if rounding not in _ROUNDINGS:
+                raise ValueError(f"rounding must be one of {_ROUNDINGS}, got {rounding!r}")
             amounts = _amounts(amount, open_groups)
+            for g in open_groups:  # fractions become each group's count under `rounding`
+                if isinstance(amounts[g.name], float):
+                    amounts[g.name] = _even_count(g, amounts[g.name], rounding)
             chosen = resolve_method(method, **method_args)
             for g in open_groups:
                 a = amounts[g.name]
                 units = g.channels // g.block
                 _amount.validate_pruning_amount(_amount.compute_nparams_toprune(a, units), units)
+                _amount.validate_pruning_amount(_even_count(g, a), g.channels)
                 for slot in g.members:
                     given = scores.get(slot.param)
                     if given is not None and tuple(given.shape) != tuple(_value(*_owner(model, slot.param)).shape):

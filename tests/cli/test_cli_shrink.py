@@ -344,3 +344,14 @@ def test_report_shows_the_new_shapes(model, tmp_path, capsys):
     assert main(["report", str(out), "--json"]) == 0
     rows = {r["name"]: r["shape"] for r in json.loads(capsys.readouterr().out)["tensors"]}
     assert rows == {"W1": [32, 32], "b1": [32], "W2": [32, 32], "W3": [32, 4]}
+
+
+def test_a_count_of_one_is_told_in_the_singular():
+    from arrayprune.adapters.pipeline.prune_result import shrink_notes
+    from arrayprune.adapters.pipeline.request import PruneSpec
+
+    (one,) = shrink_notes(PruneSpec("ln_structured", amount=1, shrink=True))
+    (layer,) = shrink_notes(PruneSpec("ln_structured", amount=1, shrink=True), "layers", "the model")
+    (kv,) = shrink_notes(PruneSpec("ln_structured", amount=2, shrink=True), "KV groups", "each layer")
+    assert ": 1 channel removed from each channel group;" in one
+    assert ": 1 layer removed from the model;" in layer and ": 2 KV groups removed from each layer;" in kv

@@ -333,3 +333,43 @@ def test_dead_inputs_count_toward_the_amount(tmp_path, capsys, dead):
     else:
         assert int((params["W1"][:dead] == 0).sum()) == 96  # only the amount: the other dead entries kept
         np.testing.assert_array_equal(params["W1"][dead:], w1[dead:])
+
+
+def test_a_sparsegpt_object_prunes_with_its_own_settings(tmp_path):
+    """``prune_file(method=ap.SparseGPT(0.5, block_size=4, damp=0.1))``: the settings without a flag are
+    taken from the object, and write what the solver with those settings returns."""
+    src, calib = _mlp(tmp_path), _calibration(tmp_path)
+    prune_file(src, tmp_path / "obj.onnx", method=ap.SparseGPT(0.5, block_size=4, damp=0.1), calibration=calib)
+    prune_file(src, tmp_path / "name.onnx", method="sparsegpt", amount=0.5, calibration=calib)
+    want = _direct(src, calib, amount=0.5, block_size=4, damp=0.1)
+    _assert_written(formats.load(str(tmp_path / "obj.onnx")).params, want, src)
+    assert (tmp_path / "obj.onnx").read_bytes() != (tmp_path / "name.onnx").read_bytes()  # the defaults differ
+    spec = PruneSpec(method=ap.SparseGPT(n=2, m=4))
+    assert (spec.nm, spec.amount, dict(spec.method_options)) == ((2, 4), None, {})
+    unit = PruneSpec(method=ap.ObsStructured(0.25, compensate=False))
+    assert (unit.method, unit.amount, unit.compensate) == ("obs_structured", 0.25, False)
+    with pytest.raises(PruneError, match="^--extra does not apply to sparsegpt$"):
+        prune_file(src, tmp_path / "x.onnx", method="sparsegpt", amount=0.5, calibration=calib,
+                   method_options={"extra": 1})  # fmt: skip
+
+
+def test_a_setting_the_graph_engine_cannot_pass_on_is_refused(tmp_path):
+    from arrayprune.method_parts import NO_FLAG
+    from arrayprune.registry import register_method, unregister_method
+
+    class Ridged(ap.SparseGPT):
+        FLAGS = {"ridge": NO_FLAG}
+
+        def __init__(self, amount=None, n=None, m=None, block_size=128, damp=0.01, ridge=0.0):
+            super().__init__(amount, n, m, block_size, damp)
+            self.ridge = ridge
+
+    src, calib = _mlp(tmp_path), _calibration(tmp_path)
+    register_method("ridged", Ridged)
+    try:
+        with pytest.raises(PruneError, match="through an ONNX graph takes block_size and damp of a method object, "
+                                             "not ridge"):  # fmt: skip
+            prune_file(src, tmp_path / "x.onnx", method=Ridged(0.5, ridge=1.0), calibration=calib)
+    finally:
+        unregister_method("ridged")
+    assert not (tmp_path / "x.onnx").exists()

@@ -205,3 +205,29 @@ def test_bad_tokens_refused_in_one_line(qwen3, tmp_path):
                "--calibration", bad)  # fmt: skip
     assert_error(proc, "token ids must be in [0, 64)")
     assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_the_calibrate_stage_measures_once_and_the_shrink_stage_writes(qwen3, tokens, tmp_path, monkeypatch):
+    """The runner asks the calibrate stage for the layers' residual change; shrinking does not run the model."""
+    from arrayprune.adapters.pipeline import calibrate, shrink_structure
+    from arrayprune.adapters.pipeline.runner import prune_file
+
+    measured = []
+    original = calibrate.score_layers
+
+    def counted(*args, **kwargs):
+        measured.append(args[0])
+        return original(*args, **kwargs)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the shrink stage ran the model")
+
+    monkeypatch.setattr(calibrate, "score_layers", counted)
+    monkeypatch.setattr(shrink_structure, "score_layers", refused)
+    assert [row.name for row in calibrate.UNIT_STATISTICS] == ["residual_change", "router_statistics", "unit_hessians"]
+    result = prune_file(qwen3, tmp_path / "out", shrink=True, groups="layers", amount=1, calibration=tokens,
+                        method="ln_structured")  # fmt: skip
+    dropped = int(np.argmin(reference_changes(qwen3, tokens)))
+    assert measured == [str(qwen3)]
+    assert result.shrink.kept == {"model.layers": [i for i in range(4) if i != dropped]}

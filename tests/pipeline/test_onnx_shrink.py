@@ -192,18 +192,32 @@ def test_depthwise_and_grouped_conv():
         net.bn.weight.uniform_(0.5, 2)
     model = export(net, torch.randn(2, 3, 8, 8))
     found = onnx_groups(model)
-    (g,) = found.groups
+    g, c2 = found.groups
     # c1 W, c1 B, BN scale/B/mean/var, depthwise W axis 0 (scores), its B, c2 W axis 1
     assert [(m.axis, m.weight) for m in g.group.members] == [
         (0, True), (0, False), (0, False), (0, False), (0, False), (0, False), (0, True), (0, False), (1, True)
     ]  # fmt: skip
-    reasons = [lf.reason for lf in found.left]
-    assert reasons == ["grouped Conv '/grouped/Conv' (group=2)", "grouped Conv (group=2)"]
+    # the grouped conv reads c2's channels block by block (test_onnx_shrink_grouped.py checks it)
+    assert (c2.group.channels, c2.segments, c2.consumers) == (6, 2, ("Conv '/grouped/Conv'",))
+    assert [lf.reason for lf in found.left] == ["'y' is a graph output"]
     x = np.random.default_rng(2).standard_normal((2, 3, 8, 8)).astype(np.float32)
-    # 4 of 8: c1 W 3 + B 1 + BN 4 + dw W 9 + dw B 1 + c2 W 6 = 24 each
-    small, report = check(model, x, 0.5, expected_drop=4 * 24)
+    small, report = shrink_onnx(model, 0.5)
+    # 4 of 8: c1 W 3 + B 1 + BN 4 + dw W 9 + dw B 1 = 18 each, c2 W [6, 8] -> [2, 4],
+    # c2 B 4, grouped W [6, 3, 3, 3] -> [6, 1, 3, 3] (2 of each block's 3 channels: 0.5 of 3, rounded to even)
+    assert report.params_before - report.params_after == 4 * 18 + 40 + 4 + 108
     (dw,) = [n for n in small.graph.node if n.op_type == "Conv" and n.input[1] == g.group.members[6].key]
     assert {a.name: a.i for a in dw.attribute}["group"] == 4
+    dense = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    zeroed = onnx.ModelProto()
+    zeroed.CopyFrom(model)
+    w2, wg = dense["c2.weight"].copy(), dense["grouped.weight"].copy()
+    w2[:, np.setdiff1d(np.arange(8), report.kept[g.group.name])] = 0
+    for c in np.setdiff1d(np.arange(6), report.kept[c2.group.name]):
+        wg[3 * (c // 3):3 * (c // 3) + 3, c % 3] = 0
+    for t in zeroed.graph.initializer:
+        if t.name in ("c2.weight", "grouped.weight"):
+            t.CopyFrom(numpy_helper.from_array(w2 if t.name == "c2.weight" else wg, t.name))
+    np.testing.assert_allclose(run(small, x), run(zeroed, x), rtol=1e-5, atol=1e-5)
 
 
 class ConcatNet(torch.nn.Module):

@@ -196,9 +196,10 @@ PIPELINE_LAYERS = (
     ("errors", "hooks", "devices"),
     ("request", "method_names", "allocation_request", "shrink_request", "reconstruction_methods"),
     ("calibration", "hf_calibration", "hf_structure", "onnx_stages", "reconstruction", "stream_pruning"),
-    ("storage", "scoring", "prune_result", "targets", "outputs", "scan", "job", "evaluate"),
+    ("storage", "scoring", "prune_result", "targets", "outputs", "option_files", "scan", "hf_scan", "job",
+     "evaluate"),
     ("hf_stage", "reconstruct_stage", "verify_stage", "shrink_checkpoint", "shrink_structure"),
-    ("calibrate", "option_files", "allocation", "shrinking"),
+    ("calibrate", "allocation", "shrinking"),
     ("runner",),
 )  # fmt: skip
 
@@ -223,6 +224,9 @@ def test_the_pipeline_imports_down_its_layers():
     # The stages (the layer below the runner) are independent: none imports another.
     stages = {f"{package}.{m}" for m in PIPELINE_LAYERS[-2]}
     assert [(n, t) for n in sorted(stages) for t, *_ in arrows[n] if t in stages] == []
+    # They take the job, not the request: none imports the request module or the command line.
+    above = (f"{package}.request", "arrayprune.adapters.cli")
+    assert [(n, t) for n in sorted(stages) for t, *_ in arrows[n] if t.startswith(above)] == []
 
 
 def test_the_checks_can_fail():

@@ -118,6 +118,7 @@ EXTENSIONS = [
     "reconstruct",
     "shrink",
     "channel_groups",
+    "shrink_llm",
 ]
 
 

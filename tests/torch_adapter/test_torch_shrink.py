@@ -239,14 +239,14 @@ def test_leaf_modules_are_kept_whole():
     assert groups["conv2"].reason == "they reach bn2 (BatchNorm2d): it is one of leaf_modules"
 
 
-def test_layer_norm_and_grouped_conv_are_left():
+def test_layer_norm_is_left_grouped_conv_is_not():
     net = nn.Sequential(
         nn.Conv2d(3, 8, 1), nn.Conv2d(8, 8, 3, groups=2), nn.Flatten(), nn.LayerNorm(8 * 16), nn.Linear(128, 2)
     )
     x = torch.randn(1, 3, 6, 6)
     groups = prune.channel_groups(net, x)
-    assert groups[1].reason == "1 is a grouped convolution (groups=2): its channels go in blocks"
-    assert groups[1].name == "0" and groups[2].name == "1" and not groups[2].shrinkable
+    assert groups[1].name == "0" and groups[1].shrinkable and groups[1].segments == 2
+    assert groups[2].name == "1" and not groups[2].shrinkable
     line = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 3), nn.ReLU(), nn.Linear(3, 2))
     groups = prune.channel_groups(line, torch.randn(2, 4))
     assert [g.name for g in groups] == ["input_1", "0", "_1", "2", "4"]
