@@ -200,6 +200,7 @@ def sparsegpt(
     u_diag = xp.linalg.diagonal(u)
     nm = None if pattern is None else NMStructured(*pattern, dim=-1)
 
+    in_place = _views_update_in_place(w)
     dead_k = int(xp.sum(xp.astype(dead, xp.int32)))
     dead_left = min(total, rows * dead_k)  # dead entries pruned (first, by position)
     live_total, live_k = total - dead_left, k - dead_k
@@ -208,6 +209,10 @@ def sparsegpt(
     for start in range(0, k, block_size):
         stop = min(start + block_size, k)
         block, rest = rest[:, : stop - start], rest[:, stop - start :]
+        if in_place:  # a block of its own, row-major (as the library makes new arrays), updated in place below
+            own = xp.empty(block.shape, dtype=block.dtype, device=device)
+            own[...] = block
+            block = own
         u_block = u[start:stop, start:stop]
         d = u_diag[start:stop]
         if nm is None:
@@ -230,8 +235,14 @@ def sparsegpt(
             else:
                 keep_j = keep[:, j]
             err = xp.where(keep_j, zero, block[:, j]) / u_block[j, j]
-            block = block - err[:, None] * u_block[j : j + 1, :]  # U is upper: earlier columns get 0
+            if in_place:  # U is upper: only columns j and later change
+                tail = block[:, j:]
+                tail -= err[:, None] * u_block[j : j + 1, j:]
+            else:
+                block = block - err[:, None] * u_block[j : j + 1, :]
             errs.append(err)
+        if in_place:
+            block = _signed_zeros_as_full_update(xp, block, errs, zero)
         if nm is not None:
             keep = xp.stack(keep_columns, axis=1)
         done.append(xp.where(keep, block, zero))
@@ -246,6 +257,27 @@ def sparsegpt(
     if axis == 0:
         return xp.permute_dims(new, (1, 0)), xp.permute_dims(keep, (1, 0))
     return new, keep
+
+
+def _views_update_in_place(x: Array) -> bool:
+    """Whether `x`'s library updates a slice in place through ``view -= ...`` (NumPy, CuPy, PyTorch)."""
+    return bool(apc.is_numpy_array(x) or apc.is_cupy_array(x) or apc.is_torch_array(x))
+
+
+def _signed_zeros_as_full_update(xp: Any, block: Array, errs: list[Array], zero: Array) -> Array:
+    """The block as the full-width update leaves it, after the in-place one updated columns ``j:`` only.
+
+    Subtracting ``err_j * U[j, c]`` from a finished column ``c < j``, where ``U[j, c]``
+    is ``+0``, changes nothing but the sign of a zero: ``-0 - (-0)`` is ``+0``. So an
+    entry left at ``-0`` becomes ``+0`` where a later column of the block had an error
+    with its sign bit set, as the full-width update would have made it.
+    """
+    negative_zero = (block == zero) & xp.signbit(block)
+    if not bool(xp.any(negative_zero)):
+        return block
+    signs = xp.astype(xp.signbit(xp.stack(errs, axis=1)), xp.int32)
+    from_here = xp.flip(xp.cumulative_sum(xp.flip(signs, axis=1), axis=1), axis=1)  # over columns j >= c
+    return xp.where(negative_zero & (from_here - signs > 0), zero, block)
 
 
 def check_sparsegpt_options(

@@ -47,15 +47,28 @@ CODES = {"bfloat16": "BF16", "float32": "F32"}
 SHARD_BYTES = 2 << 30
 
 
-def _shapes(layers: int) -> dict[str, tuple[int, ...]]:
+#: The experts of the mixture-of-experts checkpoint (:func:`write_checkpoint` with `experts`),
+#: each an MLP of this width (a quarter of Llama-7B's), and the experts each token runs.
+EXPERT_INTER, TOP_K = INTER // 4, 2
+
+
+def _shapes(layers: int, experts: int = 0) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (VOCAB, HIDDEN)}
     for i in range(layers):
         p = f"model.layers.{i}."
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             shapes[p + f"self_attn.{name}.weight"] = (HIDDEN, HIDDEN)
-        shapes[p + "mlp.gate_proj.weight"] = (INTER, HIDDEN)
-        shapes[p + "mlp.up_proj.weight"] = (INTER, HIDDEN)
-        shapes[p + "mlp.down_proj.weight"] = (HIDDEN, INTER)
+        if experts:  # Mixtral's names: a router, then w1 (gate), w2 (down), w3 (up) per expert
+            shapes[p + "block_sparse_moe.gate.weight"] = (experts, HIDDEN)
+            for e in range(experts):
+                q = p + f"block_sparse_moe.experts.{e}."
+                shapes[q + "w1.weight"] = (EXPERT_INTER, HIDDEN)
+                shapes[q + "w2.weight"] = (HIDDEN, EXPERT_INTER)
+                shapes[q + "w3.weight"] = (EXPERT_INTER, HIDDEN)
+        else:
+            shapes[p + "mlp.gate_proj.weight"] = (INTER, HIDDEN)
+            shapes[p + "mlp.up_proj.weight"] = (INTER, HIDDEN)
+            shapes[p + "mlp.down_proj.weight"] = (HIDDEN, INTER)
         shapes[p + "input_layernorm.weight"] = (HIDDEN,)
         shapes[p + "post_attention_layernorm.weight"] = (HIDDEN,)
     shapes["model.norm.weight"] = (HIDDEN,)
@@ -68,13 +81,18 @@ def _fill(rng: np.random.Generator, n: int, code: str) -> np.ndarray:
     return (x.view(np.uint32) >> np.uint32(16)).astype(np.uint16) if code == "BF16" else x
 
 
-def write_checkpoint(folder: Path, dtype: str, gb: float) -> tuple[int, int]:
-    """A sharded checkpoint of about `gb` GB; its number of parameters and of layers."""
+def write_checkpoint(folder: Path, dtype: str, gb: float, experts: int = 0) -> tuple[int, int]:
+    """A sharded checkpoint of about `gb` GB; its number of parameters and of layers.
+
+    With `experts`, each layer's MLP is that many experts of width :data:`EXPERT_INTER`
+    and a router (Mixtral's tensor names), instead of Llama's.
+    """
     code = CODES[dtype]
     itemsize = 2 if code == "BF16" else 4
-    per_layer = (4 * HIDDEN * HIDDEN + 3 * INTER * HIDDEN) * itemsize
+    mlp = experts * (3 * EXPERT_INTER * HIDDEN + HIDDEN) if experts else 3 * INTER * HIDDEN
+    per_layer = (4 * HIDDEN * HIDDEN + mlp) * itemsize
     layers = max(1, int((gb * 1e9 - 2 * VOCAB * HIDDEN * itemsize) // per_layer))
-    shapes = _shapes(layers)
+    shapes = _shapes(layers, experts)
     shards: list[list[str]] = [[]]
     size = 0
     for name, shape in shapes.items():

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import tempfile
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     dense = _hidden(transformers.BertModel.from_pretrained(paths["folder"]).eval(), held)
     runs = ["llmcompressor", "arrayprune-folder"] + (["arrayprune-onnx"] if args.onnx else [])
     times: dict[str, list[float]] = {r: [] for r in runs}
+    loads: dict[str, list[float]] = {r: [] for r in runs}  # 1-minute load average when each call ended
     cosine: dict[str, float] = {}
     for round_ in range(args.rounds):
         for run in runs if round_ % 2 == 0 else runs[::-1]:
@@ -139,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
                 session = ort.InferenceSession(str(work / "out.onnx"), providers=["CPUExecutionProvider"])
                 cosine[run] = _cosine(session.run(None, {"input_ids": held})[0].astype(np.float64), dense)
             times[run].append(seconds)
-            print(f"round {round_ + 1}: {run} {seconds:.1f} s, cosine {cosine[run]:.4f}", flush=True)
+            loads[run].append(os.getloadavg()[0])
+            print(f"round {round_ + 1}: {run} {seconds:.1f} s, cosine {cosine[run]:.4f}, load {loads[run][-1]:.2f}",
+                  flush=True)
 
     import torch
 
@@ -154,16 +158,17 @@ def main(argv: list[str] | None = None) -> int:
         "50% of every weight, sequential; cosine of the last hidden state to the dense model on "
         f"{HELD_OUT} x {SEQ} held-out tokens.",
         "",
-        "| run | wall time, median (all) | cosine to dense |",
-        "| --- | --- | --- |",
+        "| run | wall time, median (all) | 1-min load average after each | cosine to dense |",
+        "| --- | --- | --- | --- |",
     ]
     for run in runs:
         every = ", ".join(f"{t:.1f}" for t in times[run])
-        lines.append(f"| {run} | {statistics.median(times[run]):.1f} s ({every}) | {cosine[run]:.4f} |")
+        load = ", ".join(f"{x:.2f}" for x in loads[run])
+        lines.append(f"| {run} | {statistics.median(times[run]):.1f} s ({every}) | {load} | {cosine[run]:.4f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sparsegpt-llmcompressor-cpu.md").write_text("\n".join(lines) + "\n")
-    (out / "sparsegpt-llmcompressor-cpu.json").write_text(json.dumps({"times": times, "cosine": cosine}, indent=1))
+    (out / "sparsegpt-llmcompressor-cpu.json").write_text(json.dumps({"times": times, "load": loads, "cosine": cosine}, indent=1))
     print("\n".join(lines))
     return 0
 

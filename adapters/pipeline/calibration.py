@@ -239,15 +239,14 @@ def _session(wf: Any, activations: list[str], fed: Mapping[str, np.dtype] | None
     `fed` names initializers of the main graph that become graph inputs instead, of the
     given dtypes, so that their current values are fed with every run
     (:func:`_fed_inputs` names the inputs; a weight stored in another dtype, bfloat16
-    say, is cast to it inside the graph).
-
-    A model without external data is handed over in memory. One with external data is
-    handed over by path, so that onnxruntime reads the data files itself (no 2 GB limit
-    of protobuf, no copy of the weights): the graph, with the extra outputs, is written
-    to a temporary ``.onnx`` in the model's own folder, where its relative data locations
-    resolve, and removed once the session is made. Where that folder cannot be written,
-    the data is inlined in memory (under 2 GB).
+    say, is cast to it inside the graph). The model is made by :func:`_prepared_model`
+    and handed over by :func:`_open_session`.
     """
+    return _open_session(wf, _prepared_model(wf, activations, fed))
+
+
+def _prepared_model(wf: Any, activations: list[str], fed: Mapping[str, np.dtype] | None = None) -> Any:
+    """A copy of the model whose outputs are `activations`, the initializers in `fed` made graph inputs."""
     import onnx
 
     model = onnx.ModelProto()
@@ -256,6 +255,21 @@ def _session(wf: Any, activations: list[str], fed: Mapping[str, np.dtype] | None
     model.graph.output.extend(onnx.ValueInfoProto(name=a) for a in activations)
     if fed:
         _feed_initializers(model, fed)
+    return model
+
+
+def _open_session(wf: Any, model: Any) -> Any:
+    """An onnxruntime session of `model`, a graph made from `wf`'s (its initializers may be stored outside).
+
+    A model without external data is handed over in memory. One with external data is
+    handed over by path, so that onnxruntime reads the data files itself (no 2 GB limit
+    of protobuf, no copy of the weights): the graph is written to a temporary ``.onnx``
+    in the model's own folder, where its relative data locations resolve, and removed
+    once the session is made. Where that folder cannot be written, the data is inlined
+    in memory (under 2 GB).
+    """
+    import onnx
+
     external = wf.context.get("external", {})
     uses_external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx_format.iter_initializers(model))
     if uses_external:

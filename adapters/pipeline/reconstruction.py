@@ -31,7 +31,15 @@ import numpy as np
 import arrayprune
 from arrayprune import amount as _amount
 from arrayprune.adapters.blas_threads import blas_threads
-from arrayprune.adapters.pipeline.calibration import _check_inputs, _fed_inputs, _run_batches, _session
+from arrayprune.adapters.pipeline.calibration import (
+    BATCH_SIZE,
+    _check_inputs,
+    _fed_inputs,
+    _open_session,
+    _prepared_model,
+    _run_batches,
+)
+from arrayprune.adapters.pipeline.onnx_stages import LevelRunner
 from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds, weight_levels
 from arrayprune.reconstruction import check_sparsegpt_options
 from arrayprune.registry import reconstruction_method, settings_for
@@ -182,17 +190,27 @@ def onnx_sparsegpt(
         levels = [order]
     activations = sorted({f.activation for t in targets.values() for f in t.feeds})
     fed = {name: wf.params[name].dtype for name in names} if sequential else {}
-    session = _session(wf, activations, fed)
+    prepared = _prepared_model(wf, activations, fed)
+    session = _open_session(wf, prepared)
     inputs = _fed_inputs(model, fed)
     casts, samples = _check_inputs(session, calibration, inputs.values())
+
+    runner = None
+    if sequential and len(levels) > 1:  # each level runs its own part of the graph only
+        wanted = [sorted({f.activation for x in level for f in targets[x].feeds}) for level in levels]
+        runner = LevelRunner.for_levels(wf, wanted, fed, prepared)
 
     current = {name: wf.params[name] for name in names}
     done: dict[str, Reconstructed] = {}
     with blas_threads(max(t.k for t in targets.values())):  # small Hessians: one BLAS thread
-        for level in levels:
+        for index, level in enumerate(levels):
             weights = {inputs[name]: current[name] for name in names} if sequential else None
             level_targets = [targets[x] for x in level]
-            hessians = _hessians(session, calibration, casts, samples, level_targets, batch_size, weights)
+            if runner is not None and weights is not None:
+                batches = runner.run(index, calibration, casts, samples, batch_size or BATCH_SIZE, weights)
+                hessians = _hessians_of(batches, level_targets)
+            else:
+                hessians = _hessians(session, calibration, casts, samples, level_targets, batch_size, weights)
             for name in level:
                 chosen = cls(amount=amounts[name], n=n, m=m, **settings)
                 done[name] = _prune(targets[name], current[name], hessians.pop(name), chosen)
@@ -271,15 +289,44 @@ def _hessians(
 ) -> dict[str, list[Any]]:
     """The Hessians of `targets` (one per group) over the calibration data, in one pass."""
     wanted = sorted({f.activation for t in targets for f in t.feeds})
-    accumulators = {t.name: [arrayprune.HessianAccumulator(t.k) for _ in range(t.groups)] for t in targets}
-    for outputs in _run_batches(session, calibration, casts, samples, wanted, batch_size, weights):
-        for t in targets:
+    batches = _run_batches(session, calibration, casts, samples, wanted, batch_size, weights)
+    return _hessians_of(batches, targets)
+
+
+def _hessians_of(batches: Iterable[Mapping[str, np.ndarray]], targets: list[_Target]) -> dict[str, list[Any]]:
+    """The Hessians of `targets` (one per group) over `batches` of activations.
+
+    Weights that multiply the same activations the same way (the query, key and value
+    projections of an attention layer) share one accumulator: their Hessians are one.
+    """
+    shared: dict[Any, str] = {}  # what fixes a Hessian -> the first weight with it
+    owner: dict[str, str] = {}
+    accumulators: dict[str, tuple[_Target, list[Any]]] = {}
+    for t in targets:
+        key = _same_inputs(t)
+        if key is not None and key in shared:
+            owner[t.name] = shared[key]
+            continue
+        if key is not None:
+            shared[key] = t.name
+        owner[t.name] = t.name
+        accumulators[t.name] = (t, [arrayprune.HessianAccumulator(t.k) for _ in range(t.groups)])
+    for outputs in batches:
+        for t, accs in accumulators.values():
             for f in t.feeds:
                 try:
-                    _accumulate(accumulators[t.name], t, f, outputs[f.activation])
+                    _accumulate(accs, t, f, outputs[f.activation])
                 except ValueError as exc:
                     raise ValueError(f"{t.name!r}: activation {f.activation!r}: {exc}") from None
-    return {name: [acc.hessian() for acc in accs] for name, accs in accumulators.items()}
+    hessians = {name: [acc.hessian() for acc in accs] for name, (_, accs) in accumulators.items()}
+    return {t.name: hessians[owner[t.name]] for t in targets}
+
+
+def _same_inputs(target: _Target) -> Any:
+    """What fixes the Hessian of a weight that is no convolution (its feeds and width); None for a convolution."""
+    if target.conv:
+        return None
+    return target.k, tuple((f.activation, f.feature_axis) for f in target.feeds)
 
 
 def _accumulate(accumulators: list[Any], target: _Target, feed: Any, activation: np.ndarray) -> None:

@@ -423,13 +423,18 @@ def sparsegpt(
         model.eval()
         with torch.no_grad():
             if sequential:
-                for name, calls in _execution_order(model, batches, layers).items():
-                    layer = layers[name]
-                    accs = _accumulators(layer)
-                    _run_capturing(model, batches, {layer: _Capture(accs, calls)}, stop=True)
-                    new, keep = _reconstruct(name, layer, accs, counts[name], pattern, cls, settings)
+                order = _execution_order(model, batches, layers)
+                names = list(order)
+                index = 0
+                while index < len(names):
+                    name = names[index]
+                    accs = _accumulators(layers[name])
+                    sharing = _capture_shared(model, batches, layers, names[index:], order, accs)
+                    for each in sharing:  # the same inputs, so the same Hessian, as separate runs would give
+                        new, keep = _reconstruct(each, layers[each], accs, counts[each], pattern, cls, settings)
+                        write(each, new, keep)
                     del accs
-                    write(name, new, keep)
+                    index += len(sharing)
             else:
                 all_accs = {name: _accumulators(layer) for name, layer in layers.items()}
                 hooks = {layers[name]: _Capture(accs, None) for name, accs in all_accs.items()}
@@ -474,6 +479,109 @@ class _Capture:
         self.seen += 1
         if self.calls is not None and self.seen >= self.calls:
             raise _Captured
+
+
+class _SharedCapture:
+    """Forward pre-hooks for one sequential step: the first layer's inputs feed `accs`;
+    the layers after it (in execution order) that are called once, with the very tensor
+    the first one took (same object, not modified in place since), are counted as sharing
+    it, and the first other layer called ends the forward (:class:`_Captured`)."""
+
+    def __init__(self, accs: list[arrayprune.HessianAccumulator], calls: int, candidates: list[nn.Module]):
+        self.accs, self.calls, self.candidates = accs, calls, candidates
+        self.shared = len(candidates)  # the fewest followers confirmed by any forward
+        self.started = False
+        self.seen, self.confirmed = 0, 0
+        self.taken: tuple[Any, int | None] | None = None
+
+    def reset(self) -> None:
+        """End a forward (none the first time) and start the next."""
+        if self.started:  # a forward where the first layer did not finish confirms no follower
+            self.shared = min(self.shared, self.confirmed if self.seen >= self.calls else 0)
+        self.started = True
+        self.seen, self.confirmed, self.taken = 0, 0, None
+
+    def lead(self, layer: Layer, args: tuple, kwargs: dict) -> None:
+        x = _input_of(args, kwargs)
+        _feed(layer, self.accs, x)
+        self.seen += 1
+        if self.seen < self.calls:
+            return
+        self.taken = (x, _version(x)) if self.calls == 1 and self.candidates else None
+        if self.taken is None:
+            raise _Captured
+
+    def follow(self, layer: Layer, args: tuple, kwargs: dict) -> None:
+        if self.seen < self.calls:
+            return  # not yet there: the forward goes on until the first layer's calls are done
+        x = _input_of(args, kwargs)
+        expected = self.candidates[self.confirmed] if self.confirmed < len(self.candidates) else None
+        if (
+            self.taken is not None
+            and layer is expected
+            and x is self.taken[0]
+            and self.taken[1] is not None
+            and _version(x) == self.taken[1]
+        ):
+            self.confirmed += 1
+            return
+        self.taken = None
+        raise _Captured
+
+
+def _version(x: Any) -> int | None:
+    """The in-place version counter of a tensor (None where it keeps none: inference tensors)."""
+    try:
+        return int(x._version)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _capture_shared(
+    model: nn.Module,
+    batches: Any,
+    layers: dict[str, nn.Module],
+    names: list[str],
+    order: Mapping[str, int],
+    accs: list[arrayprune.HessianAccumulator],
+) -> list[str]:
+    """Feed the Hessian of ``names[0]`` from every batch; the names (a prefix of `names`)
+    whose Hessian it is too, ``names[0]`` first.
+
+    Layers after it in execution order share it while each is called once per forward
+    and multiplies the very input tensor ``names[0]`` took, unchanged (the query, key and
+    value projections of an attention layer): their inputs do not depend on the weights
+    pruned before them, so separate runs would give the same Hessian, bit for bit. The
+    forward then stops at the first other layer, where a step of its own would start.
+    """
+    first = layers[names[0]]
+
+    def kind(layer: nn.Module) -> Any:
+        if not (isinstance(layer, nn.Linear) or is_transposed_linear(layer)):
+            return None  # a convolution's Hessian depends on the layer too
+        return type(layer), is_transposed_linear(layer), tuple(a.k for a in _accumulators(cast(Layer, layer)))
+
+    candidates = []
+    for name in names[1:]:
+        if kind(first) is None or kind(layers[name]) != kind(first) or order[name] != 1:
+            break
+        candidates.append(layers[name])
+    capture = _SharedCapture(accs, order[names[0]], candidates)
+    hooks: dict[nn.Module, Any] = {first: capture.lead}
+    hooks.update((layers[name], capture.follow) for name in names[1:] if layers[name] is not first)
+    handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer, hook in hooks.items()]
+    try:
+        for batch in batches:
+            capture.reset()
+            try:
+                _run(model, batch)
+            except _Captured:
+                pass
+        capture.reset()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return names[: 1 + capture.shared]
 
 
 def _execution_order(model: nn.Module, batches: Any, layers: dict[str, nn.Module]) -> dict[str, int]:

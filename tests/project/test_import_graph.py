@@ -195,7 +195,7 @@ def test_own_modules_are_imported_at_the_top_unless_an_optional_dependency_is_de
 PIPELINE_LAYERS = (
     ("errors", "hooks", "devices"),
     ("request", "method_names", "allocation_request", "shrink_request", "reconstruction_methods"),
-    ("calibration", "hf_calibration", "hf_structure", "reconstruction", "stream_pruning"),
+    ("calibration", "hf_calibration", "hf_structure", "onnx_stages", "reconstruction", "stream_pruning"),
     ("storage", "scoring", "prune_result", "targets", "outputs", "option_files", "scan", "hf_scan", "job",
      "evaluate"),
     ("hf_stage", "reconstruct_stage", "verify_stage", "shrink_checkpoint", "shrink_structure"),
