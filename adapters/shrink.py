@@ -277,6 +277,8 @@ def shrink_onnx(
     segments = [og.segments for og in found.groups]
     if global_ and any(p > 1 for p in segments):
         raise ValueError("a global ranking cannot keep the groups of a grouped convolution even; rank per group")
+    if global_ and any(og.per > 1 for og in found.groups):
+        raise ValueError("a global ranking cannot weigh GroupNorm groups against single channels; rank per group")
     check_rounding(rounding)
     if global_ and rounding != "nearest":
         raise ValueError("rounding applies to each group's count; a global ranking counts all channels at once")

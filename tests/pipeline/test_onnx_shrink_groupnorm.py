@@ -244,3 +244,11 @@ def test_group_norm_groups_through_a_residual_block(dynamo):
     shapes = {t.name: list(t.dims) for t in small.graph.initializer}
     assert shapes["stem.weight"] == [4, 3, 3, 3] and shapes["c1.weight"] == [4, 4, 3, 3]
     assert shapes["c2.weight"] == [4, 4, 3, 3] and shapes["head.weight"] == [5, 4, 1, 1]
+
+
+def test_a_global_ranking_is_refused_before_anything_is_done():
+    model, _ = _gn_graph(21)
+    before = model.SerializeToString()
+    with pytest.raises(ValueError, match="^a global ranking cannot weigh GroupNorm groups against single channels"):
+        shrink_onnx(model, 0.5, global_=True)
+    assert model.SerializeToString() == before
