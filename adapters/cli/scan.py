@@ -5,7 +5,7 @@
     arrayprune scan IN --calibration calib.npz -o scan.json [--plot scan.png]
                     [--method {l1_unstructured,wanda,sparsegpt,ln_structured}] [--sparsities 0.1,0.3,...]
                     [--include PATTERN ...] [--exclude PATTERN ...] [--min-size N] [--outputs NAME ...]
-                    [--calibration-batch N] [--force]
+                    [--calibration-batch N] [--device DEV] [--force]
 
 IN is an ONNX model (run by onnxruntime), or a Hugging Face folder (``config.json`` beside
 safetensors weights) with ``--calibration`` a ``.npz`` of token ids ``input_ids``, run
@@ -25,6 +25,7 @@ from typing import Any
 
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters.pipeline.calibration import read_calibration
+from arrayprune.adapters.pipeline.devices import device_problem, parse_device
 from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
 from arrayprune.adapters.pipeline.hf_calibration import hf_folder
 from arrayprune.adapters.pipeline.hf_scan import scan_hf
@@ -83,6 +84,12 @@ def add_scan_parser(
         "(default: every floating-point graph output)",
     )
     s.add_argument("--calibration-batch", type=positive, default=None, metavar="N", help="samples run at a time")
+    s.add_argument(
+        "--device",
+        default=None,
+        metavar="DEVICE",
+        help="a Hugging Face folder: cpu, cuda or cuda:N, where the layers run, one at a time",
+    )
     s.add_argument("--force", action="store_true", help="overwrite SCAN.json and PNG if they exist")
     return s
 
@@ -115,6 +122,9 @@ def run_scan(args: argparse.Namespace) -> int:
     folder = hf_folder(src) if kind != "onnx" else None
     if folder is not None:
         return _scan_folder(args, folder)
+    if args.device is not None and kind == "onnx":
+        raise CliError("--device: a scan of an ONNX model runs onnxruntime on the CPU (--device is for a Hugging "
+                       "Face folder)", src)  # fmt: skip
     if kind != "onnx":
         raise CliError(
             f"scan runs the model on calibration data: IN must be an ONNX model ({kind} files hold no graph to run); "
@@ -163,6 +173,16 @@ def _scan_folder(args: argparse.Namespace, folder: str) -> int:
     optional_module("transformers", "transformers", "scan of a Hugging Face folder")
     if args.plot is not None:
         optional_module("matplotlib", "plot", "--plot")
+    device = None
+    if args.device is not None:
+        try:
+            parsed = parse_device(args.device)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        problem = device_problem(parsed, "torch")
+        if problem is not None:
+            raise CliError(problem)
+        device = str(parsed)
     try:
         ckpt = fmt.sharded.open_checkpoint(folder)
     except fmt.FormatError as exc:
@@ -181,6 +201,7 @@ def _scan_folder(args: argparse.Namespace, folder: str) -> int:
             exclude=args.exclude,
             min_size=args.min_size,
             calibration_batch=args.calibration_batch,
+            device=device,
             progress=_progress,
         )
     except ValueError as exc:

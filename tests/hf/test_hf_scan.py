@@ -177,7 +177,9 @@ def test_methods():
         (["--outputs", "logits"], ["--outputs names values of an ONNX graph"]),
         (["--include", "lm_head*"], ["'lm_head.weight' is outside the decoder layers"]),
         (["--calibration", "{big}"], ["token ids must be in [0, 128)"]),
-    ],
+        (["--device", "tpu"], ["--device: expected cpu, cuda or cuda:N, got 'tpu'"]),
+    ]
+    + ([] if torch.cuda.is_available() else [(["--device", "cuda"], ["PyTorch sees no CUDA device here"])]),
 )
 def test_refused(llama, tokens, tmp_path, extra, fragments):
     big = tmp_path / "big.npz"
@@ -186,3 +188,30 @@ def test_refused(llama, tokens, tmp_path, extra, fragments):
     proc = run("scan", llama, "--calibration", tokens, "-o", tmp_path / "scan.json", *extra)
     assert_error(proc, *fragments)
     assert not os.path.exists(tmp_path / "scan.json")
+
+
+@pytest.mark.slow
+def test_device_cpu_writes_the_same_scan(llama, tokens, tmp_path, capsys):
+    common = ["--calibration", str(tokens), "--sparsities", "0.2,0.4,0.6,0.8,0.9", "--include", "*mlp.down_proj*"]
+    assert main(["scan", str(llama), "-o", str(tmp_path / "a.json"), *common]) == 0, capsys.readouterr().err
+    assert main(["scan", str(llama), "-o", str(tmp_path / "b.json"), *common, "--device", "cpu"]) == 0
+    with open(tmp_path / "a.json") as a, open(tmp_path / "b.json") as b:
+        assert json.load(a)["curves"] == json.load(b)["curves"]
+
+
+def test_device_is_for_a_folder(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 4])], initializer=[w],
+    )  # fmt: skip
+    onnx.save_model(helper.make_model(graph), str(tmp_path / "m.onnx"))
+    np.savez(tmp_path / "c.npz", x=np.ones((8, 4), np.float32))
+    proc = run("scan", tmp_path / "m.onnx", "--calibration", tmp_path / "c.npz", "-o", tmp_path / "s.json",
+               "--device", "cpu")  # fmt: skip
+    assert_error(proc, "--device: a scan of an ONNX model runs onnxruntime on the CPU")
+    assert not os.path.exists(tmp_path / "s.json")
