@@ -48,6 +48,7 @@ import array_api_compat as apc
 
 from . import amount as _amount
 from ._namespace import namespace
+from .method_parts import prunes_units
 from .registry import METHODS
 from .selection import smallest_magnitude_keep
 
@@ -195,6 +196,7 @@ def resolve_method(method: Any = "ln_structured", **method_args: Any) -> Any:
         cls: Any = METHODS[method]
         if not callable(getattr(cls, "channel_scores", None)):
             raise TypeError(f"method {method!r} does not remove whole channels: it cannot shrink a model")
+        _check_by_weights(cls, repr(method))
         params = inspect.signature(cls.__init__).parameters
         if "n" in params and params["n"].default is inspect.Parameter.empty:
             method_args.setdefault("n", 2)
@@ -208,7 +210,18 @@ def resolve_method(method: Any = "ln_structured", **method_args: Any) -> Any:
             f"{type(method).__name__} does not remove whole channels (it has no channel_scores): "
             "it cannot shrink a model"
         )
+    _check_by_weights(method, type(method).__name__)
     return method
+
+
+def _check_by_weights(method: Any, name: str) -> None:
+    """Refuse a calibrated structured method: channel groups are scored by their weights here."""
+    if prunes_units(method):
+        raise TypeError(
+            f"method {name} scores units on calibration data (the Hessian of the layer reading them): it shrinks a "
+            "Hugging Face folder (prune FOLDER --shrink --calibration) or a transformers model (prune.shrink_llm), "
+            "not channel groups scored by their weights"
+        )
 
 
 def _check_members(arrays: Mapping, group: ChannelGroup) -> list[int]:

@@ -450,6 +450,7 @@ def test_random_structured_is_seeded():
         (("net", "x", "half"), {}, TypeError, r"amount"),
         (("net", "x", 0.5, "l1_unstructured"), {}, TypeError, r"does not remove whole channels"),
         (("net", "x", 0.5, "nope"), {}, ValueError, r"unknown method 'nope'"),
+        (("net", "x", 0.5, "obs_structured"), {}, TypeError, r"scores units on calibration data .*prune\.shrink_llm"),
         (("net", [1, 2], 0.5), {}, TypeError, r"example_inputs must be a tensor"),
         (("net", "wrong", 0.5), {}, RuntimeError, r"does not run on example_inputs"),
         (("notmodule", "x", 0.5), {}, TypeError, r"model must be a torch.nn.Module"),
