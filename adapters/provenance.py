@@ -67,8 +67,8 @@ def record(spec: Any) -> dict[str, str]:
     Returns
     -------
     dict of str to str
-        ``method``, ``amount`` or ``nm``, ``global``, ``allocation``, ``shrink`` (when
-        asked), ``calibration_sha256`` (and the same for ``input_norms``, ``hessians``)
+        ``method``, ``amount`` or ``nm``, ``global``, ``allocation``, ``shrink`` and
+        ``rounding`` (when asked), ``calibration_sha256`` (and the same for ``input_norms``, ``hessians``)
         when given, and ``version``; keys sorted.
     """
 
@@ -83,6 +83,8 @@ def record(spec: Any) -> dict[str, str]:
         out["allocation"] = "owl" if spec.allocation == "owl" else f"scan sha256 {sha256_of(spec.allocation)}"
     if spec.shrink:
         out["shrink"] = spec.groups or "channels"
+    if getattr(spec, "rounding", "nearest") != "nearest":
+        out["rounding"] = spec.rounding
     for field, key in _DATA_FILES.items():
         path = getattr(spec, field, None)
         if path:

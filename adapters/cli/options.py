@@ -27,6 +27,7 @@ from arrayprune.adapters.pipeline.method_names import (
 )
 from arrayprune.adapters.pipeline.request import method_arguments
 from arrayprune.adapters.pipeline.shrink_request import GROUPS, channel_methods
+from arrayprune.adapters.roles.onnx_group_types import ROUNDINGS
 from arrayprune.adapters.verify import DEFAULT_TOL
 
 from .errors import PROG, CliError
@@ -334,6 +335,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="--shrink: what goes (channels, the default; heads; a Hugging Face folder's decoder layers or the "
         "experts of its MoE layers, ranked on --calibration token ids)",
+    )
+    p.add_argument(
+        "--rounding",
+        choices=ROUNDINGS,
+        default="nearest",
+        help="--shrink by weights: a fraction removes round(amount * C) channels of each group (nearest, the "
+        "default, as PyTorch) or keeps int((1 - amount) * C) (keep_floor, as Torch-Pruning)",
     )
     p.add_argument(
         "--no-compensate",

@@ -142,6 +142,8 @@ class ShrinkResult:
         Per group name, the channels kept, ascending (None for a dry run).
     params_before, params_after : int or None
         Entries of all initializers of the main graph, before and after (None for a dry run).
+    rounding : str
+        How a fraction became each ONNX group's count (``"nearest"``, ``"keep_floor"``).
     """
 
     groups: OnnxGroups
@@ -149,9 +151,12 @@ class ShrinkResult:
     kept: dict[str, list[int]] | None = None
     params_before: int | None = None
     params_after: int | None = None
+    rounding: str = "nearest"
 
     def describe(self) -> str:
         """Each group (members, channels before and after the amount) and each producer left, one a line."""
+        if self.rounding != "nearest":
+            return self.groups.describe(self.amount, rounding=self.rounding)
         return self.groups.describe(self.amount)
 
 

@@ -262,6 +262,10 @@ class PruneSpec:
         ``shrink`` with a calibrated structured method (``activation_structured``,
         ``obs_structured``: :class:`arrayprune.UnitPruningMethod`): refit the layer reading
         the removed units on the kept ones (``--no-compensate``: off).
+    rounding : {"nearest", "keep_floor"}, default "nearest"
+        ``shrink`` by weights (channels or heads of an ONNX model or a Hugging Face
+        folder): how a fraction becomes each group's count, ``round(amount * C)`` removed
+        (PyTorch's rule), or ``int((1 - amount) * C)`` kept (Torch-Pruning's rule).
     allocation : str, optional
         Each weight's share of `amount`: a sensitivity scan's JSON file (``arrayprune
         scan``) or ``"owl"`` (see :mod:`arrayprune.adapters.pipeline.allocation`); bounded by
@@ -317,6 +321,7 @@ class PruneSpec:
     shrink: bool = False
     groups: str | None = None
     compensate: bool = True
+    rounding: str = "nearest"
     allocation: str | None = None
     allocation_check: bool = True
     allocation_check_data: str | None = None

@@ -52,6 +52,7 @@ from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult,
 from arrayprune.adapters.provenance import KEY
 from arrayprune.adapters.roles.hf_config import CONFIG_NAME, config_bytes, read_config
 from arrayprune.adapters.roles.hf_groups import FAMILIES, HfGroup, HfGroups, HfGroupsError, hf_groups
+from arrayprune.adapters.roles.onnx_group_types import even_drop
 from arrayprune.adapters.shrink import _check_method, _per_group_methods
 from arrayprune.adapters.summary import PruneSummary, Totals
 from arrayprune.groups import choose_channels, group_scores
@@ -297,23 +298,25 @@ def run_checkpoint_shrink(job: ShrinkJob) -> Any:
 
     kind = "Hugging Face checkpoint"
     spec, src, dst = job.spec, job.src, job.dst
+    amount = spec.amount
     try:
         ckpt, config = open_hf(src)
-        if spec.amount is None:
-            found = hf_groups(config, {n: t.shape for n, t in ckpt.tensors.items()}, job.groups)
-        else:
-            found = plan_checkpoint_shrink(ckpt, config, spec.amount, job.groups)[0]
+        found = hf_groups(config, {n: t.shape for n, t in ckpt.tensors.items()}, job.groups)
+        if amount is not None:
+            if spec.rounding != "nearest" and found.groups:  # every layer has as many units: one count
+                amount = even_drop(amount, found.groups[0].units, 1, found.groups[0].name, spec.rounding)
+            found = plan_checkpoint_shrink(ckpt, config, amount, job.groups)[0]
     except HfGroupsError as exc:
         raise PruneError(f"--shrink: {exc}", src) from None
     except (TypeError, ValueError) as exc:
         raise PruneError(f"--amount: {error_text(exc)}", src) from None
     if spec.dry_run:
-        return PruneResult(src, None, kind, spec, [], notes=shrink_notes(spec), shrink=ShrinkResult(found, spec.amount))
+        return PruneResult(src, None, kind, spec, [], notes=shrink_notes(spec), shrink=ShrinkResult(found, amount))
     if dst is None:
         raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
     try:
         done = shrink_checkpoint(
-            src, dst, spec.amount, spec.method, groups=job.groups, force=spec.force,
+            src, dst, amount, spec.method, groups=job.groups, force=spec.force,
             stage=job.hooks.stage, made=provenance.record(spec), **job.channel_arguments(),
         )  # fmt: skip
     except HfGroupsError as exc:
@@ -328,7 +331,7 @@ def run_checkpoint_shrink(job: ShrinkJob) -> Any:
         if name in members:
             pruned.add(size, 0)
     written = PruneSummary(pruned=pruned, whole=whole, files=done.files, left=done.left)
-    shrunk = ShrinkResult(done.groups, spec.amount, done.kept, done.params_before, done.params_after)
+    shrunk = ShrinkResult(done.groups, amount, done.kept, done.params_before, done.params_after)
     sizes_before = {**done.groups.sizes, "head_dim": done.groups.sizes.get("head_dim")}
     changes = ", ".join(f"{k} {sizes_before[k]} -> {v}" for k, v in done.config.items() if sizes_before.get(k, v) != v)
     notes = [*shrink_notes(spec), f"{CONFIG_NAME} rewritten: {changes}"]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import arrayprune
 from arrayprune.adapters.pipeline.errors import PruneError
 from arrayprune.adapters.pipeline.method_names import unit_methods
+from arrayprune.adapters.roles.onnx_group_types import ROUNDINGS
 from arrayprune.method_parts import prunes_units
 
 if TYPE_CHECKING:  # the request module imports this one
@@ -48,6 +49,15 @@ def check_shrink(spec: PruneSpec) -> None:
 
     if spec.groups is not None and spec.groups not in GROUPS:
         raise PruneError(f"invalid choice for --groups: {spec.groups!r} (choose from {', '.join(GROUPS)})")
+    if spec.rounding not in ROUNDINGS:
+        raise PruneError(f"invalid choice for --rounding: {spec.rounding!r} (choose from {', '.join(ROUNDINGS)})")
+    if spec.rounding != "nearest":
+        if not spec.shrink:
+            raise PruneError("--rounding says how --shrink counts each group's channels: add --shrink")
+        if spec.global_:
+            raise PruneError("--rounding counts each group's channels; --global ranks all channels at once")
+        if spec.groups in ("layers", "experts") or spec.method in unit_methods():
+            raise PruneError("--rounding applies to channels and heads scored by their weights")
     if not spec.shrink:
         if spec.groups is not None:
             raise PruneError("--groups says what --shrink removes: add --shrink")

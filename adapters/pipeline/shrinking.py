@@ -42,6 +42,7 @@ from arrayprune.adapters.pipeline.shrink_structure import UnitScores, check_hf_s
 from arrayprune.adapters.pipeline.storage import WholeFile
 from arrayprune.adapters.pipeline.targets import plan_for
 from arrayprune.adapters.pipeline.verify_stage import compare_outputs, verify_inputs
+from arrayprune.adapters.roles.onnx_group_types import even_drop
 from arrayprune.adapters.roles.onnx_groups import OnnxGroups, onnx_groups
 from arrayprune.adapters.shrink import ShrinkReport, shrink_onnx, source_names, zeroed_onnx
 from arrayprune.adapters.summary import PruneSummary, Totals, report_rows, totals
@@ -50,7 +51,9 @@ __all__ = ["ShrinkResult", "check_shrink_job", "run_shrink", "zeroed_reference"]
 
 
 
-def _check_amount(found: OnnxGroups, amount: int | float, src: str, global_: bool = False) -> None:
+def _check_amount(
+    found: OnnxGroups, amount: int | float, src: str, global_: bool = False, rounding: str = "nearest"
+) -> None:
     """Refuse an amount that a group cannot lose (a count above its channels, or all of them).
 
     With `global_`, an amount of all channels that would leave a group none.
@@ -67,7 +70,7 @@ def _check_amount(found: OnnxGroups, amount: int | float, src: str, global_: boo
         return
     for g in found.groups:
         n = g.group.channels
-        k = _amount.compute_nparams_toprune(amount, n)
+        k = even_drop(amount, n, 1, str(g.group.name), rounding)
         if k >= n or (_amount.is_count(amount) and amount > n):
             raise PruneError(f"--amount {amount} would remove every channel of group {g.group.name!r} ({n})", src)
 
@@ -191,10 +194,11 @@ def _shrink_onnx(job: ShrinkJob) -> PruneResult:
     plan = storage.shown(plan_for(storage, spec))
     found = onnx_groups(wf.context["model"], job.groups)
     if spec.amount is not None:
-        _check_amount(found, spec.amount, src, spec.global_)
+        _check_amount(found, spec.amount, src, spec.global_, spec.rounding)
     if spec.dry_run:  # with --global, the counts per group come from the scores: not shown
         shown = None if spec.global_ else spec.amount
-        return PruneResult(src, None, kind, spec, plan, notes=shrink_notes(spec), shrink=ShrinkResult(found, shown))
+        dry = ShrinkResult(found, shown, rounding=spec.rounding)
+        return PruneResult(src, None, kind, spec, plan, notes=shrink_notes(spec), shrink=dry)
     if not found.groups:
         if found.kind == "heads":
             raise PruneError(
@@ -206,7 +210,7 @@ def _shrink_onnx(job: ShrinkJob) -> PruneResult:
     try:
         small, report = shrink_onnx(
             _members_inline(wf, found), spec.amount, spec.method, global_=spec.global_, kind=found.kind,
-            **job.channel_arguments(),
+            rounding=spec.rounding, **job.channel_arguments(),
         )  # fmt: skip
     except (ValueError, TypeError, KeyError) as exc:
         raise PruneError(f"--shrink: {error_text(exc)}", src) from None
@@ -221,7 +225,7 @@ def _shrink_onnx(job: ShrinkJob) -> PruneResult:
     context = {**wf.context, "model": small, "provenance": provenance.record(spec)}
     fmt.save(dst, params, "onnx", like=WeightFile(src, "onnx", params, context))
 
-    shrunk = ShrinkResult(found, spec.amount, report.kept, report.params_before, report.params_after)
+    shrunk = ShrinkResult(found, spec.amount, report.kept, report.params_before, report.params_after, spec.rounding)
     if dst is None:  # dry runs returned above
         raise PruneError("--shrink: give -o OUT, or --dry-run", src)
     written = _summary(params, changed, storage.roles, dst)

@@ -224,7 +224,7 @@ class OnnxGroups:
     left: list[LeftGroup] = field(default_factory=list)
     kind: str = "channels"
 
-    def describe(self, amount: int | float | None = None) -> str:
+    def describe(self, amount: int | float | None = None, rounding: str = "nearest") -> str:
         """Lines for people: each group with its members, each left producer with its reason.
 
         Members are ``name[axis]`` (``name[axis/block]`` for blocks of a head; ``from
@@ -241,7 +241,10 @@ class OnnxGroups:
             views = dict(g.views)
             members = ", ".join(_shown(m, views) + ("" if m.weight else "*") for m in g.group.members)
             n = g.group.channels
-            count = f"{n}" if amount is None else f"{n} -> {n - even_drop(amount, n, g.segments, g.group.name)}"
+            if amount is None:
+                count = f"{n}"
+            else:
+                count = f"{n} -> {n - even_drop(amount, n, g.segments, g.group.name, rounding)}"
             more = f" + {len(g.producers) - 1} more" if len(g.producers) > 1 else ""
             parts = f" in {g.segments} convolution groups" if g.segments > 1 else ""
             what = f"GroupNorm groups of {g.per} channels" if g.per > 1 else unit

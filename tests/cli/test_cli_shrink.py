@@ -355,3 +355,40 @@ def test_a_count_of_one_is_told_in_the_singular():
     (kv,) = shrink_notes(PruneSpec("ln_structured", amount=2, shrink=True), "KV groups", "each layer")
     assert ": 1 channel removed from each channel group;" in one
     assert ": 1 layer removed from the model;" in layer and ": 2 KV groups removed from each layer;" in kv
+
+
+def test_rounding_keep_floor_keeps_torch_pruning_counts(model, tmp_path, capsys):
+    """``--rounding keep_floor``: each group keeps ``int((1 - amount) * C)``, the bytes of
+    ``shrink_onnx(..., rounding="keep_floor")``; the dry run counts the same way."""
+    out = tmp_path / "out.onnx"
+    code, printed, err = cli(capsys, model, "-o", out, "--amount", "0.3", "--shrink", "--rounding", "keep_floor",
+                             "--method", "ln_structured")  # fmt: skip
+    assert code == 0, err
+    small, report = shrink_onnx(onnx.load(str(model)), 0.3, "ln_structured", rounding="keep_floor")
+    assert arrays(checked(out)) == arrays(small)
+    nearest, _ = shrink_onnx(onnx.load(str(model)), 0.3, "ln_structured")
+    for g in report.groups.groups:
+        n = g.group.channels
+        assert len(report.kept[g.group.name]) == int(0.7 * n) < n - round(0.3 * n)  # 64: 44 kept, not 45
+        assert f"group {g.group.name}: {n} -> {int(0.7 * n)} channels kept" in printed
+    assert arrays(small) != arrays(nearest)
+    code, dry, err = cli(capsys, model, "--dry-run", "--amount", "0.3", "--shrink", "--rounding", "keep_floor",
+                         "--method", "ln_structured")  # fmt: skip
+    assert code == 0, err
+    assert f"({report.groups.groups[0].group.channels} -> {int(0.7 * report.groups.groups[0].group.channels)}" in dry
+    (made,) = [json.loads(p.value) for p in checked(out).metadata_props if p.key == "arrayprune"]
+    assert made["rounding"] == "keep_floor" and made["shrink"] == "channels"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--amount", "0.3", "--rounding", "keep_floor"], "--rounding says how --shrink counts"),
+        (["--amount", "0.3", "--shrink", "--global", "--rounding", "keep_floor"], "--global ranks all channels"),
+        (["--amount", "0.3", "--shrink", "--rounding", "up"], "invalid choice"),
+    ],
+)
+def test_rounding_refusals(model, tmp_path, capsys, args, message):
+    code, _, err = cli(capsys, model, "-o", tmp_path / "out.onnx", "--method", "ln_structured", *args)
+    assert code == 2 and message in err and err.count("\n") == 1
+    assert not (tmp_path / "out.onnx").exists()

@@ -470,3 +470,22 @@ def test_llama_heads_that_do_not_divide_the_hidden_size_are_refused(tmp_path):
     assert not os.path.exists(tmp_path / "out")
     done = shrink_checkpoint(tmp_path / "dense", tmp_path / "ok", 2, groups="heads")
     assert done.config["num_attention_heads"] == 2
+
+
+def test_rounding_keep_floor_on_a_folder(llama, tmp_path):
+    """``rounding="keep_floor"``: every layer keeps ``int(0.7 * 48) = 33`` MLP channels (nearest keeps 34),
+    the channels of largest norm; the dry run counts the same."""
+    from arrayprune.adapters import prune_file
+
+    dry = prune_file(llama, shrink=True, amount=0.3, method="ln_structured", rounding="keep_floor", dry_run=True)
+    assert "48 -> 33" in dry.shrink.describe()
+    done = prune_file(llama, tmp_path / "small", shrink=True, amount=0.3, method="ln_structured", rounding="keep_floor")
+    with open(tmp_path / "small" / "config.json") as f:
+        cfg = json.load(f)
+    assert cfg["intermediate_size"] == 33 and cfg["arrayprune"]["rounding"] == "keep_floor"
+    dense = tensors(llama)
+    for i in range(2):
+        p = f"model.layers.{i}.mlp."
+        norms = sum((dense[p + k].astype(np.float64) ** 2).sum(axis=a) for k, a in (("gate_proj.weight", 1),
+                    ("up_proj.weight", 1), ("down_proj.weight", 0)))  # fmt: skip
+        assert done.shrink.kept[f"model.layers.{i}.mlp"] == sorted(np.argsort(norms, kind="stable")[15:].tolist())
