@@ -76,4 +76,6 @@ def test_peak_memory_is_one_layer_not_the_model(tmp_path, kind):
     grew = got["peak"] - got["before"]
     print(f"{kind}: checkpoint {size / 2**20:.0f} MB, peak RSS {got['peak'] / 2**20:.0f} MB, "
           f"{grew / 2**20:.0f} MB above the imports")  # fmt: skip
-    assert grew < 0.6 * size, (grew, size)  # the model in float32 is the size; one layer is 7% (13%) of it
+    # The model in float32 is the size; one layer is 7% (13%) of it. Above it: torch's first forward
+    # (thread pools, allocator arenas), 60-140 MB from run to run and venv to venv.
+    assert grew < 0.75 * size, (grew, size)
