@@ -146,21 +146,17 @@ class UnitPruningMethod(StructuredPruningMethod):
         if k:
             kept = xp.nonzero(smallest_magnitude_keep([scores], k)[0])[0]
         else:
-            kept = xp.arange(units, device=_device(scores))
+            kept = xp.arange(units, device=apc.device(scores))
         per = weight.shape[1] // units
-        offsets = xp.arange(per, dtype=kept.dtype, device=_device(kept))
+        offsets = xp.arange(per, dtype=kept.dtype, device=apc.device(kept))
         columns = xp.reshape(kept[:, None] * per + offsets[None, :], (-1,))
         if self.compensate:
             refit = xp.astype(compensate(weight, hessian, columns, self.damp), weight.dtype)
         else:
             refit = xp.take(weight, columns, axis=1)
-        new = xp.zeros(weight.shape, dtype=weight.dtype, device=_device(weight))
+        new = xp.zeros(weight.shape, dtype=weight.dtype, device=apc.device(weight))
         new = _put_columns(xp, new, columns, refit)
         return UnitChoice(scores, kept, columns, new)
-
-
-def _device(x: Array) -> Any:
-    return apc.device(x)
 
 
 def _put_columns(xp: Any, out: Array, columns: Array, values: Array) -> Array:
@@ -168,7 +164,7 @@ def _put_columns(xp: Any, out: Array, columns: Array, values: Array) -> Array:
     try:
         return xpx.at(out)[:, columns].set(values, xp=xp)
     except IndexError:  # no integer-array assignment (array-api-strict): a one-hot product
-        at = columns[:, None] == xp.arange(out.shape[1], dtype=columns.dtype, device=_device(columns))[None, :]
+        at = columns[:, None] == xp.arange(out.shape[1], dtype=columns.dtype, device=apc.device(columns))[None, :]
         return values @ xp.astype(at, values.dtype)
 
 

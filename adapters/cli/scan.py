@@ -25,7 +25,6 @@ from typing import Any
 
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters.pipeline.calibration import read_calibration
-from arrayprune.adapters.pipeline.devices import device_problem, parse_device
 from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
 from arrayprune.adapters.pipeline.hf_calibration import hf_folder
 from arrayprune.adapters.pipeline.hf_scan import scan_hf
@@ -173,16 +172,6 @@ def _scan_folder(args: argparse.Namespace, folder: str) -> int:
     optional_module("transformers", "transformers", "scan of a Hugging Face folder")
     if args.plot is not None:
         optional_module("matplotlib", "plot", "--plot")
-    device = None
-    if args.device is not None:
-        try:
-            parsed = parse_device(args.device)
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-        problem = device_problem(parsed, "torch")
-        if problem is not None:
-            raise CliError(problem)
-        device = str(parsed)
     try:
         ckpt = fmt.sharded.open_checkpoint(folder)
     except fmt.FormatError as exc:
@@ -201,7 +190,7 @@ def _scan_folder(args: argparse.Namespace, folder: str) -> int:
             exclude=args.exclude,
             min_size=args.min_size,
             calibration_batch=args.calibration_batch,
-            device=device,
+            device=args.device,
             progress=_progress,
         )
     except ValueError as exc:

@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["Device", "device_problem", "onnx_device", "onnx_providers", "parse_device"]
+__all__ = ["Device", "checked_device", "device_problem", "onnx_device", "onnx_providers", "parse_device"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,22 @@ def device_problem(device: Device, runner: str) -> str | None:
         seen = f"{count} CUDA device{'s' if count != 1 else ''}"
         return f"--device {device}: PyTorch sees {seen} (cuda:0 to cuda:{count - 1})"
     return None
+
+
+def checked_device(text: str, runner: str = "torch") -> Device:
+    """The device `text` names, if `runner` can run on it here (:func:`parse_device`, then
+    :func:`device_problem`).
+
+    Raises
+    ------
+    ValueError
+        A misspelt device, or one that is not here: one line.
+    """
+    device = parse_device(text)
+    problem = device_problem(device, runner)
+    if problem is not None:
+        raise ValueError(problem)
+    return device
 
 
 _ONNX_DEVICE: contextvars.ContextVar[Device | None] = contextvars.ContextVar("onnx_device", default=None)

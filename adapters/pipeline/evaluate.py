@@ -42,7 +42,7 @@ import numpy as np
 
 from arrayprune.adapters.formats.safetensors_stream import TensorFiles
 from arrayprune.adapters.formats.sharded import open_checkpoint
-from arrayprune.adapters.pipeline.devices import device_problem, parse_device
+from arrayprune.adapters.pipeline.devices import checked_device
 from arrayprune.adapters.pipeline.errors import optional_module
 from arrayprune.adapters.pipeline.hf_calibration import (
     BATCH_ROWS,
@@ -339,11 +339,7 @@ def evaluate(
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
     where = torch.device("cpu")
     if device is not None:
-        parsed = parse_device(device)
-        problem = device_problem(parsed, "torch")
-        if problem is not None:
-            raise ValueError(problem)
-        where = torch.device(str(parsed))
+        where = torch.device(str(checked_device(device)))
     runs = [_Model(folder, where)]
     if dense_folder is not None:
         runs.append(_Model(dense_folder, where))

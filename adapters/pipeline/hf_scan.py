@@ -31,6 +31,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from arrayprune.adapters.pipeline.devices import checked_device
 from arrayprune.adapters.pipeline.hf_structure import _FUSED, _RENAMED, LayerWalk
 from arrayprune.adapters.pipeline.method_names import reconstructs, scan_methods
 from arrayprune.adapters.pipeline.scan import (
@@ -155,7 +156,8 @@ def scan_hf(
     ------
     ValueError
         A method or sparsities the scan does not take, no weight selected, a selected
-        weight outside the decoder layers, token ids that do not fit the model (one line).
+        weight outside the decoder layers, token ids that do not fit the model, a device
+        that is not here (one line).
     """
     import torch
 
@@ -164,6 +166,8 @@ def scan_hf(
             f"a scan of a Hugging Face folder prunes with {', '.join(hf_scan_methods())}, not {method!r}"
         )
     sparsities = check_sparsities(sparsities)
+    if device is not None:
+        device = str(checked_device(device))  # before anything runs
     targets = _targets(source.tensors, tree_roles(source.tensors), method, include, exclude, min_size)
     curves: list[Curve] = []
     with LayerWalk(source, folder, calibration, calibration_batch, device) as walk:
