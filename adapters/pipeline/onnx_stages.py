@@ -19,6 +19,11 @@ levels. :class:`LevelRunner` runs each level's part only:
   inputs and the pruned weights it reads, and whose outputs are its activations and the
   frontier values it makes. Sessions are made one level at a time.
 
+The kept values are held in memory up to a budget (:func:`frontier_memory`: a quarter of
+the machine's memory by default); beyond it they are written to a temporary folder
+(``tempfile``'s, so ``TMPDIR`` chooses the disk) and read back memory-mapped, the same
+bytes either way. The folder is removed when the runner closes.
+
 Across all levels every node runs once per batch, as in one pass of the whole graph.
 The values are those of the whole graph: each node gets the same inputs, batch by
 batch. Graphs this cannot cut (subgraphs of ``If``, ``Loop`` or ``Scan``; random
@@ -28,20 +33,104 @@ operators, whose draws would differ; an activation that no node makes) report so
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from arrayprune.adapters.pipeline.calibration import _first_line, _open_session, _prepared_model, _quiet_run_options
 
-__all__ = ["LevelRunner", "Stage", "stage_plan"]
+__all__ = ["FrontierStore", "LevelRunner", "Stage", "frontier_memory", "stage_plan"]
 
 #: Operators whose values differ from run to run: a graph holding one is run whole per level.
 RANDOM_OPERATORS = frozenset(
     {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
 )
+
+#: Used where the machine's memory cannot be read: 2 GiB.
+FALLBACK_MEMORY = 2 << 30
+
+
+def frontier_memory() -> int:
+    """The default budget in bytes for kept frontier values: a quarter of physical memory."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # no sysconf (Windows) or no such name
+        return FALLBACK_MEMORY
+    return total // 4 if total > 0 else FALLBACK_MEMORY
+
+
+class FrontierStore:
+    """Kept values by batch: in memory up to `budget` bytes, memory-mapped files beyond.
+
+    Parameters
+    ----------
+    batches : int
+        How many calibration batches (one mapping of values each).
+    budget : int
+        Bytes of values held in memory; a value that would pass it is written to a
+        temporary folder and read back memory-mapped (``numpy.load(mmap_mode="r")``).
+    """
+
+    def __init__(self, batches: int, budget: int):
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise ValueError(f"the frontier memory budget must be a whole number of bytes >= 0, got {budget!r}")
+        self.batches: list[dict[str, np.ndarray]] = [{} for _ in range(batches)]
+        self.budget = budget
+        #: Bytes held in memory now, and the most held at once.
+        self.held = 0
+        self.peak = 0
+        self._folder: Path | None = None
+        self._files: dict[tuple[int, str], Path] = {}
+        self._written = 0
+
+    def put(self, batch: int, name: str, value: np.ndarray) -> None:
+        """Keep `value` as `name` of batch `batch`."""
+        self.pop(batch, name)
+        if self.held + value.nbytes <= self.budget:
+            self.batches[batch][name] = value
+            self.held += value.nbytes
+            self.peak = max(self.peak, self.held)
+            return
+        if self._folder is None:
+            self._folder = Path(tempfile.mkdtemp(prefix="arrayprune-frontier-"))
+        path = self._folder / f"{self._written}.npy"  # a new name: a live map is never overwritten
+        self._written += 1
+        np.save(path, np.ascontiguousarray(value), allow_pickle=False)
+        self._files[(batch, name)] = path
+        self.batches[batch][name] = np.load(path, mmap_mode="r", allow_pickle=False)
+
+    def pop(self, batch: int, name: str) -> None:
+        """Forget `name` of batch `batch` (its file too), if kept."""
+        value = self.batches[batch].pop(name, None)
+        path = self._files.pop((batch, name), None)
+        if path is not None:
+            del value
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:  # still mapped (Windows): close() removes the folder
+                pass
+        elif value is not None:
+            self.held -= value.nbytes
+
+    @property
+    def spilled(self) -> int:
+        """How many values are on disk now."""
+        return len(self._files)
+
+    def close(self) -> None:
+        """Drop every value and remove the temporary folder."""
+        self.batches = [{} for _ in self.batches]
+        self._files.clear()
+        self.held = 0
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
 
 
 @dataclass(frozen=True)
@@ -198,27 +287,50 @@ class LevelRunner:
         :func:`~arrayprune.adapters.pipeline.calibration._prepared_model`).
     plan : list of Stage
         From :func:`stage_plan` on `model`.
+    memory : int, optional
+        Bytes of kept values held in memory (:class:`FrontierStore`); default
+        :func:`frontier_memory`.
+
+    Use it as a context manager (or call :meth:`close`) so that values written to disk
+    are removed.
     """
 
-    def __init__(self, wf: Any, model: Any, plan: list[Stage]):
+    def __init__(self, wf: Any, model: Any, plan: list[Stage], memory: int | None = None):
         self._wf = wf
         self._model = model
         self._plan = plan
-        self._kept: list[dict[str, np.ndarray]] = []
+        self._memory = frontier_memory() if memory is None else memory
+        self.store: FrontierStore | None = None
+
+    def __enter__(self) -> LevelRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop the kept values and remove any written to disk."""
+        if self.store is not None:
+            self.store.close()
 
     @classmethod
     def for_levels(
-        cls, wf: Any, levels: Sequence[Sequence[str]], fed: Mapping[str, Any], model: Any = None
+        cls,
+        wf: Any,
+        levels: Sequence[Sequence[str]],
+        fed: Mapping[str, Any],
+        model: Any = None,
+        memory: int | None = None,
     ) -> LevelRunner | None:
         """A runner for `levels`, or None where the graph cannot be cut (run it whole instead).
 
         `model` is the prepared model (target weights as graph inputs) where the caller
-        has it already; otherwise it is made from `wf` and `fed`.
+        has it already; otherwise it is made from `wf` and `fed`. `memory` as for the class.
         """
         if model is None:
             model = _prepared_model(wf, sorted({a for level in levels for a in level}), fed)
         plan = stage_plan(model, levels)
-        return None if plan is None else cls(wf, model, plan)
+        return None if plan is None else cls(wf, model, plan, memory)
 
     def run(
         self,
@@ -255,17 +367,18 @@ class LevelRunner:
         """
         stage = self._plan[level]
         starts = range(0, samples, batch_size)
-        if not self._kept:
-            self._kept = [{} for _ in starts]
+        if self.store is None:
+            self.store = FrontierStore(len(starts), self._memory)
+        store = self.store
         session = None
         if stage.nodes:
-            first = self._kept[0]
+            first = store.batches[0]
             kinds = {name: (_tensor_type(first[name].dtype), first[name].ndim) for name in stage.frontier_in}
             session = _open_session(self._wf, _stage_model(self._model, stage, kinds))
         quiet = _quiet_run_options()
         outputs = list(dict.fromkeys([*stage.fetch, *stage.made]))
         for b, start in enumerate(starts if progress is None else progress(starts, "calibration")):
-            kept = self._kept[b]
+            kept = store.batches[b]
             if session is not None:
                 feeds = {name: kept[name] for name in stage.frontier_in}
                 for name in stage.sources:
@@ -279,13 +392,19 @@ class LevelRunner:
                 except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
                     raise ValueError(f"onnxruntime cannot run the calibration data: {_first_line(exc)}") from None
                 made = dict(zip(outputs, values, strict=True))
-                kept.update((name, made[name]) for name in stage.made)
+                for name in stage.made:
+                    store.put(b, name, made[name])
             else:
                 made = {}
-            result = {name: made[name] if name in made else kept[name] for name in stage.wanted}
+            result = {name: made[name] if name in made else _loaded(kept[name]) for name in stage.wanted}
             for name in stage.drop:
-                kept.pop(name, None)
+                store.pop(b, name)
             yield result
+
+
+def _loaded(value: np.ndarray) -> np.ndarray:
+    """`value` in memory: a copy where it is a memory map of a kept file (the caller keeps it)."""
+    return np.array(value) if isinstance(value, np.memmap) else value
 
 
 def _tensor_type(dtype: np.dtype) -> int:

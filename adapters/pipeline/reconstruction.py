@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -202,7 +203,8 @@ def onnx_sparsegpt(
 
     current = {name: wf.params[name] for name in names}
     done: dict[str, Reconstructed] = {}
-    with blas_threads(max(t.k for t in targets.values())):  # small Hessians: one BLAS thread
+    kept = runner if runner is not None else nullcontext()  # a runner removes the values it wrote to disk
+    with kept, blas_threads(max(t.k for t in targets.values())):  # small Hessians: one BLAS thread
         for index, level in enumerate(levels):
             weights = {inputs[name]: current[name] for name in names} if sequential else None
             level_targets = [targets[x] for x in level]

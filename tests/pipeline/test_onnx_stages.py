@@ -125,7 +125,8 @@ def _bert_export(folder):
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
-def test_each_level_gets_the_values_of_the_whole_graph_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("memory", [None, 0, 20_000], ids=["in-memory", "all-on-disk", "some-on-disk"])
+def test_each_level_gets_the_values_of_the_whole_graph_bit_for_bit(tmp_path, memory):
     wf, calibration, names = _bert_export(tmp_path)
     model = wf.context["model"]
     feeds = reconstruction.weight_feeds(model)
@@ -136,13 +137,16 @@ def test_each_level_gets_the_values_of_the_whole_graph_bit_for_bit(tmp_path):
     inputs = _fed_inputs(model, fed)
     session = _session(wf, sorted({a for w in wanted for a in w}), fed)
     casts, samples = _check_inputs(session, calibration, inputs.values())
-    runner = LevelRunner.for_levels(wf, wanted, fed)
+    runner = LevelRunner.for_levels(wf, wanted, fed, memory=memory)
     assert runner is not None
     weights = {inputs[n]: np.asarray(wf.params[n]).copy() for n in names}
     rng = np.random.default_rng(2)
+    spilled = 0
     for index, level in enumerate(levels):
         whole = list(_run_batches(session, calibration, casts, samples, wanted[index], 4, weights))
         staged = list(runner.run(index, calibration, casts, samples, 4, weights))
+        assert runner.store is not None
+        spilled = max(spilled, runner.store.spilled)
         assert len(staged) == len(whole) == 3
         for a, b in zip(whole, staged, strict=True):
             assert a.keys() == b.keys()
@@ -150,7 +154,56 @@ def test_each_level_gets_the_values_of_the_whole_graph_bit_for_bit(tmp_path):
                 assert a[key].tobytes() == b[key].tobytes(), (index, key)
         for n in level:  # this level "pruned": later levels see the changed weights
             weights[inputs[n]] = (weights[inputs[n]] * (rng.random(weights[inputs[n]].shape) > 0.5)).astype(np.float32)
-    assert runner._kept == [{}, {}, {}]  # nothing is held once the last level has run
+    store = runner.store
+    assert store.batches == [{}, {}, {}] and store.held == 0  # nothing is held once the last level has run
+    if memory is None:
+        assert spilled == 0 and store.peak > 20_000
+    else:
+        assert store.peak <= memory and spilled > 0  # over the budget: on disk, the same bytes
+        folder = store._folder
+        assert folder is not None and folder.is_dir() and not list(folder.iterdir())
+    runner.close()
+    assert store._folder is None and (memory is None or not folder.exists())
+
+
+def test_frontier_store_keeps_values_in_memory_up_to_its_budget_then_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setattr(onnx_stages.tempfile, "tempdir", str(tmp_path))
+    store = onnx_stages.FrontierStore(2, budget=100)
+    a, b, c = (np.arange(n, dtype=np.float32) for n in (20, 10, 5))  # 80, 40 and 20 bytes
+    store.put(0, "a", a)
+    store.put(1, "b", b)  # 80 + 40 > 100: to disk
+    store.put(1, "c", c)  # 80 + 20 fits
+    assert store.held == 100 and store.spilled == 1
+    assert store.batches[0]["a"] is a and store.batches[1]["c"] is c
+    assert isinstance(store.batches[1]["b"], np.memmap) and np.array_equal(store.batches[1]["b"], b)
+    (folder,) = tmp_path.iterdir()
+    assert len(list(folder.iterdir())) == 1
+    store.pop(1, "b")
+    assert not list(folder.iterdir()) and store.spilled == 0
+    store.pop(0, "a")
+    store.put(1, "b", b)  # room again
+    assert store.held == 60 and store.spilled == 0 and store.peak == 100
+    store.put(0, "z", np.zeros(30, np.float32))  # 120 bytes alone: to disk
+    store.close()
+    assert not folder.exists() and store.batches == [{}, {}] and store.held == 0
+
+
+@pytest.mark.parametrize("budget", [-1, 1.5, True])
+def test_frontier_store_refuses_a_budget_that_is_not_a_byte_count(budget):
+    with pytest.raises(ValueError, match="whole number of bytes"):
+        onnx_stages.FrontierStore(1, budget)
+
+
+def test_the_default_budget_is_a_quarter_of_the_memory(monkeypatch):
+    values = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1 << 20}  # 4 GiB
+    monkeypatch.setattr(onnx_stages.os, "sysconf", lambda name: values[name])
+    assert onnx_stages.frontier_memory() == 1 << 30
+
+    def missing(name):
+        raise ValueError(name)
+
+    monkeypatch.setattr(onnx_stages.os, "sysconf", missing)
+    assert onnx_stages.frontier_memory() == onnx_stages.FALLBACK_MEMORY
 
 
 @pytest.mark.slow
@@ -160,11 +213,20 @@ def test_each_level_gets_the_values_of_the_whole_graph_bit_for_bit(tmp_path):
 def test_sparsegpt_level_by_level_equals_whole_graph_runs(tmp_path, monkeypatch, options):
     wf, calibration, names = _bert_export(tmp_path)
     staged = onnx_sparsegpt(wf, names, calibration, batch_size=4, block_size=16, **options)
+    monkeypatch.setattr(onnx_stages, "frontier_memory", lambda: 0)  # every kept value on disk
+    monkeypatch.setattr(onnx_stages.tempfile, "tempdir", str(tmp_path / "spill"))
+    (tmp_path / "spill").mkdir()
+    written = []
+    close = onnx_stages.FrontierStore.close
+    monkeypatch.setattr(onnx_stages.FrontierStore, "close", lambda self: (written.append(self._written), close(self)))
+    on_disk = onnx_sparsegpt(wf, names, calibration, batch_size=4, block_size=16, **options)
+    assert len(written) == 1 and written[0] > 0  # values went to disk
+    assert not list((tmp_path / "spill").iterdir())  # and the runner removed its folder
     monkeypatch.setattr(onnx_stages.LevelRunner, "for_levels", classmethod(lambda cls, *a: None))
     whole = onnx_sparsegpt(wf, names, calibration, batch_size=4, block_size=16, **options)
-    assert list(staged) == list(whole) and set(staged) == set(names)
+    assert list(staged) == list(whole) == list(on_disk) and set(staged) == set(names)
     for name in names:
-        assert staged[name].weight.tobytes() == whole[name].weight.tobytes(), name
+        assert staged[name].weight.tobytes() == whole[name].weight.tobytes() == on_disk[name].weight.tobytes(), name
         assert np.array_equal(staged[name].mask, whole[name].mask)
         assert not np.array_equal(staged[name].weight, wf.params[name])
 
