@@ -219,8 +219,9 @@ def _check_by_weights(method: Any, name: str) -> None:
     if prunes_units(method):
         raise TypeError(
             f"method {name} scores units on calibration data (the Hessian of the layer reading them): it shrinks a "
-            "Hugging Face folder (prune FOLDER --shrink --calibration) or a transformers model (prune.shrink_llm), "
-            "not channel groups scored by their weights"
+            "torch module given calibration batches (prune.shrink(..., calibration_batches=...)), a Hugging Face "
+            "folder (prune FOLDER --shrink --calibration) or a transformers model (prune.shrink_llm), not channel "
+            "groups scored by their weights"
         )
 
 

@@ -17,7 +17,7 @@ one-line ``DESCRIPTION``, registered with :func:`arrayprune.registry.register_me
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -116,6 +116,36 @@ class UnitPruningMethod(StructuredPruningMethod):
         """
         raise NotImplementedError
 
+    def combine_scores(self, scores: Sequence[Array]) -> Array:
+        """One score per unit from the scores several consumers give the same units.
+
+        A unit read by several layers (a channel of a residual trunk, read by every block
+        of the stage) gets one score from each of them; this combines them. The scores of
+        :meth:`unit_scores` are taken as increases of the consumers' squared output
+        errors, which add: the default is their sum. A subclass whose scores are norms
+        overrides it (:class:`ActivationStructured`: the root of the sum of squares).
+
+        Parameters
+        ----------
+        scores : sequence of arrays
+            One ``[units]`` array per consumer, of one namespace, device and shape.
+
+        Returns
+        -------
+        array
+            ``[units]``: the combined scores (lowest goes first).
+
+        Raises
+        ------
+        ValueError
+            If `scores` is empty or the arrays differ in shape.
+        """
+        _check_parts(scores)
+        total = scores[0]
+        for s in scores[1:]:
+            total = total + s
+        return total
+
     def prune_units(self, weight: Array, hessian: Array, units: int) -> UnitChoice:
         """Score the units, keep all but ``amount`` of them, and refit the kept columns.
 
@@ -159,6 +189,15 @@ class UnitPruningMethod(StructuredPruningMethod):
         return UnitChoice(scores, kept, columns, new)
 
 
+def _check_parts(scores: Sequence[Array]) -> None:
+    if len(scores) == 0:
+        raise ValueError("no unit scores to combine")
+    shape = tuple(scores[0].shape)
+    for s in scores[1:]:
+        if tuple(s.shape) != shape:
+            raise ValueError(f"unit scores to combine differ in shape: {shape} and {tuple(s.shape)}")
+
+
 def _put_columns(xp: Any, out: Array, columns: Array, values: Array) -> Array:
     """`out` with ``out[:, columns] = values`` (a copy where the namespace's arrays are immutable)."""
     try:
@@ -194,6 +233,35 @@ class ActivationStructured(UnitPruningMethod):
         if hessian.ndim != 2:
             raise ValueError(f"the Hessian must be square, got shape {tuple(hessian.shape)}")
         return activation_unit_scores(weight, xp.linalg.diagonal(hessian), units)
+
+    def combine_scores(self, scores: Sequence[Array]) -> Array:
+        """Several consumers' scores of the same units: the root of the sum of their squares.
+
+        A unit's score is a root of a sum of squares over its columns; over several
+        consumers it stays one: the norm of the unit's activation-weighted columns in all
+        of them, ``sqrt(sum_c s_c^2)``.
+
+        Parameters
+        ----------
+        scores : sequence of arrays
+            One ``[units]`` array per consumer, of one namespace, device and shape.
+
+        Returns
+        -------
+        array
+            ``[units]``.
+
+        Raises
+        ------
+        ValueError
+            If `scores` is empty or the arrays differ in shape.
+        """
+        _check_parts(scores)
+        xp = namespace(*scores)
+        total = scores[0] * scores[0]
+        for s in scores[1:]:
+            total = total + s * s
+        return xp.sqrt(total)
 
 
 class ObsStructured(UnitPruningMethod):

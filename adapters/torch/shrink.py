@@ -30,7 +30,10 @@ from torch import nn
 from arrayprune import amount as _amount
 from arrayprune.groups import ChannelGroup, Member, choose_channels, group_scores, resolve_method
 from arrayprune.methods import LnStructured
+from arrayprune.registry import METHODS
+from arrayprune.structured_methods import UnitPruningMethod
 
+from . import shrink_calibrated as _calibrated
 from ._base import pruning_hooks
 from ._groups import Slot, TorchGroup, channel_groups
 from ._verbs import remove
@@ -115,9 +118,8 @@ def _even_count(group: TorchGroup, amount: int | float, rounding: str = "nearest
     return int(amount)
 
 
-def _kept_by_score(
-    model: nn.Module, group: TorchGroup, amount: int | float, method: Any, importance_scores: Mapping
-) -> torch.Tensor:
+def _l2_scores(model: nn.Module, group: TorchGroup, method: Any, importance_scores: Mapping) -> torch.Tensor:
+    """One score per channel of `group` from its weight members (a method with ``channel_scores``)."""
     arrays: dict[str, torch.Tensor] = {}
     scores: dict[str, torch.Tensor] = {}
     members = []
@@ -134,9 +136,22 @@ def _kept_by_score(
         # the norm of the concatenation, from each member's own norms (no copy of the members)
         parts = [(str(m.key), m.axis) for m in core_group.weights]
         total = sum(method.channel_scores(scores.get(k, arrays[k]), axis) ** power for k, axis in parts)
-        channel = total ** (1.0 / power)
-    else:
-        channel = group_scores(arrays, core_group, method, importance_scores=scores)
+        return total ** (1.0 / power)
+    return group_scores(arrays, core_group, method, importance_scores=scores)
+
+
+def _block_scores(method: Any) -> Any:
+    """How the channels of a GroupNorm block make its score: ``method.combine_scores`` for a
+    calibrated method, else the L``n`` norm of their scores (``n`` of ``ln_structured``, 1 otherwise)."""
+    if isinstance(method, UnitPruningMethod):
+        return lambda per_block: method.combine_scores(list(per_block.T))
+    n = getattr(method, "n", None) if isinstance(method, LnStructured) else None
+    p = float(n) if isinstance(n, (int, float)) and not isinstance(n, bool) and 0 < n < math.inf else 1.0
+    return lambda per_block: (per_block.abs() ** p).sum(dim=1) ** (1.0 / p)
+
+
+def _kept_by_score(group: TorchGroup, channel: torch.Tensor, amount: int | float, method: Any) -> torch.Tensor:
+    """The channels `group` keeps, given one score per channel (see :func:`shrink` for the rules)."""
     if group.segments > 1:
         # the same count from every convolution group, ranked within it
         count = _even_count(group, amount)
@@ -147,8 +162,7 @@ def _kept_by_score(
     if group.block == 1:
         return choose_channels(channel, amount)
     # whole blocks (a GroupNorm's groups): a block scores as the norm of its channels' scores
-    p = power or 1.0
-    blocks = (channel.abs().reshape(-1, group.block) ** p).sum(dim=1) ** (1.0 / p)
+    blocks = _block_scores(method)(channel.reshape(-1, group.block))
     kept = choose_channels(blocks, amount)
     return (kept[:, None] * group.block + torch.arange(group.block, device=kept.device)).flatten()
 
@@ -313,6 +327,7 @@ def shrink(
     method: Any = "ln_structured",
     *,
     importance_scores: Mapping[str, torch.Tensor] | None = None,
+    calibration_batches: Iterable[Any] | None = None,
     leaf_modules: Iterable[Any] = (),
     rounding: str = "nearest",
     **method_args: Any,
@@ -417,10 +432,14 @@ def shrink(
     for name, t in scores.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"importance_scores[{name!r}] must be a tensor, got {type(t).__name__}")
+    refit: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         if amount is None:
-            if method_args or method != "ln_structured" or scores or rounding != "nearest":
-                raise TypeError("method, its arguments, importance_scores and rounding are taken only with an amount")
+            if method_args or method != "ln_structured" or scores or rounding != "nearest" or calibration_batches is not None:
+                raise TypeError(
+                    "method, its arguments, importance_scores, calibration_batches and rounding are taken only with "
+                    "an amount"
+                )
             if not any(pruning_hooks(m, getattr(h, "_tensor_name", "")) for m in model.modules()
                        for h in m._forward_pre_hooks.values()):  # fmt: skip
                 raise ValueError("shrink() needs an amount, or pruning masks on the model (it has none)")
@@ -452,7 +471,15 @@ def shrink(
             for g in open_groups:  # fractions become each group's count under `rounding`
                 if isinstance(amounts[g.name], float):
                     amounts[g.name] = _even_count(g, amounts[g.name], rounding)
-            chosen = resolve_method(method, **method_args)
+            calibrated = _calibrated.calibrated_method(method, method_args) if calibration_batches is not None else None
+            if calibration_batches is not None and calibrated is None:
+                raise ValueError(
+                    f"calibration_batches score channels with a calibrated method ({', '.join(_unit_names())}), "
+                    f"not {method if isinstance(method, str) else type(method).__name__!r}"
+                )
+            if calibrated is not None and scores:
+                raise TypeError(f"importance_scores replace weights; method {method!r} scores on calibration_batches")
+            chosen = resolve_method(method, **method_args) if calibrated is None else calibrated
             for g in open_groups:
                 a = amounts[g.name]
                 units = g.channels // g.block
@@ -465,10 +492,27 @@ def shrink(
                             f"importance_scores[{slot.param!r}] has shape {tuple(given.shape)}, the tensor "
                             f"{tuple(_value(*_owner(model, slot.param)).shape)}"
                         )
-            kept = [_kept_by_score(model, g, amounts[g.name], chosen, scores) for g in open_groups]
+            if calibrated is None:
+                channel = [_l2_scores(model, g, chosen, scores) for g in open_groups]
+            else:
+                consumers, reads = _calibrated.consumers(model, open_groups)
+                if calibrated.compensate:
+                    _calibrated.check_masks(model, consumers)
+                hessians = _calibrated.input_hessians(model, consumers, cast(Iterable[Any], calibration_batches))
+                weights = {p: _value(*_owner(model, p)) for p in consumers}
+                channel = _calibrated.channel_scores(calibrated, open_groups, reads, consumers, weights, hessians)
+            kept = [_kept_by_score(g, c, amounts[g.name], chosen) for g, c in zip(open_groups, channel, strict=True)]
+            if calibrated is not None and calibrated.compensate:
+                refit = _calibrated.refits(calibrated, open_groups, kept, reads, consumers, weights, hessians)
         for g, keep in zip(open_groups, kept, strict=True):
             if int(keep.numel()) == 0:
                 raise ValueError(f"group {g.name!r}: every one of its {g.channels} channels would go")
         _bake(model)
+        for param, new in refit.items():
+            getattr(*_owner(model, param)).copy_(new)
         _slice(model, open_groups, [k.cpu() for k in kept])
     return model
+
+
+def _unit_names() -> list[str]:
+    return [name for name, cls in METHODS.items() if isinstance(cls, type) and issubclass(cls, UnitPruningMethod)]
