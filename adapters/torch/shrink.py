@@ -252,12 +252,16 @@ def _holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str, bool]]]:
 
 
 def _slice(model: nn.Module, groups: list[TorchGroup], kept: list[torch.Tensor]) -> None:
+    # the entries each (tensor, axis) loses: what it holds of other groups (the other parts of a
+    # torch.cat, those left or losing nothing) stays
     cuts: dict[tuple[str, int, int], list[torch.Tensor]] = {}
     for group, keep in zip(groups, kept, strict=True):
         if int(keep.numel()) == group.channels:
             continue
+        gone = torch.ones(group.channels, dtype=torch.bool, device=keep.device)
+        gone[keep] = False
         for slot in group.members:
-            cuts.setdefault((slot.param, slot.axis, slot.segments), []).append(keep + slot.offset)
+            cuts.setdefault((slot.param, slot.axis, slot.segments), []).append(torch.nonzero(gone)[:, 0] + slot.offset)
     depthwise = [
         m for m in model.modules()
         if isinstance(m, nn.modules.conv._ConvNd) and not m.transposed and m.groups > 1
@@ -267,7 +271,7 @@ def _slice(model: nn.Module, groups: list[TorchGroup], kept: list[torch.Tensor])
     by_param: dict[str, list[tuple[int, int, torch.Tensor]]] = {}
     for (param, axis, segments), parts in sorted(cuts.items(), key=lambda item: item[0][2]):
         # plain cuts first: a grouped convolution's rows go before its per-block columns
-        by_param.setdefault(param, []).append((axis, segments, torch.sort(torch.cat(parts)).values))
+        by_param.setdefault(param, []).append((axis, segments, torch.cat(parts)))
     holders = _holders(model)
     for param, items in by_param.items():
         module, attr = _owner(model, param)
@@ -277,11 +281,12 @@ def _slice(model: nn.Module, groups: list[TorchGroup], kept: list[torch.Tensor])
         if old is None:
             raise RuntimeError(f"{param!r} holds no tensor to slice")
         new = old.detach()
-        for axis, segments, index in items:
-            if segments > 1:
-                new = _fold(_unfold(new, segments).index_select(axis, index.to(new.device)), segments)
-            elif int(index.numel()) != new.shape[axis]:
-                new = new.index_select(axis, index.to(new.device))
+        for axis, segments, removed in items:
+            view = _unfold(new, segments) if segments > 1 else new
+            stays = torch.ones(view.shape[axis], dtype=torch.bool, device=new.device)
+            stays[removed.to(new.device)] = False
+            view = view.index_select(axis, torch.nonzero(stays)[:, 0])
+            new = _fold(view, segments) if segments > 1 else view
         for m, name, is_param in owners:
             if is_param:
                 m._parameters[name] = nn.Parameter(new, requires_grad=old.requires_grad)
@@ -435,7 +440,8 @@ def shrink(
     refit: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         if amount is None:
-            if method_args or method != "ln_structured" or scores or rounding != "nearest" or calibration_batches is not None:
+            given = method_args or method != "ln_structured" or scores or rounding != "nearest"
+            if given or calibration_batches is not None:
                 raise TypeError(
                     "method, its arguments, importance_scores, calibration_batches and rounding are taken only with "
                     "an amount"

@@ -198,6 +198,8 @@ def input_hessians(model: nn.Module, found: Mapping[str, Consumer], batches: Ite
         If `batches` is a tensor or not an iterable.
     ValueError
         If there is no batch, or the batches never reach a consumer.
+    RuntimeError
+        If the model does not run on a batch.
     """
     batches = _batch_list(batches)
     sums: dict[str, torch.Tensor] = {}
@@ -220,6 +222,9 @@ def input_hessians(model: nn.Module, found: Mapping[str, Consumer], batches: Ite
         with torch.no_grad():
             for batch in batches:
                 _run(model, batch)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RuntimeError(f"{type(model).__name__} does not run on calibration_batches: {first}") from None
     finally:
         for h in handles:
             h.remove()
