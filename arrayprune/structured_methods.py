@@ -7,8 +7,11 @@ Hugging Face folder shrunk layer by layer, :func:`prune.shrink_llm
 <arrayprune.adapters.torch.prune.shrink_llm>`), :meth:`UnitPruningMethod.prune_units`
 scores the units of the *consumer* (``down_proj`` for MLP channels, ``o_proj`` for heads),
 keeps the best and, with ``compensate`` (the default), refits the kept columns
-(:func:`arrayprune.structured.compensate`). Without it (a plan, a container, a bare
-array) the method ranks channels by their L2 norm, as ``ln_structured`` with ``n=2``.
+(:func:`arrayprune.structured.compensate`). Where several consumers read the same units
+(the channel groups of a torch module given calibration batches, ``prune.shrink``), each
+scores them and :meth:`UnitPruningMethod.combine_scores` makes one score per unit.
+Without the statistic (a plan, a container, a bare array) the method ranks channels by
+their L2 norm, as ``ln_structured`` with ``n=2``.
 
 A new calibrated score is a subclass with :meth:`~UnitPruningMethod.unit_scores` and a
 one-line ``DESCRIPTION``, registered with :func:`arrayprune.registry.register_method`:

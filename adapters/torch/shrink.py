@@ -3,8 +3,9 @@
 :func:`shrink` traces the model with ``torch.fx`` (:mod:`._groups` says why not
 ``torch.export``), finds its channel groups (:func:`channel_groups`), decides which
 channels go, from the masks already on the model or from an amount and a group score
-(:func:`arrayprune.groups.group_scores`, :func:`arrayprune.groups.choose_channels`), and
-slices every member of every group in place: parameters and buffers become smaller, the
+(:func:`arrayprune.groups.group_scores`, :func:`arrayprune.groups.choose_channels`; with
+a calibrated method and calibration batches, the scores of the layers reading each group,
+:mod:`.shrink_calibrated`), and slices every member of every group in place: parameters and buffers become smaller, the
 modules' ``in_channels``/``out_channels``/``in_features``/``out_features``/
 ``num_features``/``groups`` follow, and the modules and state-dict keys stay the same.
 
@@ -356,6 +357,31 @@ def shrink(
       ``ln_structured``'s L2 norm of each channel across all weight members of the
       group (producer rows, consumer columns, depthwise filters), ties to the lower
       index (:func:`arrayprune.groups.group_scores`).
+    * an ``amount``, a calibrated method (``"activation_structured"``,
+      ``"obs_structured"`` or a :class:`arrayprune.UnitPruningMethod`) and
+      `calibration_batches`: each group is scored by its *consumers*, the layers reading
+      its channels (a ``Linear``'s input columns; a ``Conv1d``/``Conv2d`` with
+      ``groups=1``, where an input channel is the ``kh * kw`` columns of its im2col
+      matrix; a ``torch.cat`` part at its offset), on ``H = X^T X`` of their inputs over
+      the batches (one pass: evaluation mode, no gradients, float64 sums on the inputs'
+      device, the modes restored and the hooks removed after). Each consumer scores the
+      channels with the method's ``unit_scores`` on its whole weight and Hessian; the
+      scores of several consumers are combined by ``method.combine_scores`` (OBS
+      scores, output-error energies, add; activation scores, ``||W_j|| ||X_j||`` over a
+      channel's columns, as the root of the sum of squares). The count, ranking, ties,
+      `rounding`, GroupNorm blocks (scored by ``combine_scores`` of their channels) and
+      grouped-convolution parts are those of the weight scores. With ``compensate``
+      (the default) each consumer that loses columns gets the least-squares refit of
+      all its kept columns on its Hessian (:func:`arrayprune.structured.compensate`,
+      ``damp`` relative to the mean of its diagonal), whichever groups they belong to;
+      producers, norms and the rest are only sliced. All statistics come from the dense
+      model (a consumer's refit does not see the refit of the layers before it). A
+      group read by a layer whose inputs cannot be taken that way (a grouped,
+      transposed or 3-D convolution) is a ``ValueError`` naming the group and the
+      layer, as is a refit of a consumer carrying a pruning mask (the refit would fill
+      its zeros: ``prune.remove`` it first or pass ``compensate=False``). Without
+      `calibration_batches` a calibrated method is refused (``TypeError``), as
+      everywhere a statistic is missing.
 
     Then every pruning hook is removed (``prune.remove``: masks become permanent) and
     every member is sliced in place: the same module objects, parameter and buffer names
@@ -389,11 +415,18 @@ def shrink(
     method : str or method object, default "ln_structured"
         The group score: a name of :data:`arrayprune.METHODS` that removes whole
         channels (``"ln_structured"`` with ``n=2`` unless `method_args` say,
-        ``"random_structured"`` with a ``seed``), or a method object with
-        ``channel_scores``.
+        ``"random_structured"`` with a ``seed``; ``"activation_structured"`` and
+        ``"obs_structured"`` with `calibration_batches`), or a method object with
+        ``channel_scores`` (a :class:`arrayprune.UnitPruningMethod` with
+        `calibration_batches`: its ``compensate`` and ``damp`` apply).
     importance_scores : mapping of str to tensor, optional
         Qualified tensor name (``"layer1.0.conv1.weight"``) -> scores shaped like it,
-        scored instead of its values.
+        scored instead of its values (not with a calibrated method).
+    calibration_batches : iterable, optional
+        The batches a calibrated method scores on, as for :func:`prune.sparsegpt
+        <arrayprune.adapters.torch.sparsegpt>`: each a tensor (``model(batch)``), a
+        tuple or list (``model(*batch)``) or a mapping (``model(**batch)``); only with a
+        calibrated method.
     leaf_modules : iterable of modules or module types, optional
         Modules kept whole (not traced into): their channels are left.
     rounding : {"nearest", "keep_floor"}, default "nearest"
@@ -402,7 +435,9 @@ def shrink(
         kept (Torch-Pruning's rule: the same parameter counts as its ``MetaPruner`` at
         the same ratio). Counts are taken as they are.
     **method_args
-        Constructor arguments of a method given by name (``n=1``, ``seed=0``).
+        Constructor arguments of a method given by name (``n=1``, ``seed=0``; for a
+        calibrated one ``compensate=False`` to slice without the refit, ``damp=0.01``
+        the Hessian's damping of the OBS scores and the refit).
 
     Returns
     -------
@@ -412,14 +447,17 @@ def shrink(
     Raises
     ------
     TypeError
-        If `model` is not a module, `example_inputs` not tensors, or the amount or
-        method is of the wrong kind.
+        If `model` is not a module, `example_inputs` not tensors, the amount or
+        method is of the wrong kind, a calibrated method has no `calibration_batches`,
+        or these are not an iterable of batches.
     ValueError
         If the amount is out of range or would empty a group, no amount is given and
-        the model has no pruning mask, or a mask zeroes part of a channel.
+        the model has no pruning mask, a mask zeroes part of a channel,
+        `calibration_batches` are given with a method that does not use them or are
+        empty, or a group's consumers cannot be scored on them.
     RuntimeError
-        If ``torch.fx`` cannot trace the model or it does not run on the inputs.
-        Every error is raised before the model is changed.
+        If ``torch.fx`` cannot trace the model or it does not run on the inputs or the
+        calibration batches. Every error is raised before the model is changed.
 
     Examples
     --------
@@ -430,6 +468,10 @@ def shrink(
     >>> _ = prune.shrink(net, torch.randn(1, 3, 8, 8))
     >>> net[0].out_channels, net[1].num_features, net[3].in_channels, sorted(net[0].state_dict())
     (4, 4, 4, ['bias', 'weight'])
+    >>> batches = [torch.randn(8, 3, 8, 8) for _ in range(4)]
+    >>> _ = prune.shrink(net, batches[0], 0.25, "obs_structured", calibration_batches=batches)
+    >>> net[0].out_channels, net[3].in_channels
+    (3, 3)
     """
     groups = channel_groups(model, example_inputs, leaf_modules=leaf_modules)
     open_groups = [g for g in groups if g.shrinkable]
