@@ -375,10 +375,11 @@ def shrink(
       all its kept columns on its Hessian (:func:`arrayprune.structured.compensate`,
       ``damp`` relative to the mean of its diagonal), whichever groups they belong to;
       producers, norms and the rest are only sliced. All statistics come from the dense
-      model (a consumer's refit does not see the refit of the layers before it). A
-      group read by a layer whose inputs cannot be taken that way (a grouped,
-      transposed or 3-D convolution) is a ``ValueError`` naming the group and the
-      layer, as is a refit of a consumer carrying a pruning mask (the refit would fill
+      model (a consumer's refit does not see the refit of the layers before it). Only
+      the groups that lose channels are scored: one of them read by a layer whose
+      inputs cannot be taken that way (a grouped, transposed or 3-D convolution) is a
+      ``ValueError`` naming the group and the layer (an amount by group name can leave
+      it out), as is a refit of a consumer carrying a pruning mask (the refit would fill
       its zeros: ``prune.remove`` it first or pass ``compensate=False``). Without
       `calibration_batches` a calibrated method is refused (``TypeError``), as
       everywhere a statistic is missing.
@@ -541,17 +542,22 @@ def shrink(
                             f"{tuple(_value(*_owner(model, slot.param)).shape)}"
                         )
             if calibrated is None:
-                channel = [_l2_scores(model, g, chosen, scores) for g in open_groups]
-            else:
-                consumers, reads = _calibrated.consumers(model, open_groups)
+                kept = [_kept_by_score(g, _l2_scores(model, g, chosen, scores), amounts[g.name], chosen)
+                        for g in open_groups]  # fmt: skip
+            else:  # only the groups that lose channels are scored (and their consumers checked)
+                cut = [g for g in open_groups if _even_count(g, amounts[g.name]) > 0]
+                consumers, reads = _calibrated.consumers(model, cut)
                 if calibrated.compensate:
                     _calibrated.check_masks(model, consumers)
                 hessians = _calibrated.input_hessians(model, consumers, cast(Iterable[Any], calibration_batches))
                 weights = {p: _value(*_owner(model, p)) for p in consumers}
-                channel = _calibrated.channel_scores(calibrated, open_groups, reads, consumers, weights, hessians)
-            kept = [_kept_by_score(g, c, amounts[g.name], chosen) for g, c in zip(open_groups, channel, strict=True)]
-            if calibrated is not None and calibrated.compensate:
-                refit = _calibrated.refits(calibrated, open_groups, kept, reads, consumers, weights, hessians)
+                channel = _calibrated.channel_scores(calibrated, cut, reads, consumers, weights, hessians)
+                chosen_kept = [_kept_by_score(g, c, amounts[g.name], chosen) for g, c in zip(cut, channel, strict=True)]
+                by_group = {id(g): k for g, k in zip(cut, chosen_kept, strict=True)}
+                every = torch.device("cpu")
+                kept = [by_group.get(id(g), torch.arange(g.channels, device=every)) for g in open_groups]
+                if calibrated.compensate:
+                    refit = _calibrated.refits(calibrated, cut, chosen_kept, reads, consumers, weights, hessians)
         for g, keep in zip(open_groups, kept, strict=True):
             if int(keep.numel()) == 0:
                 raise ValueError(f"group {g.name!r}: every one of its {g.channels} channels would go")

@@ -312,6 +312,39 @@ def test_conv1d_consumer():
         np.testing.assert_allclose(model(data[0]).numpy(), want, atol=ATOL)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_group_norm_blocks_and_grouped_convolution_parts(method):
+    """GroupNorm blocks score as ``combine_scores`` of their channels; the channels a grouped
+    convolution writes are ranked within each of its parts, as with weight scores."""
+    torch.manual_seed(6)
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, groups=1), nn.GroupNorm(4, 8), nn.ReLU(), nn.Conv2d(8, 8, 1), nn.ReLU(),
+        nn.Conv2d(8, 4, 3),
+    ).double()  # fmt: skip
+    data = [torch.randn(4, 3, 9, 9, dtype=torch.float64) for _ in range(2)]
+    grouped = nn.Sequential(nn.Conv2d(3, 8, 1, groups=1), nn.Tanh(), nn.Conv2d(8, 6, 3, groups=2), nn.Tanh(),
+                            nn.Conv2d(6, 2, 1)).double()  # fmt: skip
+    with torch.no_grad():
+        h = {"3.weight": _gram([_im2col(net[:3](b).numpy(), (1, 1)) for b in data]),
+             "5.weight": _gram([_im2col(net[:5](b).numpy(), (3, 3)) for b in data]),
+             "4.weight": _gram([_im2col(grouped[:4](b).numpy(), (1, 1)) for b in data])}  # fmt: skip
+    w = net[3].weight.detach().numpy().reshape(8, -1)
+    blocks = _unit_scores(method, w, h["3.weight"], 1).reshape(4, 2)
+    block_scores = _combine(method, [blocks[:, 0], blocks[:, 1]])
+    keep = np.sort(np.argsort(block_scores, kind="stable")[2:])  # 2 of 4 blocks go
+    model = prune.shrink(copy.deepcopy(net), data[0], 2, method, calibration_batches=data, compensate=False)
+    channels = np.repeat(keep * 2, 2) + np.tile([0, 1], 2)
+    np.testing.assert_array_equal(model[1].weight.detach().numpy(), net[1].weight.detach().numpy()[channels])
+    assert model[1].num_groups == 2
+    score = _unit_scores(method, grouped[4].weight.detach().numpy().reshape(2, -1), h["4.weight"], 1)
+    kept = [np.sort(np.argsort(score[j * 3 : (j + 1) * 3], kind="stable")[1:]) + 3 * j for j in range(2)]
+    # only "2" loses channels: "0", read by the grouped convolution, is neither scored nor refused
+    model = prune.shrink(copy.deepcopy(grouped), data[0], {"2": 0.34}, method, calibration_batches=data)
+    want = grouped[2].bias.detach().numpy()[np.concatenate(kept)]
+    np.testing.assert_array_equal(model[2].bias.detach().numpy(), want)
+    assert (model[2].groups, model[2].out_channels, model[4].in_channels) == (2, 4, 4)
+
+
 # --------------------------------------------------------------------------------------
 # torchvision's layouts
 # --------------------------------------------------------------------------------------
