@@ -5,9 +5,10 @@
 channels go, from the masks already on the model or from an amount and a group score
 (:func:`arrayprune.groups.group_scores`, :func:`arrayprune.groups.choose_channels`; with
 a calibrated method and calibration batches, the scores of the layers reading each group,
-:mod:`.shrink_calibrated`), and slices every member of every group in place: parameters and buffers become smaller, the
-modules' ``in_channels``/``out_channels``/``in_features``/``out_features``/
-``num_features``/``groups`` follow, and the modules and state-dict keys stay the same.
+:mod:`.shrink_calibrated`), and slices every member of every group in place: parameters
+and buffers become smaller, the modules' ``in_channels``/``out_channels``/
+``in_features``/``out_features``/``num_features``/``groups`` follow, and the modules
+and state-dict keys stay the same.
 
 What "equal" means: the shrunk model computes what the dense model computes with the
 removed channels zeroed in *every member* of their group (producer rows and bias, norm
