@@ -18,6 +18,7 @@ dicts and :mod:`torch.nn.utils.prune` work on it as on any other pruned module::
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from collections.abc import Iterable, Mapping
@@ -38,6 +39,9 @@ from .calibration import _run, block_layers, is_transposed_linear
 __all__ = ["reconstruct", "sparsegpt"]
 
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d)
+
+#: Bytes of finished layers' outputs that sequential calibration keeps to reuse (see :class:`_Reuse`).
+REUSE_BYTES = 1 << 30
 Layer = nn.Linear | nn.Conv1d | nn.Conv2d  # the layers sparsegpt prunes
 
 
@@ -378,6 +382,28 @@ def sparsegpt(
     >>> [int((layer.weight_mask == 0).sum()) for layer in (net[0], net[2])]
     [48, 4]
     """
+    return _prune(
+        model, calibration_batches, amount, n=n, m=m, modules=modules, block_size=block_size, damp=damp,
+        sequential=sequential, method=method, outputs=None,
+    )  # fmt: skip
+
+
+def _prune(
+    model: nn.Module,
+    calibration_batches: Iterable[Any],
+    amount: Any = None,
+    *,
+    n: int | None = None,
+    m: int | None = None,
+    modules: Iterable[nn.Module | str] | None = None,
+    block_size: int = 128,
+    damp: float = 0.01,
+    sequential: bool = True,
+    method: str | type = "sparsegpt",
+    outputs: list[Any] | None = None,
+) -> nn.Module:
+    """:func:`sparsegpt`; with `outputs` (a list), the model's output for each batch, computed
+    with every layer pruned and updated, is appended to it before the reparametrization."""
     per_layer = isinstance(amount, Mapping)
     if per_layer:
         if n is not None or m is not None:
@@ -419,20 +445,23 @@ def sparsegpt(
         weight.copy_(new)
         results[name] = keep
 
+    reuse: _Reuse | None = None
     try:
-        model.eval()
-        with torch.no_grad():
+        with contextlib.ExitStack() as stack, torch.no_grad():
+            model.eval()
             if sequential:
                 order = _execution_order(model, batches, layers)
                 names = list(order)
+                reuse = stack.enter_context(_Reuse(layers.values(), REUSE_BYTES))
                 index = 0
                 while index < len(names):
                     name = names[index]
                     accs = _accumulators(layers[name])
-                    sharing = _capture_shared(model, batches, layers, names[index:], order, accs)
+                    sharing = _capture_shared(model, batches, layers, names[index:], order, accs, reuse)
                     for each in sharing:  # the same inputs, so the same Hessian, as separate runs would give
                         new, keep = _reconstruct(each, layers[each], accs, counts[each], pattern, cls, settings)
                         write(each, new, keep)
+                        reuse.finish(layers[each])
                     del accs
                     index += len(sharing)
             else:
@@ -448,6 +477,12 @@ def sparsegpt(
                 del all_accs
                 for name, (new, keep) in computed.items():
                     write(name, new, keep)
+            if outputs is not None:  # the model's outputs with every layer pruned and updated
+                for b, batch in enumerate(batches):
+                    if reuse is not None:
+                        reuse.start(b, store=False)
+                    outputs.append(_call(model, batch))
+            stack.close()  # the layers' own forwards back before the reparametrization
             with transaction(layers.values()):
                 for name, keep in results.items():
                     weight = layers[name].weight
@@ -529,6 +564,98 @@ class _SharedCapture:
         raise _Captured
 
 
+def _call(model: nn.Module, batch: Any) -> Any:
+    """``model`` run on one batch (a tensor, positional arguments or keywords): its output."""
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
+
+
+class _Reuse:
+    """The outputs of finished layers, kept to be handed back in later runs of the same batch.
+
+    Sequential calibration runs every batch once per step, each run repeating what the
+    runs before it computed. A layer is *finished* once its weight is pruned and updated
+    (:meth:`finish`): from then on, each of its calls that comes before any unfinished
+    layer is called in a forward has the inputs it had in the previous run (everything
+    before it is finished or never changes) and so the same output, bit for bit. Such an
+    output is kept, keyed by (layer, call in the forward, batch), while the outputs kept
+    fit in `budget` bytes, and returned in place of computing it again; one that was
+    modified in place since (its version counter moved) is computed again. Calls after an
+    unfinished layer's are computed as usual. The forward is assumed deterministic (the
+    same inputs give the same bits), as PyTorch's CPU kernels are for one thread setting.
+    """
+
+    def __init__(self, layers: Iterable[nn.Module], budget: int):
+        self.budget, self.used = budget, 0
+        self.kept: dict[tuple[int, int, int], tuple[torch.Tensor, int]] = {}
+        self.batch, self.store, self.settled = 0, True, True
+        self.calls: dict[int, int] = {}
+        self.reached = {layer: layer.register_forward_pre_hook(self._unfinished) for layer in layers}
+        self.forwards: dict[nn.Module, Any] = {}  # a finished layer -> its own instance attribute forward, if any
+
+    def __enter__(self) -> _Reuse:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self, batch: int, store: bool = True) -> None:
+        """Begin a forward of batch number `batch`; with `store` False nothing more is kept."""
+        self.batch, self.store, self.settled = batch, store, True
+        self.calls.clear()
+
+    def _unfinished(self, layer: nn.Module, args: tuple) -> None:
+        self.settled = False  # what follows may depend on weights still to change
+
+    def finish(self, layer: nn.Module) -> None:
+        """`layer`'s weight is final: its outputs may be kept and reused from now on."""
+        self.reached.pop(layer).remove()
+        self.forwards[layer] = layer.__dict__.get("forward", _NOTHING)
+        own = layer.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return self._output(layer, own, args, kwargs)
+
+        layer.forward = forward
+
+    def _output(self, layer: nn.Module, own: Any, args: tuple, kwargs: dict) -> Any:
+        call = self.calls.get(id(layer), 0)
+        self.calls[id(layer)] = call + 1
+        if not self.settled:
+            return own(*args, **kwargs)
+        key = (id(layer), call, self.batch)
+        kept = self.kept.get(key)
+        if kept is not None:
+            if _version(kept[0]) == kept[1]:
+                return kept[0]
+            del self.kept[key]  # changed in place by what read it: computed again
+            self.used -= kept[0].untyped_storage().nbytes()
+        out = own(*args, **kwargs)
+        if self.store and isinstance(out, torch.Tensor):
+            version, size = _version(out), out.untyped_storage().nbytes()
+            if version is not None and self.used + size <= self.budget:
+                self.kept[key] = (out, version)
+                self.used += size
+        return out
+
+    def close(self) -> None:
+        """Give every layer its own forward back, remove the hooks, drop what was kept."""
+        for handle in self.reached.values():
+            handle.remove()
+        for layer, forward in self.forwards.items():
+            if forward is _NOTHING:
+                del layer.__dict__["forward"]
+            else:
+                layer.__dict__["forward"] = forward
+        self.reached, self.forwards, self.kept, self.used = {}, {}, {}, 0
+
+
+_NOTHING = object()
+
+
 def _version(x: Any) -> int | None:
     """The in-place version counter of a tensor (None where it keeps none: inference tensors)."""
     try:
@@ -544,6 +671,7 @@ def _capture_shared(
     names: list[str],
     order: Mapping[str, int],
     accs: list[arrayprune.HessianAccumulator],
+    reuse: _Reuse | None = None,
 ) -> list[str]:
     """Feed the Hessian of ``names[0]`` from every batch; the names (a prefix of `names`)
     whose Hessian it is too, ``names[0]`` first.
@@ -571,8 +699,10 @@ def _capture_shared(
     hooks.update((layers[name], capture.follow) for name in names[1:] if layers[name] is not first)
     handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer, hook in hooks.items()]
     try:
-        for batch in batches:
+        for b, batch in enumerate(batches):
             capture.reset()
+            if reuse is not None:
+                reuse.start(b)
             try:
                 _run(model, batch)
             except _Captured:
