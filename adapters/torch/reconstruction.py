@@ -36,7 +36,7 @@ from ._base import apply_method, pruning_hooks, transaction
 from ._methods import CLASSES
 from .calibration import _run, block_layers, is_transposed_linear
 
-__all__ = ["reconstruct", "sparsegpt"]
+__all__ = ["REUSE_BYTES", "reconstruct", "sparsegpt"]
 
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d)
 
@@ -314,10 +314,13 @@ def sparsegpt(
         them (found by one forward of the first batch), each calibrated on the model whose
         earlier layers are already pruned and updated. For each layer the batches are run
         again, stopping each forward once that layer's inputs are taken (the layers after
-        it are not run); one layer's Hessians are held at a time. With ``False``, every
-        Hessian comes from the dense model in a single pass over the batches, all held
-        until the end (memory: the sum of every layer's ``K x K``, ``K`` its input length
-        per group).
+        it are not run); one layer's Hessians are held at a time. The outputs of layers
+        already pruned, which the later runs would compute again bit for bit, are kept
+        and reused instead, up to :data:`REUSE_BYTES` (1 GiB) in all, freed at the end
+        (0 turns it off; a kept output changed in place is computed again). With
+        ``False``, every Hessian comes from the dense model in a single pass over the
+        batches, all held until the end (memory: the sum of every layer's ``K x K``,
+        ``K`` its input length per group).
     method : str or type, default "sparsegpt"
         The method of :data:`arrayprune.METHODS` that prunes each layer from its Hessian
         and updates the kept weights (one that carries a solver; :func:`reconstruct`
