@@ -452,9 +452,37 @@ class HessianAccumulator:
             raise ValueError(f"inputs must be shaped [..., {self.k}], got {tuple(x.shape)}")
         rows = math.prod(x.shape[:-1])
         x2 = xp.astype(xp.reshape(x, (rows, self.k)), widest_float(xp, apc.device(x)))
-        gram = xp.permute_dims(x2, (1, 0)) @ x2
+        self.add_gram(xp.permute_dims(x2, (1, 0)) @ x2, rows)
+
+    def add_gram(self, gram: Array, rows: int) -> None:
+        """Add ``X^T X`` of a batch of `rows` inputs, computed by the caller.
+
+        :meth:`update` computes it as ``X^T @ X``; a caller with a faster product giving
+        the same values (a framework's own, on its device) adds it here.
+
+        Parameters
+        ----------
+        gram : array
+            ``k x k``, real: the sum over the batch's rows ``x`` of ``x^T x``, in the
+            dtype the sums are kept in (float64 where available).
+        rows : int
+            Number of input rows it sums (0 or more).
+
+        Raises
+        ------
+        TypeError
+            If `rows` is not an int.
+        ValueError
+            If `gram` is not ``k x k`` or `rows` is negative.
+        """
+        if isinstance(rows, bool) or not isinstance(rows, numbers.Integral):
+            raise TypeError(f"rows must be an int, got {type(rows).__name__}")
+        if rows < 0:
+            raise ValueError(f"rows must be non-negative, got {rows}")
+        if tuple(gram.shape) != (self.k, self.k):
+            raise ValueError(f"gram must be {self.k} x {self.k}, got shape {tuple(gram.shape)}")
         self._sum = gram if self._sum is None else self._sum + gram
-        self.rows += rows
+        self.rows += int(rows)
 
     def hessian(self) -> Array:
         """``X^T X / rows`` over every batch so far.

@@ -173,7 +173,7 @@ def _feed(layer: Layer, accs: list[arrayprune.HessianAccumulator], x: torch.Tens
     """Add `layer`'s input `x` to its accumulators: rows of its matrix product, per group."""
     x = x.detach()
     if isinstance(layer, nn.Linear) or is_transposed_linear(layer):
-        accs[0].update(x)
+        _update(accs[0], x)
         return
     spatial = len(layer.kernel_size)
     if x.ndim == spatial + 1:  # unbatched
@@ -187,6 +187,63 @@ def _feed(layer: Layer, accs: list[arrayprune.HessianAccumulator], x: torch.Tens
     patches = arrayprune.unfold_patches(x, kernel, stride=stride, dilation=dilation, groups=layer.groups)
     for g, acc in enumerate(accs):
         acc.update(patches[g])
+
+
+#: Columns of ``X`` per panel of :func:`_panel_gram`.
+_PANEL = 256
+
+#: (rows, k, threads) -> whether :func:`_panel_gram` gave the bits of ``X^T @ X`` here.
+_PANEL_EXACT: dict[tuple[int, int, int], bool] = {}
+
+#: Input dtypes whose products are exact in float64 (24-bit significands or fewer).
+_NARROW = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _update(acc: arrayprune.HessianAccumulator, x: torch.Tensor) -> None:
+    """``acc.update(x)``, the product computed by :func:`_gram` for float32 (or narrower)
+    inputs on the CPU."""
+    if x.device.type != "cpu" or x.dtype not in _NARROW or x.ndim < 1 or x.shape[-1] != acc.k:
+        acc.update(x)  # elsewhere, and the errors, as the accumulator gives them
+        return
+    rows = math.prod(x.shape[:-1])
+    acc.add_gram(_gram(x.reshape(rows, acc.k).to(torch.float64)), rows)
+
+
+def _gram(x: torch.Tensor) -> torch.Tensor:
+    """``x.T @ x`` of a float64 CPU matrix holding float32 values, bit for bit, computing
+    the upper panels only where that was seen to give the same bits.
+
+    Each entry of ``x.T @ x`` is a dot product of two columns. The products of float32
+    values are exact in float64, so whether a BLAS kernel fuses them into its additions
+    (FMA) or not changes nothing; what remains is the order of the additions, which BLAS
+    libraries (MKL in PyTorch's CPU builds) keep the same whichever block of the product
+    an entry falls in. Then the upper panels alone (about half the work), mirrored, give
+    the full product's bits. That is checked, not assumed: the first product of each
+    shape (and thread count) is computed both ways and compared bit for bit; where they
+    differ, the full product is used for that shape from then on.
+    """
+    rows, k = x.shape
+    if k <= _PANEL:
+        return x.T @ x
+    key = (rows, k, torch.get_num_threads())
+    exact = _PANEL_EXACT.get(key)
+    if exact:
+        return _panel_gram(x)
+    full = x.T @ x
+    if exact is None:
+        _PANEL_EXACT[key] = torch.equal(_panel_gram(x).view(torch.int64), full.view(torch.int64))
+    return full
+
+
+def _panel_gram(x: torch.Tensor) -> torch.Tensor:
+    """``x.T @ x`` of float64 `x` from its upper panels (rows ``a:a+P``, columns ``a:``), mirrored."""
+    k = x.shape[1]
+    out = torch.empty((k, k), dtype=x.dtype, device=x.device)
+    for a in range(0, k, _PANEL):
+        torch.mm(x[:, a : a + _PANEL].T, x[:, a:], out=out[a : a + _PANEL, a:])
+    for a in range(0, k - _PANEL, _PANEL):
+        out[a + _PANEL :, a : a + _PANEL] = out[a : a + _PANEL, a + _PANEL :].T
+    return out
 
 
 def _input_of(args: tuple, kwargs: dict) -> torch.Tensor:
