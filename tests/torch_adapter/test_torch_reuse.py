@@ -133,3 +133,58 @@ def test_a_failing_step_restores_forwards_and_weights(monkeypatch):
         assert torch.equal(param, before[name]), name
     for layer in (net.q, net.k, net.v, net.o):
         assert "forward" not in vars(layer) and not layer._forward_pre_hooks
+
+
+# --------------------------------------------------------------------------------------
+# Hessians of float32 inputs: the upper panels of X^T X, mirrored, checked against the full product
+# --------------------------------------------------------------------------------------
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.numpy().tobytes()
+
+
+@pytest.mark.parametrize("rows, k", [(64, 300), (7, 700), (130, 512)])
+def test_panel_gram_gives_the_full_products_bits(monkeypatch, rows, k):
+    monkeypatch.setattr(reconstruction, "_PANEL_EXACT", {})
+    torch.manual_seed(rows)
+    x = torch.randn(rows, k).double()  # float32 values: their products are exact in float64
+    panels = reconstruction._panel_gram(x)
+    assert _bits(panels) == _bits(x.T @ x)
+    assert _bits(reconstruction._gram(x)) == _bits(x.T @ x)  # checked once, then panels
+    assert reconstruction._PANEL_EXACT == {(rows, k, torch.get_num_threads()): True}
+    assert _bits(reconstruction._gram(x)) == _bits(x.T @ x)
+
+
+def test_panels_that_differ_are_not_used(monkeypatch):
+    monkeypatch.setattr(reconstruction, "_PANEL_EXACT", {})
+    used = []
+
+    def off_by_a_bit(x):
+        used.append(1)
+        g = x.T @ x
+        g[0, 1] = torch.nextafter(g[0, 1], g[0, 1] + 1)  # one entry one bit off
+        return g
+
+    monkeypatch.setattr(reconstruction, "_panel_gram", off_by_a_bit)
+    x = torch.randn(16, 300).double()
+    for _ in range(3):
+        assert _bits(reconstruction._gram(x)) == _bits(x.T @ x)
+    assert used == [1]  # compared once, then never used for that shape
+    assert reconstruction._PANEL_EXACT == {(16, 300, torch.get_num_threads()): False}
+
+
+def test_float32_layers_use_the_panels_and_float64_layers_the_full_product(monkeypatch):
+    seen = []
+    original = reconstruction._gram
+
+    def spy(x):
+        seen.append(tuple(x.shape))
+        return original(x)
+
+    monkeypatch.setattr(reconstruction, "_gram", spy)
+    for dtype in (torch.float32, torch.float64):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(300, 4), nn.ReLU(), nn.Linear(4, 2)).to(dtype)
+        prune.sparsegpt(net, [torch.randn(2, 5, 300, dtype=dtype)], 0.5)
+    assert seen == [(10, 300), (10, 4)]  # float32 only (a float64 input's products are not exact)
