@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, cast
 
 import torch
@@ -580,7 +580,12 @@ class _SharedCapture:
     """Forward pre-hooks for one sequential step: the first layer's inputs feed `accs`;
     the layers after it (in execution order) that are called once, with the very tensor
     the first one took (same object, not modified in place since), are counted as sharing
-    it, and the first other layer called ends the forward (:class:`_Captured`)."""
+    it, and the first other layer called ends the forward (:class:`_Captured`).
+
+    The forward goes on past the first layer only to see which layers follow; what the
+    first layer and its followers compute is never used (the forward ends before anything
+    reads it as a layer's input), so :attr:`skip` tells their forwards (:meth:`skipping`)
+    to give zeros of their output's shape instead of computing it."""
 
     def __init__(self, accs: list[arrayprune.HessianAccumulator], calls: int, candidates: list[nn.Module]):
         self.accs, self.calls, self.candidates = accs, calls, candidates
@@ -588,13 +593,42 @@ class _SharedCapture:
         self.started = False
         self.seen, self.confirmed = 0, 0
         self.taken: tuple[Any, int | None] | None = None
+        self.skip = False  # the next forward of the first layer or a follower need not compute
+
+    @contextlib.contextmanager
+    def skipping(self, layers: Iterable[nn.Module]) -> Iterator[None]:
+        """While inside, the forwards of `layers` (``Linear`` or ``Conv1D``) give zeros when told to."""
+        own = {layer: layer.__dict__.get("forward", _NOTHING) for layer in layers}
+        for layer in own:
+            layer.forward = self._zeros_or(layer, layer.forward)
+        try:
+            yield
+        finally:
+            for layer, forward in own.items():
+                if forward is _NOTHING:
+                    del layer.__dict__["forward"]
+                else:
+                    layer.__dict__["forward"] = forward
+
+    def _zeros_or(self, layer: nn.Module, forward: Any) -> Any:
+        weight = cast(torch.Tensor, layer.weight)
+        width = int(weight.shape[1 if is_transposed_linear(layer) else 0])
+
+        def zeros_or_forward(*args: Any, **kwargs: Any) -> Any:
+            if not self.skip:
+                return forward(*args, **kwargs)
+            self.skip = False
+            x = _input_of(args, kwargs)
+            return x.new_zeros((*x.shape[:-1], width))
+
+        return zeros_or_forward
 
     def reset(self) -> None:
         """End a forward (none the first time) and start the next."""
         if self.started:  # a forward where the first layer did not finish confirms no follower
             self.shared = min(self.shared, self.confirmed if self.seen >= self.calls else 0)
         self.started = True
-        self.seen, self.confirmed, self.taken = 0, 0, None
+        self.seen, self.confirmed, self.taken, self.skip = 0, 0, None, False
 
     def lead(self, layer: Layer, args: tuple, kwargs: dict) -> None:
         x = _input_of(args, kwargs)
@@ -605,6 +639,7 @@ class _SharedCapture:
         self.taken = (x, _version(x)) if self.calls == 1 and self.candidates else None
         if self.taken is None:
             raise _Captured
+        self.skip = True
 
     def follow(self, layer: Layer, args: tuple, kwargs: dict) -> None:
         if self.seen < self.calls:
@@ -619,6 +654,7 @@ class _SharedCapture:
             and _version(x) == self.taken[1]
         ):
             self.confirmed += 1
+            self.skip = True
             return
         self.taken = None
         raise _Captured
@@ -759,19 +795,25 @@ def _capture_shared(
     hooks.update((layers[name], capture.follow) for name in names[1:] if layers[name] is not first)
     handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer, hook in hooks.items()]
     try:
-        for b, batch in enumerate(batches):
-            capture.reset()
-            if reuse is not None:
-                reuse.start(b)
-            try:
-                _run(model, batch)
-            except _Captured:
-                pass
+        with capture.skipping([first, *candidates] if candidates and order[names[0]] == 1 else []):
+            _run_batches(model, batches, capture, reuse)
         capture.reset()
     finally:
         for handle in handles:
             handle.remove()
     return names[: 1 + capture.shared]
+
+
+def _run_batches(model: nn.Module, batches: Any, capture: _SharedCapture, reuse: _Reuse | None) -> None:
+    """Run every batch for one sequential step, each forward ending at :class:`_Captured`."""
+    for b, batch in enumerate(batches):
+        capture.reset()
+        if reuse is not None:
+            reuse.start(b)
+        try:
+            _run(model, batch)
+        except _Captured:
+            pass
 
 
 def _execution_order(model: nn.Module, batches: Any, layers: dict[str, nn.Module]) -> dict[str, int]:

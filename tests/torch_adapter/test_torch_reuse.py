@@ -5,9 +5,14 @@ layers pruned in earlier steps give the same outputs in every later run, so they
 and handed back. Checked against the same calls with nothing kept (a budget of 0 bytes):
 every weight and mask equal byte for byte, fewer ``Linear`` products computed, an output
 changed in place downstream computed again, and the model's own forwards back afterwards.
+Likewise the layers a step calibrates give zeros while the run only goes on to see which
+layers share their input (the same bytes as computing them), and Hessians of float32
+inputs come from the upper panels of ``X^T X`` (the full product's bits, checked).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 
@@ -79,14 +84,33 @@ def test_reused_outputs_give_the_same_bytes_with_fewer_products(monkeypatch, tri
     for out, ref in zip(outputs, expected, strict=True):
         assert out.numpy().tobytes() == ref.numpy().tobytes()
     # Without reuse, per batch (and one full forward to find the order, 6 or 7 products):
-    # q/k/v step 3 products, o 4, up 4, down 5, the final outputs 6 (+1 for "twice").
-    per_batch = {"": 3 + 4 + 4 + 5 + 6, "in place": 18 + 4, "twice": 3 + 4 + 5 + 6 + 7}[trick]
+    # the q/k/v step computes none (q, k and v give zeros: the run only goes on to see k
+    # and v take q's input), o's step 3 (o gives zeros, as up might follow it; "twice": o
+    # is computed, its second call ends the run), up's 4, down's 5, the final outputs 6
+    # (+1 for "twice" from o's step on).
+    per_batch = {"": 0 + 3 + 4 + 5 + 6, "in place": 18, "twice": 0 + 4 + 5 + 6 + 7}[trick]
     assert recomputed == (7 if trick == "twice" else 6) + 3 * per_batch
     # With it, a finished layer's output is computed in the next step, then kept: the steps of
     # up, down and the final outputs reuse q, k, v; q, k, v, o; q, k, v, o, up (q, changed
     # in place, is computed each time; o called twice has two outputs kept).
     saved = {"": 3 + 4 + 5, "in place": 2 + 3 + 4, "twice": 3 + 5 + 6}[trick]
     assert computed == recomputed - 3 * saved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trick", ["", "in place", "twice"])
+def test_zeros_for_outputs_nobody_reads_give_the_same_bytes(monkeypatch, trick):
+    skipped, fewer, outputs = _pruned(monkeypatch, trick, 0)
+    monkeypatch.setattr(reconstruction._SharedCapture, "skipping", lambda self, layers: contextlib.nullcontext())
+    computed, more, expected = _pruned(monkeypatch, trick, 0)
+    for name in ("q", "k", "v", "o", "up", "down"):
+        a, b = getattr(skipped, name), getattr(computed, name)
+        assert a.weight_orig.detach().numpy().tobytes() == b.weight_orig.detach().numpy().tobytes(), name
+        assert torch.equal(a.weight_mask, b.weight_mask), name
+    for out, ref in zip(outputs, expected, strict=True):
+        assert out.numpy().tobytes() == ref.numpy().tobytes()
+    # q, k and v in their own step, and o in its step where up might have followed it
+    assert more - fewer == 3 * (3 + (0 if trick == "twice" else 1))
 
 
 def test_the_final_outputs_equal_the_pruned_models_bit_for_bit(monkeypatch):
