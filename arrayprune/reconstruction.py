@@ -452,7 +452,7 @@ class HessianAccumulator:
             raise ValueError(f"inputs must be shaped [..., {self.k}], got {tuple(x.shape)}")
         rows = math.prod(x.shape[:-1])
         x2 = xp.astype(xp.reshape(x, (rows, self.k)), widest_float(xp, apc.device(x)))
-        self.add_gram(xp.permute_dims(x2, (1, 0)) @ x2, rows)
+        self._add(xp.permute_dims(x2, (1, 0)) @ x2, rows, owned=True)
 
     def add_gram(self, gram: Array, rows: int) -> None:
         """Add ``X^T X`` of a batch of `rows` inputs, computed by the caller.
@@ -481,8 +481,18 @@ class HessianAccumulator:
             raise ValueError(f"rows must be non-negative, got {rows}")
         if tuple(gram.shape) != (self.k, self.k):
             raise ValueError(f"gram must be {self.k} x {self.k}, got shape {tuple(gram.shape)}")
-        self._sum = gram if self._sum is None else self._sum + gram
-        self.rows += int(rows)
+        self._add(gram, int(rows), owned=False)
+
+    def _add(self, gram: Array, rows: int, owned: bool) -> None:
+        """Add `gram` to the sums, in place where the library updates arrays in place (the
+        same sums as a new array); `owned`: no one else holds `gram`, so it may be kept."""
+        if self._sum is None:
+            self._sum = gram if owned or not _views_update_in_place(gram) else namespace(gram).asarray(gram, copy=True)
+        elif _views_update_in_place(self._sum):
+            self._sum += gram
+        else:
+            self._sum = self._sum + gram
+        self.rows += rows
 
     def hessian(self) -> Array:
         """``X^T X / rows`` over every batch so far.
