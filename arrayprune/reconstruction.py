@@ -452,8 +452,46 @@ class HessianAccumulator:
             raise ValueError(f"inputs must be shaped [..., {self.k}], got {tuple(x.shape)}")
         rows = math.prod(x.shape[:-1])
         x2 = xp.astype(xp.reshape(x, (rows, self.k)), widest_float(xp, apc.device(x)))
-        gram = xp.permute_dims(x2, (1, 0)) @ x2
-        self._sum = gram if self._sum is None else self._sum + gram
+        self._add(xp.permute_dims(x2, (1, 0)) @ x2, rows, owned=True)
+
+    def add_gram(self, gram: Array, rows: int) -> None:
+        """Add ``X^T X`` of a batch of `rows` inputs, computed by the caller.
+
+        :meth:`update` computes it as ``X^T @ X``; a caller with a faster product giving
+        the same values (a framework's own, on its device) adds it here.
+
+        Parameters
+        ----------
+        gram : array
+            ``k x k``, real: the sum over the batch's rows ``x`` of ``x^T x``, in the
+            dtype the sums are kept in (float64 where available).
+        rows : int
+            Number of input rows it sums (0 or more).
+
+        Raises
+        ------
+        TypeError
+            If `rows` is not an int.
+        ValueError
+            If `gram` is not ``k x k`` or `rows` is negative.
+        """
+        if isinstance(rows, bool) or not isinstance(rows, numbers.Integral):
+            raise TypeError(f"rows must be an int, got {type(rows).__name__}")
+        if rows < 0:
+            raise ValueError(f"rows must be non-negative, got {rows}")
+        if tuple(gram.shape) != (self.k, self.k):
+            raise ValueError(f"gram must be {self.k} x {self.k}, got shape {tuple(gram.shape)}")
+        self._add(gram, int(rows), owned=False)
+
+    def _add(self, gram: Array, rows: int, owned: bool) -> None:
+        """Add `gram` to the sums, in place where the library updates arrays in place (the
+        same sums as a new array); `owned`: no one else holds `gram`, so it may be kept."""
+        if self._sum is None:
+            self._sum = gram if owned or not _views_update_in_place(gram) else namespace(gram).asarray(gram, copy=True)
+        elif _views_update_in_place(self._sum):
+            self._sum += gram
+        else:
+            self._sum = self._sum + gram
         self.rows += rows
 
     def hessian(self) -> Array:

@@ -384,14 +384,16 @@ def calibrate_checkpoint(
             replay = _replay(layer, inputs)
             steps = [torch.tensor(i) for i in range(len(inputs))]
             dense = [replay(i) for i in steps] if spec.one_pass else None
+            pruned: list[Any] = []  # the outputs of the pruned layer, as its sequential calibration ends
             if chosen:
                 names = [f"layer.{m}" for m in chosen]
                 if reconstructing:
                     kwargs = _amounts(spec, chosen)
                     try:
-                        reconstruction.reconstruct(
-                            replay, steps, modules=names, sequential=not spec.one_pass, method=spec.method, **kwargs
-                        )
+                        reconstruction._prune(
+                            replay, steps, modules=names, sequential=not spec.one_pass, method=spec.method,
+                            outputs=None if spec.one_pass else pruned, **kwargs,
+                        )  # fmt: skip
                     except ValueError as exc:  # named by the checkpoint's names, not the replay's
                         raise ValueError(str(exc).replace("'layer.", f"'{prefix}.{index}.")) from None
                     for module_name in chosen:
@@ -409,7 +411,7 @@ def calibrate_checkpoint(
                     path = os.path.join(workdir, f"{len(out)}.npy")
                     np.save(path, _stored(layer.get_submodule(module_name).weight.detach(), entry.value.code))
                     out[entry.name] = _reader(path)
-            outputs = dense if dense is not None else [replay(i) for i in steps]
+            outputs = dense if dense is not None else pruned or [replay(i) for i in steps]
             inputs = [(h, args, kwargs) for h, (_, args, kwargs) in zip(outputs, inputs, strict=True)]
             _Weights.free(layer)
     return out

@@ -18,9 +18,10 @@ dicts and :mod:`torch.nn.utils.prune` work on it as on any other pruned module::
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, cast
 
 import torch
@@ -35,9 +36,12 @@ from ._base import apply_method, pruning_hooks, transaction
 from ._methods import CLASSES
 from .calibration import _run, block_layers, is_transposed_linear
 
-__all__ = ["reconstruct", "sparsegpt"]
+__all__ = ["REUSE_BYTES", "reconstruct", "sparsegpt"]
 
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d)
+
+#: Bytes of finished layers' outputs that sequential calibration keeps to reuse (see :class:`_Reuse`).
+REUSE_BYTES = 1 << 30
 Layer = nn.Linear | nn.Conv1d | nn.Conv2d  # the layers sparsegpt prunes
 
 
@@ -169,7 +173,7 @@ def _feed(layer: Layer, accs: list[arrayprune.HessianAccumulator], x: torch.Tens
     """Add `layer`'s input `x` to its accumulators: rows of its matrix product, per group."""
     x = x.detach()
     if isinstance(layer, nn.Linear) or is_transposed_linear(layer):
-        accs[0].update(x)
+        _update(accs[0], x)
         return
     spatial = len(layer.kernel_size)
     if x.ndim == spatial + 1:  # unbatched
@@ -183,6 +187,63 @@ def _feed(layer: Layer, accs: list[arrayprune.HessianAccumulator], x: torch.Tens
     patches = arrayprune.unfold_patches(x, kernel, stride=stride, dilation=dilation, groups=layer.groups)
     for g, acc in enumerate(accs):
         acc.update(patches[g])
+
+
+#: Columns of ``X`` per panel of :func:`_panel_gram`.
+_PANEL = 256
+
+#: (rows, k, threads) -> whether :func:`_panel_gram` gave the bits of ``X^T @ X`` here.
+_PANEL_EXACT: dict[tuple[int, int, int], bool] = {}
+
+#: Input dtypes whose products are exact in float64 (24-bit significands or fewer).
+_NARROW = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _update(acc: arrayprune.HessianAccumulator, x: torch.Tensor) -> None:
+    """``acc.update(x)``, the product computed by :func:`_gram` for float32 (or narrower)
+    inputs on the CPU."""
+    if x.device.type != "cpu" or x.dtype not in _NARROW or x.ndim < 1 or x.shape[-1] != acc.k:
+        acc.update(x)  # elsewhere, and the errors, as the accumulator gives them
+        return
+    rows = math.prod(x.shape[:-1])
+    acc.add_gram(_gram(x.reshape(rows, acc.k).to(torch.float64)), rows)
+
+
+def _gram(x: torch.Tensor) -> torch.Tensor:
+    """``x.T @ x`` of a float64 CPU matrix holding float32 values, bit for bit, computing
+    the upper panels only where that was seen to give the same bits.
+
+    Each entry of ``x.T @ x`` is a dot product of two columns. The products of float32
+    values are exact in float64, so whether a BLAS kernel fuses them into its additions
+    (FMA) or not changes nothing; what remains is the order of the additions, which BLAS
+    libraries (MKL in PyTorch's CPU builds) keep the same whichever block of the product
+    an entry falls in. Then the upper panels alone (about half the work), mirrored, give
+    the full product's bits. That is checked, not assumed: the first product of each
+    shape (and thread count) is computed both ways and compared bit for bit; where they
+    differ, the full product is used for that shape from then on.
+    """
+    rows, k = x.shape
+    if k <= _PANEL:
+        return x.T @ x
+    key = (rows, k, torch.get_num_threads())
+    exact = _PANEL_EXACT.get(key)
+    if exact:
+        return _panel_gram(x)
+    full = x.T @ x
+    if exact is None:
+        _PANEL_EXACT[key] = torch.equal(_panel_gram(x).view(torch.int64), full.view(torch.int64))
+    return full
+
+
+def _panel_gram(x: torch.Tensor) -> torch.Tensor:
+    """``x.T @ x`` of float64 `x` from its upper panels (rows ``a:a+P``, columns ``a:``), mirrored."""
+    k = x.shape[1]
+    out = torch.empty((k, k), dtype=x.dtype, device=x.device)
+    for a in range(0, k, _PANEL):
+        torch.mm(x[:, a : a + _PANEL].T, x[:, a:], out=out[a : a + _PANEL, a:])
+    for a in range(0, k - _PANEL, _PANEL):
+        out[a + _PANEL :, a : a + _PANEL] = out[a : a + _PANEL, a + _PANEL :].T
+    return out
 
 
 def _input_of(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -310,10 +371,13 @@ def sparsegpt(
         them (found by one forward of the first batch), each calibrated on the model whose
         earlier layers are already pruned and updated. For each layer the batches are run
         again, stopping each forward once that layer's inputs are taken (the layers after
-        it are not run); one layer's Hessians are held at a time. With ``False``, every
-        Hessian comes from the dense model in a single pass over the batches, all held
-        until the end (memory: the sum of every layer's ``K x K``, ``K`` its input length
-        per group).
+        it are not run); one layer's Hessians are held at a time. The outputs of layers
+        already pruned, which the later runs would compute again bit for bit, are kept
+        and reused instead, up to :data:`REUSE_BYTES` (1 GiB) in all, freed at the end
+        (0 turns it off; a kept output changed in place is computed again). With
+        ``False``, every Hessian comes from the dense model in a single pass over the
+        batches, all held until the end (memory: the sum of every layer's ``K x K``,
+        ``K`` its input length per group).
     method : str or type, default "sparsegpt"
         The method of :data:`arrayprune.METHODS` that prunes each layer from its Hessian
         and updates the kept weights (one that carries a solver; :func:`reconstruct`
@@ -378,6 +442,28 @@ def sparsegpt(
     >>> [int((layer.weight_mask == 0).sum()) for layer in (net[0], net[2])]
     [48, 4]
     """
+    return _prune(
+        model, calibration_batches, amount, n=n, m=m, modules=modules, block_size=block_size, damp=damp,
+        sequential=sequential, method=method, outputs=None,
+    )  # fmt: skip
+
+
+def _prune(
+    model: nn.Module,
+    calibration_batches: Iterable[Any],
+    amount: Any = None,
+    *,
+    n: int | None = None,
+    m: int | None = None,
+    modules: Iterable[nn.Module | str] | None = None,
+    block_size: int = 128,
+    damp: float = 0.01,
+    sequential: bool = True,
+    method: str | type = "sparsegpt",
+    outputs: list[Any] | None = None,
+) -> nn.Module:
+    """:func:`sparsegpt`; with `outputs` (a list), the model's output for each batch, computed
+    with every layer pruned and updated, is appended to it before the reparametrization."""
     per_layer = isinstance(amount, Mapping)
     if per_layer:
         if n is not None or m is not None:
@@ -419,20 +505,23 @@ def sparsegpt(
         weight.copy_(new)
         results[name] = keep
 
+    reuse: _Reuse | None = None
     try:
-        model.eval()
-        with torch.no_grad():
+        with contextlib.ExitStack() as stack, torch.no_grad():
+            model.eval()
             if sequential:
                 order = _execution_order(model, batches, layers)
                 names = list(order)
+                reuse = stack.enter_context(_Reuse(layers.values(), REUSE_BYTES))
                 index = 0
                 while index < len(names):
                     name = names[index]
                     accs = _accumulators(layers[name])
-                    sharing = _capture_shared(model, batches, layers, names[index:], order, accs)
+                    sharing = _capture_shared(model, batches, layers, names[index:], order, accs, reuse)
                     for each in sharing:  # the same inputs, so the same Hessian, as separate runs would give
                         new, keep = _reconstruct(each, layers[each], accs, counts[each], pattern, cls, settings)
                         write(each, new, keep)
+                        reuse.finish(layers[each])
                     del accs
                     index += len(sharing)
             else:
@@ -448,6 +537,12 @@ def sparsegpt(
                 del all_accs
                 for name, (new, keep) in computed.items():
                     write(name, new, keep)
+            if outputs is not None:  # the model's outputs with every layer pruned and updated
+                for b, batch in enumerate(batches):
+                    if reuse is not None:
+                        reuse.start(b, store=False)
+                    outputs.append(_call(model, batch))
+            stack.close()  # the layers' own forwards back before the reparametrization
             with transaction(layers.values()):
                 for name, keep in results.items():
                     weight = layers[name].weight
@@ -485,7 +580,12 @@ class _SharedCapture:
     """Forward pre-hooks for one sequential step: the first layer's inputs feed `accs`;
     the layers after it (in execution order) that are called once, with the very tensor
     the first one took (same object, not modified in place since), are counted as sharing
-    it, and the first other layer called ends the forward (:class:`_Captured`)."""
+    it, and the first other layer called ends the forward (:class:`_Captured`).
+
+    The forward goes on past the first layer only to see which layers follow; what the
+    first layer and its followers compute is never used (the forward ends before anything
+    reads it as a layer's input), so :attr:`skip` tells their forwards (:meth:`skipping`)
+    to give zeros of their output's shape instead of computing it."""
 
     def __init__(self, accs: list[arrayprune.HessianAccumulator], calls: int, candidates: list[nn.Module]):
         self.accs, self.calls, self.candidates = accs, calls, candidates
@@ -493,13 +593,42 @@ class _SharedCapture:
         self.started = False
         self.seen, self.confirmed = 0, 0
         self.taken: tuple[Any, int | None] | None = None
+        self.skip = False  # the next forward of the first layer or a follower need not compute
+
+    @contextlib.contextmanager
+    def skipping(self, layers: Iterable[nn.Module]) -> Iterator[None]:
+        """While inside, the forwards of `layers` (``Linear`` or ``Conv1D``) give zeros when told to."""
+        own = {layer: layer.__dict__.get("forward", _NOTHING) for layer in layers}
+        for layer in own:
+            layer.forward = self._zeros_or(layer, layer.forward)
+        try:
+            yield
+        finally:
+            for layer, forward in own.items():
+                if forward is _NOTHING:
+                    del layer.__dict__["forward"]
+                else:
+                    layer.__dict__["forward"] = forward
+
+    def _zeros_or(self, layer: nn.Module, forward: Any) -> Any:
+        weight = cast(torch.Tensor, layer.weight)
+        width = int(weight.shape[1 if is_transposed_linear(layer) else 0])
+
+        def zeros_or_forward(*args: Any, **kwargs: Any) -> Any:
+            if not self.skip:
+                return forward(*args, **kwargs)
+            self.skip = False
+            x = _input_of(args, kwargs)
+            return x.new_zeros((*x.shape[:-1], width))
+
+        return zeros_or_forward
 
     def reset(self) -> None:
         """End a forward (none the first time) and start the next."""
         if self.started:  # a forward where the first layer did not finish confirms no follower
             self.shared = min(self.shared, self.confirmed if self.seen >= self.calls else 0)
         self.started = True
-        self.seen, self.confirmed, self.taken = 0, 0, None
+        self.seen, self.confirmed, self.taken, self.skip = 0, 0, None, False
 
     def lead(self, layer: Layer, args: tuple, kwargs: dict) -> None:
         x = _input_of(args, kwargs)
@@ -510,6 +639,7 @@ class _SharedCapture:
         self.taken = (x, _version(x)) if self.calls == 1 and self.candidates else None
         if self.taken is None:
             raise _Captured
+        self.skip = True
 
     def follow(self, layer: Layer, args: tuple, kwargs: dict) -> None:
         if self.seen < self.calls:
@@ -524,9 +654,102 @@ class _SharedCapture:
             and _version(x) == self.taken[1]
         ):
             self.confirmed += 1
+            self.skip = True
             return
         self.taken = None
         raise _Captured
+
+
+def _call(model: nn.Module, batch: Any) -> Any:
+    """``model`` run on one batch (a tensor, positional arguments or keywords): its output."""
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
+
+
+class _Reuse:
+    """The outputs of finished layers, kept to be handed back in later runs of the same batch.
+
+    Sequential calibration runs every batch once per step, each run repeating what the
+    runs before it computed. A layer is *finished* once its weight is pruned and updated
+    (:meth:`finish`): from then on, each of its calls that comes before any unfinished
+    layer is called in a forward has the inputs it had in the previous run (everything
+    before it is finished or never changes) and so the same output, bit for bit. Such an
+    output is kept, keyed by (layer, call in the forward, batch), while the outputs kept
+    fit in `budget` bytes, and returned in place of computing it again; one that was
+    modified in place since (its version counter moved) is computed again. Calls after an
+    unfinished layer's are computed as usual. The forward is assumed deterministic (the
+    same inputs give the same bits), as PyTorch's CPU kernels are for one thread setting.
+    """
+
+    def __init__(self, layers: Iterable[nn.Module], budget: int):
+        self.budget, self.used = budget, 0
+        self.kept: dict[tuple[int, int, int], tuple[torch.Tensor, int]] = {}
+        self.batch, self.store, self.settled = 0, True, True
+        self.calls: dict[int, int] = {}
+        self.reached = {layer: layer.register_forward_pre_hook(self._unfinished) for layer in layers}
+        self.forwards: dict[nn.Module, Any] = {}  # a finished layer -> its own instance attribute forward, if any
+
+    def __enter__(self) -> _Reuse:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self, batch: int, store: bool = True) -> None:
+        """Begin a forward of batch number `batch`; with `store` False nothing more is kept."""
+        self.batch, self.store, self.settled = batch, store, True
+        self.calls.clear()
+
+    def _unfinished(self, layer: nn.Module, args: tuple) -> None:
+        self.settled = False  # what follows may depend on weights still to change
+
+    def finish(self, layer: nn.Module) -> None:
+        """`layer`'s weight is final: its outputs may be kept and reused from now on."""
+        self.reached.pop(layer).remove()
+        self.forwards[layer] = layer.__dict__.get("forward", _NOTHING)
+        own = layer.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return self._output(layer, own, args, kwargs)
+
+        layer.forward = forward
+
+    def _output(self, layer: nn.Module, own: Any, args: tuple, kwargs: dict) -> Any:
+        call = self.calls.get(id(layer), 0)
+        self.calls[id(layer)] = call + 1
+        if not self.settled:
+            return own(*args, **kwargs)
+        key = (id(layer), call, self.batch)
+        kept = self.kept.get(key)
+        if kept is not None:
+            if _version(kept[0]) == kept[1]:
+                return kept[0]
+            del self.kept[key]  # changed in place by what read it: computed again
+            self.used -= kept[0].untyped_storage().nbytes()
+        out = own(*args, **kwargs)
+        if self.store and isinstance(out, torch.Tensor):
+            version, size = _version(out), out.untyped_storage().nbytes()
+            if version is not None and self.used + size <= self.budget:
+                self.kept[key] = (out, version)
+                self.used += size
+        return out
+
+    def close(self) -> None:
+        """Give every layer its own forward back, remove the hooks, drop what was kept."""
+        for handle in self.reached.values():
+            handle.remove()
+        for layer, forward in self.forwards.items():
+            if forward is _NOTHING:
+                del layer.__dict__["forward"]
+            else:
+                layer.__dict__["forward"] = forward
+        self.reached, self.forwards, self.kept, self.used = {}, {}, {}, 0
+
+
+_NOTHING = object()
 
 
 def _version(x: Any) -> int | None:
@@ -544,6 +767,7 @@ def _capture_shared(
     names: list[str],
     order: Mapping[str, int],
     accs: list[arrayprune.HessianAccumulator],
+    reuse: _Reuse | None = None,
 ) -> list[str]:
     """Feed the Hessian of ``names[0]`` from every batch; the names (a prefix of `names`)
     whose Hessian it is too, ``names[0]`` first.
@@ -571,17 +795,25 @@ def _capture_shared(
     hooks.update((layers[name], capture.follow) for name in names[1:] if layers[name] is not first)
     handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer, hook in hooks.items()]
     try:
-        for batch in batches:
-            capture.reset()
-            try:
-                _run(model, batch)
-            except _Captured:
-                pass
+        with capture.skipping([first, *candidates] if candidates and order[names[0]] == 1 else []):
+            _run_batches(model, batches, capture, reuse)
         capture.reset()
     finally:
         for handle in handles:
             handle.remove()
     return names[: 1 + capture.shared]
+
+
+def _run_batches(model: nn.Module, batches: Any, capture: _SharedCapture, reuse: _Reuse | None) -> None:
+    """Run every batch for one sequential step, each forward ending at :class:`_Captured`."""
+    for b, batch in enumerate(batches):
+        capture.reset()
+        if reuse is not None:
+            reuse.start(b)
+        try:
+            _run(model, batch)
+        except _Captured:
+            pass
 
 
 def _execution_order(model: nn.Module, batches: Any, layers: dict[str, nn.Module]) -> dict[str, int]:

@@ -404,6 +404,28 @@ def test_hessian_accumulator():
         ap.HessianAccumulator(3.0)
 
 
+def test_hessian_accumulator_add_gram_equals_update():
+    rng = np.random.default_rng(14)
+    a, b = rng.standard_normal((7, 3)), rng.standard_normal((5, 3))
+    by_rows, by_grams = ap.HessianAccumulator(3), ap.HessianAccumulator(3)
+    grams = [a.T @ a, b.T @ b]
+    for x, gram in zip((a, b), grams, strict=True):
+        by_rows.update(x)
+        by_grams.add_gram(gram, 5 if x is b else 7)
+    assert by_grams.rows == 12
+    np.testing.assert_array_equal(grams[0], a.T @ a)  # the caller's gram is not added to in place
+    np.testing.assert_array_equal(by_grams.hessian(), by_rows.hessian())
+    np.testing.assert_allclose(by_grams.hessian(), np.concatenate([a, b]).T @ np.concatenate([a, b]) / 12, rtol=1e-13)
+    with pytest.raises(ValueError, match=re.escape("gram must be 3 x 3, got shape (3, 2)")):
+        by_grams.add_gram(np.ones((3, 2)), 1)
+    with pytest.raises(ValueError, match="rows must be non-negative, got -1"):
+        by_grams.add_gram(np.ones((3, 3)), -1)
+    with pytest.raises(TypeError, match="rows must be an int, got float"):
+        by_grams.add_gram(np.ones((3, 3)), 1.0)
+    assert by_grams.rows == 12  # refused grams added nothing
+    np.testing.assert_array_equal(by_grams.hessian(), by_rows.hessian())
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
