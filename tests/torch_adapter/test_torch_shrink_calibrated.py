@@ -515,3 +515,20 @@ def test_every_tensor_on_the_input_device_under_a_meta_default():
     for k, v in got.items():
         assert v.device.type == "cpu", k
         torch.testing.assert_close(v, want[k], rtol=0, atol=0, msg=k)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("method", METHODS)
+def test_on_cuda_the_same_channels_and_weights_as_on_the_cpu(method):
+    """The model and batches on a GPU: statistics, scores and refits stay there, and the
+    result is the CPU's (float64: the same channels, weights within float tolerance)."""
+    cpu, data, _, _, _ = _case("cnn")
+    gpu = copy.deepcopy(cpu).cuda()
+    prune.shrink(cpu, data[0], 0.5, method, calibration_batches=data)
+    prune.shrink(gpu, data[0].cuda(), 0.5, method, calibration_batches=[b.cuda() for b in data])
+    want, got = cpu.state_dict(), gpu.state_dict()
+    assert list(got) == list(want)
+    for k, v in got.items():
+        assert v.device.type == "cuda", k
+        assert v.shape == want[k].shape, k
+        torch.testing.assert_close(v.cpu(), want[k], rtol=1e-9, atol=1e-9, msg=k)
