@@ -108,7 +108,12 @@ def trace(model: nn.Module, example_inputs: Any, leaf_modules: Iterable[Any] = (
         graph = tracer.trace(model)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RuntimeError(f"torch.fx cannot trace {type(model).__name__}: {first}") from None
+        hint = (
+            "; a transformers model shrinks by its own units with prune.shrink_llm(model, calibration, groups=...)"
+            if callable(getattr(model, "save_pretrained", None)) and hasattr(model, "config")
+            else ""
+        )
+        raise RuntimeError(f"torch.fx cannot trace {type(model).__name__}: {first}{hint}") from None
     gm = fx.GraphModule(model, graph)
     modes = {m: m.training for m in model.modules()}
     try:

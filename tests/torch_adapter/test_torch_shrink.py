@@ -474,6 +474,24 @@ def test_untraceable_model_is_one_line():
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
+def test_an_untraceable_transformers_model_is_pointed_to_shrink_llm():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    model = transformers.BertModel(config).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(RuntimeError, match=r"^torch.fx cannot trace BertModel: .*prune\.shrink_llm\(model") as err:
+        prune.shrink(model, torch.randint(0, 50, (1, 8)), 0.5)
+    assert "\n" not in str(err.value)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with pytest.raises(RuntimeError) as err:  # a plain module: no such hint
+        prune.shrink(Gate(3), torch.randn(1, 3, 2, 2), 0.5)
+    assert "shrink_llm" not in str(err.value)
+
+
 def test_training_mode_and_buffers_untouched_by_tracing():
     net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), nn.Conv2d(4, 2, 1)).train()
     stats = net[1].running_mean.clone()
