@@ -40,8 +40,17 @@ __all__ = ["REUSE_BYTES", "reconstruct", "sparsegpt"]
 
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d)
 
-#: Bytes of finished layers' outputs that sequential calibration keeps to reuse (see :class:`_Reuse`).
+#: Bytes of finished layers' outputs that sequential calibration keeps to reuse (see :class:`_Reuse`);
+#: on a CUDA device at most a quarter of its free memory (:func:`_reuse_budget`).
 REUSE_BYTES = 1 << 30
+
+
+def _reuse_budget(device: torch.device | None) -> int:
+    """:data:`REUSE_BYTES`, or on a CUDA device at most a quarter of the memory free there now."""
+    if device is None or device.type != "cuda":
+        return REUSE_BYTES
+    free, _total = torch.cuda.mem_get_info(device)
+    return min(REUSE_BYTES, free // 4)
 Layer = nn.Linear | nn.Conv1d | nn.Conv2d  # the layers sparsegpt prunes
 
 
@@ -373,7 +382,8 @@ def sparsegpt(
         again, stopping each forward once that layer's inputs are taken (the layers after
         it are not run); one layer's Hessians are held at a time. The outputs of layers
         already pruned, which the later runs would compute again bit for bit, are kept
-        and reused instead, up to :data:`REUSE_BYTES` (1 GiB) in all, freed at the end
+        and reused instead, up to :data:`REUSE_BYTES` (1 GiB; on a CUDA device at most a
+        quarter of its free memory) in all, freed at the end
         (0 turns it off; a kept output changed in place is computed again). With
         ``False``, every Hessian comes from the dense model in a single pass over the
         batches, all held until the end (memory: the sum of every layer's ``K x K``,
@@ -512,7 +522,8 @@ def _prune(
             if sequential:
                 order = _execution_order(model, batches, layers)
                 names = list(order)
-                reuse = stack.enter_context(_Reuse(layers.values(), REUSE_BYTES))
+                first = next(iter(layers.values())).weight
+                reuse = stack.enter_context(_Reuse(layers.values(), _reuse_budget(first.device)))
                 index = 0
                 while index < len(names):
                     name = names[index]

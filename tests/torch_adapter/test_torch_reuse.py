@@ -212,3 +212,21 @@ def test_float32_layers_use_the_panels_and_float64_layers_the_full_product(monke
         net = nn.Sequential(nn.Linear(300, 4), nn.ReLU(), nn.Linear(4, 2)).to(dtype)
         prune.sparsegpt(net, [torch.randn(2, 5, 300, dtype=dtype)], 0.5)
     assert seen == [(10, 300), (10, 4)]  # float32 only (a float64 input's products are not exact)
+
+
+def test_the_reuse_budget_on_a_cuda_device_is_at_most_a_quarter_of_its_free_memory(monkeypatch):
+    asked = []
+
+    def mem_get_info(device):
+        asked.append(device)
+        return free, 80 << 30
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    free = 2 << 30
+    assert reconstruction._reuse_budget(torch.device("cuda", 1)) == 512 << 20
+    assert asked == [torch.device("cuda", 1)]
+    free = 60 << 30
+    assert reconstruction._reuse_budget(torch.device("cuda")) == reconstruction.REUSE_BYTES == 1 << 30
+    assert reconstruction._reuse_budget(torch.device("cpu")) == reconstruction.REUSE_BYTES
+    assert reconstruction._reuse_budget(None) == reconstruction.REUSE_BYTES
+    assert len(asked) == 2  # the CPU asks nothing
