@@ -42,7 +42,12 @@ statistic              units                             how
 ``unit_hessians``      channels, heads (a calibrated     ``X^T X`` of each consumer's
                        structured method)                inputs, layer after layer on
                                                           the model already pruned
+``consumer_hessians``  an ONNX graph's channel groups    ``X^T X`` of the inputs of every
+                       or heads (a calibrated            layer reading a group, dense
+                       structured method)                model, one onnxruntime pass
 =====================  ===============================  ==================================
+
+The first three are a Hugging Face folder's, the last an ONNX graph's (not run by a dry run).
 
 The engines themselves are below this stage: :mod:`~arrayprune.adapters.pipeline.calibration`
 (onnxruntime, input norms), :mod:`~arrayprune.adapters.pipeline.reconstruction`
@@ -60,9 +65,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from arrayprune.adapters.pipeline.allocation_request import OWL
+from arrayprune.adapters.pipeline.calibration import read_calibration
+from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
 from arrayprune.adapters.pipeline.hf_stage import calibrated, dense_input_norms, given_hessians
 from arrayprune.adapters.pipeline.job import Job, ShrinkJob
 from arrayprune.adapters.pipeline.reconstruct_stage import reconstruct
+from arrayprune.adapters.pipeline.reconstruction import onnx_input_hessians
 from arrayprune.adapters.pipeline.scoring import input_norms
 from arrayprune.adapters.pipeline.shrink_structure import (
     UnitScores,
@@ -73,6 +81,9 @@ from arrayprune.adapters.pipeline.shrink_structure import (
     shrink_errors,
     walk_arguments,
 )
+from arrayprune.adapters.pipeline.storage import WholeFile
+from arrayprune.adapters.roles.onnx_groups import onnx_groups
+from arrayprune.adapters.shrink import consumers
 
 __all__ = [
     "RUNNERS",
@@ -272,16 +283,51 @@ def _unit_hessians(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScores:
     )  # fmt: skip
 
 
+def _consumer_hessians(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScores:
+    spec, src = job.spec, job.src
+    optional_module("onnxruntime", "onnx", f"--method {spec.method}")
+    try:
+        calibration = read_calibration(spec.calibration)
+    except ValueError as exc:
+        raise PruneError(error_text(exc), spec.calibration) from None
+    wf = WholeFile(src, "onnx", job.hooks).wf
+    try:
+        found = onnx_groups(wf.context["model"], job.groups)
+        readers, _ = consumers(wf.context["model"], found)
+        samples = len(next(iter(calibration.values())))
+        job.hooks.stage(
+            f"{spec.method}: Hessians of the {len(readers)} layers reading {len(found.groups)} groups, "
+            f"{samples} calibration samples through onnxruntime, dense model"
+        )
+        hessians = onnx_input_hessians(wf, list(readers), calibration, batch_size=spec.calibration_batch)
+    except (ValueError, TypeError) as exc:
+        raise PruneError(f"--shrink --method {spec.method}: {error_text(exc)}", src) from None
+    return UnitScores("consumer_hessians", found, hessians)
+
+
+def _folder(job: ShrinkJob) -> bool:
+    return job.kind == "sharded safetensors"
+
+
 #: The statistics of a shrink job's units, in the order they are tried (:func:`unit_scores`).
 UNIT_STATISTICS: tuple[UnitStatistic, ...] = (
-    UnitStatistic("residual_change", lambda job: job.groups == "layers", _layer_changes),
-    UnitStatistic("router_statistics", lambda job: job.groups == "experts" and bool(job.spec.calibration), _router),
-    UnitStatistic("unit_hessians", lambda job: not job.whole_units and job.calibrated, _unit_hessians),
+    UnitStatistic("residual_change", lambda job: _folder(job) and job.groups == "layers", _layer_changes),
+    UnitStatistic(
+        "router_statistics",
+        lambda job: _folder(job) and job.groups == "experts" and bool(job.spec.calibration),
+        _router,
+    ),
+    UnitStatistic("unit_hessians", lambda job: _folder(job) and not job.whole_units and job.calibrated, _unit_hessians),
+    UnitStatistic(
+        "consumer_hessians",
+        lambda job: job.kind == "onnx" and not job.whole_units and job.calibrated and not job.spec.dry_run,
+        _consumer_hessians,
+    ),
 )
 
 
 def unit_scores(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScores | None:
-    """What calibration data say of a shrink job's units (a Hugging Face folder's), before anything is written.
+    """What calibration data say of a shrink job's units (a folder's, an ONNX graph's), before anything is written.
 
     Parameters
     ----------
@@ -293,15 +339,14 @@ def unit_scores(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScores | Non
     Returns
     -------
     UnitScores or None
-        None for an ONNX model, and for units ranked by their weights.
+        None for units ranked by their weights (and for an ONNX graph's dry run).
 
     Raises
     ------
     PruneError
-        Token ids that do not fit, a model transformers cannot build: one line.
+        Token ids or samples that do not fit, a model transformers cannot build, a
+        group of an ONNX graph whose consumers cannot be scored: one line.
     """
-    if job.kind != "sharded safetensors":
-        return None
     row = next((r for r in UNIT_STATISTICS if r.applies(job)), None)
     if row is None:
         return None

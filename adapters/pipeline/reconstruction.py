@@ -45,7 +45,7 @@ from arrayprune.adapters.roles.onnx_graph import onnx_roles, weight_feeds, weigh
 from arrayprune.reconstruction import check_sparsegpt_options
 from arrayprune.registry import reconstruction_method, settings_for
 
-__all__ = ["Reconstructed", "amounts_from_masks", "onnx_sparsegpt"]
+__all__ = ["Reconstructed", "amounts_from_masks", "onnx_input_hessians", "onnx_sparsegpt"]
 
 #: The operators whose weights SparseGPT reconstructs here.
 OPERATORS = ("MatMul", "Gemm", "Conv")
@@ -220,6 +220,58 @@ def onnx_sparsegpt(
     return {name: done[name] for name in order}
 
 
+def onnx_input_hessians(
+    wf: Any, names: Iterable[str], calibration: Mapping[str, np.ndarray], *, batch_size: int | None = None
+) -> dict[str, np.ndarray]:
+    """``X^T X`` of the input rows of ONNX weights over calibration data, from the dense model in one pass.
+
+    The rows are what :func:`onnx_sparsegpt` takes its Hessians from (a ``MatMul`` or
+    ``Gemm`` A's feature vectors, a convolution's patches, channel-major), summed, not
+    divided by their count: the statistic a calibrated structured method scores
+    channels on (:func:`arrayprune.adapters.shrink.shrink_onnx`, ``hessians``).
+
+    Parameters
+    ----------
+    wf : WeightFile
+        The ONNX model, as :func:`arrayprune.adapters.formats.load` read it; not modified.
+    names : iterable of str
+        Weights of ``MatMul``, ``Gemm`` or ``Conv`` with ``group=1``.
+    calibration : mapping of str to ndarray
+        Every graph input (initializers aside) to samples along axis 0.
+    batch_size : int, optional
+        Samples run at a time; :data:`~arrayprune.adapters.pipeline.calibration.BATCH_SIZE` if omitted.
+
+    Returns
+    -------
+    dict of str to ndarray
+        Weight name -> ``[K, K]`` float64 (``K`` its input features; ``in * kh * kw``
+        for a convolution).
+
+    Raises
+    ------
+    ValueError
+        A name that is not such a weight, calibration data that do not fit the graph,
+        onnxruntime failing.
+    ImportError
+        If onnx or onnxruntime is missing.
+    """
+    names = list(dict.fromkeys(names))
+    model = wf.context["model"]
+    feeds, roles = weight_feeds(model), onnx_roles(model)
+    targets = [_target(wf, name, feeds.get(name), roles.get(name)) for name in names]
+    for t in targets:
+        if t.groups != 1:
+            raise ValueError(f"{t.name!r} is the weight of a grouped convolution (group={t.groups})")
+    if not targets:
+        return {}
+    prepared = _prepared_model(wf, sorted({f.activation for t in targets for f in t.feeds}), {})
+    session = _open_session(wf, prepared)
+    casts, samples = _check_inputs(session, calibration, [])
+    with blas_threads(max(t.k for t in targets)):
+        hessians = _hessians(session, calibration, casts, samples, targets, batch_size, None, sums=True)
+    return {name: np.asarray(hessians[name][0], dtype=np.float64) for name in names}
+
+
 def _amounts(amount: Any, names: list[str]) -> dict[str, Any]:
     """Each weight's amount: `amount` itself, or its entry when it is a mapping."""
     if not isinstance(amount, Mapping):
@@ -288,15 +340,18 @@ def _hessians(
     targets: list[_Target],
     batch_size: int | None,
     weights: Mapping[str, np.ndarray] | None,
+    sums: bool = False,
 ) -> dict[str, list[Any]]:
     """The Hessians of `targets` (one per group) over the calibration data, in one pass."""
     wanted = sorted({f.activation for t in targets for f in t.feeds})
     batches = _run_batches(session, calibration, casts, samples, wanted, batch_size, weights)
-    return _hessians_of(batches, targets)
+    return _hessians_of(batches, targets, sums)
 
 
-def _hessians_of(batches: Iterable[Mapping[str, np.ndarray]], targets: list[_Target]) -> dict[str, list[Any]]:
-    """The Hessians of `targets` (one per group) over `batches` of activations.
+def _hessians_of(
+    batches: Iterable[Mapping[str, np.ndarray]], targets: list[_Target], sums: bool = False
+) -> dict[str, list[Any]]:
+    """The Hessians of `targets` (one per group) over `batches` of activations (`sums`: ``X^T X``, else ``/ rows``).
 
     Weights that multiply the same activations the same way (the query, key and value
     projections of an attention layer) share one accumulator: their Hessians are one.
@@ -320,7 +375,10 @@ def _hessians_of(batches: Iterable[Mapping[str, np.ndarray]], targets: list[_Tar
                     _accumulate(accs, t, f, outputs[f.activation])
                 except ValueError as exc:
                     raise ValueError(f"{t.name!r}: activation {f.activation!r}: {exc}") from None
-    hessians = {name: [acc.hessian() for acc in accs] for name, (_, accs) in accumulators.items()}
+    hessians = {
+        name: [acc.hessian() * acc.rows if sums else acc.hessian() for acc in accs]
+        for name, (_, accs) in accumulators.items()
+    }
     return {t.name: hessians[owner[t.name]] for t in targets}
 
 

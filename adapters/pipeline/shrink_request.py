@@ -113,10 +113,11 @@ def format_refusal(kind: str, spec: PruneSpec) -> str | None:
             "--shrink reads channel groups from an ONNX graph or a Hugging Face checkpoint folder "
             f"(config.json and safetensors), not from a {kind} file"
         )
-    if spec.groups in ("layers", "experts") or spec.method in unit_methods():
-        what = f"--groups {spec.groups}" if spec.groups in ("layers", "experts") else f"--method {spec.method}"
+    if spec.groups in ("layers", "experts"):
         return (
-            f"{what} reads the layers of a Hugging Face checkpoint folder (config.json); "
-            "an ONNX model shrinks by --groups channels or heads, scored by weights"
+            f"--groups {spec.groups} reads the layers of a Hugging Face checkpoint folder (config.json); "
+            "an ONNX model shrinks by --groups channels or heads"
         )
+    if spec.method in unit_methods() and spec.global_:
+        return f"--method {spec.method} scores each channel group on its consumers; --global is not supported with it"
     return None

@@ -176,11 +176,23 @@ def run_shrink(job: ShrinkJob, scores: UnitScores | None = None) -> PruneResult:
     """
     if job.kind == "sharded safetensors":
         return run_hf_shrink(job, scores)
-    return _shrink_onnx(job)
+    return _shrink_onnx(job, scores)
 
 
-def _shrink_onnx(job: ShrinkJob) -> PruneResult:
-    """The shrink stage on an ONNX model: channel groups or heads traced, sliced, written."""
+def _calibrated_note(job: ShrinkJob) -> list[str]:
+    """What the dry run of a calibrated method tells of its scores."""
+    if not job.calibrated:
+        return []
+    refit = "each consumer's kept columns refit" if job.spec.compensate else "no refit (--no-compensate)"
+    return [
+        f"--method {job.spec.method}: each group scored on calibration data by the layers reading its channels "
+        f"({refit}); the dry run does not run the calibration"
+    ]
+
+
+def _shrink_onnx(job: ShrinkJob, scores: UnitScores | None = None) -> PruneResult:
+    """The shrink stage on an ONNX model: channel groups or heads traced, scored (on their
+    consumers' Hessians, a calibrated method's: `scores`), sliced, written."""
     spec, src, kind, hooks = job.spec, job.src, job.kind, job.hooks
     dst = job.dst
     if not spec.dry_run:
@@ -198,7 +210,8 @@ def _shrink_onnx(job: ShrinkJob) -> PruneResult:
     if spec.dry_run:  # with --global, the counts per group come from the scores: not shown
         shown = None if spec.global_ else spec.amount
         dry = ShrinkResult(found, shown, rounding=spec.rounding)
-        return PruneResult(src, None, kind, spec, plan, notes=shrink_notes(spec), shrink=dry)
+        notes = shrink_notes(spec) + _calibrated_note(job)
+        return PruneResult(src, None, kind, spec, plan, notes=notes, shrink=dry)
     if not found.groups:
         if found.kind == "heads":
             raise PruneError(
@@ -206,11 +219,16 @@ def _shrink_onnx(job: ShrinkJob) -> PruneResult:
             )
         raise PruneError("--shrink: no channel group in the graph (--dry-run --shrink says why)", src)
 
+    hessians = None
+    if job.calibrated:
+        if scores is None or scores.statistic != "consumer_hessians":
+            raise PruneError(f"--method {spec.method} scores channels on calibration data: add --calibration", src)
+        hessians = scores.scores
     hooks.stage(f"shrinking {len(found.groups)} channel groups")
     try:
         small, report = shrink_onnx(
             _members_inline(wf, found), spec.amount, spec.method, global_=spec.global_, kind=found.kind,
-            rounding=spec.rounding, **job.channel_arguments(),
+            rounding=spec.rounding, hessians=hessians, **job.channel_arguments(),
         )  # fmt: skip
     except (ValueError, TypeError, KeyError) as exc:
         raise PruneError(f"--shrink: {error_text(exc)}", src) from None
