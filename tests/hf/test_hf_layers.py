@@ -225,7 +225,9 @@ def test_the_calibrate_stage_measures_once_and_the_shrink_stage_writes(qwen3, to
 
     monkeypatch.setattr(calibrate, "score_layers", counted)
     monkeypatch.setattr(shrink_structure, "score_layers", refused)
-    assert [row.name for row in calibrate.UNIT_STATISTICS] == ["residual_change", "router_statistics", "unit_hessians"]
+    assert [row.name for row in calibrate.UNIT_STATISTICS] == [
+        "residual_change", "router_statistics", "unit_hessians", "consumer_hessians"
+    ]
     result = prune_file(qwen3, tmp_path / "out", shrink=True, groups="layers", amount=1, calibration=tokens,
                         method="ln_structured")  # fmt: skip
     dropped = int(np.argmin(reference_changes(qwen3, tokens)))
