@@ -329,3 +329,52 @@ def test_command_line_dry_run_and_refusals_write_nothing(tmp_path):
     assert_error(cli(*args, "-o", out, "--calibration", cal), "grouped Conv", "reads its channels")
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.npz", "m.onnx"]
+
+
+@pytest.mark.slow
+def test_heads_of_bert_scored_on_the_output_projection(tmp_path):
+    pytest.importorskip("transformers")
+    from test_onnx_shrink_heads import HEADS, SIZE, build
+    from test_onnx_shrink_residual import export as export_bert
+
+    module, _, blocks = build("bert")
+    torch.manual_seed(1)
+    x = torch.randint(0, 60, (6, 7))
+    model = export_bert(module, x)
+    path = tmp_path / "bert.onnx"
+    onnx.save(model, str(path))
+    found = onnx_groups(model, "heads")
+    readers, _ = consumers(model, found)
+    hessians = onnx_input_hessians(formats.load(str(path)), list(readers), {"x": x.numpy()})
+    rows: list[np.ndarray] = []
+    handles = [
+        b[3].register_forward_pre_hook(lambda _, args: rows.append(args[0].detach().double().reshape(-1, 32).numpy()))
+        for b in blocks
+    ]  # fmt: skip
+    with torch.no_grad():
+        module(x)
+    for h in handles:
+        h.remove()
+    want_h = [r.T @ r for r in rows]
+    for got, want in zip(hessians.values(), want_h, strict=True):  # in graph order: one per attention block
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    small, report = shrink_onnx(model, 0.5, "obs_structured", kind="heads", hessians=hessians)
+    saved = [b[3].weight.detach().clone() for b in blocks]
+    for b, h, g in zip(blocks, want_h, report.groups.groups, strict=True):
+        w = b[3].weight.detach().double().numpy()
+        keep = drop_lowest(obs(w, h, SIZE), 0.5)
+        assert report.kept[g.group.name] == keep.tolist() and len(keep) == HEADS // 2
+        cols = (keep[:, None] * SIZE + np.arange(SIZE)).reshape(-1)
+        with torch.no_grad():
+            b[3].weight.copy_(torch.from_numpy(refit(w, h, cols)))
+    with torch.no_grad():
+        want = module(x).numpy()
+        for b, w in zip(blocks, saved, strict=True):
+            b[3].weight.copy_(w)
+    assert report.params_after < report.params_before
+    np.testing.assert_allclose(ort_run_as(small, x.numpy()), want, rtol=1e-4, atol=1e-4)
+
+
+def ort_run_as(model, x):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
