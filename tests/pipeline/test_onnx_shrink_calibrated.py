@@ -67,11 +67,23 @@ class Cnn(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(y, 1), 1))
 
 
+class Cat(nn.Module):
+    """Two groups read by one layer at offsets 0 and 6 of its input (a Concat)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2, self.w3, self.w4 = nn.Linear(6, 12), nn.Linear(12, 6), nn.Linear(6, 5), nn.Linear(11, 3)
+
+    def forward(self, x):
+        return self.w4(torch.cat([self.w2(torch.relu(self.w1(x))), torch.tanh(self.w3(x))], dim=-1))
+
+
 # the consumers of each model's groups: torch layer -> its ONNX weight name
 READERS = {
     Mlp: {"fc2": "fc2.weight", "fc3": "fc3.weight"},
     Residual: {"fc1": "fc1.weight", "fc2": "fc2.weight", "head": "head.weight"},
     Cnn: {"c2": "c2.weight", "fc": "fc.weight"},
+    Cat: {"w2": "w2.weight", "w4": "w4.weight"},
 }
 
 
@@ -157,11 +169,12 @@ def drop_lowest(scores, amount):
     return np.sort(order[k:])
 
 
-# each group: the torch layers reading it, with the columns per channel there
+# each group: its channels, and the torch layers reading it (columns per channel, first channel there)
 GROUPS = {
-    Mlp: [[("fc2", 1)], [("fc3", 1)]],
-    Residual: [[("fc1", 1), ("head", 1)], [("fc2", 1)]],
-    Cnn: [[("c2", 9)], [("fc", 1)]],
+    Mlp: [(12, [("fc2", 1, 0)]), (10, [("fc3", 1, 0)])],
+    Residual: [(8, [("fc1", 1, 0), ("head", 1, 0)]), (16, [("fc2", 1, 0)])],
+    Cnn: [(8, [("c2", 9, 0)]), (6, [("fc", 1, 0)])],
+    Cat: [(12, [("w2", 1, 0)]), (6, [("w4", 1, 0)]), (5, [("w4", 1, 6)])],
 }
 
 
@@ -169,8 +182,8 @@ def reference_kept(net, x, method, amount):
     hs = torch_hessians(net, x)
     score = obs if method == "obs_structured" else activation
     kept = []
-    for readers in GROUPS[type(net)]:
-        parts = [score(matrix(net, n), hs[n], per) for n, per in readers]
+    for channels, readers in GROUPS[type(net)]:
+        parts = [score(matrix(net, n), hs[n], per)[at : at + channels] for n, per, at in readers]
         total = sum(parts) if method == "obs_structured" else np.sqrt(sum(p**2 for p in parts))
         kept.append(drop_lowest(total, amount))
     return kept, hs
@@ -181,11 +194,10 @@ def reference_output(net, x, kept, hs, compensate):
     ref = type(net)().eval()
     ref.load_state_dict(net.state_dict())
     removed: dict[str, set[int]] = {}
-    per = {name: p for readers in GROUPS[type(net)] for name, p in readers}
-    for readers, keep in zip(GROUPS[type(net)], kept, strict=True):
-        for name, p in readers:
-            units = matrix(net, name).shape[1] // p
-            removed.setdefault(name, set()).update(set(range(units)) - set(keep.tolist()))
+    per = {name: p for _, readers in GROUPS[type(net)] for name, p, _ in readers}
+    for (channels, readers), keep in zip(GROUPS[type(net)], kept, strict=True):
+        for name, _, at in readers:
+            removed.setdefault(name, set()).update(at + c for c in set(range(channels)) - set(keep.tolist()))
     for name, gone in removed.items():
         w = matrix(net, name)
         dropped = np.isin(np.arange(w.shape[1]) // per[name], sorted(gone))
@@ -209,7 +221,7 @@ def onnx_hessians(model, path, x):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cls", [Mlp, Residual, Cnn])
+@pytest.mark.parametrize("cls", [Mlp, Residual, Cnn, Cat])
 def test_hessians_equal_the_torch_activations(cls, tmp_path):
     net, x = built(cls)
     model = export(net, x)
@@ -223,7 +235,7 @@ def test_hessians_equal_the_torch_activations(cls, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["obs_structured", "activation_structured"])
-@pytest.mark.parametrize("cls", [Mlp, Residual, Cnn])
+@pytest.mark.parametrize("cls", [Mlp, Residual, Cnn, Cat])
 def test_kept_channels_and_refit_equal_the_numpy_reference(cls, method, tmp_path):
     net, x = built(cls)
     model = export(net, x)
