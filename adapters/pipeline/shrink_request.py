@@ -75,7 +75,10 @@ def check_shrink(spec: PruneSpec) -> None:
     if calibrated and spec.groups in ("layers", "experts"):
         raise PruneError(f"--method {spec.method} scores channels and heads; --groups {spec.groups} has its own score")
     if calibrated and not spec.calibration:
-        raise PruneError(f"--method {spec.method} scores units on calibration data: add --calibration (token ids for a folder, graph inputs for an ONNX model)")
+        raise PruneError(
+            f"--method {spec.method} scores units on calibration data: add --calibration "
+            "(token ids for a folder, graph inputs for an ONNX model)"
+        )
     if not spec.compensate and not calibrated:
         raise PruneError(f"--no-compensate turns off the refit of {' and '.join(unit_methods())}")
     whole_units = spec.groups in ("layers", "experts")  # their own scores: the method is not asked

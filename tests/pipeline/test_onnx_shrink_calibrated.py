@@ -299,6 +299,26 @@ def test_a_grouped_convolution_consumer_is_refused_naming_the_group():
         shrink_onnx(model, 0.5, "obs_structured", hessians={})
 
 
+class Shared(nn.Module):
+    """One Linear applied to two branches: its weight is read by two Gemm nodes."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.out = nn.Linear(6, 8), nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.a(x))) * self.out(torch.tanh(self.b(x)))
+
+
+def test_a_shared_consumer_weight_is_refused_naming_the_group():
+    torch.manual_seed(0)
+    model = export(Shared().eval(), torch.randn(4, 6))
+    found = onnx_groups(model)
+    assert len(found.groups) == 2  # both read a private copy of out.weight
+    with pytest.raises(ValueError, match=r"^group '/a/Gemm': Gemm '/out/Gemm' reads its channels through 'out.weight'"):
+        consumers(model, found)
+
+
 @pytest.mark.slow
 def test_command_line_end_to_end(tmp_path):
     net, x = built(Residual)
