@@ -137,7 +137,8 @@ def _summary(params: dict, members: set[str], roles: Any, dst: str) -> PruneSumm
 
 def check_shrink_job(job: ShrinkJob) -> None:
     """What the shrink stage refuses before the calibrate stage runs anything (a folder's
-    amounts, units and output: :func:`~arrayprune.adapters.pipeline.shrink_structure.check_hf_shrink`).
+    amounts, units and output: :func:`~arrayprune.adapters.pipeline.shrink_structure.check_hf_shrink`;
+    the output of an ONNX graph shrunk with a calibrated method).
 
     Raises
     ------
@@ -146,6 +147,16 @@ def check_shrink_job(job: ShrinkJob) -> None:
     """
     if job.kind == "sharded safetensors":
         check_hf_shrink(job)
+    elif job.calibrated and not job.spec.dry_run:  # the output, before the calibration runs the model
+        _check_onnx_output(job)
+
+
+def _check_onnx_output(job: ShrinkJob) -> str:
+    """OUT of an ONNX shrink: a whole file that can be written, with the ``.onnx`` suffix."""
+    dst = check_whole_output(job.src, job.dst, job.spec)
+    if (fmt.format_from_suffix(dst) or job.kind) != "onnx":
+        raise PruneError("--shrink writes an ONNX model: OUT must be .onnx", dst)
+    return dst
 
 
 def run_shrink(job: ShrinkJob, scores: UnitScores | None = None) -> PruneResult:
@@ -196,9 +207,7 @@ def _shrink_onnx(job: ShrinkJob, scores: UnitScores | None = None) -> PruneResul
     spec, src, kind, hooks = job.spec, job.src, job.kind, job.hooks
     dst = job.dst
     if not spec.dry_run:
-        dst = check_whole_output(src, dst, spec)
-        if (fmt.format_from_suffix(dst) or kind) != "onnx":
-            raise PruneError("--shrink writes an ONNX model: OUT must be .onnx", dst)
+        dst = _check_onnx_output(job)
         if spec.verify:
             optional_module("onnxruntime", "onnx", "--verify")  # before anything is written
     storage = WholeFile(src, "onnx", hooks)

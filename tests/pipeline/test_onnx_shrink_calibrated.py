@@ -355,6 +355,14 @@ def test_command_line_dry_run_and_refusals_write_nothing(tmp_path):
     assert "scored on calibration data" in proc.stderr and "12 -> 6 channels" in proc.stdout
     assert_error(cli(*args, "-o", out), "--method activation_structured scores units on calibration data")
     assert_error(cli(*args, "-o", out, "--calibration", cal, "--global"), "--global is not supported")
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, z=x.numpy())  # no input named z: the output is refused before the calibration runs
+    out.write_bytes(b"keep")
+    assert_error(cli(*args, "-o", out, "--calibration", bad), "exists; use --force")
+    assert_error(cli(*args, "-o", tmp_path / "out.npz", "--calibration", bad), "OUT must be .onnx")
+    assert out.read_bytes() == b"keep"
+    out.unlink()
+    bad.unlink()
     torch.manual_seed(0)
     export(Cnn(groups=2).eval(), torch.randn(2, 3, 8, 8), src)
     np.savez(cal, x=np.random.default_rng(0).standard_normal((4, 3, 8, 8)).astype(np.float32))
