@@ -418,3 +418,38 @@ def test_heads_of_bert_scored_on_the_output_projection(tmp_path):
 def ort_run_as(model, x):
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
+
+class Gn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.gn, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.Conv2d(8, 5, 3, padding=1)
+
+    def forward(self, x):
+        return self.c2(torch.relu(self.gn(self.c1(x))))
+
+
+@pytest.mark.slow
+def test_groupnorm_groups_are_scored_whole(tmp_path):
+    """A GroupNorm group (2 channels, 18 columns of the next convolution) is one unit of the OBS score."""
+    torch.manual_seed(0)
+    net, x = Gn().eval(), torch.randn(10, 3, 6, 6)
+    model = export(net, x)
+    (og,) = onnx_groups(model).groups
+    assert (og.per, og.group.channels) == (2, 4)
+    hessians = onnx_hessians(model, tmp_path / "gn.onnx", x)
+    small, report = shrink_onnx(model, 0.5, "obs_structured", hessians=hessians)
+    rows = []
+    handle = net.c2.register_forward_pre_hook(lambda _, a: rows.append(F.unfold(a[0].detach().double(), 3, padding=1)))
+    with torch.no_grad():
+        net(x)
+    handle.remove()
+    cols = rows[0].transpose(1, 2).reshape(-1, 72).numpy()
+    h, w = cols.T @ cols, matrix(net, "c2")
+    keep = drop_lowest(obs(w, h, 18), 0.5)
+    assert report.kept[og.group.name] == keep.tolist()
+    kept_columns = (keep[:, None] * 18 + np.arange(18)).reshape(-1)
+    with torch.no_grad():
+        net.c2.weight.copy_(torch.from_numpy(refit(w, h, kept_columns).reshape(net.c2.weight.shape)))
+        want = net(x).numpy()
+    np.testing.assert_allclose(ort_run(small, x.numpy()), want, rtol=1e-4, atol=1e-4)
