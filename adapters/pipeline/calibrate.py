@@ -72,6 +72,7 @@ from arrayprune.adapters.pipeline.job import Job, ShrinkJob
 from arrayprune.adapters.pipeline.reconstruct_stage import reconstruct
 from arrayprune.adapters.pipeline.reconstruction import onnx_input_hessians
 from arrayprune.adapters.pipeline.scoring import input_norms
+from arrayprune.adapters.pipeline.shrink_request import check_group_amount
 from arrayprune.adapters.pipeline.shrink_structure import (
     UnitScores,
     decide_units,
@@ -293,6 +294,8 @@ def _consumer_hessians(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScore
     wf = WholeFile(src, "onnx", job.hooks).wf
     try:
         found = onnx_groups(wf.context["model"], job.groups)
+        if spec.amount is not None:  # before the calibration runs the model
+            check_group_amount(found, spec.amount, src, spec.global_, spec.rounding)
         readers, _ = consumers(wf.context["model"], found)
         samples = len(next(iter(calibration.values())))
         job.hooks.stage(
@@ -300,6 +303,8 @@ def _consumer_hessians(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScore
             f"{samples} calibration samples through onnxruntime, dense model"
         )
         hessians = onnx_input_hessians(wf, list(readers), calibration, batch_size=spec.calibration_batch)
+    except PruneError:
+        raise
     except (ValueError, TypeError) as exc:
         raise PruneError(f"--shrink --method {spec.method}: {error_text(exc)}", src) from None
     return UnitScores("consumer_hessians", found, hessians)

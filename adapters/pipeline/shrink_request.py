@@ -12,15 +12,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import arrayprune
+from arrayprune import amount as _amount
 from arrayprune.adapters.pipeline.errors import PruneError
 from arrayprune.adapters.pipeline.method_names import unit_methods
-from arrayprune.adapters.roles.onnx_group_types import ROUNDINGS
+from arrayprune.adapters.roles.onnx_group_types import ROUNDINGS, OnnxGroups, even_drop
 from arrayprune.method_parts import prunes_units
 
 if TYPE_CHECKING:  # the request module imports this one
     from arrayprune.adapters.pipeline.request import PruneSpec
 
-__all__ = ["GROUPS", "channel_methods", "check_shrink", "format_refusal"]
+__all__ = ["GROUPS", "channel_methods", "check_group_amount", "check_shrink", "format_refusal"]
 
 #: The values of ``--groups``: the coupled channels of layers, attention heads, whole
 #: decoder layers, the experts of mixture-of-experts layers (the last two: Hugging Face
@@ -124,3 +125,27 @@ def format_refusal(kind: str, spec: PruneSpec) -> str | None:
     if spec.method in unit_methods() and spec.global_:
         return f"--method {spec.method} scores each channel group on its consumers; --global is not supported with it"
     return None
+
+
+def check_group_amount(
+    found: OnnxGroups, amount: int | float, src: str, global_: bool = False, rounding: str = "nearest"
+) -> None:
+    """Refuse an amount that a group of an ONNX graph cannot lose (a count above its channels, or all of them).
+
+    With `global_`, an amount of all channels that would leave a group none.
+    """
+    if global_:
+        total, n = sum(g.group.channels for g in found.groups), len(found.groups)
+        k = _amount.compute_nparams_toprune(amount, total)
+        if n and (k > total - n or (_amount.is_count(amount) and amount > total)):
+            raise PruneError(
+                f"--amount {amount} with --global would remove {k} of the {total} channels of {n} channel groups; "
+                f"each keeps at least one, so at most {total - n} can go",
+                src,
+            )
+        return
+    for g in found.groups:
+        n = g.group.channels
+        k = even_drop(amount, n, 1, str(g.group.name), rounding)
+        if k >= n or (_amount.is_count(amount) and amount > n):
+            raise PruneError(f"--amount {amount} would remove every channel of group {g.group.name!r} ({n})", src)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from arrayprune import amount as _amount
 from arrayprune.adapters import formats as fmt
 from arrayprune.adapters import provenance
 from arrayprune.adapters.formats.onnx import _PROTOBUF_LIMIT, inline_tensor, iter_initializers
@@ -38,41 +37,17 @@ from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional
 from arrayprune.adapters.pipeline.job import ShrinkJob
 from arrayprune.adapters.pipeline.outputs import check_whole_output
 from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult, shrink_notes
+from arrayprune.adapters.pipeline.shrink_request import check_group_amount
 from arrayprune.adapters.pipeline.shrink_structure import UnitScores, check_hf_shrink, run_hf_shrink
 from arrayprune.adapters.pipeline.storage import WholeFile
 from arrayprune.adapters.pipeline.targets import plan_for
 from arrayprune.adapters.pipeline.verify_stage import compare_outputs, verify_inputs
-from arrayprune.adapters.roles.onnx_group_types import even_drop
 from arrayprune.adapters.roles.onnx_groups import OnnxGroups, onnx_groups
 from arrayprune.adapters.shrink import ShrinkReport, shrink_onnx, source_names, zeroed_onnx
 from arrayprune.adapters.summary import PruneSummary, Totals, report_rows, totals
 
 __all__ = ["ShrinkResult", "check_shrink_job", "run_shrink", "zeroed_reference"]
 
-
-
-def _check_amount(
-    found: OnnxGroups, amount: int | float, src: str, global_: bool = False, rounding: str = "nearest"
-) -> None:
-    """Refuse an amount that a group cannot lose (a count above its channels, or all of them).
-
-    With `global_`, an amount of all channels that would leave a group none.
-    """
-    if global_:
-        total, n = sum(g.group.channels for g in found.groups), len(found.groups)
-        k = _amount.compute_nparams_toprune(amount, total)
-        if n and (k > total - n or (_amount.is_count(amount) and amount > total)):
-            raise PruneError(
-                f"--amount {amount} with --global would remove {k} of the {total} channels of {n} channel groups; "
-                f"each keeps at least one, so at most {total - n} can go",
-                src,
-            )
-        return
-    for g in found.groups:
-        n = g.group.channels
-        k = even_drop(amount, n, 1, str(g.group.name), rounding)
-        if k >= n or (_amount.is_count(amount) and amount > n):
-            raise PruneError(f"--amount {amount} would remove every channel of group {g.group.name!r} ({n})", src)
 
 
 def _members_inline(wf: WeightFile, found: OnnxGroups) -> Any:
@@ -215,7 +190,7 @@ def _shrink_onnx(job: ShrinkJob, scores: UnitScores | None = None) -> PruneResul
     plan = storage.shown(plan_for(storage, spec))
     found = onnx_groups(wf.context["model"], job.groups)
     if spec.amount is not None:
-        _check_amount(found, spec.amount, src, spec.global_, spec.rounding)
+        check_group_amount(found, spec.amount, src, spec.global_, spec.rounding)
     if spec.dry_run:  # with --global, the counts per group come from the scores: not shown
         shown = None if spec.global_ else spec.amount
         dry = ShrinkResult(found, shown, rounding=spec.rounding)

@@ -360,6 +360,9 @@ def test_command_line_dry_run_and_refusals_write_nothing(tmp_path):
     out.write_bytes(b"keep")
     assert_error(cli(*args, "-o", out, "--calibration", bad), "exists; use --force")
     assert_error(cli(*args, "-o", tmp_path / "out.npz", "--calibration", bad), "OUT must be .onnx")
+    out.unlink()
+    assert_error(cli(*args[:-1], "13", "-o", out, "--calibration", bad), "--amount 13 would remove every channel")
+    out.write_bytes(b"keep")
     assert out.read_bytes() == b"keep"
     out.unlink()
     bad.unlink()
