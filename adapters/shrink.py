@@ -8,7 +8,8 @@ Two entries:
   weight members (:mod:`arrayprune.groups`); every member initializer is sliced (names
   kept), the shapes of the activations in between and the ``group`` of depthwise
   convolutions follow. The result computes what the dense model computes with those
-  channels zeroed.
+  channels zeroed. With a calibrated structured method and ``hessians``, each group is
+  scored by the layers reading its channels (:func:`consumers`), which are refit.
 * :func:`shrink_arrays`: the same on a plain mapping of arrays, with the groups given.
 
 Examples

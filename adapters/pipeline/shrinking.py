@@ -4,7 +4,10 @@ A structured method that removes whole channels (one that scores channels:
 ``ln_structured``, ``random_structured``) drops ``amount`` of the channels of every
 channel group of an ONNX graph, and the channels go: every tensor holding them is
 sliced (:func:`arrayprune.adapters.shrink.shrink_onnx`; groups from
-:func:`arrayprune.adapters.roles.onnx_groups.onnx_groups`). :func:`arrayprune.adapters.pipeline.run`
+:func:`arrayprune.adapters.roles.onnx_groups.onnx_groups`). A calibrated structured method
+(``obs_structured``, ``activation_structured``) scores each group on the layers reading it
+instead, from the Hessians the calibrate stage measured (its ``consumer_hessians`` row),
+and refits them (``--no-compensate``: not). :func:`arrayprune.adapters.pipeline.run`
 hands a request with ``shrink`` to :func:`run_shrink`, which runs in its place:
 
 * **request**: :func:`arrayprune.adapters.pipeline.shrink_request.check_shrink` (through
