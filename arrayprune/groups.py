@@ -57,6 +57,7 @@ __all__ = [
     "ChannelGroup",
     "Shrunk",
     "resolve_method",
+    "unit_method",
     "group_scores",
     "choose_channels",
     "choose_channels_global",
@@ -214,14 +215,57 @@ def resolve_method(method: Any = "ln_structured", **method_args: Any) -> Any:
     return method
 
 
+def unit_method(method: Any, method_args: Mapping[str, Any]) -> Any:
+    """The calibrated structured method `method` names or is, built from `method_args`; None for any other.
+
+    A calibrated structured method (:class:`~arrayprune.structured_methods.UnitPruningMethod`:
+    ``activation_structured``, ``obs_structured``) scores a group's channels in the layers
+    that read them, on calibration data; every other method goes through
+    :func:`resolve_method`.
+
+    Parameters
+    ----------
+    method : str or method object
+        A name of :data:`arrayprune.METHODS` (built with ``amount=0`` and `method_args`) or
+        a method object.
+    method_args : mapping
+        Constructor arguments for a method given by name (``compensate``, ``damp``).
+
+    Returns
+    -------
+    UnitPruningMethod or None
+
+    Raises
+    ------
+    TypeError
+        For ``dim``, arguments the constructor does not take, or arguments given with a
+        method object.
+    """
+    if isinstance(method, str):
+        cls: Any = METHODS.get(method)
+        if not prunes_units(cls):
+            return None
+        if "dim" in method_args:
+            raise TypeError("dim does not apply to channel groups: each member has its own axis")
+        try:
+            return cls(0, **method_args)
+        except TypeError as exc:
+            raise TypeError(f"method {method!r}: {exc}") from None
+    if not prunes_units(method):
+        return None
+    if method_args:
+        raise TypeError(f"method arguments {sorted(method_args)} are only taken with a method name")
+    return method
+
+
 def _check_by_weights(method: Any, name: str) -> None:
     """Refuse a calibrated structured method: channel groups are scored by their weights here."""
     if prunes_units(method):
         raise TypeError(
             f"method {name} scores units on calibration data (the Hessian of the layer reading them): it shrinks a "
-            "torch module given calibration batches (prune.shrink(..., calibration_batches=...)), a Hugging Face "
-            "folder (prune FOLDER --shrink --calibration) or a transformers model (prune.shrink_llm), not channel "
-            "groups scored by their weights"
+            "torch module given calibration batches (prune.shrink(..., calibration_batches=...)), an ONNX model or a "
+            "Hugging Face folder (prune FILE --shrink --calibration) or a transformers model (prune.shrink_llm), not "
+            "channel groups scored by their weights"
         )
 
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from arrayprune import amount as _amount
-from arrayprune.groups import ChannelGroup, Member, choose_channels, group_scores, resolve_method
+from arrayprune.groups import ChannelGroup, Member, choose_channels, group_scores, resolve_method, unit_method
 from arrayprune.methods import LnStructured
 from arrayprune.registry import METHODS
 from arrayprune.structured_methods import UnitPruningMethod
@@ -521,7 +521,7 @@ def shrink(
             for g in open_groups:  # fractions become each group's count under `rounding`
                 if isinstance(amounts[g.name], float):
                     amounts[g.name] = _even_count(g, amounts[g.name], rounding)
-            calibrated = _calibrated.calibrated_method(method, method_args) if calibration_batches is not None else None
+            calibrated = unit_method(method, method_args) if calibration_batches is not None else None
             if calibration_batches is not None and calibrated is None:
                 raise ValueError(
                     f"calibration_batches score channels with a calibrated method ({', '.join(_unit_names())}), "

@@ -37,7 +37,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from arrayprune.registry import METHODS
 from arrayprune.structured import compensate
 from arrayprune.structured_methods import UnitPruningMethod
 
@@ -46,7 +45,7 @@ from ._group_walk import Slot, TorchGroup
 from .calibration import _run
 from .reconstruction import _batch_list, _input_of
 
-__all__ = ["Consumer", "calibrated_method", "channel_scores", "consumers", "input_hessians", "refits"]
+__all__ = ["Consumer", "channel_scores", "consumers", "input_hessians", "refits"]
 
 
 @dataclass(frozen=True)
@@ -67,31 +66,6 @@ class Consumer:
     param: str
     modules: tuple[nn.Module, ...]
     per: int
-
-
-def calibrated_method(method: Any, method_args: Mapping[str, Any]) -> UnitPruningMethod | None:
-    """The calibrated structured method `method` names or is, built from `method_args`; None for any other.
-
-    Raises
-    ------
-    TypeError
-        For ``dim``, or arguments given with a method object.
-    """
-    if isinstance(method, str):
-        cls = METHODS.get(method)
-        if not (isinstance(cls, type) and issubclass(cls, UnitPruningMethod)):
-            return None
-        if "dim" in method_args:
-            raise TypeError("dim does not apply to channel groups: each member has its own axis")
-        try:
-            return cls(0, **method_args)
-        except TypeError as exc:
-            raise TypeError(f"method {method!r}: {exc}") from None
-    if isinstance(method, UnitPruningMethod):
-        if method_args:
-            raise TypeError(f"method arguments {sorted(method_args)} are only taken with a method name")
-        return method
-    return None
 
 
 def _owner(model: nn.Module, name: str) -> tuple[str, nn.Module, str]:

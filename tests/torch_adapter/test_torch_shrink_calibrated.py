@@ -234,7 +234,7 @@ def test_group_scores_and_kept_channels_by_hand(name, method):
     want_scores, want_kept, _ = _numpy_choice(dense, groups, consumers, hessians, method, 0.5)
     found, reads = SC.consumers(dense, groups)
     weights = {p: dense.get_parameter(p) for p in found}
-    got = SC.channel_scores(prune.shrink_calibrated.calibrated_method(method, {}), groups, reads, found, weights,
+    got = SC.channel_scores(arrayprune.groups.unit_method(method, {}), groups, reads, found, weights,
                             SC.input_hessians(dense, found, data))  # fmt: skip
     for g, s, w in zip(groups, got, want_scores, strict=True):
         np.testing.assert_allclose(s.numpy(), w, rtol=1e-9, err_msg=g.name)
