@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from arrayprune.structured import compensate
 from arrayprune.structured_methods import UnitPruningMethod
 
 from .roles.onnx_graph import _attr, _onnx
@@ -192,7 +191,7 @@ def refits(
     weights: Mapping[str, np.ndarray],
     hessians: Mapping[str, np.ndarray],
 ) -> dict[str, np.ndarray]:
-    """Each consumer that loses channels: its weight with the kept columns refit (one solve), the others zero."""
+    """Each consumer that loses channels: its new weight, ``method.refit_units`` over all the units it keeps."""
     removed: dict[str, set[int]] = {}
     for og, keep, slots in zip(found.groups, kept, reads, strict=True):
         gone = sorted(set(range(og.group.channels)) - {int(k) for k in keep})
@@ -206,10 +205,8 @@ def refits(
         w = c.matrix(weights[weight])
         units = w.shape[1] // c.per
         kept_units = np.array(sorted(set(range(units)) - units_gone), dtype=np.int64)
-        columns = (kept_units[:, None] * c.per + np.arange(c.per)[None, :]).reshape(-1)
-        new = np.zeros_like(w)
-        new[:, columns] = np.asarray(compensate(w, np.asarray(hessians[weight]), columns, method.damp))
-        out[weight] = c.stored(new, weights[weight])
+        new = method.refit_units(w, np.asarray(hessians[weight]), kept_units, units)
+        out[weight] = c.stored(np.asarray(new), weights[weight])
     return out
 
 

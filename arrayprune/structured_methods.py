@@ -180,16 +180,49 @@ class UnitPruningMethod(StructuredPruningMethod):
             kept = xp.nonzero(smallest_magnitude_keep([scores], k)[0])[0]
         else:
             kept = xp.arange(units, device=apc.device(scores))
-        per = weight.shape[1] // units
-        offsets = xp.arange(per, dtype=kept.dtype, device=apc.device(kept))
-        columns = xp.reshape(kept[:, None] * per + offsets[None, :], (-1,))
+        columns = _unit_columns(xp, kept, weight.shape[1] // units)
+        return UnitChoice(scores, kept, columns, self._refit(xp, weight, hessian, columns))
+
+    def refit_units(self, weight: Array, hessian: Array, kept: Array, units: int) -> Array:
+        """The consumer's new weight once `kept` units are chosen: the others' columns zero.
+
+        With ``compensate`` the kept columns are refit on `hessian`
+        (:func:`arrayprune.structured.compensate`, one solve over all of them), else they
+        stay as they are. Where several consumers read the units (channel groups), each
+        is refit with the units it keeps, whatever group they belong to.
+
+        Parameters
+        ----------
+        weight : array
+            The consumer's weight ``[out, in]``.
+        hessian : array
+            ``[in, in]``: ``X^T X`` of its calibration inputs.
+        kept : array
+            The kept units' indices (integers, ascending).
+        units : int
+            How many units the ``in`` columns hold (contiguous, of equal size).
+
+        Returns
+        -------
+        array
+            ``[out, in]``, in the weight's dtype.
+        """
+        xp = namespace(weight, hessian, kept)
+        return self._refit(xp, weight, hessian, _unit_columns(xp, kept, weight.shape[1] // units))
+
+    def _refit(self, xp: Any, weight: Array, hessian: Array, columns: Array) -> Array:
         if self.compensate:
             refit = xp.astype(compensate(weight, hessian, columns, self.damp), weight.dtype)
         else:
             refit = xp.take(weight, columns, axis=1)
         new = xp.zeros(weight.shape, dtype=weight.dtype, device=apc.device(weight))
-        new = _put_columns(xp, new, columns, refit)
-        return UnitChoice(scores, kept, columns, new)
+        return _put_columns(xp, new, columns, refit)
+
+
+def _unit_columns(xp: Any, kept: Array, per: int) -> Array:
+    """The input columns of the `kept` units of `per` contiguous columns each, ascending."""
+    offsets = xp.arange(per, dtype=kept.dtype, device=apc.device(kept))
+    return xp.reshape(kept[:, None] * per + offsets[None, :], (-1,))
 
 
 def _check_parts(scores: Sequence[Array]) -> None:

@@ -37,7 +37,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from arrayprune.structured import compensate
 from arrayprune.structured_methods import UnitPruningMethod
 
 from ._base import pruning_hooks
@@ -252,8 +251,8 @@ def refits(
     weights: Mapping[str, torch.Tensor],
     hessians: Mapping[str, torch.Tensor],
 ) -> dict[str, torch.Tensor]:
-    """Each consumer that loses columns, its new weight (its shape and dtype): the kept columns
-    refit on its Hessian (``method.damp``), the others zero."""
+    """Each consumer that loses columns, its new weight (its shape and dtype):
+    ``method.refit_units`` over all the units it keeps."""
     removed: dict[str, set[int]] = {}
     for group, keep, slots in zip(groups, kept, reads, strict=True):
         gone = sorted(set(range(group.channels)) - {int(k) for k in keep.cpu()})
@@ -268,8 +267,6 @@ def refits(
         per = found[param].per
         units = w.shape[1] // per
         kept_units = torch.tensor(sorted(set(range(units)) - channels), dtype=torch.long, device=w.device)
-        columns = (kept_units[:, None] * per + torch.arange(per, device=w.device)[None, :]).reshape(-1)
-        new = torch.zeros(w.shape, dtype=w.dtype, device=w.device)
-        new[:, columns] = compensate(w, hessians[param].to(w.device), columns, method.damp)
+        new = method.refit_units(w, hessians[param].to(w.device), kept_units, units)
         out[param] = new.reshape(weight.shape).to(weight.dtype)
     return out

@@ -37,3 +37,21 @@ def test_combine_refuses_nothing_and_mixed_shapes(method):
         method.combine_scores([])
     with pytest.raises(ValueError, match=r"differ in shape: \(4,\) and \(3,\)"):
         method.combine_scores([A, A[:3]])
+
+
+@pytest.mark.parametrize("compensate", [True, False])
+def test_refit_units_is_the_weight_prune_units_gives_for_those_units(compensate):
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((5, 8))
+    x = rng.standard_normal((40, 8))
+    h = x.T @ x
+    method = ObsStructured(0.5, compensate=compensate)
+    choice = method.prune_units(w, h, 4)  # units of 2 columns
+    got = method.refit_units(w, h, choice.kept, 4)
+    np.testing.assert_array_equal(got, choice.weight)
+    dropped = sorted(set(range(4)) - set(choice.kept.tolist()))
+    for u in dropped:
+        assert not got[:, 2 * u : 2 * u + 2].any()
+    if not compensate:
+        kept_cols = [c for u in choice.kept.tolist() for c in (2 * u, 2 * u + 1)]
+        np.testing.assert_array_equal(got[:, kept_cols], w[:, kept_cols])
