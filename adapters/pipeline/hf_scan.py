@@ -100,14 +100,14 @@ def _weight(walk: LayerWalk, layer: Any, index: int, name: str) -> Any:
 
 def _squares(outputs: Sequence[Any], dense: Sequence[Any], masks: Sequence[Any]) -> float:
     """``sum((outputs - dense)^2)`` (``dense`` alone where `outputs` is None) over the kept tokens, in float64."""
-    total = 0.0
+    total: Any = 0.0
     for out, ref, mask in zip(outputs, dense, masks, strict=True):
         diff = ref if out is None else out - ref
         per_token = (diff.double() ** 2).sum(-1)
         if mask is not None:
             per_token = per_token * mask.to(per_token.dtype)
-        total += float(per_token.sum())
-    return total
+        total = total + per_token.sum()  # on the device: one read back at the end
+    return float(total)
 
 
 def scan_hf(
@@ -176,17 +176,13 @@ def scan_hf(
         for t in targets:
             by_layer[_layer_of(t.name, walk.prefix, count)].append(t)
         samples = sum(len(h) for h, *_ in walk.inputs)
-        layers = range(count) if progress is None else progress(list(range(count)), "scan", "layer")
+        last = max((i for i, found in enumerate(by_layer) if found), default=-1)  # no layer after it is run
+        layers = range(last + 1) if progress is None else progress(list(range(last + 1)), "scan", "layer")
         with torch.no_grad():
             for index in layers:
-                if not by_layer[index]:
-                    if index + 1 < count:
-                        with walk.loaded(index) as layer:
-                            walk.advance(walk.outputs(layer))
-                    continue
                 with walk.loaded(index) as layer:
                     dense = walk.outputs(layer)
-                    reference = _squares([None] * len(dense), dense, walk.masks)
+                    reference = _squares([None] * len(dense), dense, walk.masks) if by_layer[index] else 0.0
                     for target in by_layer[index]:
                         weight = _weight(walk, layer, index, target.name)
                         original = weight.detach().clone()
@@ -198,6 +194,6 @@ def scan_hf(
                             errors.append(err / reference if reference > 0 else err)
                         weight.copy_(original)
                         curves.append(Curve(target.name, tuple(target.shape), tuple(errors)))
-                    if index + 1 < count:
+                    if index < last:  # no layer after the last one scanned is run
                         walk.advance(dense)
     return ScanResult(method, sparsities, curves, [f"{walk.prefix}.N output"], samples, folder, HF_METRIC)
