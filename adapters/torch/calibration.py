@@ -106,13 +106,13 @@ def _feature_axis(module: nn.Linear | nn.Conv1d | nn.Conv2d, x: torch.Tensor) ->
     return 0 if x.ndim == spatial + 1 else 1  # an unbatched input has no batch axis
 
 
-def _run(model: nn.Module, batch: Any) -> None:
+def _run(model: nn.Module, batch: Any) -> Any:
+    """`model` on one batch (a tensor, positional arguments or keywords): its output."""
     if isinstance(batch, Mapping):
-        model(**batch)
-    elif isinstance(batch, (tuple, list)):
-        model(*batch)
-    else:
-        model(batch)
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
 
 
 def input_norms(

@@ -552,7 +552,7 @@ def _prune(
                 for b, batch in enumerate(batches):
                     if reuse is not None:
                         reuse.start(b, store=False)
-                    outputs.append(_call(model, batch))
+                    outputs.append(_run(model, batch))
             stack.close()  # the layers' own forwards back before the reparametrization
             with transaction(layers.values()):
                 for name, keep in results.items():
@@ -669,15 +669,6 @@ class _SharedCapture:
             return
         self.taken = None
         raise _Captured
-
-
-def _call(model: nn.Module, batch: Any) -> Any:
-    """``model`` run on one batch (a tensor, positional arguments or keywords): its output."""
-    if isinstance(batch, Mapping):
-        return model(**batch)
-    if isinstance(batch, (tuple, list)):
-        return model(*batch)
-    return model(batch)
 
 
 class _Reuse:
