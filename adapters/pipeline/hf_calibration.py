@@ -390,7 +390,7 @@ def calibrate_checkpoint(
                 if reconstructing:
                     kwargs = _amounts(spec, chosen)
                     try:
-                        reconstruction._prune(
+                        reconstruction.reconstruct(
                             replay, steps, modules=names, sequential=not spec.one_pass, method=spec.method,
                             outputs=None if spec.one_pass else pruned, **kwargs,
                         )  # fmt: skip

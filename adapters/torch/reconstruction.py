@@ -322,6 +322,7 @@ def sparsegpt(
     damp: float = 0.01,
     sequential: bool = True,
     method: str | type = "sparsegpt",
+    outputs: list[Any] | None = None,
 ) -> nn.Module:
     """Prune a model's layers with SparseGPT, updating the weights they keep; return `model`.
 
@@ -393,6 +394,10 @@ def sparsegpt(
         and updates the kept weights (one that carries a solver; :func:`reconstruct`
         names it), or such a class; ``block_size`` and ``damp`` go to it if its
         constructor takes them.
+    outputs : list, optional
+        The model's output for each batch, with every layer pruned and updated, is
+        appended to it (sequentially, the layer outputs kept for reuse are not computed
+        again).
 
     Returns
     -------
@@ -452,28 +457,8 @@ def sparsegpt(
     >>> [int((layer.weight_mask == 0).sum()) for layer in (net[0], net[2])]
     [48, 4]
     """
-    return _prune(
-        model, calibration_batches, amount, n=n, m=m, modules=modules, block_size=block_size, damp=damp,
-        sequential=sequential, method=method, outputs=None,
-    )  # fmt: skip
-
-
-def _prune(
-    model: nn.Module,
-    calibration_batches: Iterable[Any],
-    amount: Any = None,
-    *,
-    n: int | None = None,
-    m: int | None = None,
-    modules: Iterable[nn.Module | str] | None = None,
-    block_size: int = 128,
-    damp: float = 0.01,
-    sequential: bool = True,
-    method: str | type = "sparsegpt",
-    outputs: list[Any] | None = None,
-) -> nn.Module:
-    """:func:`sparsegpt`; with `outputs` (a list), the model's output for each batch, computed
-    with every layer pruned and updated, is appended to it before the reparametrization."""
+    if outputs is not None and not isinstance(outputs, list):
+        raise TypeError(f"outputs must be a list to append the model's outputs to, got {type(outputs).__name__}")
     per_layer = isinstance(amount, Mapping)
     if per_layer:
         if n is not None or m is not None:

@@ -47,8 +47,8 @@ def _everything_computed(monkeypatch):
     monkeypatch.setattr(reconstruction, "REUSE_BYTES", 0)
     monkeypatch.setattr(reconstruction._SharedCapture, "skipping", lambda self, layers: contextlib.nullcontext())
     monkeypatch.setattr(reconstruction, "_gram", lambda x: x.T @ x)
-    prune_layers = reconstruction._prune
-    monkeypatch.setattr(reconstruction, "_prune", lambda *a, outputs=None, **k: prune_layers(*a, **k))
+    prune_layers = reconstruction.reconstruct
+    monkeypatch.setattr(reconstruction, "reconstruct", lambda *a, outputs=None, **k: prune_layers(*a, **k))
 
 
 @pytest.mark.slow

@@ -68,7 +68,7 @@ def _pruned(monkeypatch, trick: str, budget: int) -> tuple[_Block, int, list]:
     counts = _counted(monkeypatch)
     net, batches = _data(trick)
     outputs: list = []
-    reconstruction._prune(net, batches, 0.5, block_size=4, outputs=outputs)
+    reconstruction.sparsegpt(net, batches, 0.5, block_size=4, outputs=outputs)
     return net, counts[0], outputs
 
 
@@ -230,3 +230,13 @@ def test_the_reuse_budget_on_a_cuda_device_is_at_most_a_quarter_of_its_free_memo
     assert reconstruction._reuse_budget(torch.device("cpu")) == reconstruction.REUSE_BYTES
     assert reconstruction._reuse_budget(None) == reconstruction.REUSE_BYTES
     assert len(asked) == 2  # the CPU asks nothing
+
+
+def test_outputs_must_be_a_list_and_nothing_is_pruned_otherwise():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.raises(TypeError, match="outputs must be a list"):
+        prune.sparsegpt(net, [torch.randn(8, 4)], 0.5, outputs=())
+    assert not prune.is_pruned(net)
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
