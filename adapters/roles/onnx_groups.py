@@ -232,16 +232,16 @@ def onnx_groups(model: Any, kind: str = "channels") -> OnnxGroups:
                     continue
                 size, parts = fused
             channels, block = channels // size // parts, size
-        trace, per = _Trace(m, channels), 1
+        trace, per, units = _Trace(m, channels), 1, channels
         try:
             try:
                 trace.run(node, axis, block, parts)
-            except _Regroup as again:  # whole GroupNorm groups: a channel of the group is a norm group
+            except _Regroup as again:  # whole GroupNorm groups: a unit of the group is a norm group
                 per = channels // again.groups
                 if kind != "channels":
                     raise _Left(str(again)) from None
-                channels, block = again.groups, block * per
-                trace = _Trace(m, channels)
+                units, block = again.groups, block * per
+                trace = _Trace(m, units)
                 trace.run(node, axis, block, parts)
         except _Left as exc:
             met = [node] + [p for p in trace.producers if p is not node]
@@ -252,6 +252,7 @@ def onnx_groups(model: Any, kind: str = "channels") -> OnnxGroups:
                 pw = _producer(m, p)
                 out.left.append(LeftGroup(name_of(p), m.label(p), pw[0] if pw else "", channels, str(exc)))
             continue
+        channels = units  # the group counts norm groups where a GroupNorm joins them
         try:
             group = ChannelGroup(trace.members, channels, name=name_of(node))
         except ValueError as exc:  # a tensor met twice on one axis: not a group this can shrink

@@ -252,3 +252,16 @@ def test_a_global_ranking_is_refused_before_anything_is_done():
     with pytest.raises(ValueError, match="^a global ranking cannot weigh GroupNorm groups against single channels"):
         shrink_onnx(model, 0.5, global_=True)
     assert model.SerializeToString() == before
+
+
+def test_a_group_left_after_its_group_norm_counts_its_channels():
+    """The channels reach a graph output after the GroupNorm: left, and described with
+    conv1's 8 channels, not the 4 norm groups the second trace counted in."""
+    model, _ = _gn_graph(18)
+    model.graph.node[4].input[0] = "c"  # Y = relu(GroupNormalization(conv1(X)))
+    del model.graph.node[3]
+    model.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, [2, 8, 4, 4]))
+    found = onnx_groups(model)
+    assert found.groups == []
+    (left,) = found.left
+    assert left.channels == 8 and "graph output" in left.reason
