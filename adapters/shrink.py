@@ -332,7 +332,7 @@ def shrink_onnx(
     sources = _source_arrays(onnx, model, found, views)
     refit: dict[str, np.ndarray] = {}
     if unit is not None and hessians is not None:  # both or neither, checked above
-        cons, reads = consumers(model, found)
+        cons, reads = consumers(model, found, amount, rounding)  # the groups that lose channels
         check_hessians(cons, sources, hessians)
         scores = calibrated_scores(unit, found, reads, cons, sources, hessians)
         kept = [_choose(sc, amount, g, p, rounding) for sc, g, p in zip(scores, groups, segments, strict=True)]

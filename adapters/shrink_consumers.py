@@ -22,6 +22,7 @@ import numpy as np
 from arrayprune.structured_methods import UnitPruningMethod
 
 from .roles.onnx_graph import _attr, _onnx
+from .roles.onnx_group_types import even_drop
 from .roles.onnx_groups import OnnxGroups, View
 
 __all__ = ["Consumer", "calibrated_scores", "check_hessians", "consumers", "refits"]
@@ -101,7 +102,9 @@ def _closing(og: Any, views: Mapping[str, View]) -> list[tuple[str, str, int, in
     return out
 
 
-def consumers(model: Any, found: OnnxGroups) -> tuple[dict[str, Consumer], list[list[tuple[str, int]]]]:
+def consumers(
+    model: Any, found: OnnxGroups, amount: int | float | None = None, rounding: str = "nearest"
+) -> tuple[dict[str, Consumer], list[list[tuple[str, int]]]]:
     """The layers that read the channels of `found`'s groups, and where each group's channels lie in them.
 
     A calibrated method scores a group's channels in these layers, on ``X^T X`` of their
@@ -114,12 +117,16 @@ def consumers(model: Any, found: OnnxGroups) -> tuple[dict[str, Consumer], list[
         The model.
     found : OnnxGroups
         Its groups (:func:`~arrayprune.adapters.roles.onnx_groups.onnx_groups`).
+    amount, rounding : optional
+        What each group loses (as for :func:`~arrayprune.adapters.shrink.shrink_onnx`):
+        a group that loses no channel is not scored, so its readers are not asked for.
 
     Returns
     -------
     (dict of str to Consumer, list of list of (str, int))
         The consumers by weight name, in graph order; per group, each consumer's weight
-        name and the first unit of its input the group's channels take (after a ``Concat``).
+        name and the first unit of its input the group's channels take (after a
+        ``Concat``); none for a group that loses no channel.
 
     Raises
     ------
@@ -131,17 +138,21 @@ def consumers(model: Any, found: OnnxGroups) -> tuple[dict[str, Consumer], list[
     onnx = _onnx()
     views: dict[str, View] = {k: v for og in found.groups for k, v in og.views}
     readers = {n.input[1]: n for n in model.graph.node if n.op_type in ("MatMul", "Gemm", "Conv") and len(n.input) > 1}
+    dims_of = {t.name: [int(d) for d in t.dims] for t in model.graph.initializer}
     found_consumers: dict[str, Consumer] = {}
     reads: list[list[tuple[str, int]]] = []
     for og in found.groups:
-        slots = []
+        slots: list[tuple[str, int]] = []
+        reads.append(slots)
+        if amount is not None and not even_drop(amount, og.group.channels, og.segments, str(og.group.name), rounding):
+            continue
         for weight, label, offset, block in _closing(og, views):
             node = readers.get(weight)
             if node is None:
                 raise ValueError(f"group {og.group.name!r}: {label} does not read {weight!r} as its weight")
             if node.op_type == "Conv" and int(_attr(onnx, node, "group", 1)) != 1:
                 raise ValueError(f"group {og.group.name!r}: grouped {label} reads its channels")
-            dims = [int(d) for d in next(t.dims for t in model.graph.initializer if t.name == weight)]
+            dims = dims_of[weight]
             c = Consumer(
                 weight,
                 node.op_type,
@@ -155,7 +166,6 @@ def consumers(model: Any, found: OnnxGroups) -> tuple[dict[str, Consumer], list[
             if known != c:
                 raise ValueError(f"group {og.group.name!r}: {label} reads channels of groups of different sizes")
             slots.append((weight, offset))
-        reads.append(slots)
     return found_consumers, reads
 
 
@@ -171,11 +181,15 @@ def calibrated_scores(
     per_consumer: dict[str, np.ndarray] = {}
     out = []
     for og, slots in zip(found.groups, reads, strict=True):
+        if not slots:  # a group that loses no channel: nothing to rank
+            out.append(np.zeros(og.group.channels))
+            continue
         parts = []
         for weight, offset in slots:
             if weight not in per_consumer:
                 c = cons[weight]
-                w = c.matrix(weights[weight]) * c.scale
+                w = c.matrix(weights[weight])
+                w = w if c.scale == 1 else w * c.scale
                 per_consumer[weight] = np.asarray(method.unit_scores(w, hessians[weight], w.shape[1] // c.per))
             parts.append(per_consumer[weight][offset : offset + og.group.channels])
         out.append(np.asarray(method.combine_scores(parts)))
@@ -215,6 +229,7 @@ def check_hessians(cons: Mapping[str, Consumer], weights: Mapping[str, np.ndarra
         h = hessians.get(name)
         if h is None:
             raise ValueError(f"hessians has no entry for {name!r}, the weight of {c.label} (a consumer of a group)")
-        k = c.matrix(weights[name]).shape[1]
+        shape = np.shape(weights[name])
+        k = int(np.prod(shape[1:])) if c.op == "Conv" else int(shape[1] if c.transposed else shape[0])
         if tuple(np.shape(h)) != (k, k):
             raise ValueError(f"hessians[{name!r}] has shape {tuple(np.shape(h))}; {c.label} reads {k} input features")

@@ -296,7 +296,7 @@ def _consumer_hessians(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScore
         found = onnx_groups(wf.context["model"], job.groups)
         if spec.amount is not None:  # before the calibration runs the model
             check_group_amount(found, spec.amount, src, spec.global_, spec.rounding)
-        readers, _ = consumers(wf.context["model"], found)
+        readers, _ = consumers(wf.context["model"], found, spec.amount, spec.rounding)
         samples = len(next(iter(calibration.values())))
         job.hooks.stage(
             f"{spec.method}: Hessians of the {len(readers)} layers reading {len(found.groups)} groups, "

@@ -299,6 +299,19 @@ def test_a_grouped_convolution_consumer_is_refused_naming_the_group():
         shrink_onnx(model, 0.5, "obs_structured", hessians={})
 
 
+def test_a_group_that_loses_no_channel_is_not_scored():
+    """An amount that leaves a group whole asks nothing of its readers: the grouped
+    convolution that would be refused for a group losing channels is not looked at."""
+    torch.manual_seed(0)
+    net = Cnn(groups=2).eval()
+    model = export(net, torch.randn(2, 3, 8, 8))
+    found = onnx_groups(model)
+    readers, reads = consumers(model, found, 0)
+    assert readers == {} and reads == [[] for _ in found.groups]
+    small, report = shrink_onnx(model, 0, "obs_structured", hessians={})
+    assert report.params_after == report.params_before and report.refit == {}
+
+
 class Shared(nn.Module):
     """One Linear applied to two branches: its weight is read by two Gemm nodes."""
 
