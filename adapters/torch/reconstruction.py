@@ -594,17 +594,14 @@ class _SharedCapture:
     @contextlib.contextmanager
     def skipping(self, layers: Iterable[nn.Module]) -> Iterator[None]:
         """While inside, the forwards of `layers` (``Linear`` or ``Conv1D``) give zeros when told to."""
-        own = {layer: layer.__dict__.get("forward", _NOTHING) for layer in layers}
+        own = {layer: _own_forward(layer) for layer in layers}
         for layer in own:
             layer.forward = self._zeros_or(layer, layer.forward)
         try:
             yield
         finally:
             for layer, forward in own.items():
-                if forward is _NOTHING:
-                    del layer.__dict__["forward"]
-                else:
-                    layer.__dict__["forward"] = forward
+                _restore_forward(layer, forward)
 
     def _zeros_or(self, layer: nn.Module, forward: Any) -> Any:
         weight = cast(torch.Tensor, layer.weight)
@@ -696,7 +693,7 @@ class _Reuse:
     def finish(self, layer: nn.Module) -> None:
         """`layer`'s weight is final: its outputs may be kept and reused from now on."""
         self.reached.pop(layer).remove()
-        self.forwards[layer] = layer.__dict__.get("forward", _NOTHING)
+        self.forwards[layer] = _own_forward(layer)
         own = layer.forward
 
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -729,14 +726,25 @@ class _Reuse:
         for handle in self.reached.values():
             handle.remove()
         for layer, forward in self.forwards.items():
-            if forward is _NOTHING:
-                del layer.__dict__["forward"]
-            else:
-                layer.__dict__["forward"] = forward
+            _restore_forward(layer, forward)
         self.reached, self.forwards, self.kept, self.used = {}, {}, {}, 0
 
 
+#: Stands for "no ``forward`` of its own" (the class's is used) in :func:`_own_forward`.
 _NOTHING = object()
+
+
+def _own_forward(layer: nn.Module) -> Any:
+    """The ``forward`` set on `layer` itself (an instance attribute), or :data:`_NOTHING`."""
+    return layer.__dict__.get("forward", _NOTHING)
+
+
+def _restore_forward(layer: nn.Module, forward: Any) -> None:
+    """Put back what :func:`_own_forward` returned, after a wrapper replaced the layer's forward."""
+    if forward is _NOTHING:
+        del layer.__dict__["forward"]
+    else:
+        layer.__dict__["forward"] = forward
 
 
 def _version(x: Any) -> int | None:
