@@ -28,6 +28,7 @@ import array_api_extra as xpx
 
 from . import amount as _amount
 from . import method_parts as _parts
+from ._factor import upper_inverse_factor
 from ._namespace import namespace, widest_float
 from .methods import UnstructuredPruningMethod
 from .patterns import NMStructured, _check_nm
@@ -43,6 +44,10 @@ __all__ = [
 ]
 
 Array = Any
+
+# Columns of a block solved one at a time between two products (see `sparsegpt`): fewer
+# means less elementwise work per column, more means fewer products.
+_COLUMN_STEP = 16
 
 
 def sparsegpt(
@@ -196,11 +201,12 @@ def sparsegpt(
             "so it says nothing about which weights matter"
         )
     h = h + xp.eye(k, dtype=wide, device=device) * (xp.astype(dead, wide) + float(damp) * xp.mean(diag))
-    u = _upper_inverse_factor(xp, h)
+    u = upper_inverse_factor(xp, h)
     u_diag = xp.linalg.diagonal(u)
     nm = None if pattern is None else NMStructured(*pattern, dim=-1)
 
     in_place = _views_update_in_place(w)
+    step = _COLUMN_STEP if nm is None else nm.m * max(1, _COLUMN_STEP // nm.m)
     dead_k = int(xp.sum(xp.astype(dead, xp.int32)))
     dead_left = min(total, rows * dead_k)  # dead entries pruned (first, by position)
     live_total, live_k = total - dead_left, k - dead_k
@@ -224,25 +230,36 @@ def sparsegpt(
             dead_here = min(dead_left, rows * (stop - start - live_block))
             keep = _block_keep(xp, block**2 / d**2, dead[start:stop], count, dead_here)
             dead_left -= dead_here
-        errs, keep_columns = [], []
-        for j in range(stop - start):
-            if nm is not None:
-                if j % nm.m == 0:  # dead inputs score 0: pruned first
-                    scores = block[:, j : j + nm.m] ** 2 / d[j : j + nm.m] ** 2
-                    group = nm.compute_mask(xp.where(dead[None, start + j : start + j + nm.m], zero, scores), None)
-                keep_j = group[:, j % nm.m]
-                keep_columns.append(keep_j)
-            else:
-                keep_j = keep[:, j]
-            err = xp.where(keep_j, zero, block[:, j]) / u_block[j, j]
-            if in_place:  # U is upper: only columns j and later change
-                tail = block[:, j:]
-                tail -= err[:, None] * u_block[j : j + 1, j:]
-            else:
-                block = block - err[:, None] * u_block[j : j + 1, :]
-            errs.append(err)
-        if in_place:
-            block = _signed_zeros_as_full_update(xp, block, errs, zero)
+        # Columns go in steps: each column updates the rest of its step (one column at a
+        # time), and a finished step updates the rest of the block with one product.
+        errs, keep_columns, finished, pending = [], [], [], block
+        for a in range(0, stop - start, step):
+            b = min(a + step, stop - start)
+            part, pending = pending[:, : b - a], pending[:, b - a :]
+            part_errs = []
+            for j in range(a, b):
+                if nm is not None:
+                    if j % nm.m == 0:  # dead inputs score 0: pruned first; a step holds whole groups
+                        scores = part[:, j - a : j - a + nm.m] ** 2 / d[j : j + nm.m] ** 2
+                        group = nm.compute_mask(xp.where(dead[None, start + j : start + j + nm.m], zero, scores), None)
+                    keep_j = group[:, j % nm.m]
+                    keep_columns.append(keep_j)
+                else:
+                    keep_j = keep[:, j]
+                err = xp.where(keep_j, zero, part[:, j - a]) / u_block[j, j]
+                if in_place:  # U is upper: only columns j and later change
+                    tail = part[:, j - a :]
+                    tail -= err[:, None] * u_block[j : j + 1, j:b]
+                else:
+                    part = part - err[:, None] * u_block[j : j + 1, a:b]
+                part_errs.append(err)
+            if in_place:
+                part = _signed_zeros_as_full_update(xp, part, part_errs, zero)
+            finished.append(part)
+            errs.extend(part_errs)
+            if b < stop - start:
+                pending = pending - xp.stack(part_errs, axis=1) @ u_block[a:b, b:]
+        block = xp.concat(finished, axis=1)
         if nm is not None:
             keep = xp.stack(keep_columns, axis=1)
         done.append(xp.where(keep, block, zero))
@@ -375,18 +392,6 @@ def _checked_hessian(xp: Any, hessian: Array, k: int, device: Any) -> Array:
     if k and bool(xp.any(xp.linalg.diagonal(h) < 0)):
         raise ValueError("the Hessian has a negative diagonal entry: it is not X^T X of any inputs")
     return h
-
-
-def _upper_inverse_factor(xp: Any, h: Array) -> Array:
-    """Upper triangular ``U`` with ``U^T U = h^-1``, or ValueError if `h` is not positive definite."""
-    message = "the damped Hessian is not positive definite; raise damp or check the calibration data"
-    try:
-        u = xp.triu(xp.permute_dims(xp.linalg.cholesky(xp.linalg.inv(h)), (1, 0)))
-    except (ValueError, RuntimeError) as exc:  # NumPy's LinAlgError, PyTorch's RuntimeError
-        raise ValueError(message) from exc
-    if not bool(xp.all(xp.isfinite(u))):  # libraries that return NaN instead of raising
-        raise ValueError(message)
-    return u
 
 
 class HessianAccumulator:

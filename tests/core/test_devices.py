@@ -414,6 +414,8 @@ def test_reconstruction():
     w[~np.isfinite(w)] = 0.5  # SparseGPT needs a finite weight
     conv = rng.standard_normal((4, 3, 2, 2)).astype(np.float32)
     images = rng.standard_normal((2, 4, 5, 5)).astype(np.float32)
+    wide = rng.standard_normal((5, 150))  # 150 inputs: the factor is built by halves, the columns in steps
+    wide_x = rng.standard_normal((300, 150))
 
     def call(to):
         acc = ap.HessianAccumulator(12)
@@ -428,6 +430,7 @@ def test_reconstruction():
             ap.sparsegpt(to(w), h, n=2, m=4, block_size=8),
             ap.sparsegpt(to(np.ascontiguousarray(w.T)), h, 17, reduction_axis=0),
             ap.sparsegpt(to(conv), to(np.eye(12) + 0.5), 0.25, block_size=4),
+            ap.sparsegpt(to(wide), to(wide_x.T @ wide_x), 0.5, block_size=64),
         ]
 
     same_on_both_devices(call)

@@ -487,3 +487,22 @@ def test_nm_prunes_dead_inputs_first_and_no_more_than_n():
     np.testing.assert_array_equal(keep, np.array([[1, 0, 1, 1, 1, 1, 0, 1]] * 3, dtype=bool))
     assert int((new == 0).sum()) == 6
     np.testing.assert_array_equal(new[:, 2], w[:, 2])
+
+
+@pytest.mark.parametrize("step", [1, 3, 5, 16, 1000])
+@pytest.mark.parametrize("options", [{"amount": 0.4}, {"n": 2, "m": 4}, {"n": 1, "m": 3}])
+def test_any_column_step_equals_reference(monkeypatch, step, options):
+    """Columns solved a few at a time between products give the paper's masks and weights;
+    an N:M step is rounded to whole groups, so a group never straddles two steps."""
+    monkeypatch.setattr(reconstruction, "_COLUMN_STEP", step)
+    w, x, h = layer(rows=12, k=50, seed=5)
+    block_size = 24
+    if "amount" in options:
+        total = round(options["amount"] * w.size)
+        new, keep = ap.sparsegpt(w, h, block_size=block_size, **options)
+        ref, ref_keep = reference_sparsegpt(w, h, exact_block_counts(total, 50, block_size), block_size=block_size)
+    else:
+        new, keep = ap.sparsegpt(w, h, block_size=block_size, **options)
+        ref, ref_keep = reference_sparsegpt(w, h, nm=(options["n"], options["m"]), block_size=block_size)
+    np.testing.assert_array_equal(keep, ref_keep)
+    np.testing.assert_allclose(new, ref, rtol=1e-9, atol=1e-12)

@@ -29,9 +29,11 @@ def _case(seed, rows, k, zeros):
     return w, x.T @ x / 64
 
 
+@pytest.mark.parametrize("step", [3, 16])
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("options", [{"amount": 0.3}, {"amount": 0.7}, {"n": 2, "m": 4}])
-def test_numpy_in_place_equals_the_full_width_update(seed, options):
+def test_numpy_in_place_equals_the_full_width_update(monkeypatch, seed, options, step):
+    monkeypatch.setattr(reconstruction, "_COLUMN_STEP", step)  # a block of 8 in steps of 3 (4 for N:M), or one
     w, h = _case(seed, 9, 24, zeros=0.3)
     axis = seed % 2
     w = w if axis == 1 else np.ascontiguousarray(w.T)
