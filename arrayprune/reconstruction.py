@@ -110,7 +110,8 @@ def sparsegpt(
         For a bad amount or pattern (both or neither given), a weight of fewer than two
         dimensions or with non-finite entries, a Hessian that is not ``K x K``, not
         finite, all zero, has a negative diagonal or is not positive definite after
-        damping.
+        damping (to working precision: a Cholesky pivot below ``K * eps`` times its
+        diagonal entry is lost in rounding).
     IndexError
         If `reduction_axis` is out of range.
 
@@ -121,12 +122,15 @@ def sparsegpt(
     with ``H_jj == 0`` (dead: they never fire) get ``H_jj = 1`` (see below for their
     entries); ``d = damp * mean(diag(H))`` (the mean of the Hessian as given, so that
     scaling ``H`` scales ``d``) is added to the diagonal; ``U`` is the upper Cholesky
-    factor of ``H^-1`` (``U^T U = H^-1``). Columns are processed in blocks of
+    factor of ``H^-1`` (``U^T U = H^-1``), computed without forming ``H^-1``: ``H = R R^T``
+    with ``R`` upper (a Cholesky factorization) and ``U = R^-1``. Columns are processed in blocks of
     `block_size`; the entries of a block with the smallest scores
     ``W_ij^2 / U_jj^2`` (taken when the block starts) are pruned, then for each column
     ``j`` of the block ``err = (W_:j - Q_:j) / U_jj`` (``Q`` is ``W`` with the pruned
     entries zeroed) updates the block, ``W_:k -= err * U_jk``, and after the block the
-    errors update the later columns, ``W[:, later] -= Err @ U[block, later]``.
+    errors update the later columns, ``W[:, later] -= Err @ U[block, later]`` (inside a
+    block the same is done in steps of 16 columns: the order of the additions differs from
+    one column at a time by rounding only).
 
     Counts are exact: ``T = round(amount * weight.size)`` for a float amount. The paper
     prunes the same fraction of every block; here block ``b`` covering columns
