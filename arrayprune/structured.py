@@ -36,6 +36,7 @@ from typing import Any
 
 import array_api_compat as apc
 
+from ._factor import upper_inverse_factor
 from ._namespace import namespace
 
 __all__ = [
@@ -141,14 +142,18 @@ def obs_unit_scores(weight: Array, hessian: Array, units: int, damp: float = DEF
     _check_weight(weight, hessian.shape[0])
     per = _per_unit(weight.shape[1], units)
     w = xp.astype(weight, hessian.dtype)
-    inv = xp.linalg.inv(damped(hessian, damp))
+    # Hd^-1 = U^T U with U upper: its diagonal block on S is U[:S_end, S]^T U[:S_end, S],
+    # and Hd^-1 itself is never formed.
+    factor = upper_inverse_factor(xp, damped(hessian, damp))
     if per == 1:
-        return xp.sum(w * w, axis=0) / xp.linalg.diagonal(inv)
+        return xp.sum(w * w, axis=0) / xp.sum(factor * factor, axis=0)
     scores = []
-    for u in range(units):
-        s = slice(u * per, (u + 1) * per)
-        ws = w[:, s]
-        solved = xp.linalg.solve(inv[s, s], xp.permute_dims(ws, (1, 0)))  # B^-1 W_S^T
+    for unit in range(units):
+        end = (unit + 1) * per
+        columns = factor[:end, unit * per : end]
+        ws = w[:, unit * per : end]
+        block = xp.permute_dims(columns, (1, 0)) @ columns  # [Hd^-1]_SS
+        solved = xp.linalg.solve(block, xp.permute_dims(ws, (1, 0)))  # B^-1 W_S^T
         scores.append(xp.sum(xp.permute_dims(ws, (1, 0)) * solved))
     return xp.stack(scores)
 
