@@ -13,6 +13,11 @@ reversed in the next round (alternating):
   amount=0.5, calibration=tokens)`` (transformers layer by layer, sequential);
 * **arrayprune, ONNX** (``--onnx``): the same on the export (onnxruntime, sequential).
 
+``--method wanda`` runs Wanda instead: llmcompressor's ``WandaPruningModifier(sparsity=0.5)``
+(sequential: each layer's input norms taken on the model whose earlier layers are pruned)
+beside arrayprune's ``prune_file(..., method="wanda")`` (the input norms of the dense
+model, one pass; results in ``wanda-llmcompressor-cpu.md``).
+
 Reported: wall time of the whole call (reading and writing included for arrayprune;
 the in-memory model for llmcompressor), and the cosine of the last hidden state to the
 dense model's on the held-out tokens (mean over positions). Every weight ends 50% zero.
@@ -83,29 +88,32 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean(np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))))
 
 
-def _llmcompressor(paths: dict[str, Path], work: Path) -> tuple[float, object]:
+def _llmcompressor(paths: dict[str, Path], work: Path, method: str) -> tuple[float, object]:
     import transformers
     from datasets import Dataset
     from llmcompressor import oneshot
-    from llmcompressor.modifiers.pruning import SparseGPTModifier
+    from llmcompressor.modifiers.pruning import SparseGPTModifier, WandaPruningModifier
 
     ids = np.load(paths["tokens"])["input_ids"]
     data = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": np.ones_like(ids).tolist()})
     tokenizer = transformers.BertTokenizer(str(work / "vocab.txt"))
     start = time.perf_counter()
     model = transformers.BertModel.from_pretrained(paths["folder"]).eval()
-    recipe = SparseGPTModifier(sparsity=0.5, targets=["Linear"], ignore=["re:.*pooler.*"], block_size=128,
-                               dampening_frac=0.01)
+    if method == "wanda":
+        recipe = WandaPruningModifier(sparsity=0.5, targets=["Linear"], ignore=["re:.*pooler.*"])
+    else:
+        recipe = SparseGPTModifier(sparsity=0.5, targets=["Linear"], ignore=["re:.*pooler.*"], block_size=128,
+                                   dampening_frac=0.01)
     oneshot(model=model, processor=tokenizer, dataset=data, recipe=recipe, num_calibration_samples=CALIBRATION,
             max_seq_length=SEQ, pipeline="sequential", sequential_targets=["BertLayer"])
     return time.perf_counter() - start, model
 
 
-def _arrayprune(source: Path, out: Path, tokens: Path) -> float:
+def _arrayprune(source: Path, out: Path, tokens: Path, method: str) -> float:
     from arrayprune.adapters.pipeline import prune_file
 
     start = time.perf_counter()
-    prune_file(source, out, method="sparsegpt", amount=0.5, calibration=tokens, force=True)
+    prune_file(source, out, method=method, amount=0.5, calibration=tokens, force=True)
     return time.perf_counter() - start
 
 
@@ -113,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.sparsegpt_llmcompressor")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--onnx", action="store_true", help="also the ONNX export through onnxruntime")
+    parser.add_argument("--method", choices=["sparsegpt", "wanda"], default="sparsegpt")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args(argv)
 
@@ -130,14 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     for round_ in range(args.rounds):
         for run in runs if round_ % 2 == 0 else runs[::-1]:
             if run == "llmcompressor":
-                seconds, model = _llmcompressor(paths, work)
+                seconds, model = _llmcompressor(paths, work, args.method)
                 cosine[run] = _cosine(_hidden(model, held), dense)
             elif run == "arrayprune-folder":
-                seconds = _arrayprune(paths["folder"], work / "out-folder", paths["tokens"])
+                seconds = _arrayprune(paths["folder"], work / "out-folder", paths["tokens"], args.method)
                 pruned = transformers.BertModel.from_pretrained(work / "out-folder").eval()
                 cosine[run] = _cosine(_hidden(pruned, held), dense)
             else:
-                seconds = _arrayprune(paths["onnx"], work / "out.onnx", paths["tokens"])
+                seconds = _arrayprune(paths["onnx"], work / "out.onnx", paths["tokens"], args.method)
                 session = ort.InferenceSession(str(work / "out.onnx"), providers=["CPUExecutionProvider"])
                 cosine[run] = _cosine(session.run(None, {"input_ids": held})[0].astype(np.float64), dense)
             times[run].append(seconds)
@@ -147,15 +156,19 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    title = "Wanda" if args.method == "wanda" else "SparseGPT"
+    how = ("llmcompressor sequential, arrayprune from the dense model's input norms" if args.method == "wanda"
+           else "sequential")
     lines = [
-        "# SparseGPT on the CPU beside llmcompressor 0.14 (one process, alternating)",
+        f"# {title} on the CPU beside llmcompressor 0.14 (one process, alternating)",
         "",
         f"{platform.machine()}, {torch.get_num_threads()} torch threads; torch {torch.__version__}, "
         f"transformers {transformers.__version__}. Command: "
-        f"`python -m benchmarks.sparsegpt_llmcompressor --rounds {args.rounds}{' --onnx' if args.onnx else ''}`.",
+        f"`python -m benchmarks.sparsegpt_llmcompressor --rounds {args.rounds}{' --onnx' if args.onnx else ''}"
+        f"{' --method wanda' if args.method == 'wanda' else ''}`.",
         "",
         f"BERT (random init, 35 M parameters, 36 encoder Linear weights), {CALIBRATION} x {SEQ} calibration tokens, "
-        "50% of every weight, sequential; cosine of the last hidden state to the dense model on "
+        f"50% of every weight, {how}; cosine of the last hidden state to the dense model on "
         f"{HELD_OUT} x {SEQ} held-out tokens.",
         "",
         "| run | wall time, median (all) | 1-min load average after each | cosine to dense |",
@@ -167,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {run} | {statistics.median(times[run]):.1f} s ({every}) | {load} | {cosine[run]:.4f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sparsegpt-llmcompressor-cpu.md").write_text("\n".join(lines) + "\n")
-    (out / "sparsegpt-llmcompressor-cpu.json").write_text(json.dumps({"times": times, "load": loads, "cosine": cosine}, indent=1))
+    (out / f"{args.method}-llmcompressor-cpu.md").write_text("\n".join(lines) + "\n")
+    (out / f"{args.method}-llmcompressor-cpu.json").write_text(json.dumps({"times": times, "load": loads, "cosine": cosine}, indent=1))
     print("\n".join(lines))
     return 0
 
