@@ -1,4 +1,4 @@
-"""SparseGPT on the CPU beside llmcompressor: the same BERT, the same calibration tokens, one process.
+"""SparseGPT (or Wanda) on the CPU beside llmcompressor: the same BERT, the same calibration tokens, one process.
 
 The model is a random-init ``transformers`` ``BertModel`` (hidden 512, 6 layers, 8 heads,
 FFN 2048: 35 M parameters, 36 encoder ``Linear`` weights), saved by ``save_pretrained``
