@@ -22,6 +22,11 @@ Array = Any
 # in two and joined with two matrix products (where the time goes at model sizes).
 _DIRECT_INVERSE = 64
 
+# A Cholesky pivot of at most this many units of rounding of its diagonal entry is taken
+# for zero: exactly singular matrices (two equal inputs) leave 0.5-4 units. A bound
+# growing with n would refuse float32 Hessians that damping makes positive definite.
+_PIVOT_EPS = 4
+
 NOT_POSITIVE_DEFINITE = "the damped Hessian is not positive definite; raise damp or check the calibration data"
 
 
@@ -44,7 +49,7 @@ def upper_inverse_factor(xp: Any, h: Array) -> Array:
     ------
     ValueError
         If `h` is not positive definite to working precision: the factorization fails, or
-        one of its pivots is below ``n * eps`` times its diagonal entry (lost in rounding,
+        one of its pivots is at most ``4 * eps`` times its diagonal entry (within rounding,
         as happens to an exactly singular matrix).
     """
     flipped = xp.flip(h, axis=(0, 1))
@@ -52,10 +57,10 @@ def upper_inverse_factor(xp: Any, h: Array) -> Array:
         lower = xp.linalg.cholesky(flipped)
     except (ValueError, RuntimeError) as exc:  # NumPy's LinAlgError, PyTorch's RuntimeError
         raise ValueError(NOT_POSITIVE_DEFINITE) from exc
-    # A pivot lost in the rounding of its own diagonal entry: singular to working precision
+    # A pivot within the rounding of its own diagonal entry: singular to working precision
     # (libraries that return NaN instead of raising fail here too).
     pivots = xp.linalg.diagonal(lower) ** 2
-    floor = h.shape[0] * xp.finfo(h.dtype).eps * xp.linalg.diagonal(flipped)
+    floor = _PIVOT_EPS * xp.finfo(h.dtype).eps * xp.linalg.diagonal(flipped)
     if not bool(xp.all(pivots > floor)):
         raise ValueError(NOT_POSITIVE_DEFINITE)
     u = _upper_triangular_inverse(xp, xp.flip(lower, axis=(0, 1)))

@@ -110,8 +110,8 @@ def sparsegpt(
         For a bad amount or pattern (both or neither given), a weight of fewer than two
         dimensions or with non-finite entries, a Hessian that is not ``K x K``, not
         finite, all zero, has a negative diagonal or is not positive definite after
-        damping (to working precision: a Cholesky pivot below ``K * eps`` times its
-        diagonal entry is lost in rounding).
+        damping (to working precision: a Cholesky pivot of at most ``4 * eps`` times its
+        diagonal entry is within rounding).
     IndexError
         If `reduction_axis` is out of range.
 

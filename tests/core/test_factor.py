@@ -55,6 +55,23 @@ def test_a_singular_matrix_is_refused_though_its_cholesky_succeeds(backend, n):
         _factor.upper_inverse_factor(backend.xp, backend.asarray(h))
 
 
+def test_a_damped_float32_hessian_with_outlier_inputs_is_factored():
+    """Two equal inputs a thousand times the others (massive activations): damping leaves
+    the second one's pivot about 2 * damp / n of its diagonal, 164 units of float32
+    rounding at n = 2048. Positive definite, so factored, not refused (a bound of n units
+    would refuse it)."""
+    n = 2048
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2048, n)).astype(np.float32)
+    x[:, 0] = x[:, 1] = 1000 * x[:, 1]
+    h = x.T @ x
+    h += np.float32(0.01) * np.mean(np.diag(h)) * np.eye(n, dtype=np.float32)
+    u = _factor.upper_inverse_factor(xp, h)
+    assert u.dtype == np.float32
+    expected = np.linalg.cholesky(np.linalg.inv(h.astype(np.float64))).T
+    np.testing.assert_allclose(u, expected, rtol=0, atol=1e-3 * np.abs(expected).max())
+
+
 def test_the_split_inverse_equals_the_direct_one():
     """Splitting changes only the rounding: the 200 x 200 inverse by halves equals NumPy's."""
     r = np.linalg.cholesky(_hessian(200, seed=1)).T
