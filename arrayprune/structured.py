@@ -23,7 +23,9 @@ Scores (lowest goes first):
 ``W'_K = W Hd[:, K] Hd[K, K]^-1``, the least-squares solution of ``X_K W'_K^T ~ X W^T``
 (exactly that with ``damp=0``). :func:`expert_scores` ranks the experts of a
 mixture-of-experts layer by router statistics, and :func:`residual_change` the layers of
-a residual stream.
+a residual stream. :func:`absorb` is the refit of a removed layer: the last projection of
+the layer before it (``down_proj``) also learns to add what the removed layer added to
+the residual stream, ``W' = W + (Hd^-1 X^T F)^T``.
 
 Array API only: any namespace with ``linalg`` (NumPy, PyTorch, CuPy, JAX, array-api-strict).
 Units are contiguous runs of ``K / units`` columns (a KV group's query heads are adjacent
@@ -35,12 +37,14 @@ from __future__ import annotations
 from typing import Any
 
 import array_api_compat as apc
+import array_api_extra as xpx
 
 from ._factor import upper_inverse_factor
 from ._namespace import namespace
 
 __all__ = [
     "DEFAULT_DAMP",
+    "absorb",
     "activation_unit_scores",
     "compensate",
     "damped",
@@ -103,8 +107,12 @@ def activation_unit_scores(weight: Array, sq_norms: Array, units: int) -> Array:
     return xp.sqrt(xp.sum(xp.reshape(col, (units, per)), axis=1))
 
 
-def damped(hessian: Array, damp: float = DEFAULT_DAMP) -> Array:
-    """``H + damp * mean(diag H) * I`` (a zero diagonal gets ``damp`` itself, so that it inverts)."""
+def damped(hessian: Array, damp: float = DEFAULT_DAMP, *, copy: bool = True) -> Array:
+    """``H + damp * mean(diag H) * I`` (a zero diagonal gets ``damp`` itself, so that it inverts).
+
+    With ``copy=False`` the diagonal of `hessian` itself is raised where its library
+    writes in place (NumPy, PyTorch, CuPy; a new array elsewhere): no second ``K x K``.
+    """
     xp = namespace(hessian)
     if hessian.ndim != 2 or hessian.shape[0] != hessian.shape[1]:
         raise ValueError(f"the Hessian must be square, got shape {tuple(hessian.shape)}")
@@ -114,7 +122,10 @@ def damped(hessian: Array, damp: float = DEFAULT_DAMP) -> Array:
     diag = xp.linalg.diagonal(hessian)
     mean = xp.mean(diag)
     level = xp.where(mean > 0, mean, xp.ones_like(mean)) * damp
-    return hessian + level * xp.eye(k, dtype=hessian.dtype, device=apc.device(hessian))
+    # The diagonal is every (k+1)-th entry of the flat matrix: no k x k identity is made.
+    flat = xp.reshape(xp.asarray(hessian, copy=True) if copy else hessian, (k * k,))
+    flat = xpx.at(flat, slice(None, None, k + 1)).add(level)
+    return xp.reshape(flat, (k, k))
 
 
 def obs_unit_scores(weight: Array, hessian: Array, units: int, damp: float = DEFAULT_DAMP) -> Array:
@@ -184,6 +195,49 @@ def compensate(weight: Array, hessian: Array, kept: Array, damp: float = DEFAULT
     block = xp.take(cross, kept, axis=1)  # Hd[K, K]
     rhs = cross @ xp.permute_dims(xp.astype(weight, hessian.dtype), (1, 0))  # Hd[K, :] W^T
     return xp.permute_dims(xp.linalg.solve(block, rhs), (1, 0))
+
+
+def absorb(
+    weight: Array, hessian: Array, cross: Array, damp: float = DEFAULT_DAMP, *, overwrite_hessian: bool = False
+) -> Array:
+    """A layer's weight refit to also add what removed layers added to its output's stream.
+
+    The layer ``y = X W^T`` writes into a residual stream (``down_proj``), and the layers
+    removed after it added ``F`` to that stream on the calibration data. The refit weight
+    ``W'`` minimises ``||X W'^T - (X W^T + F)||^2`` (plus the damping):
+    ``W' = W + (Hd^-1 X^T F)^T``.
+
+    Parameters
+    ----------
+    weight : array
+        The layer's weight ``[out, in]``.
+    hessian : array
+        ``[in, in]``: ``X^T X`` of its calibration inputs.
+    cross : array
+        ``[in, out]``: ``X^T F``, with ``F`` (``[tokens, out]``) the change of the stream
+        over the removed layers on the same tokens.
+    damp : float, default 0.01
+        See :func:`damped`.
+    overwrite_hessian : bool, default False
+        Damp `hessian` in place (where its library writes in place), sparing a
+        ``K x K`` copy: for a caller done with it.
+
+    Returns
+    -------
+    array
+        ``[out, in]``, in the Hessian's dtype.
+
+    Raises
+    ------
+    ValueError
+        For shapes that do not match.
+    """
+    xp = namespace(weight, hessian, cross)
+    _check_weight(weight, hessian.shape[0])
+    if tuple(cross.shape) != (weight.shape[1], weight.shape[0]):
+        raise ValueError(f"cross must be [in, out] = {[weight.shape[1], weight.shape[0]]}, got {list(cross.shape)}")
+    delta = xp.linalg.solve(damped(hessian, damp, copy=not overwrite_hessian), xp.astype(cross, hessian.dtype))
+    return xp.astype(weight, hessian.dtype) + xp.permute_dims(delta, (1, 0))
 
 
 def expert_scores(counts: Array, weight_sums: Array, tokens: int) -> Array:

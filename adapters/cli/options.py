@@ -347,7 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-compensate",
         dest="compensate",
         action="store_false",
-        help=f"--shrink with {' or '.join(unit_methods())}: do not refit the layer reading the removed units",
+        help=f"--shrink with {' or '.join(unit_methods())}: do not refit the layer reading the removed units; "
+        "--groups layers: do not refit removed layers into the layer before them",
     )
     p.add_argument(
         "--verify",

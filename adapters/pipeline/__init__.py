@@ -19,7 +19,8 @@ Its modules import downwards only, in seven layers (a test checks it:
        |             run returns), outputs.py (OUT checked), option_files.py (the files
        |             options name, checked), scan.py (error curves: the scan verb, allocations),
        |             hf_scan.py (a Hugging Face folder's error curves, layer by layer),
-       |             evaluate.py (arrayprune eval: perplexity and KL of a Hugging Face folder)
+       |             evaluate.py (arrayprune eval: perplexity and KL of a Hugging Face folder),
+       |             shrink_folder.py (a shrunk folder's report, and its writer)
        |
     engines          calibration.py (onnxruntime statistics), hf_calibration.py (transformers,
        |             layer by layer), reconstruction.py (SparseGPT through a graph),

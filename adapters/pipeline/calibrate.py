@@ -37,7 +37,10 @@ it removes. :data:`UNIT_STATISTICS` is that table, one row per statistic:
 statistic              units                             how
 =====================  ===============================  ==================================
 ``residual_change``    decoder layers                    ``1 - cosine`` of each layer's
-                                                          residual stream, dense model
+                                                          residual stream, dense model;
+                                                          then ``X^T X`` and ``X^T F`` of
+                                                          the projection before each run
+                                                          of removed layers, refit
 ``router_statistics``  experts (with ``--calibration``)  routing weight per token, dense
 ``unit_hessians``      channels, heads (a calibrated     ``X^T X`` of each consumer's
                        structured method)                inputs, layer after layer on
@@ -75,6 +78,7 @@ from arrayprune.adapters.pipeline.scoring import input_norms
 from arrayprune.adapters.pipeline.shrink_request import check_group_amount
 from arrayprune.adapters.pipeline.shrink_structure import (
     UnitScores,
+    decide_layers,
     decide_units,
     score_calibrated,
     score_experts,
@@ -264,7 +268,14 @@ class UnitStatistic:
 
 
 def _layer_changes(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScores:
-    return UnitScores("residual_change", *score_layers(job.src, job.spec.calibration, **walk_arguments(job)))
+    spec = job.spec
+    scores = UnitScores("residual_change", *score_layers(job.src, spec.calibration, **walk_arguments(job)))
+    if spec.dry_run or spec.amount is None or job.dst is None:  # the scores alone: nothing is chosen
+        return scores
+    return decide_layers(
+        job.src, job.dst, spec.amount, spec.calibration, stack, scores=scores, compensated=spec.compensate,
+        **walk_arguments(job),
+    )  # fmt: skip
 
 
 def _router(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScores:

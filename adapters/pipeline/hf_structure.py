@@ -15,7 +15,12 @@ ranks on calibration token ids:
   a group's units (``down_proj``, ``o_proj``, ...), handed to a callback that chooses
   the units and may refit that layer; its choice is applied before the layer's outputs
   are computed, so that layer ``l`` is calibrated on the model whose layers ``< l`` are
-  already pruned (and compensated).
+  already pruned (and compensated);
+* :func:`absorb_removed_layers`: the model walked with some layers left out, each run of
+  them refit into the kept layer before it: ``X^T X`` of the input of that layer's
+  last projection into the residual stream (``down_proj``) and ``X^T F``, ``F`` what
+  the run adds to the stream, handed to a callback that returns the new projection;
+  later layers see the stream of the model as shrunk.
 
 Memory: one layer's weights, the activations of one layer's inputs and outputs for all
 calibration sequences, and one ``K x K`` float64 Hessian. The experts of a checkpoint
@@ -46,7 +51,7 @@ from arrayprune.adapters.pipeline.hf_calibration import (
 )
 from arrayprune.structured import residual_change
 
-__all__ = ["LayerWalk", "calibrated_units", "layer_changes", "router_statistics"]
+__all__ = ["LayerWalk", "absorb_removed_layers", "calibrated_units", "layer_changes", "router_statistics"]
 
 #: Per-expert tensors of a checkpoint -> the fused parameter of transformers 5:
 #: (fused name, the per-expert weights concatenated along their rows, in order).
@@ -351,3 +356,87 @@ def calibrated_units(
                 module.weight.copy_(value)
                 outputs = walk.outputs(layer)
             walk.advance(outputs)
+
+
+def absorb_removed_layers(
+    walk: LayerWalk,
+    removed: Sequence[int],
+    writers: Mapping[int, str],
+    refit: Callable[[int, np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+    hooks: Any = None,
+) -> None:
+    """Walk the layers with `removed` left out, each run of them refit into the layer before it.
+
+    Parameters
+    ----------
+    walk : LayerWalk
+    removed : sequence of int
+        The layers removed.
+    writers : mapping of int to str
+        For the kept layer ``p`` right before a run of removed layers, the weight name of
+        its last projection into the residual stream (``model.layers.1.mlp.down_proj.weight``;
+        a ``Linear`` or GPT-2's ``Conv1D``). A run with no entry (one at the start of the
+        model) is left out without a refit.
+    refit : callable
+        ``refit(p, weight, hessian, cross) -> new weight``, all float64: `weight` the
+        projection's ``[out, in]``, `hessian` ``X^T X`` of its inputs, `cross` ``X^T F``
+        (``[in, out]``), ``F`` the change of the residual stream over the run, on the
+        calibration tokens (padding left out). `hessian` is the callback's to overwrite.
+
+    Notes
+    -----
+    Sequential: layer ``p``'s inputs come from the model already shrunk before it, the run
+    is applied to ``p``'s outputs to give ``F``, and the layers after the run are fed
+    ``p``'s outputs with the refit projection (``+ X (W' - W)^T``), not the run's. Layers
+    after the last removed one are not run.
+    """
+    import torch
+
+    gone = set(removed)
+    pending: tuple[int, Any, bool, list[Any], list[Any]] | None = None
+    with torch.no_grad():
+        for i in _progress(hooks, max(gone) + 1):
+            if i in gone and pending is None:  # a run with no layer before it: left out as it is
+                walk.advance([hidden for hidden, _, _ in walk.inputs])
+                continue
+            with walk.loaded(i) as layer:
+                if i not in writers:
+                    outputs = walk.outputs(layer)
+                else:
+                    module = walk.module(layer, i, writers[i])
+                    transposed = type(module).__name__ == "Conv1D"
+                    xs: list[Any] = []
+                    handle = module.register_forward_pre_hook(lambda mod, args, xs=xs: xs.append(args[0]))
+                    try:
+                        outputs = walk.outputs(layer)
+                    finally:
+                        handle.remove()
+                    if len(xs) != len(outputs):
+                        raise ValueError(f"{writers[i]!r} ran {len(xs)} times for {len(outputs)} batches")
+                    weight = module.weight.detach().double()
+                    pending = (i, weight.T if transposed else weight, transposed, xs, outputs)
+            if pending is not None and i in gone and i + 1 not in gone:
+                outputs = _absorbed(walk, pending, outputs, refit)
+                pending = None
+            walk.advance(outputs)
+
+
+def _absorbed(walk: LayerWalk, pending: tuple, outputs: list[Any], refit: Callable) -> list[Any]:
+    """The stream after a run of removed layers once it is refit into the layer before: that
+    layer's outputs plus ``X (W' - W)^T``."""
+    import torch
+
+    p, weight, _, xs, start = pending
+    out, k = weight.shape
+    hessian = torch.zeros((k, k), dtype=torch.float64, device=walk.device)
+    cross = torch.zeros((k, out), dtype=torch.float64, device=walk.device)
+    for x, before, after, mask in zip(xs, start, outputs, walk.masks, strict=True):
+        rows, change = x.double().reshape(-1, k), (after - before).double().reshape(-1, out)
+        if mask is not None:
+            counted = mask.reshape(-1) > 0
+            rows, change = rows[counted], change[counted]
+        hessian += rows.T @ rows
+        cross += rows.T @ change
+    new = refit(p, weight.cpu().numpy(), hessian.cpu().numpy(), cross.cpu().numpy())
+    delta = torch.from_numpy(np.ascontiguousarray(new)).to(walk.device) - weight
+    return [before + (x.double() @ delta.T).to(before.dtype) for x, before in zip(xs, start, strict=True)]

@@ -261,7 +261,8 @@ class PruneSpec:
     compensate : bool, default True
         ``shrink`` with a calibrated structured method (``activation_structured``,
         ``obs_structured``: :class:`arrayprune.UnitPruningMethod`): refit the layer reading
-        the removed units on the kept ones (``--no-compensate``: off).
+        the removed units on the kept ones; ``groups="layers"``: refit each run of removed
+        layers into the last projection of the layer before it (``--no-compensate``: off).
     rounding : {"nearest", "keep_floor"}, default "nearest"
         ``shrink`` by weights (channels or heads of an ONNX model or a Hugging Face
         folder): how a fraction becomes each group's count, ``round(amount * C)`` removed

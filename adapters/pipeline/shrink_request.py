@@ -80,8 +80,10 @@ def check_shrink(spec: PruneSpec) -> None:
             f"--method {spec.method} scores units on calibration data: add --calibration "
             "(token ids for a folder, graph inputs for an ONNX model)"
         )
-    if not spec.compensate and not calibrated:
-        raise PruneError(f"--no-compensate turns off the refit of {' and '.join(unit_methods())}")
+    if not spec.compensate and not calibrated and spec.groups != "layers":
+        raise PruneError(
+            f"--no-compensate turns off the refit of {' and '.join(unit_methods())}, and of --groups layers"
+        )
     whole_units = spec.groups in ("layers", "experts")  # their own scores: the method is not asked
     if not calibrated and not whole_units and not callable(getattr(spec.method_class(), "channel_scores", None)):
         raise PruneError(

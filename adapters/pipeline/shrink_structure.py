@@ -31,23 +31,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 import arrayprune
-from arrayprune import amount as _amount
 from arrayprune.adapters import provenance
 from arrayprune.adapters.formats import sharded
 from arrayprune.adapters.formats.errors import write_failure
-from arrayprune.adapters.formats.safetensors_stream import StoredTensor, TensorFiles, TensorWriter
+from arrayprune.adapters.formats.safetensors_stream import TensorFiles
 from arrayprune.adapters.pipeline.errors import PruneError, error_text
-from arrayprune.adapters.pipeline.hf_calibration import _stored, hf_folder, workdir_beside
-from arrayprune.adapters.pipeline.hf_structure import LayerWalk, calibrated_units, layer_changes, router_statistics
+from arrayprune.adapters.pipeline.hf_calibration import _stored, workdir_beside
+from arrayprune.adapters.pipeline.hf_structure import (
+    absorb_removed_layers,
+    calibrated_units,
+    layer_changes,
+    router_statistics,
+)
 from arrayprune.adapters.pipeline.job import ShrinkJob
 from arrayprune.adapters.pipeline.method_names import unit_methods
 from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult, shrink_notes
@@ -58,8 +60,19 @@ from arrayprune.adapters.pipeline.shrink_checkpoint import (
     plan_checkpoint_shrink,
     run_checkpoint_shrink,
 )
-from arrayprune.adapters.provenance import KEY
-from arrayprune.adapters.roles.hf_config import CONFIG_NAME, config_bytes
+from arrayprune.adapters.pipeline.shrink_folder import (
+    StructureShrink,
+    UnitReport,
+    UnitScores,
+    _check_out,
+    _count_kept,
+    _Named,
+    _size,
+    _Unitset,
+    _walk,
+    _write,
+)
+from arrayprune.adapters.roles.hf_config import CONFIG_NAME
 from arrayprune.adapters.roles.hf_groups import (
     FAMILIES,
     HfExperts,
@@ -72,7 +85,7 @@ from arrayprune.adapters.roles.hf_groups import (
 )
 from arrayprune.adapters.summary import PruneSummary, Totals
 from arrayprune.groups import choose_channels
-from arrayprune.structured import expert_scores
+from arrayprune.structured import absorb, expert_scores
 from arrayprune.structured_methods import UnitPruningMethod
 
 __all__ = [
@@ -88,208 +101,6 @@ __all__ = [
     "shrink_experts",
     "shrink_layers",
 ]
-
-
-@dataclass(frozen=True)
-class _Named:
-    name: str
-    channels: int
-
-
-@dataclass(frozen=True)
-class _Unitset:
-    """A set of units as the command's summary lists it (``g.group.name``, ``g.group.channels``, ``g.unit``)."""
-
-    group: _Named
-    unit: str
-
-
-@dataclass
-class UnitReport:
-    """The units of a structured shrink, their scores and those that go: ``ShrinkResult.groups``.
-
-    Attributes
-    ----------
-    kind : str
-        ``"layers"``, ``"experts"``, ``"channels"`` or ``"heads"``.
-    groups : list
-        One entry per set of units (all layers; each layer's experts or group).
-    scores : dict of str to ndarray
-        Per set, each unit's score (higher is kept).
-    what : str
-        How the units were scored.
-    left : list
-        Always empty.
-    """
-
-    kind: str
-    groups: list[_Unitset]
-    scores: dict[str, np.ndarray] = field(default_factory=dict)
-    what: str = ""
-    left: list[Any] = field(default_factory=list)
-
-    def describe(self, amount: int | float | None = None) -> str:
-        """Per set: units before and after, each unit's score, and the units that would go."""
-        lines = [f"scores: {self.what}"] if self.what else []
-        for g in self.groups:
-            n = g.group.channels
-            k = None if amount is None else _amount.compute_nparams_toprune(amount, n)
-            count = f"{n}" if k is None else f"{n} -> {n - k}"
-            lines.append(f"{g.unit} {g.group.name} ({count} {g.unit})")
-            scores = self.scores.get(g.group.name)
-            if scores is None:
-                continue
-            lines.append("  " + " ".join(f"{i}:{s:.4g}" for i, s in enumerate(scores)))
-            if k and amount is not None:
-                kept = set(np.asarray(choose_channels(np.asarray(scores), amount)).tolist())
-                lines.append(f"  removed: {', '.join(str(i) for i in range(n) if i not in kept)}")
-        return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class StructureShrink:
-    """What a structured shrink did.
-
-    Attributes
-    ----------
-    report : UnitReport
-        The units and their scores.
-    kept : dict of str to list of int
-        Per set of units, those kept, ascending.
-    params_before, params_after : int
-    config : dict
-        The config fields written.
-    files : list of str
-        The files written.
-    left : list of str
-        Files of the folder not copied, with the reason.
-    """
-
-    report: UnitReport
-    kept: dict[str, list[int]]
-    params_before: int
-    params_after: int
-    config: dict[str, Any]
-    files: list[str]
-    left: list[str]
-
-
-@dataclass(frozen=True)
-class UnitScores:
-    """What calibration data say of a shrink job's units: the calibrate stage's answer.
-
-    Attributes
-    ----------
-    statistic : str
-        ``"residual_change"`` (layers), ``"router_statistics"`` (experts) or
-        ``"unit_hessians"`` (channels or heads of a calibrated structured method, decided
-        layer after layer on the model already pruned).
-    found : HfLayers, HfExperts or HfGroups
-        The units of the checkpoint.
-    scores : ndarray or dict
-        Layers: one score per layer; experts: per MoE layer index; units: per group name.
-    kept : dict of str to ndarray, optional
-        Calibrated units: the units each group keeps, decided while calibrating.
-    saved : dict of str to str, optional
-        Calibrated units with an amount: each refit consumer's weight (``.npy``, float64
-        ``[out, in]``, dropped columns zero), in a folder beside the output that lives as
-        long as the calibrate stage's exit stack.
-    """
-
-    statistic: str
-    found: Any
-    scores: Any
-    kept: dict[str, np.ndarray] | None = None
-    saved: dict[str, str] | None = None
-
-
-def _count_kept(amount: int | float, units: int, what: str) -> int:
-    _amount.validate_pruning_amount_init(amount)
-    k = _amount.compute_nparams_toprune(amount, units)
-    _amount.validate_pruning_amount(k, units)
-    if k >= units:
-        raise HfGroupsError(f"amount {amount} would remove every one of the {units} {what}")
-    return units - k
-
-
-def _walk(ckpt: Any, calibration: str, rows: int | None, device: Any) -> LayerWalk:
-    folder = hf_folder(ckpt.folder)
-    if folder is None:
-        raise HfGroupsError("config.json is missing")
-    return LayerWalk(ckpt, folder, calibration, rows, device)
-
-
-def _index_bytes(ckpt: sharded.ShardedCheckpoint, tensors: Mapping[str, StoredTensor], shard_of: Mapping) -> bytes:
-    """The index of the new tensors: their shards and ``total_size``."""
-    with open(ckpt.index, "rb") as f:
-        index = json.loads(f.read())
-    index["weight_map"] = {name: shard_of[name] for name in sorted(tensors)}
-    meta = index.setdefault("metadata", {})
-    if isinstance(meta, dict):
-        meta["total_size"] = sum(t.nbytes for t in tensors.values())
-    return (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
-
-
-def _write(
-    ckpt: sharded.ShardedCheckpoint,
-    dst: str,
-    config: Mapping[str, Any],
-    updates: Mapping[str, Any],
-    renamed: Mapping[str, str | None],
-    new_shapes: Mapping[str, tuple[int, ...]],
-    data: Callable[[TensorFiles, str], Any],
-    *,
-    force: bool,
-    made: Mapping[str, str] | None,
-) -> list[str]:
-    """Write the checkpoint with tensors renamed, dropped (None) or of new shapes.
-
-    ``data(files, old_name)`` gives a reshaped or sliced tensor's entries (as stored), or
-    None for one copied as it is. Returns the files written.
-    """
-    tensors: dict[str, StoredTensor] = {}
-    origin: dict[str, str] = {}
-    for old, new in renamed.items():
-        if new is None:
-            continue
-        t = ckpt.tensors[old]
-        shape = tuple(new_shapes.get(old, t.shape))
-        size = int(np.prod(shape))
-        tensors[new] = dataclasses.replace(t, name=new, shape=shape, end=t.begin + size * t.raw_dtype.itemsize)
-        origin[new] = old
-    contents = {CONFIG_NAME: config_bytes({**config, **updates, **({KEY: dict(made)} if made else {})})}
-    if ckpt.index:
-        shard_of = {n: ckpt.shard_of[o] for n, o in origin.items()}
-        contents[os.path.basename(ckpt.index)] = _index_bytes(ckpt, tensors, shard_of)
-    sharded.check_destination(dst, ckpt, force)
-
-    def fill(writers: Mapping[str, TensorWriter]) -> None:
-        with TensorFiles() as tf:
-            for new, old in origin.items():
-                value = data(tf, old)
-                if value is None:
-                    for chunk in tf.chunks(ckpt.tensors[old]):
-                        writers[new].write(new, chunk)
-                else:
-                    writers[new].write(new, value)
-                    tf.release_tensor(ckpt.tensors[old])
-
-    ckpt.write(dst, fill, tensors=tensors, contents=contents, made=made, replace=force, origin=origin)
-    used = {ckpt.shard_of[o] for o in origin.values()}
-    return [os.path.join(dst, n) for n in ckpt.written() if n not in ckpt.shards or n in used]
-
-
-def _check_out(ckpt: Any, dst: Any) -> str:
-    dst = os.fspath(dst)
-    if sharded.writes_one_file(dst):
-        raise HfGroupsError("a shrunk checkpoint is written to a folder (its config.json changes)")
-    return dst
-
-
-def _size(ckpt: Any, renamed: Mapping[str, str | None], shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, int]:
-    before = sum(t.size for t in ckpt.tensors.values())
-    after = sum(int(np.prod(shapes.get(n, t.shape))) for n, t in ckpt.tensors.items() if renamed.get(n, n) is not None)
-    return before, after
 
 
 def score_layers(
@@ -316,6 +127,8 @@ def shrink_layers(
     device: Any = None,
     hooks: Any = None,
     scores: UnitScores | None = None,
+    compensated: bool = True,
+    damp: float = 0.01,
 ) -> StructureShrink:
     """Remove whole decoder layers of a Hugging Face checkpoint folder: those that change the residual stream least.
 
@@ -339,6 +152,16 @@ def shrink_layers(
         Progress.
     scores : UnitScores, optional
         The layers' scores, computed already (:func:`score_layers`); else computed here.
+    compensated : bool, default True
+        Refit each run of removed layers into the kept layer before it: its last
+        projection into the residual stream (``down_proj``; ``o_proj`` where the layers
+        hold experts) learns to add what the run added, on the calibration tokens
+        (:func:`arrayprune.structured.absorb`), layer after layer on the model already
+        shrunk (:func:`~arrayprune.adapters.pipeline.hf_structure.absorb_removed_layers`).
+        A run at the start of the model has no layer before it, and a post-norm family
+        (BERT) no such projection: those runs are removed as they are.
+    damp : float, default 0.01
+        The damping of the refit's Hessian.
 
     Returns
     -------
@@ -357,20 +180,82 @@ def shrink_layers(
     _count_kept(amount, layers.units, "layers")  # refused before anything is run
     dst = _check_out(ckpt, dst)
     sharded.check_destination(dst, ckpt, force)
-    if scores is None:
-        scores = UnitScores("residual_change", *score_layers(src, calibration, rows=rows, device=device, hooks=hooks))
-    layers, changes = scores.found, scores.scores
-    kept = np.asarray(choose_channels(changes, amount))
-    updates = layers.config_updates(config, kept.tolist())
-    renamed = layers.renamed(list(ckpt.tensors), kept.tolist())
-    files = _write(ckpt, dst, config, updates, renamed, {}, lambda tf, name: None, force=force, made=made)
-    name = layers.names[0].rsplit(".", 1)[0]
+    with contextlib.ExitStack() as stack:
+        if scores is None or scores.kept is None:
+            scores = decide_layers(
+                src, dst, amount, calibration, stack, scores=scores, compensated=compensated, damp=damp, rows=rows,
+                device=device, hooks=hooks,
+            )  # fmt: skip
+        layers, changes = scores.found, scores.scores
+        name = layers.names[0].rsplit(".", 1)[0]
+        kept = [int(i) for i in (scores.kept or {})[name]]
+        saved = scores.saved or {}
+        updates = layers.config_updates(config, kept)
+        renamed = layers.renamed(list(ckpt.tensors), kept)
+
+        def data(tf: TensorFiles, key: str) -> Any:
+            if key not in saved:
+                return None
+            import torch
+
+            t = ckpt.tensors[key]
+            value = np.load(saved[key])
+            value = value if FAMILIES[layers.family].in_axis == 1 else value.T  # GPT-2's Conv1D: [in, out]
+            return _stored(torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32)), t.code).reshape(t.shape)
+
+        files = _write(ckpt, dst, config, updates, renamed, {}, data, force=force, made=made)
+    runs = layers.absorbers(kept, saved)[1]
     report = UnitReport("layers", [_Unitset(_Named(name, layers.units), "layers")], {name: changes}, _LAYER_SCORE)
     before, after = _size(ckpt, renamed, {})
-    return StructureShrink(report, {name: kept.tolist()}, before, after, updates, files, list(ckpt.left))
+    return StructureShrink(report, {name: kept}, before, after, updates, files, list(ckpt.left), runs)
 
 
 _LAYER_SCORE = "1 - cosine(input, output) of each layer's residual stream, mean over calibration tokens"
+
+
+def decide_layers(
+    src: Any,
+    dst: str,
+    amount: int | float,
+    calibration: str,
+    stack: contextlib.ExitStack,
+    *,
+    scores: UnitScores | None = None,
+    compensated: bool = True,
+    damp: float = 0.01,
+    rows: int | None = None,
+    device: Any = None,
+    hooks: Any = None,
+) -> UnitScores:
+    """Score the layers (unless `scores` holds them), choose the kept ones and refit each run of removed layers.
+
+    Each run's refit projection (:meth:`~arrayprune.adapters.roles.hf_groups.HfLayers.writer`
+    of the kept layer before it) is saved (``.npy``, float64 ``[out, in]``) in a folder
+    beside `dst` that lives as long as `stack`; :func:`shrink_layers` writes the checkpoint.
+    """
+    if scores is None:
+        scores = UnitScores("residual_change", *score_layers(src, calibration, rows=rows, device=device, hooks=hooks))
+    layers = scores.found
+    kept = [int(i) for i in choose_channels(scores.scores, amount)]
+    saved: dict[str, str] = {}
+    ckpt, _ = open_hf(src)
+    writers, _ = layers.absorbers(kept, ckpt.tensors)
+    if compensated and writers:
+        workdir = stack.enter_context(workdir_beside(dst))
+
+        def store(p: int, weight: np.ndarray, hessian: np.ndarray, cross: np.ndarray) -> np.ndarray:
+            new = absorb(weight, hessian, cross, damp, overwrite_hessian=True)
+            saved[writers[p]] = os.path.join(workdir, f"{p}.npy")
+            np.save(saved[writers[p]], new)
+            return new
+
+        with _walk(ckpt, calibration, rows, device) as walk:
+            removed = [i for i in range(layers.units) if i not in kept]
+            absorb_removed_layers(walk, removed, writers, store, hooks)
+    name = layers.names[0].rsplit(".", 1)[0]
+    return UnitScores("residual_change", layers, scores.scores, {name: np.asarray(kept)}, saved)
+
+
 _EXPERT_SCORE = "routing weight per calibration token (frequency x mean weight of the tokens choosing it)"
 _EXPERT_NORM = "L2 norm of each expert's weights (no --calibration)"
 
@@ -772,7 +657,9 @@ def run_hf_shrink(job: ShrinkJob, scores: UnitScores | None = None) -> Any:
         made = provenance.record(_recorded(spec, groups))
         common = {"force": spec.force, "made": made, **args}
         if groups == "layers":
-            done = shrink_layers(src, dst, spec.amount, spec.calibration, scores=scores, **common)
+            done = shrink_layers(
+                src, dst, spec.amount, spec.calibration, scores=scores, compensated=spec.compensate, **common
+            )
         elif groups == "experts":
             done = shrink_experts(src, dst, spec.amount, spec.calibration, scores=scores, **common)
         else:
@@ -785,6 +672,11 @@ def run_hf_shrink(job: ShrinkJob, scores: UnitScores | None = None) -> Any:
     shrunk = ShrinkResult(done.report, spec.amount, done.kept, done.params_before, done.params_after)
     changes = ", ".join(f"{k} -> {v}" for k, v in done.config.items())
     notes = [*_notes(spec, groups), f"{CONFIG_NAME} rewritten: {changes}"]
+    notes += [
+        f"layer{'s' * (len(run) > 1)} {', '.join(map(str, run))} refit into {key.removesuffix('.weight')} "
+        "(what the removed layers added to the residual stream; --no-compensate: not refit)"
+        for key, run in done.refits.items()
+    ]
     return PruneResult(
         src, dst, kind, spec, [], written, shards=len(ckpt.shards), copied=len(ckpt.files) - 1, notes=notes,
         shrink=shrunk,

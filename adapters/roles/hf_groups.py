@@ -38,7 +38,7 @@ the first, one head's rows in the others). The core's
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -265,6 +265,10 @@ class Family:
     heads_divide_hidden : bool
         transformers refuses a config whose ``hidden_size`` is not a multiple of
         ``num_attention_heads``, whatever ``head_dim`` says (``LlamaConfig``).
+    pre_norm : bool
+        The MLP's consumer (else the attention's) adds its output to the residual stream
+        as it is (normalization before each block, not after): a removed layer's change
+        of the stream can be refit into the layer before it. False for BERT's post-norm.
     """
 
     label: str
@@ -282,6 +286,7 @@ class Family:
     mlp_outer: int = 1
     experts: tuple[str, str, str, tuple[str, ...]] | None = None
     heads_divide_hidden: bool = False
+    pre_norm: bool = True
 
     def pattern(self) -> re.Pattern[str]:
         """Matches the marker weight of any layer: groups ``p`` (the model's prefix) and ``i``."""
@@ -338,6 +343,7 @@ FAMILIES: dict[str, Family] = {
     "bert": Family(
         "BERT", "encoder.layer.{i}.", "intermediate.dense.weight", "num_hidden_layers", "hidden_size",
         "intermediate_size", None, ("", ("intermediate.dense",), "output.dense", False), model_types=("bert",),
+        pre_norm=False,
     ),
     "gpt2": Family(
         "GPT-2", "h.{i}.", "mlp.c_fc.weight", "n_layer", "n_embd", "n_inner", 4,
@@ -688,6 +694,40 @@ class HfLayers:
                     "the layers' kinds cannot be rewritten"
                 )
         return out
+
+    def writer(self, index: int) -> tuple[str, int] | None:
+        """The weight through which layer `index` last adds to the residual stream, and its input axis.
+
+        The MLP's consumer (``down_proj``, GPT-2's ``c_proj``), or where the layers hold
+        experts, the attention's (``o_proj``); None for a post-norm family (BERT).
+        """
+        row = FAMILIES[self.family]
+        if not row.pre_norm:
+            return None
+        if row.mlp is not None:
+            return f"{self.names[index]}.{row.mlp[0]}{row.mlp[2]}.weight", row.in_axis
+        if row.attention is not None:
+            return f"{self.names[index]}.{row.attention[0]}{row.attention[2]}.weight", 1
+        return None
+
+    def absorbers(
+        self, kept: Sequence[int], stored: Container[str]
+    ) -> tuple[dict[int, str], dict[str, list[int]]]:
+        """Where each run of removed layers is refit: the kept layer before it and its :meth:`writer`.
+
+        Returns ``{p: weight name}`` for each kept layer ``p`` right before a run, and
+        ``{weight name: the layers of its run}``. A run at the start of the model, or
+        whose layer before has no writer in `stored` (the checkpoint's names), is in neither.
+        """
+        writers: dict[int, str] = {}
+        runs: dict[str, list[int]] = {}
+        for i in (i for i in range(self.units) if i not in kept):
+            p = next((j for j in range(i - 1, -1, -1) if j in kept), None)
+            found = None if p is None else self.writer(p)
+            if p is not None and found is not None and found[0] in stored:
+                writers[p] = found[0]
+                runs.setdefault(found[0], []).append(i)
+        return writers, runs
 
     def describe(self, amount: int | float | None = None) -> str:
         """One line: the layers, before (and after the amount)."""

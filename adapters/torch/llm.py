@@ -112,7 +112,9 @@ def shrink_llm(
         own scores (``1 - cosine`` of the residual stream; router statistics).
     compensate : bool, default True
         With a calibrated method, refit the consumer's kept columns
-        (:func:`arrayprune.structured.compensate`). Ignored by the others.
+        (:func:`arrayprune.structured.compensate`); with ``groups="layers"``, refit each
+        run of removed layers into the last projection of the layer before it
+        (:func:`arrayprune.structured.absorb`). Ignored by the others.
     calibration_batch : int, optional
         Calibration sequences run at a time (on the model's device, one layer at a time).
     workdir : str or os.PathLike, optional
@@ -171,7 +173,7 @@ def shrink_llm(
     options: dict[str, Any] = {"shrink": True, "groups": groups, "amount": amount, "method": method}
     if calibration_batch is not None:
         options["calibration_batch"] = calibration_batch
-    if calibrated and not compensate:
+    if (calibrated or groups == "layers") and not compensate:
         options["compensate"] = False
     first = next(iter(model.parameters()), None)
     dtype = first.dtype if first is not None else torch.float32

@@ -4,8 +4,13 @@ A Qwen3 model with sliding-window and full-attention layers (``layer_types``) is
 in several shards; its layers are scored on calibration token ids, and the result must
 load with no missing, unexpected or mismatched key, hold ``num_hidden_layers`` and the
 per-layer lists cut to the layers kept, equal the dense model run without the removed
-layers, and generate. The scores are checked against hooks on the dense model's own
-forward (float64 cosine of each layer's input and output).
+layers (``--no-compensate``), and generate. The scores are checked against hooks on the
+dense model's own forward (float64 cosine of each layer's input and output).
+
+By default each run of removed layers is refit into the last projection of the kept
+layer before it (``down_proj``; ``o_proj`` for mixture-of-experts layers; GPT-2's
+``Conv1D`` ``c_proj``): checked against `reference_absorbed`, float64 forwards of the
+model with hooks, run after run on the model shrunk so far.
 """
 
 from __future__ import annotations
@@ -87,7 +92,7 @@ def load(folder):
 
 @pytest.mark.slow
 def test_layers_removed_equal_the_dense_model_without_them(qwen3, tokens, tmp_path):
-    done = shrink_layers(qwen3, tmp_path / "small", 0.5, str(tokens))
+    done = shrink_layers(qwen3, tmp_path / "small", 0.5, str(tokens), compensated=False)
     want_scores = reference_changes(qwen3, tokens)
     got_scores = done.report.scores["model.layers"]
     np.testing.assert_allclose(got_scores, want_scores, rtol=1e-6, atol=1e-7)
@@ -138,7 +143,6 @@ def test_cli_layers_and_dry_run(qwen3, tokens, tmp_path, capsys):
     [
         (["--amount", "0.5"], ["--groups layers ranks layers", "--calibration"]),
         (["--amount", "4", "--calibration", "{tokens}"], ["would remove every one of the 4 layers"]),
-        (["--amount", "0.5", "--calibration", "{tokens}", "--no-compensate"], ["--no-compensate"]),
     ],
 )
 def test_layers_refused(qwen3, tokens, tmp_path, args, fragments):
@@ -155,7 +159,7 @@ def test_moe_with_dense_layers_keeps_each_layers_kind(tokens, tmp_path):
     from hf_models import save_family
 
     cls = save_family(tmp_path / "dense", "qwen2_moe", shard="8KB", num_hidden_layers=4, decoder_sparse_step=2)
-    done = shrink_layers(tmp_path / "dense", tmp_path / "small", 2, str(tokens))
+    done = shrink_layers(tmp_path / "dense", tmp_path / "small", 2, str(tokens), compensated=False)
     kept = done.kept["model.layers"]
     with open(tmp_path / "small" / "config.json") as f:
         cfg = json.load(f)
@@ -233,3 +237,170 @@ def test_the_calibrate_stage_measures_once_and_the_shrink_stage_writes(qwen3, to
     dropped = int(np.argmin(reference_changes(qwen3, tokens)))
     assert measured == [str(qwen3)]
     assert result.shrink.kept == {"model.layers": [i for i in range(4) if i != dropped]}
+
+
+def _layer_list(model):
+    return model.transformer.h if hasattr(model, "transformer") else model.model.layers
+
+
+def _set_layers(model, layers, types, present):
+    inner = model.transformer if hasattr(model, "transformer") else model.model
+    if hasattr(model, "transformer"):
+        inner.h = torch.nn.ModuleList([layers[i] for i in present])
+        model.config.n_layer = len(present)
+    else:
+        inner.layers = torch.nn.ModuleList([layers[i] for i in present])
+        model.config.num_hidden_layers = len(present)
+    if types:
+        model.config.layer_types = [types[i] for i in present]
+
+
+def _hidden(output):
+    return output[0] if isinstance(output, tuple) else output
+
+
+def reference_absorbed(cls, folder, tokens_path, removed, writer_of, damp=0.01, double=True):
+    """The dense model in float64 (float32 unless `double`: experts' grouped products) with
+    `removed` gone, each run refit into ``writer_of(layer before)``.
+
+    Run after run: on the model shrunk so far (earlier runs gone and refit, a run at the
+    start gone), the run's own layers still in, hooks take the writer's inputs ``X``, the
+    stream after the layer before (``before``) and after the run (``after``);
+    ``W += (solve(H + damp * mean(diag H) * I, X^T (after - before)))^T``.
+    """
+    model = cls.from_pretrained(folder).eval()
+    model = model.double() if double else model
+    ids = torch.from_numpy(np.load(tokens_path)["input_ids"])
+    layers = list(_layer_list(model))
+    types = list(getattr(model.config, "layer_types", None) or [])
+    runs: list[list[int]] = []
+    for i in sorted(removed):
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    present = [i for i in range(len(layers)) if not (runs[0][0] == 0 and i in runs[0])]
+    seen: dict = {}
+    for gone in runs:
+        if gone[0] == 0:
+            continue
+        _set_layers(model, layers, types, present)
+        writer = writer_of(layers[gone[0] - 1])
+        handles = [
+            writer.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0])),
+            layers[gone[0] - 1].register_forward_hook(lambda m, a, o: seen.__setitem__("before", _hidden(o))),
+            layers[gone[-1]].register_forward_hook(lambda m, a, o: seen.__setitem__("after", _hidden(o))),
+        ]
+        with torch.no_grad():
+            model(ids, use_cache=False)
+        for h in handles:
+            h.remove()
+        conv1d = type(writer).__name__ == "Conv1D"
+        w = (writer.weight.T if conv1d else writer.weight).detach().double().numpy()  # [out, in]
+        x = seen["x"].reshape(-1, w.shape[1]).double().numpy()
+        f = (seen["after"] - seen["before"]).reshape(-1, w.shape[0]).double().numpy()
+        h = x.T @ x
+        new = w + np.linalg.solve(h + damp * np.mean(np.diag(h)) * np.eye(len(h)), x.T @ f).T
+        with torch.no_grad():
+            writer.weight.copy_(torch.from_numpy(new.T if conv1d else new).to(writer.weight.dtype))
+        present = [i for i in present if i not in gone]
+    _set_layers(model, layers, types, present)
+    return model
+
+
+def forced_scores(folder, removed):
+    """Layer scores that remove `removed` (lowest go)."""
+    from arrayprune.adapters.pipeline.shrink_checkpoint import open_hf
+    from arrayprune.adapters.pipeline.shrink_folder import UnitScores
+    from arrayprune.adapters.roles.hf_groups import hf_layers
+
+    ckpt, config = open_hf(folder)
+    layers = hf_layers(config, {n: t.shape for n, t in ckpt.tensors.items()})
+    changes = np.array([0.1 * removed.index(i) if i in removed else 1.0 + i for i in range(layers.units)])
+    return UnitScores("residual_change", layers, changes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("removed", [[1, 2], [0, 2], [1, 3]], ids=["one-run", "run-at-start", "two-runs"])
+def test_removed_layers_refit_into_the_layer_before(qwen3, tokens, tmp_path, removed):
+    done = shrink_layers(qwen3, tmp_path / "small", 2, str(tokens), scores=forced_scores(qwen3, removed))
+    kept = [i for i in range(4) if i not in removed]
+    assert done.kept == {"model.layers": kept}
+    runs = {"one-run": {0: [1, 2]}, "run-at-start": {1: [2]}, "two-runs": {0: [1], 2: [3]}}[
+        {(1, 2): "one-run", (0, 2): "run-at-start", (1, 3): "two-runs"}[tuple(removed)]
+    ]
+    assert done.refits == {f"model.layers.{p}.mlp.down_proj.weight": run for p, run in runs.items()}
+    ref = reference_absorbed(tr.Qwen3ForCausalLM, qwen3, tokens, removed, lambda layer: layer.mlp.down_proj)
+    small, dense = load(tmp_path / "small"), tr.Qwen3ForCausalLM.from_pretrained(qwen3).eval()
+    for j, i in enumerate(kept):
+        got = small.model.layers[j].mlp.down_proj.weight.detach().numpy()
+        want = ref.model.layers[j].mlp.down_proj.weight.detach().numpy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+        if i not in runs:  # every other tensor as stored
+            assert np.array_equal(got, dense.model.layers[i].mlp.down_proj.weight.detach().numpy())
+    with torch.no_grad():
+        got_logits = small(IDS).logits.double().numpy()
+        want_logits = ref(IDS, use_cache=False).logits.numpy()
+        plain = without_layers(qwen3, kept)(IDS, use_cache=False).logits.double().numpy()
+    np.testing.assert_allclose(got_logits, want_logits, rtol=0, atol=1e-4)
+    assert not np.allclose(got_logits, plain, atol=1e-3)  # the refit changed the model
+
+
+@pytest.mark.slow
+def test_cli_no_compensate_removes_the_layers_as_they_are(qwen3, tokens, tmp_path, capsys):
+    args = ["prune", str(qwen3), "--shrink", "--groups", "layers", "--amount", "0.5", "--calibration", str(tokens)]
+    assert main([*args, "-o", str(tmp_path / "plain"), "--no-compensate"]) == 0
+    assert "refit into" not in capsys.readouterr().err
+    assert main([*args, "-o", str(tmp_path / "refit")]) == 0
+    assert "refit into model.layers." in capsys.readouterr().err
+    plain, refit = load(tmp_path / "plain"), load(tmp_path / "refit")
+    kept = np.sort(np.argsort(reference_changes(qwen3, tokens), kind="stable")[2:]).tolist()
+    with torch.no_grad():
+        want = without_layers(qwen3, kept)(IDS, use_cache=False).logits.numpy()
+        np.testing.assert_allclose(plain(IDS).logits.numpy(), want, rtol=0, atol=1e-5)
+    differ = [n for n, p in refit.state_dict().items() if not torch.equal(p, plain.state_dict()[n])]
+    assert differ and all(n.endswith("mlp.down_proj.weight") for n in differ)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen2_moe", "gpt2"])
+def test_refit_into_o_proj_of_moe_layers_and_gpt2_conv1d(family, tokens, tmp_path):
+    """Mixture-of-experts layers have no one MLP: ``o_proj`` absorbs the run. GPT-2's
+    ``c_proj`` is a ``Conv1D``, its weight stored ``[in, out]``."""
+    from hf_models import save_family
+
+    if family == "gpt2":
+        torch.manual_seed(0)
+        cfg = tr.GPT2Config(vocab_size=64, n_embd=32, n_layer=4, n_head=4, n_positions=64)
+        tr.GPT2LMHeadModel(cfg).eval().save_pretrained(tmp_path / "dense", max_shard_size="20KB")
+        cls, writer_of, key = tr.GPT2LMHeadModel, (lambda layer: layer.mlp.c_proj), "transformer.h.0.mlp.c_proj.weight"
+    else:
+        cls = save_family(tmp_path / "dense", family, shard="8KB", num_hidden_layers=4, decoder_sparse_step=2)
+        writer_of, key = (lambda layer: layer.self_attn.o_proj), "model.layers.0.self_attn.o_proj.weight"
+    done = shrink_layers(tmp_path / "dense", tmp_path / "small", 2, str(tokens),
+                         scores=forced_scores(tmp_path / "dense", [1, 2]))  # fmt: skip
+    assert done.refits == {key: [1, 2]}
+    ref = reference_absorbed(cls, tmp_path / "dense", tokens, [1, 2], writer_of, double=family == "gpt2")
+    small = load_as(cls, tmp_path / "small")
+    got = writer_of(_layer_list(small)[0]).weight.detach().numpy()
+    want = writer_of(_layer_list(ref)[0]).weight.detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    with torch.no_grad():
+        np.testing.assert_allclose(small(IDS).logits.double().numpy(),
+                                   ref(IDS, use_cache=False).logits.double().numpy(), rtol=0, atol=1e-4)  # fmt: skip
+
+
+def test_where_each_family_refits_removed_layers():
+    from arrayprune.adapters.roles.hf_groups import HfLayers
+
+    names = [f"model.layers.{i}" for i in range(5)]
+    llama = HfLayers("llama", "num_hidden_layers", names)
+    stored = {f"model.layers.{i}.mlp.down_proj.weight" for i in range(5)}
+    assert llama.writer(2) == ("model.layers.2.mlp.down_proj.weight", 1)
+    writers, runs = llama.absorbers([1, 4], stored)  # layer 0: a run at the start, none before it
+    assert writers == {1: "model.layers.1.mlp.down_proj.weight"}
+    assert runs == {"model.layers.1.mlp.down_proj.weight": [2, 3]}
+    assert llama.absorbers([1, 4], set()) == ({}, {})  # the writer not in the checkpoint: no refit
+    assert HfLayers("mixtral", "num_hidden_layers", names).writer(0) == ("model.layers.0.self_attn.o_proj.weight", 1)
+    assert HfLayers("gpt2", "n_layer", ["h.0"]).writer(0) == ("h.0.mlp.c_proj.weight", 0)
+    assert HfLayers("bert", "num_hidden_layers", ["encoder.layer.0"]).writer(0) is None  # post-norm

@@ -197,7 +197,7 @@ PIPELINE_LAYERS = (
     ("request", "method_names", "allocation_request", "shrink_request", "reconstruction_methods"),
     ("calibration", "hf_calibration", "hf_structure", "onnx_stages", "reconstruction", "stream_pruning"),
     ("storage", "scoring", "prune_result", "targets", "outputs", "option_files", "scan", "hf_scan", "job",
-     "evaluate"),
+     "evaluate", "shrink_folder"),
     ("hf_stage", "reconstruct_stage", "verify_stage", "shrink_checkpoint", "shrink_structure"),
     ("calibrate", "allocation", "shrinking"),
     ("runner",),
