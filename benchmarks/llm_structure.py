@@ -39,10 +39,11 @@ the reason it does not apply):
   the model's ``train.npz`` without compensation (``--method obs_structured --calibration
   CAL --no-compensate``); for layers and experts their own calibrated score
   (``--groups layers|experts --calibration CAL``: a layer's residual-stream change, an
-  expert's routing weight);
-* ``c``: ``b`` with the consumers refit (``--method obs_structured --calibration CAL``);
-  the command refits the layer reading removed channels or heads only, so ``c`` does not
-  apply to layers and experts;
+  expert's routing weight; layers with ``--no-compensate``);
+* ``c``: ``b`` with the compensation (``--method obs_structured --calibration CAL``: the
+  layer reading removed channels or heads refit; layers: each run of removed layers refit
+  into the layer before it, the command's default); removed experts have no refit, so
+  ``c`` does not apply to experts;
 * ``d``: Torch-Pruning 1.6.1's retraining-free LLM pruning (``MetaPruner``,
   ``GroupMagnitudeImportance(p=2)``, one ratio per layer, ``lm_head`` left) on the model
   loaded by ``from_pretrained``, the same count of units, written with ``save_pretrained``
@@ -130,10 +131,10 @@ def methods(extra: dict[str, str]) -> dict[str, Method]:
                     commands={"channels": norm, "heads": norm, "experts": norm}, skip={"layers": _NO_LAYER_NORM}),
         "b": Method("b", "(b) calibrated (`obs_structured --no-compensate`; layers, experts: own score)",
                     commands={"channels": obs + " --no-compensate", "heads": obs + " --no-compensate",
-                              "layers": own, "experts": own}),
-        "c": Method("c", "(c) calibrated + compensation (`obs_structured`)",
-                    commands={"channels": obs, "heads": obs},
-                    skip={k: _NO_REFIT.format(kind=k) for k in ("layers", "experts")}),
+                              "layers": own + " --no-compensate", "experts": own}),
+        "c": Method("c", "(c) calibrated + compensation (`obs_structured`; layers: refit into the layer before)",
+                    commands={"channels": obs, "heads": obs, "layers": own},
+                    skip={"experts": _NO_REFIT.format(kind="experts")}),
         "d": Method("d", "(d) Torch-Pruning 1.6.1 (`MetaPruner`, group L2 norm)", run=torch_pruning,
                     skip={k: _TP_KINDS.format(kind=k) for k in ("layers", "experts")}),
     }  # fmt: skip
