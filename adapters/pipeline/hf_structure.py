@@ -31,7 +31,7 @@ stored per expert are assembled into the fused parameters of ``transformers`` 5
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -364,7 +364,9 @@ def absorb_removed_layers(
     writers: Mapping[int, str],
     refit: Callable[[int, np.ndarray, np.ndarray, np.ndarray], np.ndarray],
     hooks: Any = None,
-) -> None:
+    *,
+    probed: Container[int] = (),
+) -> list[int]:
     """Walk the layers with `removed` left out, each run of them refit into the layer before it.
 
     Parameters
@@ -382,18 +384,28 @@ def absorb_removed_layers(
         projection's ``[out, in]``, `hessian` ``X^T X`` of its inputs, `cross` ``X^T F``
         (``[in, out]``), ``F`` the change of the residual stream over the run, on the
         calibration tokens (padding left out). `hessian` is the callback's to overwrite.
+    probed : container of int
+        Layers whose projection is the last thing before the residual add (an MLP's
+        ``down_proj``): each is first checked to be, a small change ``D`` of the weight
+        changing the layer's output by ``X D^T`` on the first batch. A layer that fails (a
+        norm after the projection, as Gemma 2 has) is not refit; its run is left out as it is.
+
+    Returns
+    -------
+    list of int
+        The layers of `probed` that failed, not refit.
 
     Notes
     -----
     Sequential: layer ``p``'s inputs come from the model already shrunk before it, the run
-    is applied to ``p``'s outputs to give ``F``, and the layers after the run are fed
-    ``p``'s outputs with the refit projection (``+ X (W' - W)^T``), not the run's. Layers
-    after the last removed one are not run.
+    is applied to ``p``'s outputs to give ``F``, and once ``p`` is refit it is run again
+    with its new weight, whose outputs feed the layers after the run. Layers after the last
+    removed one are not run.
     """
     import torch
 
-    gone = set(removed)
-    pending: tuple[int, Any, bool, list[Any], list[Any]] | None = None
+    gone, failed = set(removed), []
+    pending: tuple[int, Any, list[Any], list[Any], list[Any]] | None = None
     with torch.no_grad():
         for i in _progress(hooks, max(gone) + 1):
             if i in gone and pending is None:  # a run with no layer before it: left out as it is
@@ -404,7 +416,6 @@ def absorb_removed_layers(
                     outputs = walk.outputs(layer)
                 else:
                     module = walk.module(layer, i, writers[i])
-                    transposed = type(module).__name__ == "Conv1D"
                     xs: list[Any] = []
                     handle = module.register_forward_pre_hook(lambda mod, args, xs=xs: xs.append(args[0]))
                     try:
@@ -413,20 +424,48 @@ def absorb_removed_layers(
                         handle.remove()
                     if len(xs) != len(outputs):
                         raise ValueError(f"{writers[i]!r} ran {len(xs)} times for {len(outputs)} batches")
-                    weight = module.weight.detach().double()
-                    pending = (i, weight.T if transposed else weight, transposed, xs, outputs)
+                    if i in probed and not _adds_as_it_is(walk, layer, module, xs[0], outputs[0]):
+                        failed.append(i)
+                    else:
+                        pending = (i, _matrix(module), xs, outputs, list(walk.inputs))
             if pending is not None and i in gone and i + 1 not in gone:
-                outputs = _absorbed(walk, pending, outputs, refit)
+                outputs = _absorbed(walk, pending, outputs, writers, refit)
                 pending = None
             walk.advance(outputs)
+    return failed
 
 
-def _absorbed(walk: LayerWalk, pending: tuple, outputs: list[Any], refit: Callable) -> list[Any]:
-    """The stream after a run of removed layers once it is refit into the layer before: that
-    layer's outputs plus ``X (W' - W)^T``."""
+def _matrix(module: Any) -> Any:
+    """A projection's weight as ``[out, in]``, float64 (GPT-2's ``Conv1D`` stores ``[in, out]``)."""
+    weight = module.weight.detach().double()
+    return weight.T if type(module).__name__ == "Conv1D" else weight
+
+
+def _adds_as_it_is(walk: LayerWalk, layer: Any, module: Any, x: Any, output: Any) -> bool:
+    """Whether a change ``D`` of `module`'s weight changes `layer`'s output on batch 0 by ``x D^T``."""
     import torch
 
-    p, weight, _, xs, start = pending
+    weight = module.weight
+    generator = torch.Generator().manual_seed(0)
+    change = torch.randn(tuple(weight.shape), generator=generator).to(weight) * 0.01 * weight.abs().mean()
+    weight.add_(change)
+    try:
+        moved = _replay(layer, walk.inputs)(0)
+    finally:
+        weight.sub_(change)
+    step = change.T if type(module).__name__ == "Conv1D" else change  # [out, in]
+    expected = x.double() @ step.double().T
+    return bool(torch.linalg.norm((moved - output).double() - expected) <= 0.01 * torch.linalg.norm(expected))
+
+
+def _absorbed(
+    walk: LayerWalk, pending: tuple, outputs: list[Any], writers: Mapping[int, str], refit: Callable
+) -> list[Any]:
+    """The stream after a run of removed layers once it is refit into the layer before: that
+    layer run again with its new weight."""
+    import torch
+
+    p, weight, xs, start, inputs = pending
     out, k = weight.shape
     hessian = torch.zeros((k, k), dtype=torch.float64, device=walk.device)
     cross = torch.zeros((k, out), dtype=torch.float64, device=walk.device)
@@ -438,5 +477,10 @@ def _absorbed(walk: LayerWalk, pending: tuple, outputs: list[Any], refit: Callab
         hessian += rows.T @ rows
         cross += rows.T @ change
     new = refit(p, weight.cpu().numpy(), hessian.cpu().numpy(), cross.cpu().numpy())
-    delta = torch.from_numpy(np.ascontiguousarray(new)).to(walk.device) - weight
-    return [before + (x.double() @ delta.T).to(before.dtype) for x, before in zip(xs, start, strict=True)]
+    del hessian, cross
+    new = torch.from_numpy(np.ascontiguousarray(new))
+    with walk.loaded(p) as layer:
+        module = walk.module(layer, p, writers[p])
+        module.weight.copy_(new.T if type(module).__name__ == "Conv1D" else new)
+        replay = _replay(layer, inputs)
+        return [replay(b) for b in range(len(inputs))]

@@ -249,9 +249,10 @@ def decide_layers(
             np.save(saved[writers[p]], new)
             return new
 
+        probed = {p for p in writers if (layers.writer(p) or ("", 0, False))[2]}
         with _walk(ckpt, calibration, rows, device) as walk:
             removed = [i for i in range(layers.units) if i not in kept]
-            absorb_removed_layers(walk, removed, writers, store, hooks)
+            absorb_removed_layers(walk, removed, writers, store, hooks, probed=probed)
     name = layers.names[0].rsplit(".", 1)[0]
     return UnitScores("residual_change", layers, scores.scores, {name: np.asarray(kept)}, saved)
 
@@ -677,6 +678,15 @@ def run_hf_shrink(job: ShrinkJob, scores: UnitScores | None = None) -> Any:
         "(what the removed layers added to the residual stream; --no-compensate: not refit)"
         for key, run in done.refits.items()
     ]
+    if groups == "layers" and spec.compensate:
+        ((name, kept),) = done.kept.items()
+        refit = {i for run in done.refits.values() for i in run}
+        plain = [i for i in range(len(done.report.scores[name])) if i not in kept and i not in refit]
+    if groups == "layers" and spec.compensate and plain:
+        notes.append(
+            f"layer{'s' * (len(plain) > 1)} {', '.join(map(str, plain))} removed without a refit: no kept layer "
+            "before them, or its last projection does not add to the residual stream as it is (a norm after it)"
+        )
     return PruneResult(
         src, dst, kind, spec, [], written, shards=len(ckpt.shards), copied=len(ckpt.files) - 1, notes=notes,
         shrink=shrunk,

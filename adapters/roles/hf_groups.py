@@ -695,19 +695,21 @@ class HfLayers:
                 )
         return out
 
-    def writer(self, index: int) -> tuple[str, int] | None:
-        """The weight through which layer `index` last adds to the residual stream, and its input axis.
+    def writer(self, index: int) -> tuple[str, int, bool] | None:
+        """The weight through which layer `index` last adds to the residual stream.
 
-        The MLP's consumer (``down_proj``, GPT-2's ``c_proj``), or where the layers hold
-        experts, the attention's (``o_proj``); None for a post-norm family (BERT).
+        Returns its name, its input axis, and whether it is the last thing before the
+        residual add (the MLP's consumer: ``down_proj``, GPT-2's ``c_proj``) or the
+        attention's (``o_proj``, where the layers hold experts, which read the stream
+        after it); None for a post-norm family (BERT).
         """
         row = FAMILIES[self.family]
         if not row.pre_norm:
             return None
         if row.mlp is not None:
-            return f"{self.names[index]}.{row.mlp[0]}{row.mlp[2]}.weight", row.in_axis
+            return f"{self.names[index]}.{row.mlp[0]}{row.mlp[2]}.weight", row.in_axis, True
         if row.attention is not None:
-            return f"{self.names[index]}.{row.attention[0]}{row.attention[2]}.weight", 1
+            return f"{self.names[index]}.{row.attention[0]}{row.attention[2]}.weight", 1, False
         return None
 
     def absorbers(

@@ -396,11 +396,44 @@ def test_where_each_family_refits_removed_layers():
     names = [f"model.layers.{i}" for i in range(5)]
     llama = HfLayers("llama", "num_hidden_layers", names)
     stored = {f"model.layers.{i}.mlp.down_proj.weight" for i in range(5)}
-    assert llama.writer(2) == ("model.layers.2.mlp.down_proj.weight", 1)
+    assert llama.writer(2) == ("model.layers.2.mlp.down_proj.weight", 1, True)
     writers, runs = llama.absorbers([1, 4], stored)  # layer 0: a run at the start, none before it
     assert writers == {1: "model.layers.1.mlp.down_proj.weight"}
     assert runs == {"model.layers.1.mlp.down_proj.weight": [2, 3]}
     assert llama.absorbers([1, 4], set()) == ({}, {})  # the writer not in the checkpoint: no refit
-    assert HfLayers("mixtral", "num_hidden_layers", names).writer(0) == ("model.layers.0.self_attn.o_proj.weight", 1)
-    assert HfLayers("gpt2", "n_layer", ["h.0"]).writer(0) == ("h.0.mlp.c_proj.weight", 0)
+    mixtral = HfLayers("mixtral", "num_hidden_layers", names)
+    assert mixtral.writer(0) == ("model.layers.0.self_attn.o_proj.weight", 1, False)  # the experts read after it
+    assert HfLayers("gpt2", "n_layer", ["h.0"]).writer(0) == ("h.0.mlp.c_proj.weight", 0, True)
     assert HfLayers("bert", "num_hidden_layers", ["encoder.layer.0"]).writer(0) is None  # post-norm
+
+
+@pytest.mark.slow
+def test_a_norm_after_down_proj_is_found_and_the_run_removed_as_it_is(tokens, tmp_path, capsys):
+    """Gemma 2 normalizes the MLP's output before the residual add (``post_feedforward_layernorm``):
+    its ``down_proj`` fails the check that a change ``D`` moves the output by ``X D^T``, so the
+    run after it is removed as it is, and the command says so."""
+    torch.manual_seed(0)
+    cfg = tr.Gemma2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+    )  # fmt: skip
+    model = tr.Gemma2ForCausalLM(cfg).eval()
+    with torch.no_grad():  # norms away from their initial values
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.randn(p.shape) * 0.5)
+    model.save_pretrained(tmp_path / "dense", max_shard_size="20KB")
+    done = shrink_layers(tmp_path / "dense", tmp_path / "small", 2, str(tokens),
+                         scores=forced_scores(tmp_path / "dense", [1, 2]))  # fmt: skip
+    assert done.refits == {}
+    code = main(["prune", str(tmp_path / "dense"), "-o", str(tmp_path / "cli"), "--shrink", "--groups", "layers",
+                 "--amount", "1", "--calibration", str(tokens)])  # fmt: skip
+    assert code == 0
+    assert "removed without a refit" in capsys.readouterr().err
+    small = load_as(tr.Gemma2ForCausalLM, tmp_path / "small")
+    ref = tr.Gemma2ForCausalLM.from_pretrained(tmp_path / "dense").eval()
+    ref.model.layers = torch.nn.ModuleList([ref.model.layers[i] for i in (0, 3)])
+    ref.config.num_hidden_layers = 2
+    ref.config.layer_types = [ref.config.layer_types[i] for i in (0, 3)]
+    with torch.no_grad():
+        np.testing.assert_allclose(small(IDS).logits.numpy(), ref(IDS, use_cache=False).logits.numpy(), atol=1e-5)
