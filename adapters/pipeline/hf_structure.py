@@ -380,10 +380,11 @@ def absorb_removed_layers(
         a ``Linear`` or GPT-2's ``Conv1D``). A run with no entry (one at the start of the
         model) is left out without a refit.
     refit : callable
-        ``refit(p, weight, hessian, cross) -> new weight``, all float64: `weight` the
-        projection's ``[out, in]``, `hessian` ``X^T X`` of its inputs, `cross` ``X^T F``
-        (``[in, out]``), ``F`` the change of the residual stream over the run, on the
-        calibration tokens (padding left out). `hessian` is the callback's to overwrite.
+        ``refit(p, weight, hessian, cross) -> new weight``, float64 tensors on the walk's
+        device: `weight` the projection's ``[out, in]``, `hessian` ``X^T X`` of its inputs,
+        `cross` ``X^T F`` (``[in, out]``), ``F`` the change of the residual stream over the
+        run, on the calibration tokens (padding left out). `hessian` is the callback's to
+        overwrite.
     probed : container of int
         Layers whose projection is the last thing before the residual add (an MLP's
         ``down_proj``): each is first checked to be, a small change ``D`` of the weight
@@ -476,9 +477,8 @@ def _absorbed(
             rows, change = rows[counted], change[counted]
         hessian += rows.T @ rows
         cross += rows.T @ change
-    new = refit(p, weight.cpu().numpy(), hessian.cpu().numpy(), cross.cpu().numpy())
+    new = refit(p, weight, hessian, cross)
     del hessian, cross
-    new = torch.from_numpy(np.ascontiguousarray(new))
     with walk.loaded(p) as layer:
         module = walk.module(layer, p, writers[p])
         module.weight.copy_(new.T if type(module).__name__ == "Conv1D" else new)

@@ -243,10 +243,10 @@ def decide_layers(
     if compensated and writers:
         workdir = stack.enter_context(workdir_beside(dst))
 
-        def store(p: int, weight: np.ndarray, hessian: np.ndarray, cross: np.ndarray) -> np.ndarray:
-            new = absorb(weight, hessian, cross, damp, overwrite_hessian=True)
+        def store(p: int, weight: Any, hessian: Any, cross: Any) -> Any:
+            new = absorb(weight, hessian, cross, damp, overwrite_hessian=True)  # on the walk's device
             saved[writers[p]] = os.path.join(workdir, f"{p}.npy")
-            np.save(saved[writers[p]], new)
+            np.save(saved[writers[p]], new.cpu().numpy())
             return new
 
         probed = {p for p in writers if (layers.writer(p) or ("", 0, False))[2]}

@@ -437,3 +437,17 @@ def test_a_norm_after_down_proj_is_found_and_the_run_removed_as_it_is(tokens, tm
     ref.config.layer_types = [ref.config.layer_types[i] for i in (0, 3)]
     with torch.no_grad():
         np.testing.assert_allclose(small(IDS).logits.numpy(), ref(IDS, use_cache=False).logits.numpy(), atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_layer_refit_on_cuda_equals_the_cpu(qwen3, tokens, tmp_path):
+    """The walk and the solve on the GPU (float64 there): the same refit weights as on the CPU."""
+    scores = forced_scores(qwen3, [1, 3])
+    for device in ("cpu", "cuda"):
+        done = shrink_layers(qwen3, tmp_path / device, 2, str(tokens), scores=scores, device=device)
+        assert done.refits == {"model.layers.0.mlp.down_proj.weight": [1], "model.layers.2.mlp.down_proj.weight": [3]}
+    cpu, cuda = load(tmp_path / "cpu"), load(tmp_path / "cuda")
+    for name, value in cpu.state_dict().items():
+        np.testing.assert_allclose(cuda.state_dict()[name].numpy(), value.numpy(), rtol=0,
+                                   atol=1e-4 * float(value.abs().max()) + 1e-7)  # fmt: skip
