@@ -45,6 +45,7 @@ CASES = [
     ("qwen3", dict(groups="channels", amount=0.5, method="obs_structured"), True),
     ("mistral", dict(groups="heads", amount=0.5, method="activation_structured", compensate=False), True),
     ("qwen2", dict(groups="layers", amount=1), True),
+    ("qwen2", dict(groups="layers", amount=1, compensate=False), True),
     ("mixtral", dict(groups="experts", amount=0.5), True),
     ("qwen2_moe", dict(groups="experts", amount=1), True),
     ("mixtral", dict(groups="experts", amount=1), False),  # by the experts' weight norm
