@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import array_api_compat as apc
+import array_api_extra as xpx
 
 Array = Any
 
@@ -47,40 +47,56 @@ def upper_inverse_factor(xp: Any, h: Array) -> Array:
 
     Raises
     ------
+    TypeError
+        If `h` is not float32 or float64 (the libraries' Cholesky factorizations take no
+        narrower float).
     ValueError
         If `h` is not positive definite to working precision: the factorization fails, or
         one of its pivots is at most ``4 * eps`` times its diagonal entry (within rounding,
         as happens to an exactly singular matrix).
     """
+    if not (xp.isdtype(h.dtype, "real floating") and xp.finfo(h.dtype).bits >= 32):
+        raise TypeError(f"the factor of an inverse Hessian needs a float32 or float64 matrix, got {h.dtype}")
+    # Each n x n temporary is let go as soon as the next exists: the reversed matrix, its
+    # factor, the factor reversed back (PyTorch's flip copies), then the inverse.
+    floor = _PIVOT_EPS * xp.finfo(h.dtype).eps * xp.flip(xp.linalg.diagonal(h), axis=0)
     flipped = xp.flip(h, axis=(0, 1))
     try:
         lower = xp.linalg.cholesky(flipped)
     except (ValueError, RuntimeError) as exc:  # NumPy's LinAlgError, PyTorch's RuntimeError
         raise ValueError(NOT_POSITIVE_DEFINITE) from exc
+    del flipped
     # A pivot within the rounding of its own diagonal entry: singular to working precision
     # (libraries that return NaN instead of raising fail here too).
-    pivots = xp.linalg.diagonal(lower) ** 2
-    floor = _PIVOT_EPS * xp.finfo(h.dtype).eps * xp.linalg.diagonal(flipped)
-    if not bool(xp.all(pivots > floor)):
+    if not bool(xp.all(xp.linalg.diagonal(lower) ** 2 > floor)):
         raise ValueError(NOT_POSITIVE_DEFINITE)
-    u = _upper_triangular_inverse(xp, xp.flip(lower, axis=(0, 1)))
+    upper = xp.flip(lower, axis=(0, 1))  # NumPy and CuPy: a view of `lower`, inverted in place
+    del lower
+    u = _upper_triangular_inverse(xp, upper, overwrite=True)
     if not bool(xp.all(xp.isfinite(u))):
         raise ValueError(NOT_POSITIVE_DEFINITE)
     return u
 
 
-def _upper_triangular_inverse(xp: Any, r: Array) -> Array:
+def _upper_triangular_inverse(xp: Any, r: Array, *, overwrite: bool = False) -> Array:
     """Inverse of the upper triangular `r` (nonzero diagonal), upper triangular itself.
 
     ``[[A, B], [0, C]]^-1 = [[A^-1, -A^-1 B C^-1], [0, C^-1]]``, by halves down to
-    blocks of ``_DIRECT_INVERSE``.
+    blocks of ``_DIRECT_INVERSE``. Each block of the inverse takes the place of the same
+    block of `r` (of its copy, unless `overwrite`), in place where the library writes in
+    place: ``B`` is read before its place is written, and besides the result at most two
+    quarter-size products exist.
     """
-    n = r.shape[0]
-    if n <= _DIRECT_INVERSE:
-        return xp.triu(xp.linalg.inv(r))
-    half = n // 2
-    a = _upper_triangular_inverse(xp, r[:half, :half])
-    c = _upper_triangular_inverse(xp, r[half:, half:])
-    corner = -((a @ r[:half, half:]) @ c)
-    below = xp.zeros((n - half, half), dtype=r.dtype, device=apc.device(r))
-    return xp.concat([xp.concat([a, corner], axis=1), xp.concat([below, c], axis=1)], axis=0)
+    return _invert_in_place(xp, r if overwrite else xp.asarray(r, copy=True), 0, r.shape[0])
+
+
+def _invert_in_place(xp: Any, r: Array, start: int, stop: int) -> Array:
+    """`r` with its diagonal block ``[start:stop, start:stop]`` replaced by that block's inverse."""
+    block = (slice(start, stop), slice(start, stop))
+    if stop - start <= _DIRECT_INVERSE:
+        return xpx.at(r, block).set(xp.triu(xp.linalg.inv(r[block])), xp=xp)
+    middle = start + (stop - start) // 2
+    r = _invert_in_place(xp, r, start, middle)
+    r = _invert_in_place(xp, r, middle, stop)
+    corner = -((r[start:middle, start:middle] @ r[start:middle, middle:stop]) @ r[middle:stop, middle:stop])
+    return xpx.at(r, (slice(start, middle), slice(middle, stop))).set(corner, xp=xp)

@@ -40,7 +40,7 @@ import array_api_compat as apc
 import array_api_extra as xpx
 
 from ._factor import upper_inverse_factor
-from ._namespace import namespace
+from ._namespace import namespace, widest_float
 
 __all__ = [
     "DEFAULT_DAMP",
@@ -118,6 +118,8 @@ def damped(hessian: Array, damp: float = DEFAULT_DAMP, *, copy: bool = True) -> 
         raise ValueError(f"the Hessian must be square, got shape {tuple(hessian.shape)}")
     if not damp >= 0:
         raise ValueError(f"damp must be >= 0, got {damp!r}")
+    if not xp.isdtype(hessian.dtype, "real floating"):  # counts: the damping makes them floats
+        hessian = xp.astype(hessian, widest_float(xp, apc.device(hessian)))
     k = hessian.shape[0]
     diag = xp.linalg.diagonal(hessian)
     mean = xp.mean(diag)

@@ -406,31 +406,22 @@ def absorb_removed_layers(
     import torch
 
     gone, failed = set(removed), []
-    pending: tuple[int, Any, list[Any], list[Any], list[Any]] | None = None
+    pending: tuple[int, list[Any], list[Any]] | None = None  # p, its inputs, its outputs
     with torch.no_grad():
         for i in _progress(hooks, max(gone) + 1):
             if i in gone and pending is None:  # a run with no layer before it: left out as it is
                 walk.advance([hidden for hidden, _, _ in walk.inputs])
                 continue
             with walk.loaded(i) as layer:
-                if i not in writers:
-                    outputs = walk.outputs(layer)
-                else:
+                outputs = walk.outputs(layer)
+                if i in writers:
                     module = walk.module(layer, i, writers[i])
-                    xs: list[Any] = []
-                    handle = module.register_forward_pre_hook(lambda mod, args, xs=xs: xs.append(args[0]))
-                    try:
-                        outputs = walk.outputs(layer)
-                    finally:
-                        handle.remove()
-                    if len(xs) != len(outputs):
-                        raise ValueError(f"{writers[i]!r} ran {len(xs)} times for {len(outputs)} batches")
-                    if i in probed and not _adds_as_it_is(walk, layer, module, xs[0], outputs[0]):
+                    if i in probed and not _adds_as_it_is(walk, layer, module, outputs[0]):
                         failed.append(i)
                     else:
-                        pending = (i, _matrix(module), xs, outputs, list(walk.inputs))
+                        pending = (i, list(walk.inputs), outputs)
             if pending is not None and i in gone and i + 1 not in gone:
-                outputs = _absorbed(walk, pending, outputs, writers, refit)
+                outputs = _absorbed(walk, pending, outputs, writers[pending[0]], refit)
                 pending = None
             walk.advance(outputs)
     return failed
@@ -442,45 +433,67 @@ def _matrix(module: Any) -> Any:
     return weight.T if type(module).__name__ == "Conv1D" else weight
 
 
-def _adds_as_it_is(walk: LayerWalk, layer: Any, module: Any, x: Any, output: Any) -> bool:
-    """Whether a change ``D`` of `module`'s weight changes `layer`'s output on batch 0 by ``x D^T``."""
+def _adds_as_it_is(walk: LayerWalk, layer: Any, module: Any, output: Any) -> bool:
+    """Whether a change ``D`` of `module`'s weight changes `layer`'s output on batch 0 by ``X D^T``."""
     import torch
 
     weight = module.weight
+    kept = weight.detach().clone()
     generator = torch.Generator().manual_seed(0)
     change = torch.randn(tuple(weight.shape), generator=generator).to(weight) * 0.01 * weight.abs().mean()
+    xs: list[Any] = []
+    handle = module.register_forward_pre_hook(lambda mod, args: xs.append(args[0]))
     weight.add_(change)
     try:
         moved = _replay(layer, walk.inputs)(0)
     finally:
-        weight.sub_(change)
+        handle.remove()
+        weight.copy_(kept)
     step = change.T if type(module).__name__ == "Conv1D" else change  # [out, in]
-    expected = x.double() @ step.double().T
+    expected = xs[0].double() @ step.double().T
     return bool(torch.linalg.norm((moved - output).double() - expected) <= 0.01 * torch.linalg.norm(expected))
 
 
-def _absorbed(
-    walk: LayerWalk, pending: tuple, outputs: list[Any], writers: Mapping[int, str], refit: Callable
-) -> list[Any]:
-    """The stream after a run of removed layers once it is refit into the layer before: that
-    layer run again with its new weight."""
+def _absorbed(walk: LayerWalk, pending: tuple, outputs: list[Any], writer: str, refit: Callable) -> list[Any]:
+    """The stream after a run of removed layers once it is refit into the layer before.
+
+    That layer is run again on its inputs: once as it is, its projection's inputs ``X``
+    summed into ``X^T X`` and ``X^T F`` batch by batch (none kept), then with the refit
+    weight, whose outputs feed the layers after the run.
+    """
     import torch
 
-    p, weight, xs, start, inputs = pending
-    out, k = weight.shape
-    hessian = torch.zeros((k, k), dtype=torch.float64, device=walk.device)
-    cross = torch.zeros((k, out), dtype=torch.float64, device=walk.device)
-    for x, before, after, mask in zip(xs, start, outputs, walk.masks, strict=True):
-        rows, change = x.double().reshape(-1, k), (after - before).double().reshape(-1, out)
-        if mask is not None:
-            counted = mask.reshape(-1) > 0
-            rows, change = rows[counted], change[counted]
-        hessian += rows.T @ rows
-        cross += rows.T @ change
-    new = refit(p, weight, hessian, cross)
-    del hessian, cross
+    p, inputs, start = pending
     with walk.loaded(p) as layer:
-        module = walk.module(layer, p, writers[p])
-        module.weight.copy_(new.T if type(module).__name__ == "Conv1D" else new)
+        module = walk.module(layer, p, writer)
+        weight = _matrix(module)
+        out, k = weight.shape
+        sums = [  # X^T X, X^T F
+            torch.zeros((k, k), dtype=torch.float64, device=walk.device),
+            torch.zeros((k, out), dtype=torch.float64, device=walk.device),
+        ]
+        batch = [0]
+
+        def add(mod: Any, args: Any) -> None:
+            b = batch[0]
+            rows = args[0].double().reshape(-1, k)
+            change = (outputs[b] - start[b]).double().reshape(-1, out)
+            mask = walk.masks[b]
+            if mask is not None:
+                counted = mask.reshape(-1) > 0
+                rows, change = rows[counted], change[counted]
+            sums[0].add_(rows.T @ rows)
+            sums[1].add_(rows.T @ change)
+
         replay = _replay(layer, inputs)
+        handle = module.register_forward_pre_hook(add)
+        try:
+            for b in range(len(inputs)):
+                batch[0] = b
+                replay(b)
+        finally:
+            handle.remove()
+        new = refit(p, weight, *sums)
+        sums.clear()  # the Hessian goes before the layer runs again
+        module.weight.copy_(new.T if type(module).__name__ == "Conv1D" else new)
         return [replay(b) for b in range(len(inputs))]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from arrayprune.structured import (
+    absorb,
     activation_unit_scores,
     compensate,
     damped,
@@ -156,3 +157,38 @@ def test_unit_methods_check_their_arguments():
         ap.ObsStructured(3).prune_units(np.ones((2, 4)), np.eye(4), 2)  # 3 of 2 units
     with pytest.raises(ValueError, match="do not split into 3 units"):
         ap.ActivationStructured(0.5).prune_units(np.ones((2, 8)), np.eye(8), 3)
+
+
+def test_integer_hessians_are_damped_as_floats():
+    """Counts (an integer ``X^T X``) give what the same Hessian in float64 gives."""
+    x = np.arange(12).reshape(3, 4) % 5
+    h = x.T @ x
+    w = np.arange(8.0).reshape(2, 4) - 3
+    for got, want in [
+        (damped(h), damped(h.astype(np.float64))),
+        (compensate(w, h, np.array([0, 2])), compensate(w, h.astype(np.float64), np.array([0, 2]))),
+        (obs_unit_scores(w, h, 2), obs_unit_scores(w, h.astype(np.float64), 2)),
+    ]:
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("damp", [0.0, 0.01])
+def test_absorb_is_the_damped_least_squares_refit(damp):
+    """``X W'^T`` fits ``X W^T + F``: with ``damp=0`` exactly the least-squares solution."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((60, 6)) @ rng.standard_normal((6, 6))
+    w = rng.standard_normal((3, 6))
+    f = rng.standard_normal((60, 3))
+    h = x.T @ x
+    copy = h.copy()
+    got = absorb(w, h, x.T @ f, damp)
+    hd = h + damp * np.mean(np.diag(h)) * np.eye(6)
+    np.testing.assert_allclose(got, w + np.linalg.solve(hd, x.T @ f).T, rtol=1e-10)
+    if damp == 0:
+        np.testing.assert_allclose(x @ got.T, x @ w.T + x @ np.linalg.lstsq(x, f, rcond=None)[0], atol=1e-9)
+    np.testing.assert_array_equal(h, copy)  # the caller's Hessian as it was
+    absorb(w, h, x.T @ f, damp, overwrite_hessian=True)
+    assert not np.array_equal(h, copy) or damp == 0  # damped in place
+    with pytest.raises(ValueError, match="cross must be"):
+        absorb(w, copy, f.T @ x, damp)

@@ -270,7 +270,10 @@ def reference_absorbed(cls, folder, tokens_path, removed, writer_of, damp=0.01, 
     """
     model = cls.from_pretrained(folder).eval()
     model = model.double() if double else model
-    ids = torch.from_numpy(np.load(tokens_path)["input_ids"])
+    stored = np.load(tokens_path)
+    ids = torch.from_numpy(stored["input_ids"])
+    mask = torch.from_numpy(stored["attention_mask"]) if "attention_mask" in stored else None
+    counted = slice(None) if mask is None else mask.reshape(-1).numpy() > 0  # padding left out
     layers = list(_layer_list(model))
     types = list(getattr(model.config, "layer_types", None) or [])
     runs: list[list[int]] = []
@@ -292,13 +295,13 @@ def reference_absorbed(cls, folder, tokens_path, removed, writer_of, damp=0.01, 
             layers[gone[-1]].register_forward_hook(lambda m, a, o: seen.__setitem__("after", _hidden(o))),
         ]
         with torch.no_grad():
-            model(ids, use_cache=False)
+            model(ids, attention_mask=mask, use_cache=False)
         for h in handles:
             h.remove()
         conv1d = type(writer).__name__ == "Conv1D"
         w = (writer.weight.T if conv1d else writer.weight).detach().double().numpy()  # [out, in]
-        x = seen["x"].reshape(-1, w.shape[1]).double().numpy()
-        f = (seen["after"] - seen["before"]).reshape(-1, w.shape[0]).double().numpy()
+        x = seen["x"].reshape(-1, w.shape[1]).double().numpy()[counted]
+        f = (seen["after"] - seen["before"]).reshape(-1, w.shape[0]).double().numpy()[counted]
         h = x.T @ x
         new = w + np.linalg.solve(h + damp * np.mean(np.diag(h)) * np.eye(len(h)), x.T @ f).T
         with torch.no_grad():
@@ -451,3 +454,18 @@ def test_layer_refit_on_cuda_equals_the_cpu(qwen3, tokens, tmp_path):
     for name, value in cpu.state_dict().items():
         np.testing.assert_allclose(cuda.state_dict()[name].numpy(), value.numpy(), rtol=0,
                                    atol=1e-4 * float(value.abs().max()) + 1e-7)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_padding_tokens_are_left_out_of_the_refit(qwen3, tmp_path):
+    """Calibration with an ``attention_mask``: padded positions add nothing to ``X^T X`` nor ``X^T F``."""
+    ids = np.random.default_rng(1).integers(0, 64, size=(4, 16))
+    mask = np.ones_like(ids)
+    mask[1, 10:] = mask[3, 5:] = 0
+    padded = tmp_path / "padded.npz"
+    np.savez(padded, input_ids=ids, attention_mask=mask)
+    shrink_layers(qwen3, tmp_path / "small", 2, str(padded), scores=forced_scores(qwen3, [1, 2]))
+    ref = reference_absorbed(tr.Qwen3ForCausalLM, qwen3, padded, [1, 2], lambda layer: layer.mlp.down_proj)
+    got = load(tmp_path / "small").model.layers[0].mlp.down_proj.weight.detach().numpy()
+    want = ref.model.layers[0].mlp.down_proj.weight.detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
