@@ -92,13 +92,19 @@ def _print_shrink(result: PruneResult) -> None:
     """The groups (dry run), or the parameters before and after and the channels kept per group."""
     spec, shrink = result.spec, result.shrink
     amount = ("" if spec.amount is None else f", amount {spec.amount}") + (", global" if spec.global_ else "")
+    # Layers and experts are ranked by their own score, not --method: the one provenance records.
+    kind = getattr(shrink.groups, "kind", "channels")
+    score = {"layers": "residual_change", "experts": "router_statistics" if spec.calibration else "ln_structured"}
+    method = score.get(kind, spec.method)
     if result.written is None:
-        print(f"channel groups of {result.src} ({result.kind}), {spec.method}{amount}; nothing is written (--dry-run)")
+        what = "channel groups" if kind in ("channels", "heads") else kind
+        print(f"{what} of {result.src} ({result.kind}), {method}{amount}; nothing is written (--dry-run)")
         print(shrink.describe() or "no layer whose output channels could be removed")
         return
     before, after, n = shrink.params_before, shrink.params_after, len(shrink.kept)
+    what = f"{n} channel group{'s' if n > 1 else ''}" if kind in ("channels", "heads") else f"the {kind}"
     print(
-        f"shrunk {n} channel group{'s' if n > 1 else ''} of {result.src} ({spec.method}{amount}): "
+        f"shrunk {what} of {result.src} ({method}{amount}): "
         f"{before} -> {after} parameters ({_pct(after, before)}) -> {result.dst}"
     )
     for g in shrink.groups.groups:

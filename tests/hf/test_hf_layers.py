@@ -127,11 +127,13 @@ def test_cli_layers_and_dry_run(qwen3, tokens, tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "layers model.layers (4 -> 3 layers)" in out and "1 - cosine" in out
+    assert f"layers of {qwen3} (Hugging Face checkpoint), residual_change, amount 1; nothing is written" in out
     scores = reference_changes(qwen3, tokens)
     assert f"removed: {int(np.argmin(scores))}" in out
     code = main(["prune", str(qwen3), "-o", str(tmp_path / "out"), "--shrink", "--groups", "layers", "--amount",
                  "1", "--calibration", str(tokens), "--method", "ln_structured"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
+    assert f"shrunk the layers of {qwen3} (residual_change, amount 1): " in capsys.readouterr().out
     with open(tmp_path / "out" / "config.json") as f:
         cfg = json.load(f)
     assert cfg["num_hidden_layers"] == 3 and cfg["arrayprune"]["method"] == "residual_change"
