@@ -67,8 +67,9 @@ def record(spec: Any) -> dict[str, str]:
     Returns
     -------
     dict of str to str
-        ``method``, ``amount`` or ``nm``, ``global``, ``allocation``, ``shrink`` and
-        ``rounding`` (when asked), ``calibration_sha256`` (and the same for ``input_norms``, ``hessians``)
+        ``method``, ``amount`` or ``nm``, ``global``, ``allocation``, ``shrink``,
+        ``rounding`` and ``compensate`` (when asked: ``"false"`` for ``--no-compensate``),
+        ``calibration_sha256`` (and the same for ``input_norms``, ``hessians``)
         when given, and ``version``; keys sorted.
     """
 
@@ -85,6 +86,8 @@ def record(spec: Any) -> dict[str, str]:
         out["shrink"] = spec.groups or "channels"
     if getattr(spec, "rounding", "nearest") != "nearest":
         out["rounding"] = spec.rounding
+    if spec.shrink and not getattr(spec, "compensate", True):
+        out["compensate"] = "false"
     for field, key in _DATA_FILES.items():
         path = getattr(spec, field, None)
         if path:

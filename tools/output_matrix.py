@@ -107,6 +107,8 @@ CASES = [
     ("hf wanda", "hf", "out", ["--method", "wanda", "--amount", "0.5", "--calibration", "{tokens}"]),
     ("hf sparsegpt", "hf", "out", ["--method", "sparsegpt", "--amount", "0.5", "--calibration", "{tokens}"]),
     ("hf sparsegpt allocation", "hf", "out", ["--method", "sparsegpt", "--amount", "0.5", "--allocation", "owl", "--calibration", "{tokens}"]),
+    ("hf shrink layers", "hf", "out", ["--shrink", "--groups", "layers", "--amount", "1", "--calibration", "{tokens}"]),
+    ("hf shrink layers plain", "hf", "out", ["--shrink", "--groups", "layers", "--amount", "1", "--no-compensate", "--calibration", "{tokens}"]),
 ]  # fmt: skip
 
 

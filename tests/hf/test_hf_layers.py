@@ -358,6 +358,9 @@ def test_cli_no_compensate_removes_the_layers_as_they_are(qwen3, tokens, tmp_pat
     assert "refit into" not in capsys.readouterr().err
     assert main([*args, "-o", str(tmp_path / "refit")]) == 0
     assert "refit into model.layers." in capsys.readouterr().err
+    for name, recorded in (("plain", "false"), ("refit", None)):
+        with open(tmp_path / name / "config.json") as f:
+            assert json.load(f)["arrayprune"].get("compensate") == recorded
     plain, refit = load(tmp_path / "plain"), load(tmp_path / "refit")
     kept = np.sort(np.argsort(reference_changes(qwen3, tokens), kind="stable")[2:]).tolist()
     with torch.no_grad():
