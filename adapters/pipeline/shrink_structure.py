@@ -649,10 +649,9 @@ def run_hf_shrink(job: ShrinkJob, scores: UnitScores | None = None) -> Any:
     with shrink_errors(job):
         ckpt, _ = open_hf(src)
         if spec.dry_run:
-            report = _dry_run(src, groups, spec, args, scores)
-            return PruneResult(
-                src, None, kind, spec, [], notes=_notes(spec, groups), shrink=ShrinkResult(report, spec.amount)
-            )
+            report, planned = _dry_run(src, groups, spec, args, scores)
+            notes = [*_notes(spec, groups), *planned]
+            return PruneResult(src, None, kind, spec, [], notes=notes, shrink=ShrinkResult(report, spec.amount))
         if dst is None:
             raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
         made = provenance.record(_recorded(spec, groups))
@@ -714,21 +713,32 @@ def _notes(spec: PruneSpec, groups: str) -> list[str]:
 
 def _dry_run(
     src: str, groups: str, spec: PruneSpec, args: Mapping[str, Any], scores: UnitScores | None = None
-) -> UnitReport:
-    """The units with their scores (on calibration data where the kind or method needs it)."""
+) -> tuple[UnitReport, list[str]]:
+    """The units with their scores (on calibration data where the kind or method needs it), and
+    for layers with an amount, notes of the projections that would absorb them."""
     if groups == "layers":
         if scores is None:
             scores = UnitScores("residual_change", *score_layers(src, spec.calibration, **args))
         layers, changes = scores.found, scores.scores
         name = layers.names[0].rsplit(".", 1)[0]
-        return UnitReport("layers", [_Unitset(_Named(name, layers.units), "layers")], {name: changes}, _LAYER_SCORE)
+        report = UnitReport("layers", [_Unitset(_Named(name, layers.units), "layers")], {name: changes}, _LAYER_SCORE)
+        if not spec.compensate or spec.amount is None:
+            return report, []
+        kept = [int(i) for i in choose_channels(changes, spec.amount)]
+        _, runs = layers.absorbers(kept, open_hf(src)[0].tensors)
+        return report, [
+            f"layer{'s' * (len(run) > 1)} {', '.join(map(str, run))} would be refit into "
+            f"{key.removesuffix('.weight')}, unless the check that it adds to the residual stream as it is "
+            "fails (not run by a dry run)"
+            for key, run in runs.items()
+        ]
     if groups == "experts":
         if scores is None:
             scores = UnitScores("router_statistics", *score_experts(src, spec.calibration, **args))
-        return _expert_report(scores.found, scores.scores, spec.calibration is not None)
+        return _expert_report(scores.found, scores.scores, spec.calibration is not None), []
     if scores is None:
         dense = score_calibrated(src, spec.method, None, spec.calibration, groups, **args)
         scores = UnitScores("unit_hessians", *dense)
     found = scores.found
     sets = [_Unitset(_Named(g.name, g.units), g.unit) for g in found.groups]
-    return UnitReport(groups, sets, scores.scores, _unit_class(spec.method).DESCRIPTION + ", on the dense model")
+    return UnitReport(groups, sets, scores.scores, _unit_class(spec.method).DESCRIPTION + ", on the dense model"), []

@@ -124,8 +124,12 @@ def test_cli_layers_and_dry_run(qwen3, tokens, tmp_path, capsys):
     capsys.readouterr()
     code = main(["prune", str(qwen3), "--dry-run", "--shrink", "--groups", "layers", "--amount", "1",
                  "--calibration", str(tokens), "--method", "ln_structured"])  # fmt: skip
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert code == 0
+    dropped = int(np.argmin(reference_changes(qwen3, tokens)))
+    planned = f"layer {dropped} would be refit into model.layers.{dropped - 1}.mlp.down_proj"
+    assert (planned in captured.err) == (dropped > 0)
     assert "layers model.layers (4 -> 3 layers)" in out and "1 - cosine" in out
     assert f"layers of {qwen3} (Hugging Face checkpoint), residual_change, amount 1; nothing is written" in out
     scores = reference_changes(qwen3, tokens)
