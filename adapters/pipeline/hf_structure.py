@@ -362,7 +362,7 @@ def absorb_removed_layers(
     walk: LayerWalk,
     removed: Sequence[int],
     writers: Mapping[int, str],
-    refit: Callable[[int, np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+    refit: Callable[[int, Any, Any, Any], Any],
     hooks: Any = None,
     *,
     probed: Container[int] = (),
@@ -386,10 +386,10 @@ def absorb_removed_layers(
         run, on the calibration tokens (padding left out). `hessian` is the callback's to
         overwrite.
     probed : container of int
-        Layers whose projection is the last thing before the residual add (an MLP's
-        ``down_proj``): each is first checked to be, a small change ``D`` of the weight
-        changing the layer's output by ``X D^T`` on the first batch. A layer that fails (a
-        norm after the projection, as Gemma 2 has) is not refit; its run is left out as it is.
+        Layers whose projection should be the last thing before the residual add (an MLP's
+        ``down_proj``). Each is checked first: a small change ``D`` of its weight must change
+        the layer's output on the first batch by ``X D^T``. A layer that fails (a norm after
+        the projection, as Gemma 2 has) is not refit, and its run is left out as it is.
 
     Returns
     -------
