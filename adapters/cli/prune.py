@@ -92,10 +92,8 @@ def _print_shrink(result: PruneResult) -> None:
     """The groups (dry run), or the parameters before and after and the channels kept per group."""
     spec, shrink = result.spec, result.shrink
     amount = ("" if spec.amount is None else f", amount {spec.amount}") + (", global" if spec.global_ else "")
-    # Layers and experts are ranked by their own score, not --method: the one provenance records.
     kind = getattr(shrink.groups, "kind", "channels")
-    score = {"layers": "residual_change", "experts": "router_statistics" if spec.calibration else "ln_structured"}
-    method = score.get(kind, spec.method)
+    method = shrink.score or spec.method  # layers and experts: their own score, not --method
     if result.written is None:
         what = "channel groups" if kind in ("channels", "heads") else kind
         print(f"{what} of {result.src} ({result.kind}), {method}{amount}; nothing is written (--dry-run)")

@@ -144,6 +144,10 @@ class ShrinkResult:
         Entries of all initializers of the main graph, before and after (None for a dry run).
     rounding : str
         How a fraction became each ONNX group's count (``"nearest"``, ``"keep_floor"``).
+    score : str or None
+        What ranked the units when it is not the request's method: layers and experts
+        have their own (``"residual_change"``, ``"router_statistics"``, their weights'
+        ``"ln_structured"``), the name the provenance record gives.
     """
 
     groups: OnnxGroups
@@ -152,6 +156,7 @@ class ShrinkResult:
     params_before: int | None = None
     params_after: int | None = None
     rounding: str = "nearest"
+    score: str | None = None
 
     def describe(self) -> str:
         """Each group (members, channels before and after the amount) and each producer left, one a line."""

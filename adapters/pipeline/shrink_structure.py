@@ -651,7 +651,9 @@ def run_hf_shrink(job: ShrinkJob, scores: UnitScores | None = None) -> Any:
         if spec.dry_run:
             report, planned = _dry_run(src, groups, spec, args, scores)
             notes = [*_notes(spec, groups), *planned]
-            return PruneResult(src, None, kind, spec, [], notes=notes, shrink=ShrinkResult(report, spec.amount))
+            score = _recorded(spec, groups).method if groups in _RECORDED else None
+            shrunk = ShrinkResult(report, spec.amount, score=score)
+            return PruneResult(src, None, kind, spec, [], notes=notes, shrink=shrunk)
         if dst is None:
             raise PruneError("the following arguments are required: -o/--output (or --dry-run)")
         made = provenance.record(_recorded(spec, groups))
@@ -669,7 +671,8 @@ def run_hf_shrink(job: ShrinkJob, scores: UnitScores | None = None) -> Any:
             )  # fmt: skip
     written = PruneSummary(pruned=Totals(), whole=Totals(), files=done.files, left=done.left)
     written.whole.add(done.params_after, 0)
-    shrunk = ShrinkResult(done.report, spec.amount, done.kept, done.params_before, done.params_after)
+    score = _recorded(spec, groups).method if groups in _RECORDED else None
+    shrunk = ShrinkResult(done.report, spec.amount, done.kept, done.params_before, done.params_after, score=score)
     changes = ", ".join(f"{k} -> {v}" for k, v in done.config.items())
     notes = [*_notes(spec, groups), f"{CONFIG_NAME} rewritten: {changes}"]
     notes += [

@@ -129,6 +129,7 @@ def test_experts_by_weight_norm_and_cli(tmp_path, tokens, capsys):
     code = main(["prune", str(tmp_path / "dense"), "-o", str(tmp_path / "small"), "--shrink", "--groups", "experts",
                  "--amount", "2", "--method", "ln_structured"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
+    assert f"shrunk the experts of {tmp_path / 'dense'} (ln_structured, amount 2): " in capsys.readouterr().out
     dense = tensors(tmp_path / "dense")
     for i in range(2):
         p = f"model.layers.{i}.block_sparse_moe.experts."
@@ -141,6 +142,7 @@ def test_experts_by_weight_norm_and_cli(tmp_path, tokens, capsys):
                  "--calibration", str(tokens), "--method", "ln_structured"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and "experts model.layers.1.block_sparse_moe (4 -> 3 experts)" in out and "removed: " in out
+    assert "experts of " in out and "(Hugging Face checkpoint), router_statistics, amount 1; nothing is written" in out
 
 
 def test_too_few_experts_refused(tmp_path):
