@@ -184,6 +184,17 @@ def _feed(layer: Layer, accs: list[arrayprune.HessianAccumulator], x: torch.Tens
     if isinstance(layer, nn.Linear) or is_transposed_linear(layer):
         _update(accs[0], x)
         return
+    for acc, patches in zip(accs, _conv_patches(layer, x), strict=True):
+        acc.update(patches)
+
+
+def _conv_patches(layer: Any, x: torch.Tensor) -> list[torch.Tensor]:
+    """A convolution's input `x` as the rows of its matrix product, one matrix per group.
+
+    Padded as the layer's forward pads it (any ``padding_mode``; a ``Conv1d`` is a 2-D
+    convolution of one row), then unfolded by :func:`arrayprune.unfold_patches`: rows
+    ``[..., in/groups * kh * kw]``, an input channel's ``kh * kw`` columns together.
+    """
     spatial = len(layer.kernel_size)
     if x.ndim == spatial + 1:  # unbatched
         x = x.unsqueeze(0)
@@ -193,9 +204,7 @@ def _feed(layer: Layer, accs: list[arrayprune.HessianAccumulator], x: torch.Tens
     if spatial == 1:  # a row of a 2-D convolution
         x = x.unsqueeze(2)
         kernel, stride, dilation = (1, *kernel), (1, *stride), (1, *dilation)
-    patches = arrayprune.unfold_patches(x, kernel, stride=stride, dilation=dilation, groups=layer.groups)
-    for g, acc in enumerate(accs):
-        acc.update(patches[g])
+    return arrayprune.unfold_patches(x, kernel, stride=stride, dilation=dilation, groups=layer.groups)
 
 
 #: Columns of ``X`` per panel of :func:`_panel_gram`.

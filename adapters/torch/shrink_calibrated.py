@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from arrayprune.structured_methods import UnitPruningMethod
@@ -42,7 +41,7 @@ from arrayprune.structured_methods import UnitPruningMethod
 from ._base import pruning_hooks
 from ._group_walk import Slot, TorchGroup
 from .calibration import _run
-from .reconstruction import _batch_list, _input_of
+from .reconstruction import _batch_list, _conv_patches, _input_of
 
 __all__ = ["Consumer", "channel_scores", "consumers", "input_hessians", "refits"]
 
@@ -145,21 +144,9 @@ def check_masks(model: nn.Module, found: Mapping[str, Consumer]) -> None:
 
 def _columns(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """`module`'s input rows ``[rows, in * per]`` in float64: tokens of a Linear, im2col columns of a convolution."""
-    x = x.detach().to(torch.float64)
-    if isinstance(module, nn.Linear):
-        return x.reshape(-1, x.shape[-1])
-    conv: Any = module
-    spatial = len(conv.kernel_size)
-    if x.ndim == spatial + 1:  # unbatched
-        x = x.unsqueeze(0)
-    mode = "constant" if conv.padding_mode == "zeros" else conv.padding_mode
-    x = F.pad(x, conv._reversed_padding_repeated_twice, mode=mode)  # what the layer's forward pads
-    kernel, stride, dilation = tuple(conv.kernel_size), tuple(conv.stride), tuple(conv.dilation)
-    if spatial == 1:  # a row of a 2-D convolution
-        x = x.unsqueeze(2)
-        kernel, stride, dilation = (1, *kernel), (1, *stride), (1, *dilation)
-    cols = F.unfold(x, kernel, dilation=dilation, stride=stride)  # [N, C * kh * kw, L], channel-major
-    return cols.transpose(1, 2).reshape(-1, cols.shape[1])
+    x = x.detach()
+    rows = x if isinstance(module, nn.Linear) else _conv_patches(module, x)[0]  # groups=1: one matrix
+    return rows.reshape(-1, rows.shape[-1]).to(torch.float64)
 
 
 def input_hessians(model: nn.Module, found: Mapping[str, Consumer], batches: Iterable[Any]) -> dict[str, torch.Tensor]:
