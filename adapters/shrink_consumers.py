@@ -169,6 +169,17 @@ def consumers(
     return found_consumers, reads
 
 
+def _matrices(cons: Mapping[str, Consumer], weights: Mapping[str, np.ndarray], scaled: bool) -> Any:
+    """``matrix(name)``: a consumer's weight ``[out, in]`` (times Gemm's ``alpha`` when `scaled`)."""
+
+    def matrix(name: Any) -> np.ndarray:
+        c = cons[name]
+        w = c.matrix(weights[name])
+        return w if c.scale == 1 or not scaled else w * c.scale
+
+    return matrix
+
+
 def calibrated_scores(
     method: UnitPruningMethod,
     found: OnnxGroups,
@@ -177,23 +188,14 @@ def calibrated_scores(
     weights: Mapping[str, np.ndarray],
     hessians: Mapping[str, np.ndarray],
 ) -> list[np.ndarray]:
-    """Per group, one score per channel: the method's unit scores in each consumer, combined."""
-    per_consumer: dict[str, np.ndarray] = {}
-    out = []
-    for og, slots in zip(found.groups, reads, strict=True):
-        if not slots:  # a group that loses no channel: nothing to rank
-            out.append(np.zeros(og.group.channels))
-            continue
-        parts = []
-        for weight, offset in slots:
-            if weight not in per_consumer:
-                c = cons[weight]
-                w = c.matrix(weights[weight])
-                w = w if c.scale == 1 else w * c.scale
-                per_consumer[weight] = np.asarray(method.unit_scores(w, hessians[weight], w.shape[1] // c.per))
-            parts.append(per_consumer[weight][offset : offset + og.group.channels])
-        out.append(np.asarray(method.combine_scores(parts)))
-    return out
+    """Per group, one score per channel: ``method.group_scores`` over its consumers (zeros for
+    a group that loses no channel: nothing to rank)."""
+    scores = method.group_scores(
+        reads, [og.group.channels for og in found.groups], _matrices(cons, weights, scaled=True), hessians,
+        {name: c.per for name, c in cons.items()},
+    )  # fmt: skip
+    sizes = [og.group.channels for og in found.groups]
+    return [np.zeros(n) if s is None else np.asarray(s) for n, s in zip(sizes, scores, strict=True)]
 
 
 def refits(
@@ -205,23 +207,13 @@ def refits(
     weights: Mapping[str, np.ndarray],
     hessians: Mapping[str, np.ndarray],
 ) -> dict[str, np.ndarray]:
-    """Each consumer that loses channels: its new weight, ``method.refit_units`` over all the units it keeps."""
-    removed: dict[str, set[int]] = {}
-    for og, keep, slots in zip(found.groups, kept, reads, strict=True):
-        gone = sorted(set(range(og.group.channels)) - {int(k) for k in keep})
-        for weight, offset in slots:
-            removed.setdefault(weight, set()).update(offset + c for c in gone)
-    out = {}
-    for weight, units_gone in removed.items():
-        if not units_gone:
-            continue
-        c = cons[weight]
-        w = c.matrix(weights[weight])
-        units = w.shape[1] // c.per
-        kept_units = np.array(sorted(set(range(units)) - units_gone), dtype=np.int64)
-        new = method.refit_units(w, np.asarray(hessians[weight]), kept_units, units)
-        out[weight] = c.stored(np.asarray(new), weights[weight])
-    return out
+    """Each consumer that loses channels: its new weight as stored (``method.refit_consumers``)."""
+    new = method.refit_consumers(
+        [np.asarray(k).tolist() for k in kept], reads, [og.group.channels for og in found.groups],
+        _matrices(cons, weights, scaled=False), {n: np.asarray(h) for n, h in hessians.items()},
+        {name: c.per for name, c in cons.items()},
+    )  # fmt: skip
+    return {str(name): cons[str(name)].stored(np.asarray(w), weights[str(name)]) for name, w in new.items()}
 
 
 def check_hessians(cons: Mapping[str, Consumer], weights: Mapping[str, np.ndarray], hessians: Mapping) -> None:

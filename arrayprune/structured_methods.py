@@ -20,7 +20,7 @@ one-line ``DESCRIPTION``, registered with :func:`arrayprune.registry.register_me
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -182,6 +182,92 @@ class UnitPruningMethod(StructuredPruningMethod):
             kept = xp.arange(units, device=apc.device(scores))
         columns = _unit_columns(xp, kept, weight.shape[1] // units)
         return UnitChoice(scores, kept, columns, self._refit(xp, weight, hessian, columns))
+
+    def group_scores(
+        self,
+        reads: Sequence[Sequence[tuple[Any, int]]],
+        sizes: Sequence[int],
+        matrix: Callable[[Any], Array],
+        hessians: Mapping[Any, Array],
+        per: Mapping[Any, int],
+    ) -> list[Array | None]:
+        """Per channel group, one score per channel from every consumer that reads it.
+
+        Each consumer is scored once (:meth:`unit_scores` on its whole weight, its input
+        channels as units of ``per[key]`` columns); a group takes its channels there at its
+        offset, and :meth:`combine_scores` makes one score of its consumers' scores.
+
+        Parameters
+        ----------
+        reads : sequence of sequences of (key, int)
+            Per group, each consumer reading it and the first of its input units the
+            group's channels take (after a concatenation); empty: the group is not scored.
+        sizes : sequence of int
+            Per group, its number of channels.
+        matrix : callable
+            ``matrix(key)``: the consumer's weight ``[out, in]``, in the dtype to score in.
+        hessians, per : mappings
+            By consumer: ``X^T X`` of its inputs, and columns per input channel.
+
+        Returns
+        -------
+        list
+            Per group, ``[channels]`` scores, or None for a group no consumer reads.
+        """
+        scored: dict[Any, Array] = {}
+        out: list[Array | None] = []
+        for slots, size in zip(reads, sizes, strict=True):
+            parts = []
+            for key, offset in slots:
+                if key not in scored:
+                    w = matrix(key)
+                    scored[key] = self.unit_scores(w, hessians[key], w.shape[1] // per[key])
+                parts.append(scored[key][offset : offset + size])
+            out.append(self.combine_scores(parts) if parts else None)
+        return out
+
+    def refit_consumers(
+        self,
+        kept: Sequence[Sequence[int]],
+        reads: Sequence[Sequence[tuple[Any, int]]],
+        sizes: Sequence[int],
+        matrix: Callable[[Any], Array],
+        hessians: Mapping[Any, Array],
+        per: Mapping[Any, int],
+    ) -> dict[Any, Array]:
+        """Each consumer that loses channels: its new weight once every group it reads is cut.
+
+        :meth:`refit_units` over all the units the consumer keeps, whatever group they
+        belong to (one solve per consumer).
+
+        Parameters
+        ----------
+        kept : sequence of sequences of int
+            Per group, the channels it keeps.
+        reads, sizes, matrix, hessians, per
+            As for :meth:`group_scores`.
+
+        Returns
+        -------
+        dict
+            By consumer key, ``[out, in]`` (the dropped columns zero), for those that lose
+            a column.
+        """
+        removed: dict[Any, set[int]] = {}
+        for keep, slots, size in zip(kept, reads, sizes, strict=True):
+            gone = set(range(size)) - {int(k) for k in keep}
+            for key, offset in slots:
+                removed.setdefault(key, set()).update(offset + c for c in gone)
+        out: dict[Any, Array] = {}
+        for key, units_gone in removed.items():
+            if not units_gone:
+                continue
+            w = matrix(key)
+            xp = namespace(w)
+            units = w.shape[1] // per[key]
+            kept_units = xp.asarray(sorted(set(range(units)) - units_gone), dtype=xp.int64, device=apc.device(w))
+            out[key] = self.refit_units(w, hessians[key], kept_units, units)
+        return out
 
     def refit_units(self, weight: Array, hessian: Array, kept: Array, units: int) -> Array:
         """The consumer's new weight once `kept` units are chosen: the others' columns zero.

@@ -201,6 +201,10 @@ def _matrix(weight: torch.Tensor) -> torch.Tensor:
     return weight.detach().to(torch.float64).reshape(weight.shape[0], -1)
 
 
+def _reads(reads: Sequence[Sequence[Slot]]) -> list[list[tuple[str, int]]]:
+    return [[(slot.param, slot.offset) for slot in slots] for slots in reads]
+
+
 def channel_scores(
     method: UnitPruningMethod,
     groups: Sequence[TorchGroup],
@@ -209,24 +213,13 @@ def channel_scores(
     weights: Mapping[str, torch.Tensor],
     hessians: Mapping[str, torch.Tensor],
 ) -> list[torch.Tensor]:
-    """Per group, one score per channel: the method's unit scores in every consumer, combined.
-
-    Each consumer is scored once, on its whole weight and Hessian with its input channels
-    as units (``per`` columns each); a group takes the channels it holds there (at its
-    offset), and its consumers' scores are combined by ``method.combine_scores``.
-    """
-    per_consumer: dict[str, torch.Tensor] = {}
-    out = []
-    for group, slots in zip(groups, reads, strict=True):
-        parts = []
-        for slot in slots:
-            if slot.param not in per_consumer:
-                w = _matrix(weights[slot.param])
-                units = w.shape[1] // found[slot.param].per
-                per_consumer[slot.param] = method.unit_scores(w, hessians[slot.param], units)
-            parts.append(per_consumer[slot.param][slot.offset : slot.offset + group.channels])
-        out.append(method.combine_scores(parts))
-    return out
+    """Per group, one score per channel: ``method.group_scores`` over its consumers
+    (``per`` columns a channel, a group at its offset)."""
+    scores = method.group_scores(
+        _reads(reads), [g.channels for g in groups], lambda param: _matrix(weights[param]), hessians,
+        {param: c.per for param, c in found.items()},
+    )  # fmt: skip
+    return [s for s in scores if s is not None]  # every group has a consumer (see consumers)
 
 
 def refits(
@@ -239,21 +232,9 @@ def refits(
     hessians: Mapping[str, torch.Tensor],
 ) -> dict[str, torch.Tensor]:
     """Each consumer that loses columns, its new weight (its shape and dtype):
-    ``method.refit_units`` over all the units it keeps."""
-    removed: dict[str, set[int]] = {}
-    for group, keep, slots in zip(groups, kept, reads, strict=True):
-        gone = sorted(set(range(group.channels)) - {int(k) for k in keep.cpu()})
-        for slot in slots:
-            removed.setdefault(slot.param, set()).update(slot.offset + c for c in gone)
-    out = {}
-    for param, channels in removed.items():
-        if not channels:
-            continue
-        weight = weights[param]
-        w = _matrix(weight)
-        per = found[param].per
-        units = w.shape[1] // per
-        kept_units = torch.tensor(sorted(set(range(units)) - channels), dtype=torch.long, device=w.device)
-        new = method.refit_units(w, hessians[param].to(w.device), kept_units, units)
-        out[param] = new.reshape(weight.shape).to(weight.dtype)
-    return out
+    ``method.refit_consumers``."""
+    new = method.refit_consumers(
+        [k.cpu().tolist() for k in kept], _reads(reads), [g.channels for g in groups],
+        lambda param: _matrix(weights[param]), hessians, {param: c.per for param, c in found.items()},
+    )  # fmt: skip
+    return {param: w.reshape(weights[param].shape).to(weights[param].dtype) for param, w in new.items()}
