@@ -64,21 +64,28 @@ else:
 LAYOUTS = ("resnet18", "mobilenet_v3_small", "vit_b_16")
 
 
+def random_batchnorm(model: Any, generator: Any) -> None:
+    """Statistics and affine parameters of every ``BatchNorm2d`` drawn from `generator`, away
+    from their initial values (so that folding and slicing them shows)."""
+    import torch
+
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                n = m.num_features
+                m.running_mean.copy_(torch.randn(n, generator=generator) * 0.1)
+                m.running_var.copy_(torch.rand(n, generator=generator) + 0.5)
+                m.weight.copy_(torch.randn(n, generator=generator) * 0.5 + 1)
+                m.bias.copy_(torch.randn(n, generator=generator) * 0.1)
+
+
 def _model(name: str) -> tuple[Any, Any]:
     import torch
     import torchvision_layouts as L
 
     torch.manual_seed(0)
     model = getattr(L, name)(1000).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                n = m.num_features
-                m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
-                m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
-                m.weight.copy_(torch.randn(n, generator=g) * 0.5 + 1)
-                m.bias.copy_(torch.randn(n, generator=g) * 0.1)
+    random_batchnorm(model, torch.Generator().manual_seed(1))
     head = {"resnet18": "fc", "mobilenet_v3_small": "classifier.3", "vit_b_16": "heads.head"}[name]
     return model, model.get_submodule(head)
 

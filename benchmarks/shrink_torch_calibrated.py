@@ -41,6 +41,12 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "shrink-torch-calibrated-cpu-x86_64-2cores.md"
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+if __package__ in (None, ""):
+    sys.path.insert(0, str(HERE.parent))
+    from benchmarks.shrink_torch import random_batchnorm  # noqa: E402
+else:
+    from .shrink_torch import random_batchnorm
+
 SCORES = [
     ("ln_structured", {}),
     ("activation_structured", {"compensate": False}),
@@ -102,14 +108,7 @@ def _resnet18(size: int) -> tuple[Any, list, list]:
     torch.manual_seed(0)
     model = L.resnet18(1000).eval()
     g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                n = m.num_features
-                m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
-                m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
-                m.weight.copy_(torch.randn(n, generator=g) * 0.5 + 1)
-                m.bias.copy_(torch.randn(n, generator=g) * 0.1)
+    random_batchnorm(model, g)  # the layout of benchmarks.shrink_torch; g goes on to draw the data
     calibration = [torch.randn(8, 3, size, size, generator=g) for _ in range(4)]
     held_out = [torch.randn(8, 3, size, size, generator=g) for _ in range(2)]
     return model, calibration, held_out
