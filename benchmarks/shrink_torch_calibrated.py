@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import copy
 import platform
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -43,9 +42,9 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(HERE.parent))
-    from benchmarks.shrink_torch import random_batchnorm  # noqa: E402
+    from benchmarks.shrink_torch import _rev, random_batchnorm  # noqa: E402
 else:
-    from .shrink_torch import random_batchnorm
+    from .shrink_torch import _rev, random_batchnorm
 
 SCORES = [
     ("ln_structured", {}),
@@ -159,15 +158,6 @@ def bench(amounts: list[float], size: int, log: Any) -> dict:
                                     "cosine": cos, "params": sum(p.numel() for p in model.parameters())})  # fmt: skip
             log(f"resnet18 {amount} {_label(method, options)}: cosine {cos:.4f} ({seconds:.1f} s)")
     return out
-
-
-def _rev() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except Exception:  # noqa: BLE001 - no git: no revision shown
-        return "?"
 
 
 def write(results: dict, command: str, out: Path, started: str) -> None:

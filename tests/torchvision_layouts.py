@@ -26,6 +26,7 @@ __all__ = [
     "kept_width",
     "parameter_count",
     "macs",
+    "randomized",
 ]
 
 Width = Callable[[int], int]
@@ -387,3 +388,18 @@ def macs(model: nn.Module, *inputs: torch.Tensor) -> int:
         for h in handles:
             h.remove()
     return total
+
+
+def randomized(model: nn.Module, seed: int = 0) -> nn.Module:
+    """`model` in float64 and evaluation mode, its ``BatchNorm2d`` statistics and affine terms
+    drawn far from 0/1 (so that folding and slicing them shows)."""
+    g = torch.Generator().manual_seed(seed)
+    model = model.double().eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.copy_(torch.randn(m.num_features, generator=g, dtype=torch.float64) * 0.1)
+                m.running_var.copy_(torch.rand(m.num_features, generator=g, dtype=torch.float64) + 0.5)
+                m.weight.copy_(torch.randn(m.num_features, generator=g, dtype=torch.float64))
+                m.bias.copy_(torch.randn(m.num_features, generator=g, dtype=torch.float64) * 0.1)
+    return model

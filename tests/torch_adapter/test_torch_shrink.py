@@ -16,24 +16,11 @@ import torch
 import torch.nn.utils.prune as tprune
 import torchvision_layouts as L
 from torch import nn
+from torchvision_layouts import randomized as _randomize
 
 import arrayprune.adapters.torch as prune
 
 ATOL = 1e-5
-
-
-def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
-    """float64, evaluation mode, norm layers with statistics and affine terms far from 0/1."""
-    g = torch.Generator().manual_seed(seed)
-    model = model.double().eval()
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.copy_(torch.randn(m.num_features, generator=g, dtype=torch.float64) * 0.1)
-                m.running_var.copy_(torch.rand(m.num_features, generator=g, dtype=torch.float64) + 0.5)
-                m.weight.copy_(torch.randn(m.num_features, generator=g, dtype=torch.float64))
-                m.bias.copy_(torch.randn(m.num_features, generator=g, dtype=torch.float64) * 0.1)
-    return model
 
 
 def _params(model: nn.Module) -> dict[str, np.ndarray]:

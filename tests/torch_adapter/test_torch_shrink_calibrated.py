@@ -20,6 +20,7 @@ import pytest
 import torch
 import torchvision_layouts as L
 from torch import nn
+from torchvision_layouts import randomized as _randomize
 
 import arrayprune
 import arrayprune.adapters.torch as prune
@@ -348,19 +349,6 @@ def test_group_norm_blocks_and_grouped_convolution_parts(method):
 # --------------------------------------------------------------------------------------
 # torchvision's layouts
 # --------------------------------------------------------------------------------------
-
-
-def _randomize(model: nn.Module) -> nn.Module:
-    g = torch.Generator().manual_seed(0)
-    model = model.double().eval()
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.copy_(torch.randn(m.num_features, generator=g, dtype=torch.float64) * 0.1)
-                m.running_var.copy_(torch.rand(m.num_features, generator=g, dtype=torch.float64) + 0.5)
-                m.weight.copy_(torch.randn(m.num_features, generator=g, dtype=torch.float64))
-                m.bias.copy_(torch.randn(m.num_features, generator=g, dtype=torch.float64) * 0.1)
-    return model
 
 
 def _kept_from(dense: nn.Module, model: nn.Module, group) -> np.ndarray:
