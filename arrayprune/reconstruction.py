@@ -516,9 +516,25 @@ class HessianAccumulator:
         ValueError
             If no rows were added.
         """
+        return self.gram() / self.rows
+
+    def gram(self) -> Array:
+        """``X^T X`` over every batch so far, not divided by the rows.
+
+        Returns
+        -------
+        array
+            ``k x k``, float64 where available: the running sum itself, which later
+            updates add to (copy it to keep it apart).
+
+        Raises
+        ------
+        ValueError
+            If no rows were added.
+        """
         if self._sum is None or self.rows == 0:
             raise ValueError("no inputs yet: call update with at least one row first")
-        return self._sum / self.rows
+        return self._sum
 
 
 def unfold_patches(

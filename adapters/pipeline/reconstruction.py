@@ -376,7 +376,7 @@ def _hessians_of(
                 except ValueError as exc:
                     raise ValueError(f"{t.name!r}: activation {f.activation!r}: {exc}") from None
     hessians = {
-        name: [acc.hessian() * acc.rows if sums else acc.hessian() for acc in accs]
+        name: [acc.gram() if sums else acc.hessian() for acc in accs]
         for name, (_, accs) in accumulators.items()
     }
     return {t.name: hessians[owner[t.name]] for t in targets}

@@ -506,3 +506,14 @@ def test_any_column_step_equals_reference(monkeypatch, step, options):
         ref, ref_keep = reference_sparsegpt(w, h, nm=(options["n"], options["m"]), block_size=block_size)
     np.testing.assert_array_equal(keep, ref_keep)
     np.testing.assert_allclose(new, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_gram_is_the_sum_the_hessian_divides():
+    acc = ap.HessianAccumulator(3)
+    with pytest.raises(ValueError, match="no inputs yet"):
+        acc.gram()
+    x = np.arange(12.0).reshape(4, 3)
+    acc.update(x[:1])
+    acc.update(x[1:])
+    np.testing.assert_array_equal(acc.gram(), x.T @ x)
+    np.testing.assert_allclose(acc.hessian(), x.T @ x / 4, rtol=1e-15)
