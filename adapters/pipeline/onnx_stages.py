@@ -20,7 +20,7 @@ levels. :class:`LevelRunner` runs each level's part only:
   frontier values it makes. Sessions are made one level at a time.
 
 The kept values are held in memory up to a budget (:func:`frontier_memory`: a quarter of
-the machine's memory by default); beyond it they are written to a temporary folder
+the memory available by default); beyond it they are written to a temporary folder
 (``tempfile``'s, so ``TMPDIR`` chooses the disk) and read back memory-mapped, the same
 bytes either way. The folder is removed when the runner closes.
 
@@ -33,7 +33,6 @@ operators, whose draws would differ; an activation that no node makes) report so
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -43,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from arrayprune.adapters.formats import memory_limit
 from arrayprune.adapters.pipeline.calibration import _first_line, _open_session, _prepared_model, _quiet_run_options
 
 __all__ = ["FrontierStore", "LevelRunner", "Stage", "frontier_memory", "stage_plan"]
@@ -52,17 +52,20 @@ RANDOM_OPERATORS = frozenset(
     {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
 )
 
-#: Used where the machine's memory cannot be read: 2 GiB.
+#: Used where the memory available cannot be read: 2 GiB.
 FALLBACK_MEMORY = 2 << 30
 
 
 def frontier_memory() -> int:
-    """The default budget in bytes for kept frontier values: a quarter of physical memory."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, OSError, ValueError):  # no sysconf (Windows) or no such name
-        return FALLBACK_MEMORY
-    return total // 4 if total > 0 else FALLBACK_MEMORY
+    """The default budget in bytes for kept frontier values: a quarter of the memory available.
+
+    The memory available as the file formats measure it
+    (:func:`arrayprune.adapters.formats.memory_limit`: ``ARRAYPRUNE_MEMORY_LIMIT``, else
+    ``MemAvailable``, the process's limits and its cgroup's), :data:`FALLBACK_MEMORY`
+    where none is known.
+    """
+    limit = memory_limit()
+    return FALLBACK_MEMORY if limit >= 2**63 - 1 else limit // 4
 
 
 class FrontierStore:
