@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from arrayprune import amount as _amount
+from arrayprune.adapters.pipeline.method_names import unit_methods
 from arrayprune.groups import ChannelGroup, Member, choose_channels, group_scores, resolve_method, unit_method
 from arrayprune.methods import LnStructured
-from arrayprune.registry import METHODS
 from arrayprune.structured_methods import UnitPruningMethod
 
 from . import shrink_calibrated as _calibrated
@@ -524,7 +524,7 @@ def shrink(
             calibrated = unit_method(method, method_args) if calibration_batches is not None else None
             if calibration_batches is not None and calibrated is None:
                 raise ValueError(
-                    f"calibration_batches score channels with a calibrated method ({', '.join(_unit_names())}), "
+                    f"calibration_batches score channels with a calibrated method ({', '.join(unit_methods())}), "
                     f"not {method if isinstance(method, str) else type(method).__name__!r}"
                 )
             if calibrated is not None and scores:
@@ -568,6 +568,3 @@ def shrink(
         _slice(model, open_groups, [k.cpu() for k in kept])
     return model
 
-
-def _unit_names() -> list[str]:
-    return [name for name, cls in METHODS.items() if isinstance(cls, type) and issubclass(cls, UnitPruningMethod)]
