@@ -89,6 +89,12 @@ def cases(quick: bool) -> list[tuple[str, str, Callable[[Any], Callable[[], Any]
         for e in (14, 20, 24) if not quick else (14, 20):
             t = torch.from_numpy(_normal(1 << e, e + 200))
             out.append((f"torch CPU 2^{e}", "keep", lambda m, t=t: lambda: m.smallest_magnitude_keep([t], t.numel() // 2)))
+        for e in (20, 24) if not quick else (20,):
+            t = torch.from_numpy(_normal(1 << e, e + 500))
+            out.append((f"GPU route on CPU tensors 2^{e}", "keep", lambda m, t=t: _accelerator_route(m, [t], [None])))
+        ts = [torch.from_numpy(_normal(1 << 21, i)) for i in range(8)]
+        el = [torch.from_numpy(np.random.default_rng(i).random(1 << 21) < 0.9) for i in range(8)]
+        out.append(("GPU route on CPU tensors 8 x 2^21, eligibility", "keep", lambda m: _accelerator_route(m, ts, el)))
     for e in (14, 20, 24) if not quick else (14, 20):
         x = _normal(1 << e, e + 300)
         out.append((f"kth_smallest numpy 2^{e}", "kth", lambda m, x=x: lambda: m.kth_smallest(x, x.size // 2)))
@@ -96,6 +102,23 @@ def cases(quick: bool) -> list[tuple[str, str, Callable[[Any], Callable[[], Any]
         t = torch.from_numpy(_normal(1 << 20, 400))
         out.append(("kth_smallest torch CPU 2^20", "kth", lambda m, t=t: lambda: m.kth_smallest(t, t.numel() // 2)))
     return out
+
+
+def _accelerator_route(m: Any, tensors: list[Any], eligible: list[Any]) -> Callable[[], Any]:
+    """The route of CUDA tensors and CuPy (portable, on integer bit keys), run on CPU
+    tensors: a proxy for its passes over the data where no GPU is at hand."""
+    xp = m.namespace(tensors[0])
+    k = sum(t.numel() if e is None else int(e.sum()) for t, e in zip(tensors, eligible, strict=True)) // 2
+
+    def run() -> Any:
+        on_accelerator = m.keys.on_accelerator
+        m.keys.on_accelerator = lambda x: True
+        try:
+            return m.portable.keep_masks(xp, tensors, eligible, k)
+        finally:
+            m.keys.on_accelerator = on_accelerator
+
+    return run
 
 
 def _same(a: Any, b: Any, what: str) -> bool:

@@ -8,8 +8,9 @@
 * ``l1``: one float32 tensor of 2^20 .. 2^27 entries: the L1 mask (``l1_unstructured``,
   which takes the portable route on integer keys) against one elementwise pass (``x.abs()``) and
   torch's own mask (``torch.nn.utils.prune.L1Unstructured``: a ``topk`` of ``|x|``);
-* ``routes``: on the same tensors, the portable route's selection alone against a mask
-  from ``torch.kthvalue`` and torch's ``topk`` (run 1 on an H100 also timed a radix select
+* ``routes``: on the same tensors, the portable route's selection alone (as it runs, and
+  with its sample bracket at every size) against a mask from ``torch.kthvalue`` and
+  torch's ``topk`` (run 1 on an H100 also timed a radix select
   by scatter-add histograms and a library sort: 4-15x slower than the portable route,
   ``benchmarks/results/gpu-bench-h100-run1.md``, and removed);
 * ``global``: one mask over many tensors (about 0.7 x 10^9 entries; ``--quick`` far fewer)
@@ -41,7 +42,7 @@ import numpy as np
 
 import arrayprune as ap
 from arrayprune._namespace import namespace
-from arrayprune.selection import portable
+from arrayprune.selection import bracket, portable
 
 try:
     import torch
@@ -259,10 +260,22 @@ def l1(results: Results, args: argparse.Namespace) -> None:
         del x
 
 
+def bracket_everywhere(x: Any, k: int) -> Any:
+    """The portable route with the sample bracket at every size (below
+    ``bracket.SMALL_SIZE`` it sorts every key): where should a GPU cross over?"""
+    small = bracket.SMALL_SIZE
+    bracket.SMALL_SIZE = 1 << 12
+    try:
+        return portable.keep_masks(namespace(x), [x], [None], k)
+    finally:
+        bracket.SMALL_SIZE = small
+
+
 def routes(results: Results, args: argparse.Namespace) -> None:
     repeats = 5 if args.quick else 11
     candidates: dict[str, Callable[[Any, int], Any]] = {
         "portable": lambda x, k: portable.keep_masks(namespace(x), [x], [None], k),
+        "portable_bracket": bracket_everywhere,
     }
     for n in _sizes(args):
         for lib in ["torch"] + (["cupy"] if cupy is not None else []):

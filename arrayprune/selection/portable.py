@@ -63,6 +63,11 @@ def magnitude_keys(xp: Any, x: Array, dtype: Any) -> Array:
     return xp.abs(x) if bits is None else bits.magnitude(x)
 
 
+def _sets_by_position(x: Array) -> bool:
+    """Whether `x`'s library assigns at integer-array indices (beyond the standard)."""
+    return apc.is_numpy_array(x) or apc.is_cupy_array(x) or apc.is_torch_array(x)
+
+
 class StandardKeyStorage(_BracketSelect):
     """The same selection with whole-array operations of the Array API standard.
 
@@ -97,6 +102,9 @@ class StandardKeyStorage(_BracketSelect):
         # Inside jax.jit the count stays an array: `keep_traced` reads nothing back.
         self.n_ineligible = sum(ineligible) if self.traced else sum(int(n) for n in ineligible)
         self.shifted = any(e is not None for e in self.eligible)
+        # Masks written in place at integer positions where the library can (NumPy,
+        # CuPy, tensors); the standard's `__setitem__` takes boolean masks only.
+        self.writeable = apc.is_writeable_array(scores[0]) and _sets_by_position(scores[0])
         if by_value and self.shifted:
             raise ValueError("eligibility masks only apply to the order by magnitude")
         if self.floating:
@@ -195,17 +203,30 @@ class StandardKeyStorage(_BracketSelect):
         return xp.sort(sample)
 
     def scan(self, lo: float, hi: float):
+        # Two comparisons and one reduction per array: `key <= hi` gives the kept entries
+        # (its negation; NaN compares false, so it is kept) and, counted, the keys below
+        # `lo` once the candidates are taken away (NaN is neither).
         xp = self.xp
         masks, cand_keys, cand_where = [], [], []
         below = 0
         for i, key in enumerate(self.keys):
-            below += int(xp.count_nonzero(key < lo))
-            keep = ~(key <= hi)
-            cand = (key >= lo) & (key <= hi)
-            n_cand = int(xp.count_nonzero(cand))
+            at_most_hi = key <= hi
+            cand = at_most_hi & (key >= lo)
+            if self.writeable:
+                # One gather of positions, reused to write the candidates back: a
+                # boolean index would gather them a second time.
+                where = xp.nonzero(cand)[0]
+                n_cand = int(where.shape[0])
+                keys = xp.take(key, where)
+            else:
+                where = cand
+                n_cand = int(xp.count_nonzero(cand))
+                keys = key[cand]
+            below += int(xp.count_nonzero(at_most_hi)) - n_cand
             if n_cand:
-                cand_keys.append(key[cand])
-                cand_where.append((i, cand, n_cand))
+                cand_keys.append(keys)
+                cand_where.append((i, where, n_cand))
+            keep = ~at_most_hi
             e = self.eligible[i]
             masks.append(keep if e is None else keep | ~e)
         if cand_keys:
@@ -217,8 +238,8 @@ class StandardKeyStorage(_BracketSelect):
     def write_candidates(self, masks, cand_keys, cand_where, rank: int) -> None:
         keep = self._keep_after_rank(cand_keys, rank)
         offset = 0
-        for i, cand, n in cand_where:
-            masks[i] = xpx.at(masks[i], cand).set(keep[offset : offset + n], xp=self.xp)
+        for i, where, n in cand_where:
+            masks[i] = xpx.at(masks[i], where).set(keep[offset : offset + n], xp=self.xp)
             offset += n
 
     def nth(self, keys: Array, rank: int) -> Array:

@@ -548,3 +548,54 @@ def test_heavy_ties_take_the_counting_pass(backend, monkeypatch, kind, q):
     check_keep(backend, [x, y], round(q * available), elig)
     if counter.available:
         assert counter.calls["exact"] == 0, counter.calls
+
+
+@pytest.mark.parametrize("bit_keys", [False, True], ids=["float-keys", "bit-keys"])
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_portable_bracket_writes_candidates_by_position(monkeypatch, lib, bit_keys):
+    """The route of CuPy and CUDA tensors, forced on host arrays: candidates are gathered
+    once by position and written back there, with the same masks as the reference."""
+    from arrayprune.selection import keys
+
+    if lib == "torch":
+        torch = pytest.importorskip("torch")
+        convert = torch.from_numpy
+    else:
+        convert = np.asarray
+    monkeypatch.setattr(keys, "on_accelerator", lambda x: bit_keys)
+    shrink(monkeypatch, small=1 << 10, sample=1 << 10, sigmas=1.0)
+    rng = np.random.default_rng(23)
+    kinds = ["gauss", "half_zeros", "nan_inf", "integers"]
+    arrays = [make_data(kind, 5000, seed).astype(np.float32) for seed, kind in enumerate(kinds)]
+    elig = [None, rng.random(5000) < 0.6, None, rng.random(5000) < 0.5]
+    xs = [convert(a) for a in arrays]
+    es = [None if e is None else convert(e) for e in elig]
+    xp = sel.namespace(xs[0])
+    storage = portable.StandardKeyStorage(xp, xs, es)
+    assert storage.writeable and (storage.bits is not None) == bit_keys
+    written = []
+    monkeypatch.setattr(portable.xpx, "at", _recording_at(portable.xpx.at, written))
+    total = sum(a.size if e is None else int(e.sum()) for a, e in zip(arrays, elig, strict=True))
+    for k in [1, 3000, total // 2, total - 7, total]:
+        got = portable.keep_masks(xp, xs, es, k)
+        want = reference_keep([a.astype(np.float64) for a in arrays], k, elig)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(to_numpy(g), w)
+    assert written and all(str(dtype).endswith("int64") for dtype in written)
+
+
+def _recording_at(at, written):
+    """`xpx.at`, noting the dtype of each index it is given."""
+
+    def recording(x, idx):
+        written.append(idx.dtype)
+        return at(x, idx)
+
+    return recording
+
+
+def test_portable_bracket_on_strict_writes_by_mask():
+    """array-api-strict assigns at boolean masks only: its candidates stay a mask."""
+    xs = pytest.importorskip("array_api_strict")
+    x = xs.asarray(make_data("gauss", 100, 1).astype(np.float32))
+    assert not portable.StandardKeyStorage(sel.namespace(x), [x], [None]).writeable
