@@ -63,6 +63,15 @@ def magnitude_keys(xp: Any, x: Array, dtype: Any) -> Array:
     return xp.abs(x) if bits is None else bits.magnitude(x)
 
 
+def _read_back(x: Array) -> list[Any]:
+    """`x` as (nested) Python lists: one transfer where the library has ``tolist``."""
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    if x.ndim > 1:
+        return [_read_back(x[i, ...]) for i in range(x.shape[0])]
+    return [x[i] for i in range(x.shape[0])]
+
+
 def _sets_by_position(x: Array) -> bool:
     """Whether `x`'s library assigns at integer-array indices (beyond the standard)."""
     return apc.is_numpy_array(x) or apc.is_cupy_array(x) or apc.is_torch_array(x)
@@ -148,13 +157,14 @@ class StandardKeyStorage(_BracketSelect):
     def count(self, keys: Array) -> int:
         return int(keys.shape[0])
 
-    def at(self, keys: Array, i: int) -> Any:
-        return float(keys[i]) if self.floating else int(keys[i])
-
-    def run(self, sample: Array, i: int) -> tuple[int, int]:
+    def ranked(self, sample: Array, ranks: list[int]) -> list[tuple[Any, int, int]]:
+        # All ranks at once: on a GPU every value read back is a synchronisation.
         xp = self.xp
-        v = sample[i : i + 1]
-        return int(xp.searchsorted(sample, v, side="left")[0]), int(xp.searchsorted(sample, v, side="right")[0]) - 1
+        keys = xp.take(sample, xp.asarray(ranks, dtype=xp.int64, device=self.device))
+        runs = xp.stack([xp.searchsorted(sample, keys, side="left"), xp.searchsorted(sample, keys, side="right") - 1])
+        values, (first, last) = _read_back(keys), _read_back(runs)
+        kind = float if self.floating else int
+        return [(kind(v), int(a), int(b)) for v, a, b in zip(values, first, last, strict=True)]
 
     def _step(self, v: float, towards: float) -> float:
         xp = self.xp
