@@ -78,6 +78,7 @@ from arrayprune.adapters.pipeline.scoring import input_norms
 from arrayprune.adapters.pipeline.shrink_request import check_group_amount
 from arrayprune.adapters.pipeline.shrink_structure import (
     UnitScores,
+    choose_layers,
     decide_layers,
     decide_units,
     score_calibrated,
@@ -268,14 +269,17 @@ class UnitStatistic:
 
 
 def _layer_changes(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScores:
-    spec = job.spec
-    scores = UnitScores("residual_change", *score_layers(job.src, spec.calibration, **walk_arguments(job)))
-    if spec.dry_run or spec.amount is None or job.dst is None:  # the scores alone: nothing is chosen
+    spec, args = job.spec, walk_arguments(job)
+    deciding = spec.amount is not None and (spec.dry_run or job.dst is not None)
+    if deciding and spec.compensate:  # chosen one at a time, as they would be refit
+        scores = choose_layers(job.src, spec.amount, spec.calibration, **args)
+    else:
+        scores = UnitScores("residual_change", *score_layers(job.src, spec.calibration, **args))
+    if spec.dry_run or not deciding:  # nothing is written
         return scores
     return decide_layers(
-        job.src, job.dst, spec.amount, spec.calibration, stack, scores=scores, compensated=spec.compensate,
-        **walk_arguments(job),
-    )  # fmt: skip
+        job.src, job.dst, spec.amount, spec.calibration, stack, scores=scores, compensated=spec.compensate, **args
+    )
 
 
 def _router(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScores:

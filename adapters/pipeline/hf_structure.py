@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,7 +51,15 @@ from arrayprune.adapters.pipeline.hf_calibration import (
 )
 from arrayprune.structured import residual_change
 
-__all__ = ["LayerWalk", "absorb_removed_layers", "calibrated_units", "layer_changes", "router_statistics"]
+__all__ = [
+    "LayerWalk",
+    "absorb_removed_layers",
+    "calibrated_units",
+    "layer_changes",
+    "RefitChanges",
+    "refit_changes",
+    "router_statistics",
+]
 
 #: Per-expert tensors of a checkpoint -> the fused parameter of transformers 5:
 #: (fused name, the per-expert weights concatenated along their rows, in order).
@@ -98,6 +106,9 @@ class LayerWalk:
     masks : list
         Per batch, the attention mask of its tokens (``[batch, seq]``) or None.
     config : PretrainedConfig
+    replaced : dict of str to tensor
+        Weights read instead of the checkpoint's, by its name: ``[out, in]`` (GPT-2's
+        ``Conv1D`` is transposed as it is loaded). Empty at first.
     """
 
     def __init__(self, source: Any, folder: str, calibration: str, rows: int | None = None, device: Any = None):
@@ -128,6 +139,7 @@ class LayerWalk:
             self.arguments = _arguments_per_layer(model, self.layers, batches)
         _Weights.free(model)
         self.index = 0
+        self.replaced: dict[str, Any] = {}
 
     def close(self) -> None:
         """Give the memory maps back."""
@@ -171,6 +183,9 @@ class LayerWalk:
             else:
                 raise ValueError(f"the checkpoint has no tensor {full!r}, which {type(layer).__name__} needs")
             owner, leaf = _owner(layer, name)
+            if stored in self.replaced:
+                value = self.replaced[stored]
+                value = value.T if type(owner).__name__ == "Conv1D" else value
             owner._parameters[leaf] = nn.Parameter(value.to(self.device, torch.float32), requires_grad=False)
 
     def _assembled(self, experts: str, leaf: str, param: Any) -> Any:
@@ -244,6 +259,101 @@ def layer_changes(walk: LayerWalk, hooks: Any = None) -> np.ndarray:
             out[i] = total / max(count, 1.0)
             walk.advance(outputs)
     return out
+
+
+class RefitChanges(NamedTuple):
+    """What :func:`refit_changes` finds.
+
+    Attributes
+    ----------
+    scores : ndarray
+        Per layer, float64; NaN for the layers skipped.
+    lowest : tuple or None
+        For the layer of lowest score, if it was refit: ``(layer, weight name, weight)``,
+        the projection of the layer before as refit to absorb it (``[out, in]``, float64,
+        on the walk's device).
+    """
+
+    scores: np.ndarray
+    lowest: tuple[int, str, Any] | None
+
+
+def refit_changes(
+    walk: LayerWalk,
+    writers: Mapping[int, str],
+    refit: Callable[[int, Any, Any, Any], Any],
+    hooks: Any = None,
+    *,
+    probed: Container[int] = (),
+    skip: Container[int] = (),
+) -> RefitChanges:
+    """Per layer, the mean over calibration tokens of ``1 - cosine`` between the stream after
+    it and the stream once it is removed and refit into the layer before (float64).
+
+    The score of :func:`layer_changes` once compensation counts: layer ``i`` is left out
+    and what it adds is refit into the projection ``writers[p]`` of the layer ``p`` run
+    before it (as :func:`absorb_removed_layers` does, with `refit`), and the stream that
+    ``p`` then gives is compared with the one after ``i``. A layer with no layer before it,
+    or whose layer before fails the check of `probed`, is compared as it is left out.
+
+    Parameters
+    ----------
+    walk : LayerWalk
+        The model: its checkpoint, with the weights of ``walk.replaced``.
+    writers, refit, hooks, probed
+        As for :func:`absorb_removed_layers`.
+    skip : container of int
+        Layers not run (removed already): the stream goes past them, they get no score.
+
+    Returns
+    -------
+    RefitChanges
+
+    Notes
+    -----
+    Each layer after the first costs two more runs of the layer before it (and one
+    ``X^T X`` of its projection's inputs).
+    """
+    import torch
+
+    out = np.full(len(walk.layers), np.nan)
+    lowest: tuple[int, str, Any] | None = None
+    best = np.inf
+    pending: tuple[int, list[Any], list[Any]] | None = None  # the layer run before, if it can absorb
+    new: list[Any] = []
+
+    def keep(p: int, weight: Any, hessian: Any, cross: Any) -> Any:
+        new.append(refit(p, weight, hessian, cross))
+        return new[-1]
+
+    with torch.no_grad():
+        for i in _progress(hooks, len(walk.layers)):
+            if i in skip:
+                walk.advance([hidden for hidden, _, _ in walk.inputs])
+                continue
+            mine = None
+            with walk.loaded(i) as layer:
+                outputs = walk.outputs(layer)
+                if i in writers:
+                    module = walk.module(layer, i, writers[i])
+                    if i not in probed or _adds_as_it_is(walk, layer, module, outputs[0]):
+                        mine = (i, list(walk.inputs), outputs)
+            new.clear()
+            if pending is None:
+                without = [hidden for hidden, _, _ in walk.inputs]
+            else:
+                without = _absorbed(walk, pending, outputs, writers[pending[0]], keep)
+            total, count = 0.0, 0.0
+            for after, gone, mask in zip(outputs, without, walk.masks, strict=True):
+                s, n = residual_change(gone.double(), after.double(), mask)
+                total, count = total + float(s), count + float(n)
+            out[i] = total / max(count, 1.0)
+            if out[i] < best:  # the first of equal scores stays the lowest, as for argmin
+                best = out[i]
+                lowest = None if pending is None else (i, writers[pending[0]], new[0])
+            pending = mine
+            walk.advance(outputs)
+    return RefitChanges(out, lowest)
 
 
 def router_statistics(

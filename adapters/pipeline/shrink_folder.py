@@ -61,6 +61,9 @@ class UnitReport:
         How the units were scored.
     left : list
         Always empty.
+    kept : dict of str to ndarray, optional
+        Per set, the units kept where they are not the highest scores (layers chosen one
+        at a time, each rescored).
     """
 
     kind: str
@@ -68,6 +71,7 @@ class UnitReport:
     scores: dict[str, np.ndarray] = field(default_factory=dict)
     what: str = ""
     left: list[Any] = field(default_factory=list)
+    kept: dict[str, np.ndarray] | None = None
 
     def describe(self, amount: int | float | None = None) -> str:
         """Per set: units before and after, each unit's score, and the units that would go."""
@@ -82,7 +86,10 @@ class UnitReport:
                 continue
             lines.append("  " + " ".join(f"{i}:{s:.4g}" for i, s in enumerate(scores)))
             if k and amount is not None:
-                kept = set(np.asarray(choose_channels(np.asarray(scores), amount)).tolist())
+                chosen = (self.kept or {}).get(g.group.name)
+                if chosen is None:
+                    chosen = choose_channels(np.asarray(scores), amount)
+                kept = set(np.asarray(chosen).tolist())
                 lines.append(f"  removed: {', '.join(str(i) for i in range(n) if i not in kept)}")
         return "\n".join(lines)
 
@@ -106,6 +113,8 @@ class StructureShrink:
         Files of the folder not copied, with the reason.
     refits : dict of str to list of int
         Layers: each projection refit to absorb removed layers, and those layers.
+    notes : list of str
+        What else the report should say (how the layers were chosen).
     """
 
     report: UnitReport
@@ -116,6 +125,7 @@ class StructureShrink:
     files: list[str]
     left: list[str]
     refits: dict[str, list[int]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -140,6 +150,10 @@ class UnitScores:
         ``[out, in]``, dropped columns zero); layers: each projection refit to absorb the
         removed layers after it (:func:`decide_layers`). In a folder beside the output that
         lives as long as the calibrate stage's exit stack.
+    order : list of (int, float), optional
+        Layers chosen one at a time (:func:`choose_layers`): each removed layer, in the
+        order chosen, with its score then (on the model without the layers before it in
+        the list).
     """
 
     statistic: str
@@ -147,6 +161,7 @@ class UnitScores:
     scores: Any
     kept: dict[str, np.ndarray] | None = None
     saved: dict[str, str] | None = None
+    order: list[tuple[int, float]] | None = None
 
 
 def _count_kept(amount: int | float, units: int, what: str) -> int:

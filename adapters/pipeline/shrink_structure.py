@@ -2,10 +2,13 @@
 
 ``arrayprune prune FOLDER -o OUT --shrink`` with
 
-* ``--groups layers --calibration tokens.npz``: whole decoder layers removed, those whose
-  residual-stream change ``1 - cosine(input, output)`` (averaged over the calibration
-  tokens, the dense model's activations) is smallest; the other layers' tensors renamed
-  to consecutive indices; ``num_hidden_layers`` and every per-layer list of
+* ``--groups layers --calibration tokens.npz``: whole decoder layers removed, one at a
+  time, each the layer whose removal changes the residual stream least (``1 - cosine``
+  of the stream after it, averaged over the calibration tokens), once what it added is
+  refit into the layer before (:func:`choose_layers`; ``--no-compensate``: the dense
+  model's ``1 - cosine(input, output)`` per layer, the smallest removed, nothing refit);
+  the other layers' tensors renamed to consecutive indices; ``num_hidden_layers`` and
+  every per-layer list of
   ``config.json`` (``layer_types``, sliding-window lists, Qwen-MoE's ``mlp_only_layers``)
   rewritten;
 * ``--groups experts``: experts of every mixture-of-experts layer removed, those the
@@ -48,6 +51,7 @@ from arrayprune.adapters.pipeline.hf_structure import (
     absorb_removed_layers,
     calibrated_units,
     layer_changes,
+    refit_changes,
     router_statistics,
 )
 from arrayprune.adapters.pipeline.job import ShrinkJob
@@ -93,6 +97,7 @@ __all__ = [
     "UnitReport",
     "UnitScores",
     "check_hf_shrink",
+    "choose_layers",
     "decide_units",
     "shrink_errors",
     "walk_arguments",
@@ -110,9 +115,13 @@ def score_layers(
     ckpt, config = open_hf(src)
     layers = hf_layers(config, {n: t.shape for n, t in ckpt.tensors.items()})
     with _walk(ckpt, calibration, rows, device) as walk:
-        if len(walk.layers) != layers.units:
-            raise HfGroupsError(f"transformers builds {len(walk.layers)} layers, the checkpoint holds {layers.units}")
+        _check_layers(walk, layers)
         return layers, layer_changes(walk, hooks)
+
+
+def _check_layers(walk: Any, layers: HfLayers) -> None:
+    if len(walk.layers) != layers.units:
+        raise HfGroupsError(f"transformers builds {len(walk.layers)} layers, the checkpoint holds {layers.units}")
 
 
 def shrink_layers(
@@ -186,7 +195,7 @@ def shrink_layers(
                 src, dst, amount, calibration, stack, scores=scores, compensated=compensated, damp=damp, rows=rows,
                 device=device, hooks=hooks,
             )  # fmt: skip
-        layers, changes = scores.found, scores.scores
+        layers = scores.found
         name = layers.names[0].rsplit(".", 1)[0]
         kept = [int(i) for i in (scores.kept or {})[name]]
         saved = scores.saved or {}
@@ -205,12 +214,88 @@ def shrink_layers(
 
         files = _write(ckpt, dst, config, updates, renamed, {}, data, force=force, made=made)
     runs = layers.absorbers(kept, saved)[1]
-    report = UnitReport("layers", [_Unitset(_Named(name, layers.units), "layers")], {name: changes}, _LAYER_SCORE)
+    report = _layers_report(scores)
     before, after = _size(ckpt, renamed, {})
-    return StructureShrink(report, {name: kept}, before, after, updates, files, list(ckpt.left), runs)
+    notes = _order_notes(scores)
+    return StructureShrink(report, {name: kept}, before, after, updates, files, list(ckpt.left), runs, notes)
 
 
 _LAYER_SCORE = "1 - cosine(input, output) of each layer's residual stream, mean over calibration tokens"
+_REFIT_LAYER_SCORE = (
+    "1 - cosine between the residual stream after each layer and after the layer before once the layer is "
+    "removed and refit into it, mean over calibration tokens, on the dense model"
+)
+
+
+def _layers_report(scores: UnitScores) -> UnitReport:
+    """The layers with their scores: as they are, or once refit (:func:`choose_layers`)."""
+    layers = scores.found
+    name = layers.names[0].rsplit(".", 1)[0]
+    what, kept = (_LAYER_SCORE, None) if scores.order is None else (_REFIT_LAYER_SCORE, scores.kept)
+    units = [_Unitset(_Named(name, layers.units), "layers")]
+    return UnitReport("layers", units, {name: scores.scores}, what, kept=kept)
+
+
+def _order_notes(scores: UnitScores) -> list[str]:
+    """The order in which :func:`choose_layers` removed layers, with their scores then."""
+    if not scores.order:
+        return []
+    steps = ", ".join(f"{i} ({score:.4g})" for i, score in scores.order)
+    return [f"layers chosen one at a time, each rescored on the model without those before it: {steps}"]
+
+
+def choose_layers(
+    src: Any,
+    amount: int | float,
+    calibration: str,
+    *,
+    damp: float = 0.01,
+    rows: int | None = None,
+    device: Any = None,
+    hooks: Any = None,
+) -> UnitScores:
+    """Choose the layers to remove one at a time, each scored as it would be refit.
+
+    Each step walks the model as shrunk so far (the layers chosen left out, what they
+    added refit into the layer before) and removes the layer of lowest
+    :func:`~arrayprune.adapters.pipeline.hf_structure.refit_changes` score: the one whose
+    removal, refit, changes the residual stream after it least. Scoring layers once on
+    the dense model misses how removals interact (a layer next to a removed one must
+    absorb the run); rescoring costs one walk of three layer runs per layer removed.
+
+    Returns
+    -------
+    UnitScores
+        ``residual_change`` scores of the dense model (the first step), the layers kept,
+        and `order`: each layer removed with its score when it was.
+    """
+    ckpt, config = open_hf(src)
+    layers = hf_layers(config, {n: t.shape for n, t in ckpt.tensors.items()})
+    keeps = _count_kept(amount, layers.units, "layers")
+    writers = {p: w[0] for p in range(layers.units) if (w := layers.writer(p)) is not None and w[0] in ckpt.tensors}
+    probed = {p for p in writers if (layers.writer(p) or ("", 0, False))[2]}
+
+    def refit(p: int, weight: Any, hessian: Any, cross: Any) -> Any:
+        return absorb(weight, hessian, cross, damp, overwrite_hessian=True)
+
+    first: np.ndarray | None = None
+    order: list[tuple[int, float]] = []
+    replaced: dict[str, Any] = {}
+    while len(order) < layers.units - keeps:
+        with _walk(ckpt, calibration, rows, device) as walk:
+            _check_layers(walk, layers)
+            walk.replaced = replaced
+            found = refit_changes(walk, writers, refit, hooks, probed=probed, skip={i for i, _ in order})
+        first = found.scores if first is None else first
+        i = int(np.nanargmin(found.scores))
+        order.append((i, float(found.scores[i])))
+        if found.lowest is not None:
+            _, key, weight = found.lowest
+            replaced[key] = weight
+    name = layers.names[0].rsplit(".", 1)[0]
+    gone = {i for i, _ in order}
+    kept = np.asarray([i for i in range(layers.units) if i not in gone])
+    return UnitScores("residual_change", layers, first, {name: kept}, order=order)
 
 
 def decide_layers(
@@ -227,16 +312,27 @@ def decide_layers(
     device: Any = None,
     hooks: Any = None,
 ) -> UnitScores:
-    """Score the layers (unless `scores` holds them), choose the kept ones and refit each run of removed layers.
+    """Choose the kept layers (unless `scores` holds them) and refit each run of removed layers.
 
-    Each run's refit projection (:meth:`~arrayprune.adapters.roles.hf_groups.HfLayers.writer`
-    of the kept layer before it) is saved (``.npy``, float64 ``[out, in]``) in a folder
-    beside `dst` that lives as long as `stack`; :func:`shrink_layers` writes the checkpoint.
+    Without `scores`, the layers are chosen by :func:`choose_layers` (`compensated`) or by
+    their :func:`score_layers` scores; `scores` without ``kept`` are ranked as they are
+    (lowest go). Each run's refit projection
+    (:meth:`~arrayprune.adapters.roles.hf_groups.HfLayers.writer` of the kept layer before
+    it, refit from its own weight on the run as a whole) is saved (``.npy``, float64
+    ``[out, in]``) in a folder beside `dst` that lives as long as `stack`;
+    :func:`shrink_layers` writes the checkpoint.
     """
-    if scores is None:
-        scores = UnitScores("residual_change", *score_layers(src, calibration, rows=rows, device=device, hooks=hooks))
+    walking = {"rows": rows, "device": device, "hooks": hooks}
+    if scores is None and compensated:
+        scores = choose_layers(src, amount, calibration, damp=damp, **walking)
+    elif scores is None:
+        scores = UnitScores("residual_change", *score_layers(src, calibration, **walking))
     layers = scores.found
-    kept = [int(i) for i in choose_channels(scores.scores, amount)]
+    name = layers.names[0].rsplit(".", 1)[0]
+    if scores.kept is not None:
+        kept = [int(i) for i in scores.kept[name]]
+    else:
+        kept = [int(i) for i in choose_channels(scores.scores, amount)]
     saved: dict[str, str] = {}
     ckpt, _ = open_hf(src)
     writers, _ = layers.absorbers(kept, ckpt.tensors)
@@ -253,8 +349,7 @@ def decide_layers(
         with _walk(ckpt, calibration, rows, device) as walk:
             removed = [i for i in range(layers.units) if i not in kept]
             absorb_removed_layers(walk, removed, writers, store, hooks, probed=probed)
-    name = layers.names[0].rsplit(".", 1)[0]
-    return UnitScores("residual_change", layers, scores.scores, {name: np.asarray(kept)}, saved)
+    return UnitScores("residual_change", layers, scores.scores, {name: np.asarray(kept)}, saved, scores.order)
 
 
 _EXPERT_SCORE = "routing weight per calibration token (frequency x mean weight of the tokens choosing it)"
@@ -674,7 +769,7 @@ def run_hf_shrink(job: ShrinkJob, scores: UnitScores | None = None) -> Any:
     score = _recorded(spec, groups).method if groups in _RECORDED else None
     shrunk = ShrinkResult(done.report, spec.amount, done.kept, done.params_before, done.params_after, score=score)
     changes = ", ".join(f"{k} -> {v}" for k, v in done.config.items())
-    notes = [*_notes(spec, groups), f"{CONFIG_NAME} rewritten: {changes}"]
+    notes = [*_notes(spec, groups), *done.notes, f"{CONFIG_NAME} rewritten: {changes}"]
     notes += [
         f"layer{'s' * (len(run) > 1)} {', '.join(map(str, run))} refit into {key.removesuffix('.weight')} "
         "(what the removed layers added to the residual stream; --no-compensate: not refit)"
@@ -724,16 +819,19 @@ def _dry_run(
             scores = UnitScores("residual_change", *score_layers(src, spec.calibration, **args))
         layers, changes = scores.found, scores.scores
         name = layers.names[0].rsplit(".", 1)[0]
-        report = UnitReport("layers", [_Unitset(_Named(name, layers.units), "layers")], {name: changes}, _LAYER_SCORE)
+        report = _layers_report(scores)
         if not spec.compensate or spec.amount is None:
             return report, []
-        kept = [int(i) for i in choose_channels(changes, spec.amount)]
+        kept = [int(i) for i in (scores.kept or {}).get(name, choose_channels(changes, spec.amount))]
         _, runs = layers.absorbers(kept, open_hf(src)[0].tensors)
         return report, [
-            f"layer{'s' * (len(run) > 1)} {', '.join(map(str, run))} would be refit into "
-            f"{key.removesuffix('.weight')}, unless the check that it adds to the residual stream as it is "
-            "fails (not run by a dry run)"
-            for key, run in runs.items()
+            *_order_notes(scores),
+            *(
+                f"layer{'s' * (len(run) > 1)} {', '.join(map(str, run))} would be refit into "
+                f"{key.removesuffix('.weight')}, unless the check that it adds to the residual stream as it is "
+                "fails"
+                for key, run in runs.items()
+            ),
         ]
     if groups == "experts":
         if scores is None:

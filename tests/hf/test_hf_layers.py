@@ -239,10 +239,18 @@ def test_the_calibrate_stage_measures_once_and_the_shrink_stage_writes(qwen3, to
         "residual_change", "router_statistics", "unit_hessians", "consumer_hessians"
     ]
     result = prune_file(qwen3, tmp_path / "out", shrink=True, groups="layers", amount=1, calibration=tokens,
-                        method="ln_structured")  # fmt: skip
+                        method="ln_structured", compensate=False)  # fmt: skip
     dropped = int(np.argmin(reference_changes(qwen3, tokens)))
     assert measured == [str(qwen3)]
     assert result.shrink.kept == {"model.layers": [i for i in range(4) if i != dropped]}
+    # Compensated (the default), the layers are chosen one at a time in the calibrate stage.
+    original_choice = calibrate.choose_layers
+    monkeypatch.setattr(calibrate, "choose_layers", lambda *a, **k: measured.append(a[0]) or original_choice(*a, **k))
+    monkeypatch.setattr(shrink_structure, "choose_layers", refused)
+    measured.clear()
+    result = prune_file(qwen3, tmp_path / "refit", shrink=True, groups="layers", amount=2, calibration=tokens)
+    assert measured == [str(qwen3)]
+    assert result.shrink.kept == {"model.layers": greedy_kept(qwen3, tokens, 2)}
 
 
 def _layer_list(model):
@@ -478,3 +486,112 @@ def test_padding_tokens_are_left_out_of_the_refit(qwen3, tmp_path):
     got = load(tmp_path / "small").model.layers[0].mlp.down_proj.weight.detach().numpy()
     want = ref.model.layers[0].mlp.down_proj.weight.detach().numpy()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def _outputs(model, ids, mask=None):
+    """Each layer's output hidden states (float64) and the first layer's input."""
+    seen: dict = {}
+    layers = _layer_list(model)
+    handles = [layer.register_forward_hook(lambda m, a, o, i=i: seen.__setitem__(i, _hidden(o).double()))
+               for i, layer in enumerate(layers)]  # fmt: skip
+    handles.append(layers[0].register_forward_pre_hook(
+        lambda m, args, kwargs: seen.__setitem__("in", (args[0] if args else kwargs["hidden_states"]).double()),
+        with_kwargs=True,
+    ))  # fmt: skip
+    with torch.no_grad():
+        model(ids, attention_mask=mask, use_cache=False)
+    for h in handles:
+        h.remove()
+    return seen
+
+
+def _one_minus_cos(a, b):
+    return float((1 - torch.nn.functional.cosine_similarity(a, b, dim=-1)).mean())
+
+
+def reference_refit_changes(cls, folder, tokens_path, writer_of):
+    """Per layer ``i``: 1 - cosine between the dense stream after ``i`` and, once ``i`` is
+    removed and refit into layer ``i - 1`` (:func:`reference_absorbed`, float64), the stream
+    after ``i - 1``; layer 0 as it is left out."""
+    ids = torch.from_numpy(np.load(tokens_path)["input_ids"])
+    dense = _outputs(cls.from_pretrained(folder).eval().double(), ids)
+    n = len([k for k in dense if k != "in"])
+    scores = [_one_minus_cos(dense["in"], dense[0])]
+    for i in range(1, n):
+        refit = reference_absorbed(cls, folder, tokens_path, [i], writer_of)
+        scores.append(_one_minus_cos(dense[i], _outputs(refit, ids)[i - 1]))
+    return np.array(scores)
+
+
+def greedy_kept(folder, tokens_path, count):
+    """The layers kept by removing, `count` times, the lowest :func:`reference_refit_changes`
+    score on the model shrunk so far (written with one layer fewer each time)."""
+    import tempfile
+
+    kept = list(range(len(reference_changes(folder, tokens_path))))
+    with tempfile.TemporaryDirectory() as tmp:
+        for step in range(count):
+            scores = reference_refit_changes(tr.Qwen3ForCausalLM, folder, tokens_path, lambda lay: lay.mlp.down_proj)
+            drop = int(np.argmin(scores))
+            out = os.path.join(tmp, f"step{step}")
+            shrink_layers(folder, out, 1, str(tokens_path), scores=forced_scores(folder, [drop]))
+            kept.pop(drop)
+            folder = out
+    return kept
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_layers_chosen_one_at_a_time_as_they_would_be_refit(family, qwen3, tokens, tmp_path):
+    """Each step's scores equal a float64 reference on the model written with the layers
+    chosen before removed and refit; GPT-2's ``Conv1D`` weights are read back transposed."""
+    from arrayprune.adapters.pipeline.shrink_structure import choose_layers
+
+    if family == "gpt2":
+        torch.manual_seed(1)
+        cfg = tr.GPT2Config(vocab_size=64, n_embd=32, n_layer=4, n_head=4, n_positions=64)
+        dense = tmp_path / "dense"
+        tr.GPT2LMHeadModel(cfg).eval().save_pretrained(dense, max_shard_size="20KB")
+        cls, writer_of = tr.GPT2LMHeadModel, (lambda layer: layer.mlp.c_proj)
+    else:
+        dense, cls, writer_of = qwen3, tr.Qwen3ForCausalLM, (lambda layer: layer.mlp.down_proj)
+    chosen = choose_layers(dense, 2, str(tokens))
+    first = reference_refit_changes(cls, dense, tokens, writer_of)
+    np.testing.assert_allclose(chosen.scores, first, rtol=1e-4, atol=1e-6)
+    (one, score_one), (two, score_two) = chosen.order
+    assert one == int(np.argmin(first)) and score_one == pytest.approx(first[one], rel=1e-4)
+    shrink_layers(dense, tmp_path / "step1", 1, str(tokens), scores=forced_scores(dense, [one]))
+    second = reference_refit_changes(cls, tmp_path / "step1", tokens, writer_of)
+    left = [i for i in range(4) if i != one]
+    assert two == left[int(np.argmin(second))]
+    assert score_two == pytest.approx(second.min(), rel=1e-4)
+    assert chosen.kept == {chosen.found.names[0].rsplit(".", 1)[0]: pytest.approx([i for i in left if i != two])}
+    # The final refit is the joint one of each run, from the stored weights (as for forced scores).
+    done = shrink_layers(dense, tmp_path / "small", 2, str(tokens))
+    forced = shrink_layers(dense, tmp_path / "forced", 2, str(tokens), scores=forced_scores(dense, [one, two]))
+    assert done.kept == forced.kept and done.refits == forced.refits
+    for name in sorted(os.listdir(tmp_path / "small")):
+        if name.endswith(".safetensors"):
+            from safetensors.numpy import load_file
+
+            got, want = load_file(tmp_path / "small" / name), load_file(tmp_path / "forced" / name)
+            assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in got)
+
+
+@pytest.mark.slow
+def test_dry_run_names_the_layers_chosen_one_at_a_time(qwen3, tokens, capsys):
+    args = ["prune", str(qwen3), "--dry-run", "--shrink", "--groups", "layers", "--amount", "2",
+            "--calibration", str(tokens)]  # fmt: skip
+    capsys.readouterr()
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    kept = greedy_kept(qwen3, tokens, 2)
+    removed = [i for i in range(4) if i not in kept]
+    assert f"removed: {', '.join(map(str, removed))}" in captured.out
+    assert "once the layer is removed and refit into it" in captured.out
+    assert "layers chosen one at a time, each rescored on the model without those before it: " in captured.err
+    assert main([*args, "--no-compensate"]) == 0
+    captured = capsys.readouterr()
+    plain = np.sort(np.argsort(reference_changes(qwen3, tokens), kind="stable")[:2]).tolist()
+    assert f"removed: {', '.join(map(str, plain))}" in captured.out
+    assert "1 - cosine(input, output)" in captured.out and "one at a time" not in captured.err
