@@ -132,7 +132,7 @@ def methods(extra: dict[str, str]) -> dict[str, Method]:
         "b": Method("b", "(b) calibrated (`obs_structured --no-compensate`; layers, experts: own score)",
                     commands={"channels": obs + " --no-compensate", "heads": obs + " --no-compensate",
                               "layers": own + " --no-compensate", "experts": own}),
-        "c": Method("c", "(c) calibrated + compensation (`obs_structured`; layers: refit into the layer before)",
+        "c": Method("c", "(c) calibrated + compensation (`obs_structured`; layers: refit, chosen one by one)",
                     commands={"channels": obs, "heads": obs, "layers": own},
                     skip={"experts": _NO_REFIT.format(kind="experts")}),
         "d": Method("d", "(d) Torch-Pruning 1.6.1 (`MetaPruner`, group L2 norm)", run=torch_pruning,

@@ -8,6 +8,9 @@ ranks on calibration token ids:
 * :func:`layer_changes`: per decoder layer, ``1 - cosine(input, output)`` of the
   residual stream, averaged over tokens (``--groups layers``); the dense model's
   activations;
+* :func:`refit_changes`: the same once compensation counts, per layer the change of
+  the stream after it when it is removed and refit into the layer before (the model as
+  shrunk so far: layers skipped, refit weights in :attr:`LayerWalk.replaced`);
 * :func:`router_statistics`: per mixture-of-experts layer, how many tokens chose each
   expert among their top ``num_experts_per_tok`` and the routing weight (router
   probability) they gave it (``--groups experts``); the dense model's activations;
