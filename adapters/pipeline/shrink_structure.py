@@ -822,7 +822,8 @@ def _dry_run(
         report = _layers_report(scores)
         if not spec.compensate or spec.amount is None:
             return report, []
-        kept = [int(i) for i in (scores.kept or {}).get(name, choose_channels(changes, spec.amount))]
+        chosen = scores.kept[name] if scores.kept is not None else choose_channels(changes, spec.amount)
+        kept = [int(i) for i in chosen]
         _, runs = layers.absorbers(kept, open_hf(src)[0].tensors)
         return report, [
             *_order_notes(scores),
