@@ -272,7 +272,7 @@ def _layer_changes(job: ShrinkJob, stack: contextlib.ExitStack) -> UnitScores:
     spec, args = job.spec, walk_arguments(job)
     deciding = spec.amount is not None and (spec.dry_run or job.dst is not None)
     if deciding and spec.compensate:  # chosen one at a time, as they would be refit
-        scores = choose_layers(job.src, spec.amount, spec.calibration, **args)
+        scores = choose_layers(job.src, spec.amount, spec.calibration, beside=job.dst, **args)
     else:
         scores = UnitScores("residual_change", *score_layers(job.src, spec.calibration, **args))
     if spec.dry_run or not deciding:  # nothing is written

@@ -109,9 +109,10 @@ class LayerWalk:
     masks : list
         Per batch, the attention mask of its tokens (``[batch, seq]``) or None.
     config : PretrainedConfig
-    replaced : dict of str to tensor
-        Weights read instead of the checkpoint's, by its name: ``[out, in]`` (GPT-2's
-        ``Conv1D`` is transposed as it is loaded). Empty at first.
+    replaced : dict of str to str
+        Weights read instead of the checkpoint's, by its name: ``.npy`` files of
+        ``[out, in]`` (GPT-2's ``Conv1D`` is transposed as it is loaded), read as the
+        layer is. Empty at first.
     """
 
     def __init__(self, source: Any, folder: str, calibration: str, rows: int | None = None, device: Any = None):
@@ -142,7 +143,7 @@ class LayerWalk:
             self.arguments = _arguments_per_layer(model, self.layers, batches)
         _Weights.free(model)
         self.index = 0
-        self.replaced: dict[str, Any] = {}
+        self.replaced: dict[str, str] = {}
 
     def close(self) -> None:
         """Give the memory maps back."""
@@ -187,7 +188,7 @@ class LayerWalk:
                 raise ValueError(f"the checkpoint has no tensor {full!r}, which {type(layer).__name__} needs")
             owner, leaf = _owner(layer, name)
             if stored in self.replaced:
-                value = self.replaced[stored]
+                value = torch.from_numpy(np.load(self.replaced[stored]))
                 value = value.T if type(owner).__name__ == "Conv1D" else value
             owner._parameters[leaf] = nn.Parameter(value.to(self.device, torch.float32), requires_grad=False)
 
@@ -275,10 +276,13 @@ class RefitChanges(NamedTuple):
         For the layer of lowest score, if it was refit: ``(layer, weight name, weight)``,
         the projection of the layer before as refit to absorb it (``[out, in]``, float64,
         on the walk's device).
+    failed : list of int
+        The layers of `probed` whose projection failed the check (not refit into).
     """
 
     scores: np.ndarray
     lowest: tuple[int, str, Any] | None
+    failed: list[int]
 
 
 def refit_changes(
@@ -324,6 +328,8 @@ def refit_changes(
     best = np.inf
     pending: tuple[int, list[Any], list[Any]] | None = None  # the layer run before, if it can absorb
     new: list[Any] = []
+    buffers: list[Any] = []  # the sums of `_absorbed`, reused from layer to layer
+    failed: list[int] = []
 
     def keep(p: int, weight: Any, hessian: Any, cross: Any) -> Any:
         new.append(refit(p, weight, hessian, cross))
@@ -341,11 +347,13 @@ def refit_changes(
                     module = walk.module(layer, i, writers[i])
                     if i not in probed or _adds_as_it_is(walk, layer, module, outputs[0]):
                         mine = (i, list(walk.inputs), outputs)
+                    else:
+                        failed.append(i)
             new.clear()
             if pending is None:
                 without = [hidden for hidden, _, _ in walk.inputs]
             else:
-                without = _absorbed(walk, pending, outputs, writers[pending[0]], keep)
+                without = _absorbed(walk, pending, outputs, writers[pending[0]], keep, buffers)
             total, count = 0.0, 0.0
             for after, gone, mask in zip(outputs, without, walk.masks, strict=True):
                 s, n = residual_change(gone.double(), after.double(), mask)
@@ -356,7 +364,7 @@ def refit_changes(
                 lowest = None if pending is None else (i, writers[pending[0]], new[0])
             pending = mine
             walk.advance(outputs)
-    return RefitChanges(out, lowest)
+    return RefitChanges(out, lowest, failed)
 
 
 def router_statistics(
@@ -567,12 +575,15 @@ def _adds_as_it_is(walk: LayerWalk, layer: Any, module: Any, output: Any) -> boo
     return bool(torch.linalg.norm((moved - output).double() - expected) <= 0.01 * torch.linalg.norm(expected))
 
 
-def _absorbed(walk: LayerWalk, pending: tuple, outputs: list[Any], writer: str, refit: Callable) -> list[Any]:
+def _absorbed(
+    walk: LayerWalk, pending: tuple, outputs: list[Any], writer: str, refit: Callable, buffers: list[Any] | None = None
+) -> list[Any]:
     """The stream after a run of removed layers once it is refit into the layer before.
 
     That layer is run again on its inputs: once as it is, its projection's inputs ``X``
     summed into ``X^T X`` and ``X^T F`` batch by batch (none kept), then with the refit
-    weight, whose outputs feed the layers after the run.
+    weight, whose outputs feed the layers after the run. `buffers`, if given, keeps the
+    two sums between calls of one shape (zeroed here), sparing their allocation.
     """
     import torch
 
@@ -581,10 +592,13 @@ def _absorbed(walk: LayerWalk, pending: tuple, outputs: list[Any], writer: str, 
         module = walk.module(layer, p, writer)
         weight = _matrix(module)
         out, k = weight.shape
-        sums = [  # X^T X, X^T F
-            torch.zeros((k, k), dtype=torch.float64, device=walk.device),
-            torch.zeros((k, out), dtype=torch.float64, device=walk.device),
-        ]
+        shapes = [(k, k), (k, out)]  # X^T X, X^T F
+        if buffers and [tuple(b.shape) for b in buffers] == shapes:
+            sums = [b.zero_() for b in buffers]
+        else:
+            sums = [torch.zeros(shape, dtype=torch.float64, device=walk.device) for shape in shapes]
+            if buffers is not None:
+                buffers[:] = sums
         batch = [0]
 
         def add(mod: Any, args: Any) -> None:
@@ -607,6 +621,6 @@ def _absorbed(walk: LayerWalk, pending: tuple, outputs: list[Any], writer: str, 
         finally:
             handle.remove()
         new = refit(p, weight, *sums)
-        sums.clear()  # the Hessian goes before the layer runs again
+        sums.clear()  # the Hessian goes before the layer runs again (unless kept in `buffers`)
         module.weight.copy_(new.T if type(module).__name__ == "Conv1D" else new)
         return [replay(b) for b in range(len(inputs))]

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -249,6 +250,7 @@ def choose_layers(
     amount: int | float,
     calibration: str,
     *,
+    beside: str | None = None,
     damp: float = 0.01,
     rows: int | None = None,
     device: Any = None,
@@ -261,7 +263,9 @@ def choose_layers(
     :func:`~arrayprune.adapters.pipeline.hf_structure.refit_changes` score: the one whose
     removal, refit, changes the residual stream after it least. Scoring layers once on
     the dense model misses how removals interact (a layer next to a removed one must
-    absorb the run); rescoring costs one walk of three layer runs per layer removed.
+    absorb the run); rescoring costs one walk of three layer runs per layer removed. The
+    refit weights of the layers chosen are kept on disk between walks: in a temporary
+    folder beside `beside` (the output; the system's temporary folder without it).
 
     Returns
     -------
@@ -280,18 +284,24 @@ def choose_layers(
 
     first: np.ndarray | None = None
     order: list[tuple[int, float]] = []
-    replaced: dict[str, Any] = {}
-    while len(order) < layers.units - keeps:
-        with _walk(ckpt, calibration, rows, device) as walk:
-            _check_layers(walk, layers)
-            walk.replaced = replaced
-            found = refit_changes(walk, writers, refit, hooks, probed=probed, skip={i for i, _ in order})
-        first = found.scores if first is None else first
-        i = int(np.nanargmin(found.scores))
-        order.append((i, float(found.scores[i])))
-        if found.lowest is not None:
-            _, key, weight = found.lowest
-            replaced[key] = weight
+    replaced: dict[str, str] = {}
+    with workdir_beside(beside) if beside is not None else tempfile.TemporaryDirectory() as workdir:
+        while len(order) < layers.units - keeps:
+            with _walk(ckpt, calibration, rows, device) as walk:
+                _check_layers(walk, layers)
+                walk.replaced = replaced
+                found = refit_changes(walk, writers, refit, hooks, probed=probed, skip={i for i, _ in order})
+            del walk  # its model and activations go before the next walk builds its own
+            first = found.scores if first is None else first
+            writers = {p: w for p, w in writers.items() if p not in found.failed}
+            probed = set()  # the check is of the layer's form, not of its weights: once is enough
+            i = int(np.nanargmin(found.scores))
+            order.append((i, float(found.scores[i])))
+            if found.lowest is not None:  # in the walk's precision: the layers run in float32
+                _, key, weight = found.lowest
+                replaced[key] = os.path.join(workdir, f"{len(order)}.npy")
+                np.save(replaced[key], weight.float().cpu().numpy())
+            del found
     name = layers.names[0].rsplit(".", 1)[0]
     gone = {i for i, _ in order}
     kept = np.asarray([i for i in range(layers.units) if i not in gone])
@@ -324,7 +334,7 @@ def decide_layers(
     """
     walking = {"rows": rows, "device": device, "hooks": hooks}
     if scores is None and compensated:
-        scores = choose_layers(src, amount, calibration, damp=damp, **walking)
+        scores = choose_layers(src, amount, calibration, beside=dst, damp=damp, **walking)
     elif scores is None:
         scores = UnitScores("residual_change", *score_layers(src, calibration, **walking))
     layers = scores.found
