@@ -461,6 +461,18 @@ def test_a_norm_after_down_proj_is_found_and_the_run_removed_as_it_is(tokens, tm
 
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_layer_choice_on_cuda_equals_the_cpu(qwen3, tokens):
+    """The walks of the choice on the GPU, the refit weights read back there: the same layers."""
+    from arrayprune.adapters.pipeline.shrink_structure import choose_layers
+
+    cpu, cuda = (choose_layers(qwen3, 2, str(tokens), device=device) for device in ("cpu", "cuda"))
+    assert [i for i, _ in cuda.order] == [i for i, _ in cpu.order]
+    np.testing.assert_allclose([s for _, s in cuda.order], [s for _, s in cpu.order], rtol=1e-4)
+    np.testing.assert_allclose(cuda.scores, cpu.scores, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_layer_refit_on_cuda_equals_the_cpu(qwen3, tokens, tmp_path):
     """The walk and the solve on the GPU (float64 there): the same refit weights as on the CPU."""
     scores = forced_scores(qwen3, [1, 3])
