@@ -91,6 +91,11 @@ RECIPES = {
         {"architecture": "LlamaForCausalLM", "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4,
          "num_attention_heads": 8, "num_key_value_heads": 4, **_COMMON},
     ),  # fmt: skip
+    "llama8": Recipe(  # deeper and narrower, about the same size: which layers to remove (layer_choice)
+        "llama8",
+        {"architecture": "LlamaForCausalLM", "hidden_size": 192, "intermediate_size": 512, "num_hidden_layers": 8,
+         "num_attention_heads": 6, "num_key_value_heads": 3, **_COMMON},
+    ),  # fmt: skip
     "mixtral": Recipe(
         "mixtral",
         {"architecture": "MixtralForCausalLM", "hidden_size": 192, "intermediate_size": 192, "num_hidden_layers": 4,
