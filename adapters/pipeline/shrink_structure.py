@@ -161,7 +161,9 @@ def shrink_layers(
     hooks : Hooks, optional
         Progress.
     scores : UnitScores, optional
-        The layers' scores, computed already (:func:`score_layers`); else computed here.
+        The layers chosen already (:func:`choose_layers`, with ``kept``) or their scores
+        (:func:`score_layers`: the lowest go); else chosen here, by :func:`choose_layers`
+        when `compensated`, by :func:`score_layers` otherwise.
     compensated : bool, default True
         Refit each run of removed layers into the kept layer before it: its last
         projection into the residual stream (``down_proj``; ``o_proj`` where the layers
