@@ -293,6 +293,8 @@ def refit_changes(
     *,
     probed: Container[int] = (),
     skip: Container[int] = (),
+    start: int = 0,
+    stop: int | None = None,
 ) -> RefitChanges:
     """Per layer, the mean over calibration tokens of ``1 - cosine`` between the stream after
     it and the stream once it is removed and refit into the layer before (float64).
@@ -311,6 +313,9 @@ def refit_changes(
         As for :func:`absorb_removed_layers`.
     skip : container of int
         Layers not run (removed already): the stream goes past them, they get no score.
+    start, stop : int, optional
+        Only the layers ``start <= i < stop`` are scored; those before `start` are run
+        (the stream reaches `start`), those from `stop` on are not.
 
     Returns
     -------
@@ -335,8 +340,9 @@ def refit_changes(
         new.append(refit(p, weight, hessian, cross))
         return new[-1]
 
+    end = len(walk.layers) if stop is None else min(stop, len(walk.layers))
     with torch.no_grad():
-        for i in _progress(hooks, len(walk.layers)):
+        for i in _progress(hooks, end):
             if i in skip:
                 walk.advance([hidden for hidden, _, _ in walk.inputs])
                 continue
@@ -349,6 +355,10 @@ def refit_changes(
                         mine = (i, list(walk.inputs), outputs)
                     else:
                         failed.append(i)
+            if i < start:  # not scored: only the stream and the layer before `start`
+                pending = mine
+                walk.advance(outputs)
+                continue
             new.clear()
             if pending is None:
                 without = [hidden for hidden, _, _ in walk.inputs]

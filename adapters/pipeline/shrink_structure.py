@@ -49,6 +49,7 @@ from arrayprune.adapters.formats.safetensors_stream import TensorFiles
 from arrayprune.adapters.pipeline.errors import PruneError, error_text
 from arrayprune.adapters.pipeline.hf_calibration import _stored, workdir_beside
 from arrayprune.adapters.pipeline.hf_structure import (
+    RefitChanges,
     absorb_removed_layers,
     calibrated_units,
     layer_changes,
@@ -265,9 +266,11 @@ def choose_layers(
     :func:`~arrayprune.adapters.pipeline.hf_structure.refit_changes` score: the one whose
     removal, refit, changes the residual stream after it least. Scoring layers once on
     the dense model misses how removals interact (a layer next to a removed one must
-    absorb the run); rescoring costs one walk of three layer runs per layer removed. The
-    refit weights of the layers chosen are kept on disk between walks: in a temporary
-    folder beside `beside` (the output; the system's temporary folder without it).
+    absorb the run). Each step after the first rescores only from the layer refit on (the
+    scores before it cannot have changed), with a walk that stops there if a kept score is
+    the lowest; a layer scored costs three runs of a layer and one ``X^T X``. The refit
+    weights of the layers chosen are kept on disk between walks: in a temporary folder
+    beside `beside` (the output; the system's temporary folder without it).
 
     Returns
     -------
@@ -284,26 +287,37 @@ def choose_layers(
     def refit(p: int, weight: Any, hessian: Any, cross: Any) -> Any:
         return absorb(weight, hessian, cross, damp, overwrite_hessian=True)
 
+    def walked(**window: Any) -> RefitChanges:
+        with _walk(ckpt, calibration, rows, device) as walk:
+            _check_layers(walk, layers)
+            walk.replaced = replaced
+            return refit_changes(walk, writers, refit, hooks, probed=probed, skip={i for i, _ in order}, **window)
+
     first: np.ndarray | None = None
+    scores = np.full(layers.units, np.nan)
     order: list[tuple[int, float]] = []
     replaced: dict[str, str] = {}
+    start = 0  # the layers before it kept their scores: nothing before them changed
     with workdir_beside(beside) if beside is not None else tempfile.TemporaryDirectory() as workdir:
         while len(order) < layers.units - keeps:
-            with _walk(ckpt, calibration, rows, device) as walk:
-                _check_layers(walk, layers)
-                walk.replaced = replaced
-                found = refit_changes(walk, writers, refit, hooks, probed=probed, skip={i for i, _ in order})
-            del walk  # its model and activations go before the next walk builds its own
-            first = found.scores if first is None else first
+            found = walked(start=start)
+            scores[start:] = found.scores[start:]
+            first = scores.copy() if first is None else first
             writers = {p: w for p, w in writers.items() if p not in found.failed}
             probed = set()  # the check is of the layer's form, not of its weights: once is enough
-            i = int(np.nanargmin(found.scores))
-            order.append((i, float(found.scores[i])))
-            if found.lowest is not None:  # in the walk's precision: the layers run in float32
-                _, key, weight = found.lowest
+            i = int(np.nanargmin(scores))
+            lowest = found.lowest
+            if i < start:  # a score kept from before: its refit again, the walk stopping there
+                lowest = walked(start=i, stop=i + 1).lowest
+            order.append((i, float(scores[i])))
+            scores[i] = np.nan
+            start = i
+            if lowest is not None:  # in the walk's precision: the layers run in float32
+                _, key, weight = lowest
                 replaced[key] = os.path.join(workdir, f"{len(order)}.npy")
                 np.save(replaced[key], weight.float().cpu().numpy())
-            del found
+                start = max(p for p in range(i) if p not in {j for j, _ in order})  # the layer refit
+            del found, lowest
     name = layers.names[0].rsplit(".", 1)[0]
     gone = {i for i, _ in order}
     kept = np.asarray([i for i in range(layers.units) if i not in gone])

@@ -607,3 +607,64 @@ def test_dry_run_names_the_layers_chosen_one_at_a_time(qwen3, tokens, capsys):
     plain = np.sort(np.argsort(reference_changes(qwen3, tokens), kind="stable")[:2]).tolist()
     assert f"removed: {', '.join(map(str, plain))}" in captured.out
     assert "1 - cosine(input, output)" in captured.out and "one at a time" not in captured.err
+
+
+def _refit_changes(folder, tokens_path, **window):
+    from arrayprune.adapters.pipeline import hf_structure as hs
+    from arrayprune.adapters.pipeline import shrink_structure as ss
+    from arrayprune.structured import absorb
+
+    ckpt, config = ss.open_hf(str(folder))
+    layers = ss.hf_layers(config, {n: t.shape for n, t in ckpt.tensors.items()})
+    writers = {p: layers.writer(p)[0] for p in range(layers.units)}
+
+    def refit(p, weight, hessian, cross):
+        return absorb(weight, hessian, cross, 0.01, overwrite_hessian=True)
+
+    with ss._walk(ckpt, str(tokens_path), None, None) as walk:
+        return hs.refit_changes(walk, writers, refit, **window)
+
+
+@pytest.mark.slow
+def test_refit_changes_scores_a_window_of_layers(qwen3, tokens):
+    """Layers before `start` are run, not scored; none from `stop` on; the window's refit is
+    the reference's (layer 2 refit into layer 1's down_proj)."""
+    full = _refit_changes(qwen3, tokens)
+    part = _refit_changes(qwen3, tokens, start=2, stop=3)
+    assert np.isnan(part.scores[[0, 1, 3]]).all()
+    assert part.scores[2] == full.scores[2]
+    layer, key, weight = part.lowest
+    assert (layer, key) == (2, "model.layers.1.mlp.down_proj.weight")
+    ref = reference_absorbed(tr.Qwen3ForCausalLM, qwen3, tokens, [2], lambda lay: lay.mlp.down_proj)
+    want = ref.model.layers[1].mlp.down_proj.weight.detach().numpy()
+    np.testing.assert_allclose(weight.numpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.slow
+def test_layer_choice_reuses_the_scores_nothing_changed(tokens, tmp_path, monkeypatch):
+    """Each step rescores from the layer refit on: the same choice as rescoring every layer,
+    with fewer layers scored."""
+    from arrayprune.adapters.pipeline import shrink_structure as ss
+
+    torch.manual_seed(3)
+    cfg = tr.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=8,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    tr.LlamaForCausalLM(cfg).eval().save_pretrained(tmp_path / "dense")
+    windows = []
+    original = ss.refit_changes
+
+    def recorded(*args, start=0, stop=None, **kwargs):
+        windows.append((start, stop))
+        return original(*args, start=start, stop=stop, **kwargs)
+
+    def everything(*args, start=0, stop=None, **kwargs):
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(ss, "refit_changes", recorded)
+    reused = ss.choose_layers(tmp_path / "dense", 5, str(tokens))
+    monkeypatch.setattr(ss, "refit_changes", everything)
+    full = ss.choose_layers(tmp_path / "dense", 5, str(tokens))
+    assert [i for i, _ in reused.order] == [i for i, _ in full.order]
+    np.testing.assert_allclose([s for _, s in reused.order], [s for _, s in full.order], rtol=1e-9)
+    np.testing.assert_array_equal(reused.scores, full.scores)
+    assert windows[0] == (0, None) and any(start > 0 for start, _ in windows[1:]), windows
