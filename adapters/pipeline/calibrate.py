@@ -72,18 +72,17 @@ from arrayprune.adapters.pipeline.calibration import read_calibration
 from arrayprune.adapters.pipeline.errors import PruneError, error_text, optional_module
 from arrayprune.adapters.pipeline.hf_stage import calibrated, dense_input_norms, given_hessians
 from arrayprune.adapters.pipeline.job import Job, ShrinkJob
+from arrayprune.adapters.pipeline.layer_choice import choose_layers, score_layers
 from arrayprune.adapters.pipeline.reconstruct_stage import reconstruct
 from arrayprune.adapters.pipeline.reconstruction import onnx_input_hessians
 from arrayprune.adapters.pipeline.scoring import input_norms
 from arrayprune.adapters.pipeline.shrink_request import check_group_amount
 from arrayprune.adapters.pipeline.shrink_structure import (
     UnitScores,
-    choose_layers,
     decide_layers,
     decide_units,
     score_calibrated,
     score_experts,
-    score_layers,
     shrink_errors,
     walk_arguments,
 )

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -48,15 +47,9 @@ from arrayprune.adapters.formats.errors import write_failure
 from arrayprune.adapters.formats.safetensors_stream import TensorFiles
 from arrayprune.adapters.pipeline.errors import PruneError, error_text
 from arrayprune.adapters.pipeline.hf_calibration import _stored, workdir_beside
-from arrayprune.adapters.pipeline.hf_structure import (
-    RefitChanges,
-    absorb_removed_layers,
-    calibrated_units,
-    layer_changes,
-    refit_changes,
-    router_statistics,
-)
+from arrayprune.adapters.pipeline.hf_structure import absorb_removed_layers, calibrated_units, router_statistics
 from arrayprune.adapters.pipeline.job import ShrinkJob
+from arrayprune.adapters.pipeline.layer_choice import _layers_report, _order_notes, choose_layers, score_layers
 from arrayprune.adapters.pipeline.method_names import unit_methods
 from arrayprune.adapters.pipeline.prune_result import PruneResult, ShrinkResult, shrink_notes
 from arrayprune.adapters.pipeline.request import PruneSpec
@@ -84,7 +77,6 @@ from arrayprune.adapters.roles.hf_groups import (
     HfExperts,
     HfGroups,
     HfGroupsError,
-    HfLayers,
     hf_experts,
     hf_groups,
     hf_layers,
@@ -108,22 +100,6 @@ __all__ = [
     "shrink_experts",
     "shrink_layers",
 ]
-
-
-def score_layers(
-    src: Any, calibration: str, *, rows: int | None = None, device: Any = None, hooks: Any = None
-) -> tuple[HfLayers, np.ndarray]:
-    """The decoder layers of a checkpoint folder and their scores (mean ``1 - cosine``; lowest go)."""
-    ckpt, config = open_hf(src)
-    layers = hf_layers(config, {n: t.shape for n, t in ckpt.tensors.items()})
-    with _walk(ckpt, calibration, rows, device) as walk:
-        _check_layers(walk, layers)
-        return layers, layer_changes(walk, hooks)
-
-
-def _check_layers(walk: Any, layers: HfLayers) -> None:
-    if len(walk.layers) != layers.units:
-        raise HfGroupsError(f"transformers builds {len(walk.layers)} layers, the checkpoint holds {layers.units}")
 
 
 def shrink_layers(
@@ -222,106 +198,6 @@ def shrink_layers(
     before, after = _size(ckpt, renamed, {})
     notes = _order_notes(scores)
     return StructureShrink(report, {name: kept}, before, after, updates, files, list(ckpt.left), runs, notes)
-
-
-_LAYER_SCORE = "1 - cosine(input, output) of each layer's residual stream, mean over calibration tokens"
-_REFIT_LAYER_SCORE = (
-    "1 - cosine between the residual stream after each layer and after the layer before once the layer is "
-    "removed and refit into it, mean over calibration tokens, on the dense model"
-)
-
-
-def _layers_report(scores: UnitScores) -> UnitReport:
-    """The layers with their scores: as they are, or once refit (:func:`choose_layers`)."""
-    layers = scores.found
-    name = layers.names[0].rsplit(".", 1)[0]
-    what, kept = (_LAYER_SCORE, None) if scores.order is None else (_REFIT_LAYER_SCORE, scores.kept)
-    units = [_Unitset(_Named(name, layers.units), "layers")]
-    return UnitReport("layers", units, {name: scores.scores}, what, kept=kept)
-
-
-def _order_notes(scores: UnitScores) -> list[str]:
-    """The order in which :func:`choose_layers` removed layers, with their scores then."""
-    if not scores.order:
-        return []
-    steps = ", ".join(f"{i} ({score:.4g})" for i, score in scores.order)
-    return [f"layers chosen one at a time, each rescored on the model without those before it: {steps}"]
-
-
-def choose_layers(
-    src: Any,
-    amount: int | float,
-    calibration: str,
-    *,
-    beside: str | None = None,
-    damp: float = 0.01,
-    rows: int | None = None,
-    device: Any = None,
-    hooks: Any = None,
-) -> UnitScores:
-    """Choose the layers to remove one at a time, each scored as it would be refit.
-
-    Each step walks the model as shrunk so far (the layers chosen left out, what they
-    added refit into the layer before) and removes the layer of lowest
-    :func:`~arrayprune.adapters.pipeline.hf_structure.refit_changes` score: the one whose
-    removal, refit, changes the residual stream after it least. Scoring layers once on
-    the dense model misses how removals interact (a layer next to a removed one must
-    absorb the run). Each step after the first rescores only from the layer refit on (the
-    scores before it cannot have changed), with a walk that stops there if a kept score is
-    the lowest; a layer scored costs three runs of a layer and one ``X^T X``. The refit
-    weights of the layers chosen are kept on disk between walks: in a temporary folder
-    beside `beside` (the output; the system's temporary folder without it).
-
-    Returns
-    -------
-    UnitScores
-        ``residual_change`` scores of the dense model (the first step), the layers kept,
-        and `order`: each layer removed with its score when it was.
-    """
-    ckpt, config = open_hf(src)
-    layers = hf_layers(config, {n: t.shape for n, t in ckpt.tensors.items()})
-    keeps = _count_kept(amount, layers.units, "layers")
-    writers = {p: w[0] for p in range(layers.units) if (w := layers.writer(p)) is not None and w[0] in ckpt.tensors}
-    probed = {p for p in writers if (layers.writer(p) or ("", 0, False))[2]}
-
-    def refit(p: int, weight: Any, hessian: Any, cross: Any) -> Any:
-        return absorb(weight, hessian, cross, damp, overwrite_hessian=True)
-
-    def walked(**window: Any) -> RefitChanges:
-        with _walk(ckpt, calibration, rows, device) as walk:
-            _check_layers(walk, layers)
-            walk.replaced = replaced
-            return refit_changes(walk, writers, refit, hooks, probed=probed, skip={i for i, _ in order}, **window)
-
-    first: np.ndarray | None = None
-    scores = np.full(layers.units, np.nan)
-    order: list[tuple[int, float]] = []
-    replaced: dict[str, str] = {}
-    start = 0  # the layers before it kept their scores: nothing before them changed
-    with workdir_beside(beside) if beside is not None else tempfile.TemporaryDirectory() as workdir:
-        while len(order) < layers.units - keeps:
-            found = walked(start=start)
-            scores[start:] = found.scores[start:]
-            first = scores.copy() if first is None else first
-            writers = {p: w for p, w in writers.items() if p not in found.failed}
-            probed = set()  # the check is of the layer's form, not of its weights: once is enough
-            i = int(np.nanargmin(scores))
-            lowest = found.lowest
-            if i < start:  # a score kept from before: its refit again, the walk stopping there
-                lowest = walked(start=i, stop=i + 1).lowest
-            order.append((i, float(scores[i])))
-            scores[i] = np.nan
-            start = i
-            if lowest is not None:  # in the walk's precision: the layers run in float32
-                _, key, weight = lowest
-                replaced[key] = os.path.join(workdir, f"{len(order)}.npy")
-                np.save(replaced[key], weight.float().cpu().numpy())
-                start = max(p for p in range(i) if p not in {j for j, _ in order})  # the layer refit
-            del found, lowest
-    name = layers.names[0].rsplit(".", 1)[0]
-    gone = {i for i, _ in order}
-    kept = np.asarray([i for i in range(layers.units) if i not in gone])
-    return UnitScores("residual_change", layers, first, {name: kept}, order=order)
 
 
 def decide_layers(

@@ -644,14 +644,14 @@ def test_refit_changes_scores_a_window_of_layers(qwen3, tokens):
 def test_layer_choice_reuses_the_scores_nothing_changed(tokens, tmp_path, monkeypatch):
     """Each step rescores from the layer refit on: the same choice as rescoring every layer,
     with fewer layers scored."""
-    from arrayprune.adapters.pipeline import shrink_structure as ss
+    from arrayprune.adapters.pipeline import layer_choice
 
     torch.manual_seed(3)
     cfg = tr.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=8,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
     tr.LlamaForCausalLM(cfg).eval().save_pretrained(tmp_path / "dense")
     windows = []
-    original = ss.refit_changes
+    original = layer_choice.refit_changes
 
     def recorded(*args, start=0, stop=None, **kwargs):
         windows.append((start, stop))
@@ -660,10 +660,10 @@ def test_layer_choice_reuses_the_scores_nothing_changed(tokens, tmp_path, monkey
     def everything(*args, start=0, stop=None, **kwargs):
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(ss, "refit_changes", recorded)
-    reused = ss.choose_layers(tmp_path / "dense", 5, str(tokens))
-    monkeypatch.setattr(ss, "refit_changes", everything)
-    full = ss.choose_layers(tmp_path / "dense", 5, str(tokens))
+    monkeypatch.setattr(layer_choice, "refit_changes", recorded)
+    reused = layer_choice.choose_layers(tmp_path / "dense", 5, str(tokens))
+    monkeypatch.setattr(layer_choice, "refit_changes", everything)
+    full = layer_choice.choose_layers(tmp_path / "dense", 5, str(tokens))
     assert [i for i, _ in reused.order] == [i for i, _ in full.order]
     np.testing.assert_allclose([s for _, s in reused.order], [s for _, s in full.order], rtol=1e-9)
     np.testing.assert_array_equal(reused.scores, full.scores)
