@@ -96,6 +96,22 @@ def choose_layers(
     weights of the layers chosen are kept on disk between walks: in a temporary folder
     beside `beside` (the output; the system's temporary folder without it).
 
+    Parameters
+    ----------
+    src : str
+        A Hugging Face checkpoint folder.
+    amount : int or float
+        A fraction of the layers, or their number; one layer at least stays.
+    calibration : str
+        Token ids (``.npz``, ``input_ids``).
+    beside : str, optional
+        Where the output goes: the refit weights wait in a folder beside it.
+    damp : float, default 0.01
+        The damping of the refits' Hessians (:func:`arrayprune.structured.absorb`).
+    rows, device, hooks
+        Sequences run at a time, where the layers run, progress (as for
+        :func:`score_layers`).
+
     Returns
     -------
     UnitScores
