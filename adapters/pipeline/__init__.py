@@ -10,8 +10,9 @@ Its modules import downwards only, in seven layers (a test checks it:
        |
     runners          hf_stage.py (Hugging Face folders layer by layer, given Hessians),
        |             reconstruct_stage.py (a solver's Hessians through an ONNX graph),
-       |             verify_stage.py (OUT run against IN), shrink_checkpoint.py and
-       |             shrink_structure.py (a folder's channels, heads, layers, experts)
+       |             verify_stage.py (OUT run against IN), shrink_checkpoint.py,
+       |             shrink_structure.py (a folder's channels, heads, layers, experts) and
+       |             layer_choice.py (which decoder layers go, on calibration data)
        |
     the job          job.py (Job, ShrinkJob: the request resolved once on its input),
        |             storage.py (the input, opened), targets.py (the plan, what is pruned),

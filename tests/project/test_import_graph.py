@@ -198,7 +198,7 @@ PIPELINE_LAYERS = (
     ("calibration", "hf_calibration", "hf_structure", "onnx_stages", "reconstruction", "stream_pruning"),
     ("storage", "scoring", "prune_result", "targets", "outputs", "option_files", "scan", "hf_scan", "job",
      "evaluate", "shrink_folder"),
-    ("hf_stage", "reconstruct_stage", "verify_stage", "shrink_checkpoint", "shrink_structure"),
+    ("hf_stage", "reconstruct_stage", "verify_stage", "shrink_checkpoint", "shrink_structure", "layer_choice"),
     ("calibrate", "allocation", "shrinking"),
     ("runner",),
 )  # fmt: skip
