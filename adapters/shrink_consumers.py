@@ -190,11 +190,10 @@ def calibrated_scores(
 ) -> list[np.ndarray]:
     """Per group, one score per channel: ``method.group_scores`` over its consumers (zeros for
     a group that loses no channel: nothing to rank)."""
-    scores = method.group_scores(
-        reads, [og.group.channels for og in found.groups], _matrices(cons, weights, scaled=True), hessians,
-        {name: c.per for name, c in cons.items()},
-    )  # fmt: skip
     sizes = [og.group.channels for og in found.groups]
+    scores = method.group_scores(
+        reads, sizes, _matrices(cons, weights, scaled=True), hessians, {name: c.per for name, c in cons.items()}
+    )
     return [np.zeros(n) if s is None else np.asarray(s) for n, s in zip(sizes, scores, strict=True)]
 
 

@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from arrayprune.adapters.pipeline.layer_choice import choose_layers, score_layers
 from arrayprune.adapters.pipeline.shrink_folder import UnitScores
-from arrayprune.adapters.pipeline.shrink_structure import choose_layers, score_layers, shrink_layers
+from arrayprune.adapters.pipeline.shrink_structure import shrink_layers
 
 from .llm_models import trained
 from .llm_structure import CALIBRATION_ROWS, _machine

@@ -256,13 +256,18 @@ def layer_changes(walk: LayerWalk, hooks: Any = None) -> np.ndarray:
         for i in _progress(hooks, len(walk.layers)):
             with walk.loaded(i) as layer:
                 outputs = walk.outputs(layer)
-            total, count = 0.0, 0.0
-            for (hidden, _, _), after, mask in zip(walk.inputs, outputs, walk.masks, strict=True):
-                s, n = residual_change(hidden.double(), after.double(), mask)
-                total, count = total + float(s), count + float(n)
-            out[i] = total / max(count, 1.0)
+            out[i] = _mean_change([hidden for hidden, _, _ in walk.inputs], outputs, walk.masks)
             walk.advance(outputs)
     return out
+
+
+def _mean_change(before: Sequence[Any], after: Sequence[Any], masks: Sequence[Any]) -> float:
+    """Mean over the counted tokens of all batches of ``1 - cosine(before, after)``, read back once."""
+    total, count = 0.0, 0.0
+    for a, b, mask in zip(before, after, masks, strict=True):
+        s, n = residual_change(a.double(), b.double(), mask)
+        total, count = total + s, count + n
+    return float(total) / max(float(count), 1.0)
 
 
 class RefitChanges(NamedTuple):
@@ -273,9 +278,9 @@ class RefitChanges(NamedTuple):
     scores : ndarray
         Per layer, float64; NaN for the layers skipped.
     lowest : tuple or None
-        For the layer of lowest score, if it was refit: ``(layer, weight name, weight)``,
-        the projection of the layer before as refit to absorb it (``[out, in]``, float64,
-        on the walk's device).
+        For the layer of lowest score, if it was refit: ``(p, weight name, weight)``, the
+        projection of the layer ``p`` run before it as refit to absorb it (``[out, in]``,
+        float64, on the walk's device).
     failed : list of int
         The layers of `probed` whose projection failed the check (not refit into).
     """
@@ -332,46 +337,27 @@ def refit_changes(
     lowest: tuple[int, str, Any] | None = None
     best = np.inf
     pending: tuple[int, list[Any], list[Any]] | None = None  # the layer run before, if it can absorb
-    new: list[Any] = []
     buffers: list[Any] = []  # the sums of `_absorbed`, reused from layer to layer
     failed: list[int] = []
-
-    def keep(p: int, weight: Any, hessian: Any, cross: Any) -> Any:
-        new.append(refit(p, weight, hessian, cross))
-        return new[-1]
-
     end = len(walk.layers) if stop is None else min(stop, len(walk.layers))
     with torch.no_grad():
         for i in _progress(hooks, end):
             if i in skip:
                 walk.advance([hidden for hidden, _, _ in walk.inputs])
                 continue
-            mine = None
             with walk.loaded(i) as layer:
                 outputs = walk.outputs(layer)
-                if i in writers:
-                    module = walk.module(layer, i, writers[i])
-                    if i not in probed or _adds_as_it_is(walk, layer, module, outputs[0]):
-                        mine = (i, list(walk.inputs), outputs)
-                    else:
-                        failed.append(i)
-            if i < start:  # not scored: only the stream and the layer before `start`
-                pending = mine
-                walk.advance(outputs)
-                continue
-            new.clear()
-            if pending is None:
-                without = [hidden for hidden, _, _ in walk.inputs]
-            else:
-                without = _absorbed(walk, pending, outputs, writers[pending[0]], keep, buffers)
-            total, count = 0.0, 0.0
-            for after, gone, mask in zip(outputs, without, walk.masks, strict=True):
-                s, n = residual_change(gone.double(), after.double(), mask)
-                total, count = total + float(s), count + float(n)
-            out[i] = total / max(count, 1.0)
-            if out[i] < best:  # the first of equal scores stays the lowest, as for argmin
-                best = out[i]
-                lowest = None if pending is None else (i, writers[pending[0]], new[0])
+                mine = _absorber(walk, layer, i, outputs, writers, probed, failed)
+            if i >= start:
+                new = None
+                if pending is None:
+                    without = [hidden for hidden, _, _ in walk.inputs]
+                else:
+                    without, new = _absorbed(walk, pending, outputs, writers[pending[0]], refit, buffers)
+                out[i] = _mean_change(without, outputs, walk.masks)
+                if out[i] < best:  # the first of equal scores stays the lowest, as for argmin
+                    best = out[i]
+                    lowest = None if pending is None else (pending[0], writers[pending[0]], new)
             pending = mine
             walk.advance(outputs)
     return RefitChanges(out, lowest, failed)
@@ -536,7 +522,8 @@ def absorb_removed_layers(
     """
     import torch
 
-    gone, failed = set(removed), []
+    gone = set(removed)
+    failed: list[int] = []
     pending: tuple[int, list[Any], list[Any]] | None = None  # p, its inputs, its outputs
     with torch.no_grad():
         for i in _progress(hooks, max(gone) + 1):
@@ -545,14 +532,9 @@ def absorb_removed_layers(
                 continue
             with walk.loaded(i) as layer:
                 outputs = walk.outputs(layer)
-                if i in writers:
-                    module = walk.module(layer, i, writers[i])
-                    if i in probed and not _adds_as_it_is(walk, layer, module, outputs[0]):
-                        failed.append(i)
-                    else:
-                        pending = (i, list(walk.inputs), outputs)
+                pending = _absorber(walk, layer, i, outputs, writers, probed, failed) or pending
             if pending is not None and i in gone and i + 1 not in gone:
-                outputs = _absorbed(walk, pending, outputs, writers[pending[0]], refit)
+                outputs, _ = _absorbed(walk, pending, outputs, writers[pending[0]], refit)
                 pending = None
             walk.advance(outputs)
     return failed
@@ -562,6 +544,25 @@ def _matrix(module: Any) -> Any:
     """A projection's weight as ``[out, in]``, float64 (GPT-2's ``Conv1D`` stores ``[in, out]``)."""
     weight = module.weight.detach().double()
     return weight.T if type(module).__name__ == "Conv1D" else weight
+
+
+def _absorber(
+    walk: LayerWalk,
+    layer: Any,
+    i: int,
+    outputs: list[Any],
+    writers: Mapping[int, str],
+    probed: Container[int],
+    failed: list[int],
+) -> tuple[int, list[Any], list[Any]] | None:
+    """Layer `i` (loaded, run) as a layer to refit into: ``(i, its inputs, its outputs)``,
+    or None if it has no writer or its writer fails the check of `probed` (noted in `failed`)."""
+    if i not in writers:
+        return None
+    if i in probed and not _adds_as_it_is(walk, layer, walk.module(layer, i, writers[i]), outputs[0]):
+        failed.append(i)
+        return None
+    return i, list(walk.inputs), outputs
 
 
 def _adds_as_it_is(walk: LayerWalk, layer: Any, module: Any, output: Any) -> bool:
@@ -587,8 +588,9 @@ def _adds_as_it_is(walk: LayerWalk, layer: Any, module: Any, output: Any) -> boo
 
 def _absorbed(
     walk: LayerWalk, pending: tuple, outputs: list[Any], writer: str, refit: Callable, buffers: list[Any] | None = None
-) -> list[Any]:
-    """The stream after a run of removed layers once it is refit into the layer before.
+) -> tuple[list[Any], Any]:
+    """The stream after a run of removed layers once it is refit into the layer before, and
+    the refit weight (``[out, in]``).
 
     That layer is run again on its inputs: once as it is, its projection's inputs ``X``
     summed into ``X^T X`` and ``X^T F`` batch by batch (none kept), then with the refit
@@ -633,4 +635,4 @@ def _absorbed(
         new = refit(p, weight, *sums)
         sums.clear()  # the Hessian goes before the layer runs again (unless kept in `buffers`)
         module.weight.copy_(new.T if type(module).__name__ == "Conv1D" else new)
-        return [replay(b) for b in range(len(inputs))]
+        return [replay(b) for b in range(len(inputs))], new

@@ -122,7 +122,7 @@ def choose_layers(
     layers = hf_layers(config, {n: t.shape for n, t in ckpt.tensors.items()})
     keeps = _count_kept(amount, layers.units, "layers")
     writers = {p: w[0] for p in range(layers.units) if (w := layers.writer(p)) is not None and w[0] in ckpt.tensors}
-    probed = {p for p in writers if (layers.writer(p) or ("", 0, False))[2]}
+    probed = layers.checked(writers)
 
     def refit(p: int, weight: Any, hessian: Any, cross: Any) -> Any:
         return absorb(weight, hessian, cross, damp, overwrite_hessian=True)
@@ -153,10 +153,9 @@ def choose_layers(
             scores[i] = np.nan
             start = i
             if lowest is not None:  # in the walk's precision: the layers run in float32
-                _, key, weight = lowest
+                start, key, weight = lowest  # the layer refit: the first whose score changes
                 replaced[key] = os.path.join(workdir, f"{len(order)}.npy")
                 np.save(replaced[key], weight.float().cpu().numpy())
-                start = max(p for p in range(i) if p not in {j for j, _ in order})  # the layer refit
             del found, lowest
     name = layers.names[0].rsplit(".", 1)[0]
     gone = {i for i, _ in order}

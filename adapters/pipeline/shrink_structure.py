@@ -247,7 +247,7 @@ def decide_layers(
             np.save(saved[writers[p]], new.cpu().numpy())
             return new
 
-        probed = {p for p in writers if (layers.writer(p) or ("", 0, False))[2]}
+        probed = layers.checked(writers)
         with _walk(ckpt, calibration, rows, device) as walk:
             removed = [i for i in range(layers.units) if i not in kept]
             absorb_removed_layers(walk, removed, writers, store, hooks, probed=probed)

@@ -38,7 +38,7 @@ the first, one head's rows in the others). The core's
 from __future__ import annotations
 
 import re
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -711,6 +711,11 @@ class HfLayers:
         if row.attention is not None:
             return f"{self.names[index]}.{row.attention[0]}{row.attention[2]}.weight", 1, False
         return None
+
+    def checked(self, layers: Iterable[int]) -> set[int]:
+        """Those of `layers` whose :meth:`writer` should be the last thing before the
+        residual add (an MLP's consumer), which a refit checks first."""
+        return {p for p in layers if (w := self.writer(p)) is not None and w[2]}
 
     def absorbers(
         self, kept: Sequence[int], stored: Container[str]

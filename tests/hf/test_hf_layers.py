@@ -634,7 +634,7 @@ def test_refit_changes_scores_a_window_of_layers(qwen3, tokens):
     assert np.isnan(part.scores[[0, 1, 3]]).all()
     assert part.scores[2] == full.scores[2]
     layer, key, weight = part.lowest
-    assert (layer, key) == (2, "model.layers.1.mlp.down_proj.weight")
+    assert (layer, key) == (1, "model.layers.1.mlp.down_proj.weight")  # refit into layer 1
     ref = reference_absorbed(tr.Qwen3ForCausalLM, qwen3, tokens, [2], lambda lay: lay.mlp.down_proj)
     want = ref.model.layers[1].mlp.down_proj.weight.detach().numpy()
     np.testing.assert_allclose(weight.numpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
